@@ -1,0 +1,259 @@
+"""Advantage estimators (GRPO, Dr. GRPO, RLOO, REINFORCE++, GAE), masked statistics and the group filter.
+
+Layout: `rewards [N, T]` is a sparse token-level reward at the last generated token of each turn
+(the game outcome on the episode's last generated token); `loss_mask [N, T]` is nonzero on generated
+tokens; `group_ids [N]` in [0, num_groups) need not be contiguous. Rewards at masked-out positions
+are ignored. Rows without any generated token (batch padding) are not group members and get 0.
+Groups use segment ops with a static `num_groups`, so everything jits. Call these on the whole
+batch (not per micro-batch): group and global statistics need every sequence.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+from earl_jax.rl.losses import LossConfig, TokenMask
+
+
+# ---------------------------------------------------------------------------------------------
+# Masked statistics
+
+
+def masked_sum(x: Float[Array, "..."], mask: Array, axis: int | None = None) -> Float[Array, "..."]:
+    """Sum of x where mask is nonzero (NaN/inf at masked-out positions are ignored)."""
+    return jnp.where(mask.astype(bool), x, 0.0).sum(axis)
+
+
+def masked_mean(x: Float[Array, "..."], mask: Array, axis: int | None = None) -> Float[Array, "..."]:
+    """Mean of x where mask is nonzero; 0 where nothing is masked in."""
+    return _masked_center(x, mask, axis)[1]
+
+
+def masked_var(x: Float[Array, "..."], mask: Array, axis: int | None = None,
+               unbiased: bool = False) -> Float[Array, "..."]:
+    """Variance of x where mask is nonzero (population by default); 0 for fewer than 2 (1) elements."""
+    m = mask.astype(bool)
+    centered, _, count = _masked_center(x, m, axis)
+    sq = jnp.where(m, centered, 0.0) ** 2
+    return sq.sum(axis) / jnp.maximum(count - (1 if unbiased else 0), 1)
+
+
+def masked_whiten(x: Float[Array, "n t"], mask: TokenMask, eps: float = 1e-6,
+                  shift_mean: bool = True) -> Float[Array, "n t"]:
+    """(x - mean) / (std + eps) with population mean/std over ALL masked entries; 0 at masked-out ones."""
+    m = mask.astype(bool)
+    centered, mean, count = _masked_center(x, m, None)
+    std = jnp.sqrt(jnp.square(jnp.where(m, centered, 0.0)).sum() / jnp.maximum(count, 1))
+    out = (centered if shift_mean else centered + mean) / (std + eps)
+    return jnp.where(m, out, 0.0)
+
+
+def _masked_center(x, mask, axis):
+    """(x - mean, mean, count) over masked entries, computed about the masked max so equal values
+    give exactly 0 (no 1-ulp residue for the std division to blow up)."""
+    m = mask.astype(bool)
+    x = jnp.asarray(x, jnp.float32)
+    ref = jnp.max(jnp.where(m, x, -jnp.inf), axis=axis, keepdims=True)
+    ref = jnp.where(jnp.isfinite(ref), ref, 0.0)
+    shifted = jnp.where(m, x - ref, 0.0)
+    count = m.sum(axis=axis, keepdims=True)
+    shift_mean = shifted.sum(axis=axis, keepdims=True) / jnp.maximum(count, 1)
+    mean = ref + shift_mean
+    squeeze = (lambda a: a.reshape(())) if axis is None else (lambda a: jnp.squeeze(a, axis))
+    return shifted - shift_mean, squeeze(mean), squeeze(count)
+
+
+# ---------------------------------------------------------------------------------------------
+# Token-level returns
+
+
+def _reverse_linear_scan(a: Float[Array, "n t"], b: Float[Array, "n t"]) -> Float[Array, "n t"]:
+    """c[t] = a[t] * c[t+1] + b[t], c[T] = 0, in O(log T) depth (associative scan, not a T-step loop)."""
+
+    def compose(later, current):  # current o later: f_t(f_{t+1..}(c))
+        a_l, b_l = later
+        a_c, b_c = current
+        return a_c * a_l, a_c * b_l + b_c
+
+    return jax.lax.associative_scan(compose, (a, b), reverse=True, axis=1)[1]
+
+
+def discounted_returns(rewards: Float[Array, "n t"], loss_mask: TokenMask,
+                       gamma: float = 1.0) -> Float[Array, "n t"]:
+    """Returns-to-go G[t] = r[t] + gamma * G[next generated token after t], over generated tokens only.
+
+    Prompt/observation tokens in between are not steps (no discount across them); 0 at them.
+    """
+    m = loss_mask.astype(bool)
+    r = jnp.where(m, jnp.asarray(rewards, jnp.float32), 0.0)
+    returns = _reverse_linear_scan(jnp.where(m, jnp.float32(gamma), 1.0), r)
+    return jnp.where(m, returns, 0.0)
+
+
+def gae(rewards: Float[Array, "n t"], values: Float[Array, "n t"], loss_mask: TokenMask,
+        gamma: float = 1.0, lam: float = 1.0) -> tuple[Float[Array, "n t"], Float[Array, "n t"]]:
+    """Generalized advantage estimation over generated tokens; returns (advantages, value targets).
+
+    values[t] is V of the state before token t. The successor of a generated token is the next
+    generated token (observations in between are the environment's move); after the last one V = 0.
+    """
+    m = loss_mask.astype(bool)
+    v = jnp.where(m, jnp.asarray(values, jnp.float32), 0.0)
+    r = jnp.where(m, jnp.asarray(rewards, jnp.float32), 0.0)
+    m_next = jnp.pad(m[:, 1:], ((0, 0), (0, 1)))
+    v_next = jnp.pad(v[:, 1:], ((0, 0), (0, 1)))
+    # next_value[t] = V at the first generated position after t.
+    next_value = _reverse_linear_scan(jnp.where(m_next, 0.0, 1.0), jnp.where(m_next, v_next, 0.0))
+    delta = jnp.where(m, r + gamma * next_value - v, 0.0)
+    adv = _reverse_linear_scan(jnp.where(m, jnp.float32(gamma * lam), 1.0), delta)
+    adv = jnp.where(m, adv, 0.0)
+    return adv, jnp.where(m, adv + v, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sequence-level (group) estimators
+
+
+def sequence_returns(rewards: Float[Array, "n t"], loss_mask: TokenMask) -> Float[Array, " n"]:
+    """Undiscounted return of each sequence: the sum of its rewards at generated tokens."""
+    return masked_sum(jnp.asarray(rewards, jnp.float32), loss_mask, axis=-1)
+
+
+class _GroupStats(NamedTuple):
+    valid: Bool[Array, " n"]  # row has at least one generated token
+    centered: Float[Array, " n"]  # R - group mean (0 for invalid rows)
+    count: Float[Array, " n"]  # members of this row's group
+    spread: Float[Array, " n"]  # group max - group min of R
+
+
+def _group_stats(returns, loss_mask, group_ids, num_groups) -> _GroupStats:
+    valid = loss_mask.astype(bool).any(-1)
+    gid = jnp.asarray(group_ids, jnp.int32)
+    seg = lambda v, op=jax.ops.segment_sum: op(v, gid, num_segments=num_groups)[gid]
+    count = seg(valid.astype(jnp.float32))
+    gmax = seg(jnp.where(valid, returns, -jnp.inf), jax.ops.segment_max)
+    gmin = seg(jnp.where(valid, returns, jnp.inf), jax.ops.segment_min)
+    # About the group max, so a group of equal returns centres to exactly 0.
+    shifted = jnp.where(valid, returns - gmax, 0.0)
+    centered = jnp.where(valid, shifted - seg(shifted) / jnp.maximum(count, 1), 0.0)
+    spread = jnp.where(valid, gmax - gmin, 0.0)
+    return _GroupStats(valid, centered, count, spread)
+
+
+def _broadcast(adv_n, loss_mask):
+    return jnp.where(loss_mask.astype(bool), adv_n[:, None], 0.0)
+
+
+def grpo_advantages(
+    rewards: Float[Array, "n t"], loss_mask: TokenMask, group_ids: Int[Array, " n"], num_groups: int,
+    scale_by_std: bool = True, eps: float = 1e-6,
+) -> Float[Array, "n t"]:
+    """GRPO: (R - group mean) / (group std + eps) on every generated token; Dr. GRPO if not scale_by_std.
+
+    The std is the unbiased (n - 1) one, as TRL and veRL compute it. One-member groups get 0.
+    """
+    returns = sequence_returns(rewards, loss_mask)
+    s = _group_stats(returns, loss_mask, group_ids, num_groups)
+    adv = s.centered
+    if scale_by_std:
+        gid = jnp.asarray(group_ids, jnp.int32)
+        var = jax.ops.segment_sum(s.centered**2, gid, num_segments=num_groups)[gid] / jnp.maximum(s.count - 1, 1)
+        adv = adv / (jnp.sqrt(var) + eps)
+    return _broadcast(adv, loss_mask)
+
+
+def rloo_advantages(
+    rewards: Float[Array, "n t"], loss_mask: TokenMask, group_ids: Int[Array, " n"], num_groups: int,
+) -> Float[Array, "n t"]:
+    """RLOO: R_i - mean of the other members' returns (= n/(n-1) (R_i - mean)); one-member groups get 0."""
+    returns = sequence_returns(rewards, loss_mask)
+    s = _group_stats(returns, loss_mask, group_ids, num_groups)
+    adv = jnp.where(s.count > 1, s.centered * s.count / jnp.maximum(s.count - 1, 1), 0.0)
+    return _broadcast(adv, loss_mask)
+
+
+def reinforce_pp_advantages(
+    rewards: Float[Array, "n t"], loss_mask: TokenMask, gamma: float = 1.0, kl_coef: float = 0.0,
+    old_logp: Float[Array, "n t"] | None = None, ref_logp: Float[Array, "n t"] | None = None,
+    eps: float = 1e-6,
+) -> Float[Array, "n t"]:
+    """REINFORCE++ (EARL's estimator): returns-to-go of r[t] - kl_coef * (old_logp - ref_logp)[t],
+    whitened with the mean/std over all generated tokens of the batch (no critic, no groups)."""
+    m = loss_mask.astype(bool)
+    r = jnp.where(m, jnp.asarray(rewards, jnp.float32), 0.0)
+    if kl_coef:
+        if old_logp is None or ref_logp is None:
+            raise ValueError("reinforce_pp_advantages: kl_coef > 0 needs old_logp and ref_logp")
+        k1 = jnp.where(m, jnp.asarray(old_logp, jnp.float32) - jnp.asarray(ref_logp, jnp.float32), 0.0)
+        r = r - kl_coef * k1
+    return masked_whiten(discounted_returns(r, m, gamma), m, eps)
+
+
+# ---------------------------------------------------------------------------------------------
+# Group filter
+
+
+class GroupFilter(NamedTuple):
+    keep: Bool[Array, " n"]  # sequence is in a group whose returns vary (and has generated tokens)
+    frac_filtered: Float[Array, ""]  # fraction of non-padding sequences dropped
+
+
+def group_filter(
+    rewards: Float[Array, "n t"], loss_mask: TokenMask, group_ids: Int[Array, " n"], num_groups: int,
+    atol: float = 1e-6,
+) -> GroupFilter:
+    """Mark groups whose returns do not vary (max - min <= atol, one-member groups included).
+
+    Such groups carry no group-relative signal; drop them (e.g. `loss_mask * keep[:, None]`) to guard
+    against collapse (DAPO's dynamic sampling).
+    """
+    s = _group_stats(sequence_returns(rewards, loss_mask), loss_mask, group_ids, num_groups)
+    keep = s.valid & (s.spread > atol)
+    n_valid = s.valid.sum()
+    frac = (s.valid & ~keep).sum() / jnp.maximum(n_valid, 1)
+    return GroupFilter(keep, frac.astype(jnp.float32))
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+
+
+def compute_advantages(
+    rewards: Float[Array, "n t"],
+    loss_mask: TokenMask,
+    group_ids: Int[Array, " n"],
+    num_groups: int,
+    cfg: LossConfig,
+    *,
+    old_logp: Float[Array, "n t"] | None = None,
+    ref_logp: Float[Array, "n t"] | None = None,
+    values: Float[Array, "n t"] | None = None,
+) -> Float[Array, "n t"]:
+    """Advantages [N, T] for cfg.algorithm (0 on masked-out tokens). jit with cfg, num_groups static.
+
+    grpo / rloo: group estimators (group_ids, num_groups). reinforce_pp: global REINFORCE++
+    (old_logp, ref_logp when cfg.reward_kl_coef > 0). ppo: GAE from `values`, globally whitened.
+    """
+    if cfg.algorithm == "grpo":
+        return grpo_advantages(rewards, loss_mask, group_ids, num_groups, cfg.scale_by_std, cfg.adv_eps)
+    if cfg.algorithm == "rloo":
+        return rloo_advantages(rewards, loss_mask, group_ids, num_groups)
+    if cfg.algorithm == "reinforce_pp":
+        return reinforce_pp_advantages(rewards, loss_mask, cfg.gamma, cfg.reward_kl_coef,
+                                       old_logp, ref_logp, cfg.adv_eps)
+    if cfg.algorithm == "ppo":
+        if values is None:
+            raise ValueError("compute_advantages: algorithm 'ppo' needs values (a critic); "
+                             "use 'reinforce_pp' or 'grpo' without one")
+        r = jnp.asarray(rewards, jnp.float32)
+        if cfg.reward_kl_coef:
+            if old_logp is None or ref_logp is None:
+                raise ValueError("compute_advantages: reward_kl_coef > 0 needs old_logp and ref_logp")
+            r = r - cfg.reward_kl_coef * (jnp.asarray(old_logp, jnp.float32) - jnp.asarray(ref_logp, jnp.float32))
+        adv, _ = gae(r, values, loss_mask, cfg.gamma, cfg.gae_lambda)
+        return masked_whiten(adv, loss_mask, cfg.adv_eps)
+    raise ValueError(f"compute_advantages: unknown algorithm {cfg.algorithm!r}")
