@@ -1,0 +1,249 @@
+"""How a game reads as text: board rendering, observation templates, the observation alphabet.
+
+Everything the environment says goes through `render_board` and `format_observation`, so the
+set of characters an observation can contain is known in advance (`observation_alphabet`) and a
+tiny character-level tokenizer can cover it exactly.
+
+Conventions (both preset games, both prompt styles):
+- the agent is always `X`, the opponent always `O`, an empty cell `.`; whoever moves first.
+- `board` arrays: int8, +1 agent, -1 opponent, 0 empty, row 0 = the top row as printed.
+  Connect Four (6, 7); Tic-Tac-Toe (3, 3). Other games: the agent's OpenSpiel observation
+  tensor (float32, `game.observation_tensor_shape()`), and the board text is `str(state)`.
+- actions are written as their decimal id (`canonical_action_text`): Connect Four column
+  0..6 left to right, Tic-Tac-Toe cell 0..8 row-major from the top left.
+
+Compact style (default, for the tiny model) - a turn, a final position, an invalid answer:
+
+    opp 3          <- only when the opponent has just moved
+    .......
+    ...O...
+    ..XXO..
+    moves: 0 1 2 3 4 5 6
+    >                           ("> " then the agent answers)
+
+    <board>
+    result: win                 (win | loss | draw)
+
+    invalid move
+    moves: 0 1 2 3 4 5 6        (retry; or "result: loss" when no retries are left)
+    >
+
+Chat style (for a pretrained LLM): full English rules in the first observation, labelled board,
+"Legal moves: 0, 1, 2" and "Answer with the column number."
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import string
+
+import numpy as np
+import pyspiel
+
+PROMPT_STYLES = ("compact", "chat")
+RESULTS = ("win", "loss", "draw")
+AGENT, OPPONENT, EMPTY = "X", "O", "."
+
+
+@dataclasses.dataclass(frozen=True)
+class GameText:
+    """Text conventions of one game. Presets know their board layout; others fall back to str(state)."""
+
+    name: str
+    num_actions: int  # size of the action vocabulary: answers are 0 .. num_actions-1
+    board_shape: tuple[int, ...] | None  # None: the observation tensor's shape
+    move_noun: str  # "column", "cell", "action": used in chat texts
+    rules: str  # chat-style rules, shown in the first observation only
+    cell_labels: str = ""  # chat style: a line or grid under the board naming the moves
+
+    @property
+    def is_preset(self) -> bool:
+        return self.board_shape is not None
+
+    # ---- board ---------------------------------------------------------------------------
+    def board_text(self, state: pyspiel.State, agent_player: int) -> str:
+        """Board rows joined by newlines, agent X, opponent O (no trailing newline)."""
+        raw = str(state).strip("\n")
+        if not self.is_preset:
+            return raw
+        return raw.translate(_TRANSLATE[agent_player])
+
+    def board_array(self, state: pyspiel.State, agent_player: int) -> np.ndarray:
+        """+1 agent, -1 opponent, 0 empty (presets); the agent's observation tensor otherwise."""
+        if not self.is_preset:
+            shape = state.get_game().observation_tensor_shape()
+            return np.asarray(state.observation_tensor(agent_player), np.float32).reshape(shape)
+        raw = str(state).replace("\n", "").encode("ascii")
+        return _VALUE_LUT[agent_player][np.frombuffer(raw, np.uint8)].reshape(self.board_shape)
+
+    def render_board(self, board_text: str, prompt_style: str) -> str:
+        if prompt_style == "compact" or not self.is_preset:
+            return board_text
+        rows = [" ".join(row) for row in board_text.split("\n")]
+        return "\n".join(rows + ([self.cell_labels] if self.cell_labels else []))
+
+    def action_text(self, action: int) -> str:
+        return str(int(action))
+
+
+def _translate_tables():
+    # OpenSpiel prints player 0 as 'x' and player 1 as 'o' in both preset games.
+    as_first = str.maketrans({"x": AGENT, "o": OPPONENT})
+    as_second = str.maketrans({"x": OPPONENT, "o": AGENT})
+    return (as_first, as_second)
+
+
+def _value_luts():
+    luts = []
+    for agent in (0, 1):
+        lut = np.zeros(256, np.int8)
+        lut[ord("x")] = 1 if agent == 0 else -1
+        lut[ord("o")] = -1 if agent == 0 else 1
+        luts.append(lut)
+    return tuple(luts)
+
+
+_TRANSLATE = _translate_tables()
+_VALUE_LUT = _value_luts()
+
+_PRESETS = {
+    "connect_four": GameText(
+        name="connect_four",
+        num_actions=7,
+        board_shape=(6, 7),
+        move_noun="column",
+        rules=(
+            "We play Connect Four on a board of 6 rows and 7 columns. You are X, your opponent is O. "
+            "Players take turns dropping a piece into a column, numbered 0 to 6 from left to right; "
+            "it falls to the lowest empty cell. The first to get four in a row, horizontally, "
+            "vertically or diagonally, wins. A full board is a draw. An illegal answer loses."
+        ),
+        cell_labels="0 1 2 3 4 5 6",
+    ),
+    "tic_tac_toe": GameText(
+        name="tic_tac_toe",
+        num_actions=9,
+        board_shape=(3, 3),
+        move_noun="cell",
+        rules=(
+            "We play Tic-Tac-Toe on a 3 by 3 board. You are X, your opponent is O. Players take "
+            "turns marking an empty cell. Cells are numbered 0 to 8, row by row from the top left:\n"
+            "0 1 2\n3 4 5\n6 7 8\n"
+            "The first to get three in a row, horizontally, vertically or diagonally, wins. "
+            "A full board is a draw. An illegal answer loses."
+        ),
+    ),
+}
+
+
+def game_text(game: pyspiel.Game) -> GameText:
+    """The text conventions for a loaded OpenSpiel game (a preset or the generic fallback)."""
+    short = game.get_type().short_name
+    if short in _PRESETS and game.get_parameters() == _default_params(short):
+        return _PRESETS[short]
+    # Presets with non-default parameters (other board sizes) use the generic fallback, too.
+    return GameText(
+        name=str(game),
+        num_actions=game.num_distinct_actions(),
+        board_shape=None,
+        move_noun="action",
+        rules=(
+            f"We play the game {game.get_type().long_name}. You are player {{agent}}. "
+            "Each turn, answer with the number of one of the legal actions."
+        ),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _default_params(short_name: str) -> dict:
+    return pyspiel.load_game(short_name).get_parameters()
+
+
+# ---- observation templates ------------------------------------------------------------------
+def format_observation(
+    gt: GameText,
+    prompt_style: str,
+    *,
+    board: str | None,
+    legal_actions: list[int] | None,
+    opponent_action: int | None = None,
+    result: str | None = None,
+    invalid: bool = False,
+    first: bool = False,
+    agent_player: int = 0,
+    state: pyspiel.State | None = None,
+) -> str:
+    """One observation. `result` in RESULTS ends the game; `legal_actions` is shown otherwise.
+
+    `invalid` prefixes the invalid-answer line (a retry when `result` is None, else the forfeit;
+    `board` may be None then). `state` is only read by the generic chat style, to name moves.
+    """
+    if prompt_style == "compact":
+        parts = []
+        if invalid:
+            parts.append("invalid move\n")
+        if opponent_action is not None:
+            parts.append(f"opp {gt.action_text(opponent_action)}\n")
+        if board is not None:
+            parts.append(board + "\n")
+        if result is not None:
+            parts.append(f"result: {result}\n")
+        else:
+            parts.append("moves: " + " ".join(map(gt.action_text, legal_actions)) + "\n> ")
+        return "".join(parts)
+
+    parts = []
+    if first:
+        parts.append(gt.rules.replace("{agent}", str(agent_player)) + "\n")
+    if invalid:
+        parts.append("That answer is not a legal move.\n")
+    if opponent_action is not None:
+        parts.append(f"Your opponent played {gt.move_noun} {gt.action_text(opponent_action)}.\n")
+    if board is not None:
+        parts.append(gt.render_board(board, prompt_style) + "\n")
+    if result is not None:
+        parts.append(_CHAT_RESULT[result] + "\n")
+    else:
+        if gt.is_preset or state is None:
+            moves = ", ".join(map(gt.action_text, legal_actions))
+        else:
+            moves = ", ".join(
+                f"{a} ({state.action_to_string(state.current_player(), a)})" for a in legal_actions
+            )
+        parts.append(f"Legal moves: {moves}\nAnswer with the {gt.move_noun} number.\n")
+    return "".join(parts)
+
+
+_CHAT_RESULT = {"win": "You win.", "loss": "You lose.", "draw": "The game is a draw."}
+
+
+def observation_alphabet(game: str | pyspiel.Game, prompt_style: str = "compact") -> str:
+    """Every character any observation of a preset game can contain, sorted, as one string.
+
+    Built by rendering every template branch with every action and every board symbol, so it
+    follows the templates above; tests check it against observations of many random games.
+    Compact style, both presets: `\\n`, space, `.`, `:`, `>`, the digits, `O`, `X`, and the
+    letters of "opp moves result win loss draw invalid".
+    """
+    gt = game_text(pyspiel.load_game(game) if isinstance(game, str) else game)
+    if not gt.is_preset:
+        raise ValueError(
+            f"observation_alphabet is defined for the preset games {sorted(_PRESETS)}, not {gt.name!r}: "
+            "other games print str(state), whose characters OpenSpiel decides"
+        )
+    if prompt_style not in PROMPT_STYLES:
+        raise ValueError(f"prompt_style must be one of {PROMPT_STYLES}, got {prompt_style!r}")
+    rows, cols = gt.board_shape
+    row = (AGENT + OPPONENT + EMPTY) * cols
+    board = "\n".join([row[:cols]] * rows)
+    actions = list(range(gt.num_actions))
+    chars = set(string.digits) | set(gt.render_board(board, prompt_style)) | {AGENT, OPPONENT, EMPTY}
+    for first in (False, True):
+        for invalid in (False, True):
+            for result in (None, *RESULTS):
+                text = format_observation(
+                    gt, prompt_style, board=board, legal_actions=actions, opponent_action=0,
+                    result=result, invalid=invalid, first=first,
+                )
+                chars.update(text)
+    return "".join(sorted(chars))
