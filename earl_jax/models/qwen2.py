@@ -1,0 +1,184 @@
+"""Qwen2-family decoder in Flax NNX: RMSNorm, RoPE, grouped-query attention with q/k/v bias, SwiGLU.
+
+One forward serves every stage: training (no cache, causal attention through
+`jax.nn.dot_product_attention`), prefill, decode and multi-turn extend (tokens written into a KV cache at
+their own per-row positions, attention over the cache masked by position). Parameters are float32
+masters carrying logical axis names; compute runs in `dtype` (bf16 by default).
+
+Shape suffixes: b batch, t new tokens, s cache slots, d embed, n query heads, k kv heads, g query heads
+per kv head, h head dim, f mlp, v vocab.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Float, Int
+
+from earl_jax.models.cache import KVCache, LayerCache
+from earl_jax.models.config import ModelConfig
+from earl_jax.parallel.context import constrain
+
+_INIT_STD = 0.02
+
+
+def _param(rngs: nnx.Rngs, shape, axes, dtype, init: str = "normal") -> nnx.Param:
+    if init == "normal":
+        value = _INIT_STD * jax.random.normal(rngs.params(), shape, dtype)
+    elif init == "zeros":
+        value = jnp.zeros(shape, dtype)
+    else:
+        value = jnp.ones(shape, dtype)
+    return nnx.Param(value, logical_axes=axes)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, *, param_dtype, rngs: nnx.Rngs):
+        self.scale = _param(rngs, (dim,), ("embed",), param_dtype, init="ones")
+        self.eps = eps
+
+    def __call__(self, x: Float[Array, "... d"]) -> Float[Array, "... d"]:
+        # Statistics in float32 as Hugging Face does, then back to the compute dtype.
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (self.scale[...].astype(jnp.float32) * x32).astype(x.dtype)
+
+
+def rope(x: Float[Array, "b t n h"], positions: Int[Array, "b t"], theta: float) -> Float[Array, "b t n h"]:
+    """Rotary embedding, Hugging Face's rotate-half layout (first half / second half of head_dim)."""
+    h = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # b t h/2
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+        d, n, k, h = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.dim_per_head
+        self.q_dnh = _param(rngs, (d, n, h), ("embed", "heads", "head_dim"), param_dtype)
+        self.k_dkh = _param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), param_dtype)
+        self.v_dkh = _param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), param_dtype)
+        self.o_nhd = _param(rngs, (n, h, d), ("heads", "head_dim", "embed"), param_dtype)
+        if cfg.attention_bias:
+            self.q_bias = _param(rngs, (n, h), ("heads", "head_dim"), param_dtype, init="zeros")
+            self.k_bias = _param(rngs, (k, h), ("kv_heads", "head_dim"), param_dtype, init="zeros")
+            self.v_bias = _param(rngs, (k, h), ("kv_heads", "head_dim"), param_dtype, init="zeros")
+        self.cfg, self.dtype = cfg, dtype
+
+    def _proj(self, x, w, b, axes):
+        y = jnp.einsum("btd,dnh->btnh", x, w[...].astype(self.dtype))
+        if self.cfg.attention_bias:
+            y = y + b[...].astype(self.dtype)
+        return constrain(y, axes)
+
+    def __call__(self, x: Float[Array, "b t d"], positions: Int[Array, "b t"],
+                 cache: LayerCache | None) -> tuple[Float[Array, "b t d"], LayerCache | None]:
+        cfg = self.cfg
+        bias = (lambda name: getattr(self, name)) if cfg.attention_bias else (lambda name: None)
+        q = self._proj(x, self.q_dnh, bias("q_bias"), ("batch", "length", "act_heads", None))
+        k = self._proj(x, self.k_dkh, bias("k_bias"), ("batch", "length", "act_kv_heads", None))
+        v = self._proj(x, self.v_dkh, bias("v_bias"), ("batch", "length", "act_kv_heads", None))
+        q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+
+        if cache is None:
+            out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        else:
+            cache = cache.write(k, v, positions)
+            out = cached_attention(q, cache.k, cache.v, positions)
+        out = constrain(out, ("batch", "length", "act_heads", None))
+        y = jnp.einsum("btnh,nhd->btd", out, self.o_nhd[...].astype(self.dtype))
+        return y, cache
+
+
+def cached_attention(q: Float[Array, "b t n h"], k: Float[Array, "b s k h"], v: Float[Array, "b s k h"],
+                     positions: Int[Array, "b t"]) -> Float[Array, "b t n h"]:
+    """Queries at absolute `positions` attend to cache slots 0..position (slot index == position)."""
+    b, t, n, h = q.shape
+    kv = k.shape[2]
+    q = q.reshape(b, t, kv, n // kv, h)
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32) * (h ** -0.5)
+    slots = jnp.arange(k.shape[1])
+    mask = slots[None, None, :] <= positions[:, :, None]  # b t s
+    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
+    return out.reshape(b, t, n, h)
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+        d, f = cfg.hidden_size, cfg.intermediate_size
+        self.gate_df = _param(rngs, (d, f), ("embed", "mlp"), param_dtype)
+        self.up_df = _param(rngs, (d, f), ("embed", "mlp"), param_dtype)
+        self.down_fd = _param(rngs, (f, d), ("mlp", "embed"), param_dtype)
+        self.dtype = dtype
+
+    def __call__(self, x: Float[Array, "b t d"]) -> Float[Array, "b t d"]:
+        gate = jnp.einsum("btd,df->btf", x, self.gate_df[...].astype(self.dtype))
+        up = jnp.einsum("btd,df->btf", x, self.up_df[...].astype(self.dtype))
+        hidden = constrain(jax.nn.silu(gate) * up, ("batch", "length", "act_mlp"))
+        return jnp.einsum("btf,fd->btd", hidden, self.down_fd[...].astype(self.dtype))
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
+        self.attn = Attention(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
+        self.mlp = MLP(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+    def __call__(self, x, positions, cache: LayerCache | None):
+        y, cache = self.attn(self.input_norm(x), positions, cache)
+        x = constrain(x + y, ("batch", "length", "act_embed"))
+        x = constrain(x + self.mlp(self.post_attn_norm(x)), ("batch", "length", "act_embed"))
+        return x, cache
+
+
+class Qwen2(nnx.Module):
+    """The decoder. `__call__` returns float32 logits; `hidden` + `logits` let callers chunk the vocab."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype: Any = jnp.bfloat16,
+                 param_dtype: Any = jnp.float32, remat: bool = False):
+        self.cfg, self.dtype = cfg, dtype
+        self.embed_vd = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), param_dtype)
+        layer_cls = nnx.remat(DecoderLayer) if remat else DecoderLayer
+        self.layers = nnx.List(
+            [layer_cls(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
+        if not cfg.tie_word_embeddings:
+            self.lm_head_dv = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), param_dtype)
+
+    def hidden(self, tokens: Int[Array, "b t"], positions: Int[Array, "b t"],
+               cache: KVCache | None = None) -> tuple[Float[Array, "b t d"], KVCache | None]:
+        """Final-norm hidden states; writes the new tokens' keys and values into `cache` when given."""
+        x = jnp.take(self.embed_vd[...], tokens, axis=0).astype(self.dtype)
+        x = constrain(x, ("batch", "length", "act_embed"))
+        new_layers = []
+        for i, layer in enumerate(self.layers):
+            x, layer_cache = layer(x, positions, None if cache is None else cache.layers[i])
+            new_layers.append(layer_cache)
+        x = self.final_norm(x)
+        return x, (None if cache is None else KVCache(tuple(new_layers)))
+
+    def logits(self, h: Float[Array, "b t d"]) -> Float[Array, "b t v"]:
+        if self.cfg.tie_word_embeddings:
+            w = self.embed_vd[...].astype(self.dtype)
+            out = jnp.einsum("btd,vd->btv", h, w, preferred_element_type=jnp.float32)
+        else:
+            w = self.lm_head_dv[...].astype(self.dtype)
+            out = jnp.einsum("btd,dv->btv", h, w, preferred_element_type=jnp.float32)
+        return constrain(out, ("batch", "length", "act_vocab"))
+
+    def __call__(self, tokens: Int[Array, "b t"], positions: Int[Array, "b t"] | None = None,
+                 cache: KVCache | None = None) -> tuple[Float[Array, "b t v"], KVCache | None]:
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+        h, cache = self.hidden(tokens, positions, cache)
+        return self.logits(h), cache
