@@ -98,6 +98,7 @@ class OpenSpielTextEnv(gym.Env):
 
     # ---- gymnasium API ------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        """New game. `options={"history": [actions]}` starts from the position those moves reach."""
         super().reset(seed=seed)
         rng = self.np_random
         cfg = self.config
@@ -105,6 +106,10 @@ class OpenSpielTextEnv(gym.Env):
         self.opponent.reset(int(rng.integers(1 << 31)))
         self._chance_rng.seed(int(rng.integers(1 << 31)))
         self.state = self.game.new_initial_state()
+        for a in (options or {}).get("history", ()):  # start from a given position (tests, openings)
+            if self.state.is_terminal() or a not in self.state.legal_actions():
+                raise ValueError(f"options['history']: {a!r} is not legal in\n{self.state}")
+            self.state.apply_action(a)
         self._turn, self._retries_left, self._done = 0, cfg.max_retries, False
         opponent_action = self._play_until_agent()
         if self.state.is_terminal():  # possible only in odd games where the agent never moves

@@ -8,7 +8,8 @@ Conventions (both preset games, both prompt styles):
 - the agent is always `X`, the opponent always `O`, an empty cell `.`; whoever moves first.
 - `board` arrays: int8, +1 agent, -1 opponent, 0 empty, row 0 = the top row as printed.
   Connect Four (6, 7); Tic-Tac-Toe (3, 3). Other games: the agent's OpenSpiel observation
-  tensor (float32, `game.observation_tensor_shape()`), and the board text is `str(state)`.
+  tensor (float32, `game.observation_tensor_shape()`), and the board text is the agent's
+  `observation_string` (or `str(state)` when the game has none).
 - actions are written as their decimal id (`canonical_action_text`): Connect Four column
   0..6 left to right, Tic-Tac-Toe cell 0..8 row-major from the top left.
 
@@ -63,15 +64,21 @@ class GameText:
     # ---- board ---------------------------------------------------------------------------
     def board_text(self, state: pyspiel.State, agent_player: int) -> str:
         """Board rows joined by newlines, agent X, opponent O (no trailing newline)."""
-        raw = str(state).strip("\n")
-        if not self.is_preset:
-            return raw
-        return raw.translate(_TRANSLATE[agent_player])
+        if not self.is_preset:  # the agent's own view: hidden information stays hidden
+            game_type = state.get_game().get_type()
+            if game_type.provides_observation_string:
+                return state.observation_string(agent_player).strip("\n")
+            return str(state).strip("\n")
+        return str(state).strip("\n").translate(_TRANSLATE[agent_player])
 
-    def board_array(self, state: pyspiel.State, agent_player: int) -> np.ndarray:
-        """+1 agent, -1 opponent, 0 empty (presets); the agent's observation tensor otherwise."""
+    def board_array(self, state: pyspiel.State, agent_player: int) -> np.ndarray | None:
+        """+1 agent, -1 opponent, 0 empty (presets); the agent's observation tensor otherwise
+        (None for a game without one)."""
         if not self.is_preset:
-            shape = state.get_game().observation_tensor_shape()
+            game = state.get_game()
+            if not game.get_type().provides_observation_tensor:
+                return None
+            shape = game.observation_tensor_shape()
             return np.asarray(state.observation_tensor(agent_player), np.float32).reshape(shape)
         raw = str(state).replace("\n", "").encode("ascii")
         return _VALUE_LUT[agent_player][np.frombuffer(raw, np.uint8)].reshape(self.board_shape)
