@@ -500,10 +500,26 @@ def test_observations_stay_in_the_alphabet(game, style):
 
 
 def test_compact_alphabet_is_small_and_fixed():
-    assert observation_alphabet("connect_four") == "\n .0123456789:>OXadeilmnoprstuvw"
+    assert observation_alphabet("connect_four") == "\n .0123456789:>OXadeilmnoprstuvw" == envs.COMPACT_ALPHABET
     assert observation_alphabet("tic_tac_toe") == observation_alphabet("connect_four")
     with pytest.raises(ValueError, match="preset"):
         observation_alphabet("breakthrough")
+
+
+def test_render_board_matches_the_drawing():
+    board = """
+        .......
+        .......
+        .......
+        ...O...
+        ..XXO..
+        .OXXO..
+    """
+    state = c4_state(board)
+    assert envs.render_board(state, agent_player=0) == "\n".join(drawing(board))
+    swapped = "\n".join(drawing(board)).translate(str.maketrans("XO", "OX"))
+    assert envs.render_board(state, agent_player=1) == swapped
+    assert envs.render_board(state, 0, "chat").splitlines()[-2:] == [". O X X O . .", "0 1 2 3 4 5 6"]
 
 
 def test_final_observation_shows_result():

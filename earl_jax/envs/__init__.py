@@ -15,11 +15,13 @@ from earl_jax.envs.opponents import Opponent, make_opponent
 from earl_jax.envs.openspiel_env import EnvConfig, OpenSpielTextEnv, make_envs
 from earl_jax.envs.parser import canonical_action_text, parse_action
 from earl_jax.envs.text import (
+    COMPACT_ALPHABET,
     PROMPT_STYLES,
     GameText,
     format_observation,
     game_text,
     observation_alphabet,
+    render_board,
 )
 
 _ENTRY = "earl_jax.envs.openspiel_env:OpenSpielTextEnv"
@@ -34,7 +36,7 @@ for _id, _kwargs in ENV_IDS.items():
         gymnasium.register(id=_id, entry_point=_ENTRY, kwargs=_kwargs)
 
 __all__ = [
-    "ENV_IDS", "EnvBatch", "EnvConfig", "GameText", "OpenSpielTextEnv", "Opponent", "PROMPT_STYLES",
+    "COMPACT_ALPHABET", "ENV_IDS", "EnvBatch", "EnvConfig", "GameText", "OpenSpielTextEnv", "Opponent", "PROMPT_STYLES",
     "canonical_action_text", "format_observation", "game_text", "make_envs", "make_opponent",
-    "observation_alphabet", "parse_action",
+    "observation_alphabet", "parse_action", "render_board",
 ]

@@ -42,6 +42,12 @@ import numpy as np
 import pyspiel
 
 PROMPT_STYLES = ("compact", "chat")
+COMPACT_ALPHABET = "\n .0123456789:>OXadeilmnoprstuvw"
+"""Every character a compact observation of Connect Four or Tic-Tac-Toe can contain (31).
+
+Agent answers need only the digits plus whatever terminator the sampler stops at ("\n").
+`observation_alphabet(game, style)` derives it from the templates; a test keeps both equal.
+"""
 RESULTS = ("win", "loss", "draw")
 AGENT, OPPONENT, EMPTY = "X", "O", "."
 
@@ -166,6 +172,12 @@ def _default_params(short_name: str) -> dict:
     return pyspiel.load_game(short_name).get_parameters()
 
 
+def render_board(state: pyspiel.State, agent_player: int = 0, prompt_style: str = "compact") -> str:
+    """The board of `state` as the observation prints it (agent X, opponent O, '.' empty)."""
+    gt = game_text(state.get_game())
+    return gt.render_board(gt.board_text(state, agent_player), prompt_style)
+
+
 # ---- observation templates ------------------------------------------------------------------
 def format_observation(
     gt: GameText,
@@ -196,7 +208,7 @@ def format_observation(
         if result is not None:
             parts.append(f"result: {result}\n")
         else:
-            parts.append("moves: " + " ".join(map(gt.action_text, legal_actions)) + "\n> ")
+            parts.append(_moves_line(gt, "compact", tuple(legal_actions)))
         return "".join(parts)
 
     parts = []
@@ -212,13 +224,22 @@ def format_observation(
         parts.append(_CHAT_RESULT[result] + "\n")
     else:
         if gt.is_preset or state is None:
-            moves = ", ".join(map(gt.action_text, legal_actions))
-        else:
+            parts.append(_moves_line(gt, "chat", tuple(legal_actions)))
+        else:  # name each action too: ids alone mean nothing in, say, chess
             moves = ", ".join(
                 f"{a} ({state.action_to_string(state.current_player(), a)})" for a in legal_actions
             )
-        parts.append(f"Legal moves: {moves}\nAnswer with the {gt.move_noun} number.\n")
+            parts.append(f"Legal moves: {moves}\nAnswer with the {gt.move_noun} number.\n")
     return "".join(parts)
+
+
+@functools.lru_cache(maxsize=8192)
+def _moves_line(gt: GameText, prompt_style: str, legal_actions: tuple[int, ...]) -> str:
+    """Cached: a preset has few distinct legal sets (Connect Four 127, Tic-Tac-Toe 511)."""
+    if prompt_style == "compact":
+        return "moves: " + " ".join(map(gt.action_text, legal_actions)) + "\n> "
+    moves = ", ".join(map(gt.action_text, legal_actions))
+    return f"Legal moves: {moves}\nAnswer with the {gt.move_noun} number.\n"
 
 
 _CHAT_RESULT = {"win": "You win.", "loss": "You lose.", "draw": "The game is a draw."}
