@@ -569,3 +569,61 @@ def test_step_never_crashes(game, seed, answers):
             assert info["winner"] in ("agent", "opponent", "draw") and info["legal_actions"] == []
             break
         assert info["legal_actions"] and obs.endswith("> ")
+
+
+def _full_minimax(me, opp, depth, ply):
+    """connect_four_search._negamax without pruning: the reference for the pruned search."""
+    cs = connect_four_search
+    mask = me | opp
+    moves = [(mask + cs.BOTTOM[c]) & cs.COLUMN[c] for c in cs.ORDER if not mask & cs.TOP[c]]
+    if not moves:
+        return 0
+    if any(cs.is_win(me | bit) for bit in moves):
+        return cs.WIN - ply - 1
+    if depth == 0:
+        return cs.evaluate(me, opp)
+    return max(-_full_minimax(opp, me | bit, depth - 1, ply + 1) for bit in moves)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_alphabeta_agrees_with_unpruned_minimax(depth):
+    cs = connect_four_search
+    rng = random.Random(depth)
+    g = pyspiel.load_game("connect_four")
+    for _ in range(12):
+        state = g.new_initial_state()
+        for _ in range(rng.randrange(0, 16)):
+            if state.is_terminal():
+                break
+            state.apply_action(rng.choice(state.legal_actions()))
+        if state.is_terminal():
+            continue
+        history = state.history()
+        p0, p1 = cs.bitboards_from_history(history)
+        me, opp = (p0, p1) if len(history) % 2 == 0 else (p1, p0)
+        mask = me | opp
+        scores = {}
+        for c in state.legal_actions():
+            bit = (mask + cs.BOTTOM[c]) & cs.COLUMN[c]
+            scores[c] = cs.WIN - 1 if cs.is_win(me | bit) else -_full_minimax(opp, me | bit, depth - 1, 1)
+        best = max(scores.values())
+        moves, score = cs.best_moves(history, depth)
+        if best == cs.WIN - 1:  # an immediate win is returned alone
+            assert score == best and scores[moves[0]] == best
+        else:
+            assert (moves, score) == (sorted(c for c, v in scores.items() if v == best), best)
+
+
+def test_alphabeta_beats_random():
+    env = OpenSpielTextEnv(EnvConfig.connect_four(opponent="alphabeta:3"))
+    rng = random.Random(0)
+    winners = [play_random_game(env, seed, rng)[2]["winner"] for seed in range(20)]
+    assert winners.count("opponent") >= 19
+
+
+@pytest.mark.parametrize(
+    "override", [{"prompt_style": "verbose"}, {"agent_player": 2}, {"max_retries": -1}, {"game": "matrix_rps"}]
+)
+def test_bad_config_is_rejected(override):
+    with pytest.raises(ValueError):
+        OpenSpielTextEnv(EnvConfig(**override))
