@@ -129,7 +129,7 @@ _PRESETS = {
             "We play Connect Four on a board of 6 rows and 7 columns. You are X, your opponent is O. "
             "Players take turns dropping a piece into a column, numbered 0 to 6 from left to right; "
             "it falls to the lowest empty cell. The first to get four in a row, horizontally, "
-            "vertically or diagonally, wins. A full board is a draw. An illegal answer loses."
+            "vertically or diagonally, wins. A full board is a draw. An illegal answer is penalised."
         ),
         cell_labels="0 1 2 3 4 5 6",
     ),
@@ -143,7 +143,7 @@ _PRESETS = {
             "turns marking an empty cell. Cells are numbered 0 to 8, row by row from the top left:\n"
             "0 1 2\n3 4 5\n6 7 8\n"
             "The first to get three in a row, horizontally, vertically or diagonally, wins. "
-            "A full board is a draw. An illegal answer loses."
+            "A full board is a draw. An illegal answer is penalised."
         ),
     ),
 }
