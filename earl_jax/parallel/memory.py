@@ -1,0 +1,381 @@
+"""Per-device memory model of each RL stage under a candidate mesh, and the candidate meshes themselves.
+
+Everything here is arithmetic on a `ModelConfig` (no arrays are allocated), so a 72B model on 64
+devices is as cheap to plan as the tiny one.
+
+What is counted (bytes per device; "shard" follows the same rule as `mesh.logical_to_spec`: a
+dimension is split over its mesh axis only when the axis size divides it, otherwise it is replicated):
+
+* parameters - every weight of the Qwen2 decoder with its logical axes (the same axes as
+  `models/qwen2.py`): inference stages hold them in bf16 (`param_bytes_inference`), sharded over
+  `tensor` along vocab / heads / kv_heads / mlp, replicated along embed (norm scales, biases and the
+  embed dimension are replicated: small, but counted). The experience stage holds
+  `experience_models` copies (reference + old policy). Training holds the fp32 master weights, fp32
+  gradients and the two fp32 AdamW moments (`train_state_bytes_per_param` = 16), sharded over
+  `fsdp` along embed and over `tensor` as above; with fsdp > 1 it also holds the bf16 all-gather
+  buffers of two layers (current + prefetched) and of the embedding.
+* KV cache (rollout) - responses of one data shard x context x kv bytes per token, divided by the
+  tensor degree when it divides `num_key_value_heads`. When tensor > kv heads the kv_heads axis is
+  not divisible and `logical_to_spec` replicates the whole cache on every tensor rank
+  (`kv_replication="replicate"`, the default, what the current rules do). With
+  `kv_replication="group"` (a model that repeats kv heads up to the tensor degree, as vLLM does) each
+  rank holds kv_heads / min(tensor, kv_heads) heads.
+* activations - rollout: one prefill chunk's per-layer workspace (hidden, q/k/v, MLP) plus the
+  attention scores of that chunk against the whole cache (float32, the cached attention materializes
+  them) plus the decode logits; experience: one layer's forward workspace for a micro-batch at full
+  context plus the final hidden states; train: with per-layer rematerialization the saved layer inputs
+  (layers x micro-batch x context x embed, bf16) plus one layer's forward+backward working set.
+  Attention scores are full (micro-batch x heads/tensor x q x kv, fp32) unless `attn_q_block` says the
+  attention kernel works in query blocks (flash / cuDNN).
+* logits chunk - micro-batch x chunk x vocab / tensor x 4 bytes, times 2 in experience (logits and
+  log-softmax) and 3 in training (logits, softmax, gradient).
+* `reserve_bytes` for what is not modeled (XLA scratch, CUDA context, fragmentation).
+
+A candidate fits when total <= budget x safety_fraction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+from typing import Iterator, Literal
+
+import jax
+
+from earl_jax.models.config import ModelConfig
+from earl_jax.parallel.mesh import STAGE_RULES, STAGES, MeshShape, logical_to_spec
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+DEFAULT_CPU_BUDGET = 4 * GiB
+
+
+def device_memory_budget(device: jax.Device | None = None, default_bytes: int = DEFAULT_CPU_BUDGET) -> int:
+    """Bytes one device may use: `memory_stats()["bytes_limit"]` where the backend reports it (GPU,
+    TPU), else `default_bytes` (CPU reports nothing)."""
+    device = device if device is not None else jax.local_devices()[0]
+    try:
+        stats = device.memory_stats()
+    except Exception:  # some backends raise instead of returning None
+        stats = None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    return int(default_bytes)
+
+
+# ---- candidates ---------------------------------------------------------------------------------
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def valid_tensor_degree(cfg: ModelConfig, tensor: int) -> bool:
+    """Tensor degree t is valid when it divides the query heads, and either divides the kv heads or is a
+    multiple of them (then kv heads are replicated, see the module docstring). Qwen2.5-72B (64 q / 8 kv)
+    takes t in {1, 2, 4, 8, ...}; 0.5B (14 / 2) takes {1, 2, 7, 14}."""
+    q, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    return tensor >= 1 and q % tensor == 0 and (kv % tensor == 0 or tensor % kv == 0)
+
+
+def candidate_meshes(cfg: ModelConfig, num_devices: int, stage: str) -> list[MeshShape]:
+    """All mesh shapes over exactly `num_devices` valid for `cfg` and `stage`: rollout / experience are
+    data x tensor (fsdp = 1); train is data x fsdp x tensor. Sorted by (tensor, fsdp)."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; expected one of {STAGES}")
+    out = []
+    for t in divisors(num_devices):
+        if not valid_tensor_degree(cfg, t):
+            continue
+        rest = num_devices // t
+        fsdps = divisors(rest) if stage == "train" else [1]
+        out.extend(MeshShape(rest // f, f, t) for f in fsdps)
+    return sorted(out, key=lambda m: (m.tensor, m.fsdp))
+
+
+# ---- parameters ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ParamGroup:
+    name: str
+    shape: tuple[int, ...]
+    axes: tuple[str | None, ...]
+    count: int = 1  # how many such tensors (e.g. per layer x layers)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape) * self.count
+
+
+def param_groups(cfg: ModelConfig) -> list[ParamGroup]:
+    """The decoder's parameters with the logical axes of models/qwen2.py; sums to cfg.num_params()."""
+    d, f, v, h = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.dim_per_head
+    n, k, L = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_hidden_layers
+    g = [ParamGroup("embed", (v, d), ("vocab", "embed")),
+         ParamGroup("q", (d, n, h), ("embed", "heads", "head_dim"), L),
+         ParamGroup("kv", (d, k, h), ("embed", "kv_heads", "head_dim"), 2 * L),
+         ParamGroup("o", (n, h, d), ("heads", "head_dim", "embed"), L),
+         ParamGroup("gate_up", (d, f), ("embed", "mlp"), 2 * L),
+         ParamGroup("down", (f, d), ("mlp", "embed"), L),
+         ParamGroup("norms", (d,), ("embed",), 2 * L + 1)]
+    if cfg.attention_bias:
+        g += [ParamGroup("q_bias", (n, h), ("heads", "head_dim"), L),
+              ParamGroup("kv_bias", (k, h), ("kv_heads", "head_dim"), 2 * L)]
+    if not cfg.tie_word_embeddings:
+        g.append(ParamGroup("lm_head", (d, v), ("embed", "vocab")))
+    return g
+
+
+def _fake_mesh(mesh: MeshShape):
+    return types.SimpleNamespace(shape={"data": mesh.data, "fsdp": mesh.fsdp, "tensor": mesh.tensor})
+
+
+def shard_factor(shape, axes, stage: str, mesh: MeshShape) -> int:
+    """How many ways a tensor is split under the stage's rules (replicated dimensions count 1)."""
+    fake = _fake_mesh(mesh)
+    spec = logical_to_spec(axes, STAGE_RULES[stage], fake, shape)
+    factor = 1
+    for entry in spec:
+        for a in (() if entry is None else (entry,) if isinstance(entry, str) else entry):
+            factor *= fake.shape[a]
+    return factor
+
+
+def params_per_device(cfg: ModelConfig, stage: str, mesh: MeshShape) -> float:
+    """Parameter elements one device holds (fractional when shards are uneven is not possible: exact)."""
+    return sum(p.numel / shard_factor(p.shape, p.axes, stage, mesh) for p in param_groups(cfg))
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2_down(n: int) -> list[int]:
+    """n, then the powers of two below n, descending (n itself first even when not a power of two)."""
+    out = [n] if n >= 1 else []
+    p = 1 << (max(n, 1).bit_length() - 1)
+    if p == n:
+        p //= 2
+    while p >= 1:
+        out.append(p)
+        p //= 2
+    return out
+
+
+# ---- the model ----------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class MemoryConfig:
+    budget_bytes: int | None = None  # per device; None -> device_memory_budget()
+    safety_fraction: float = 0.9
+    reserve_bytes: int = 512 * MiB
+    param_bytes_inference: int = 2  # bf16
+    train_state_bytes_per_param: int = 16  # fp32 master + fp32 grad + 2 fp32 AdamW moments
+    compute_bytes: int = 2  # bf16 activations
+    kv_cache_bytes: int = 2
+    kv_replication: Literal["replicate", "group"] = "replicate"
+    experience_models: int = 2  # reference + old policy resident together
+    prefill_len: int = 256  # rollout tokens prefilled per step (prompt chunk / a turn's observation)
+    attn_q_block: int | None = None  # None: full attention scores materialized (current model code)
+    remat: bool = True  # per-layer activation checkpointing in training
+    rollout_waves: bool = False  # rollout may decode a shard's responses in waves (else all resident)
+    min_logprob_chunk: int = 128
+
+    def __post_init__(self):
+        if not 0 < self.safety_fraction <= 1:
+            raise ValueError(f"safety_fraction must be in (0, 1], got {self.safety_fraction}")
+        if self.kv_replication not in ("replicate", "group"):
+            raise ValueError(f"kv_replication must be 'replicate' or 'group', got {self.kv_replication!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per device, by component."""
+
+    stage: str
+    mesh: MeshShape
+    context_len: int
+    micro_batch: int
+    logprob_chunk: int
+    params: int  # weights (inference) / master weights + grads + optimizer state (train)
+    gather: int  # fsdp all-gather buffers (train)
+    kv_cache: int
+    activations: int
+    logits: int
+    reserve: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.gather + self.kv_cache + self.activations + self.logits + self.reserve
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["mesh"], d["total"] = str(self.mesh), self.total
+        return d
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{k} {getattr(self, k) / GiB:.2f}" for k in
+                          ("params", "gather", "kv_cache", "activations", "logits", "reserve"))
+        return (f"{self.stage} {self.mesh} ctx {self.context_len} mb {self.micro_batch} chunk "
+                f"{self.logprob_chunk}: {self.total / GiB:.2f} GiB ({parts} GiB)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    """Micro-batch and log-prob chunk chosen for a stage / mesh / context, with its estimate."""
+
+    micro_batch: int
+    logprob_chunk: int
+    estimate: MemoryEstimate
+
+
+class MemoryModel:
+    def __init__(self, cfg: ModelConfig, memory: MemoryConfig | None = None):
+        self.cfg = cfg
+        self.mem = memory or MemoryConfig()
+        self._budget = self.mem.budget_bytes
+
+    @property
+    def budget_bytes(self) -> int:
+        if self._budget is None:
+            self._budget = device_memory_budget()
+        return self._budget
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.budget_bytes * self.mem.safety_fraction)
+
+    # -- per-device sizes of the tensor-parallel pieces ------------------------------------------
+    def _div(self, n: int, t: int) -> float:
+        """n split over t ranks when t divides n, else replicated (the logical_to_spec rule)."""
+        return n / t if n % t == 0 else n
+
+    def kv_heads_per_device(self, tensor: int) -> float:
+        kv = self.cfg.num_key_value_heads
+        if kv % tensor == 0:
+            return kv / tensor
+        if self.mem.kv_replication == "group":
+            return kv / min(tensor, kv) if tensor % kv == 0 else float(kv)
+        return float(kv)
+
+    def kv_bytes_per_token_per_device(self, tensor: int) -> float:
+        c = self.cfg
+        return 2 * c.num_hidden_layers * self.kv_heads_per_device(tensor) * c.dim_per_head * self.mem.kv_cache_bytes
+
+    def _layer_workspace(self, tokens: int, tensor: int) -> float:
+        """One layer's forward activations for `tokens` tokens (bf16): residual, normed input, q, k, v,
+        attention output, o-projection, gate, up, silu(gate)*up."""
+        c, b = self.cfg, self.mem.compute_bytes
+        hd = c.dim_per_head
+        q = self._div(c.num_attention_heads, tensor) * hd
+        kv = self.kv_heads_per_device(tensor) * hd
+        mlp = self._div(c.intermediate_size, tensor)
+        return tokens * b * (3 * c.hidden_size + 2 * q + 2 * kv + 3 * mlp)
+
+    def _attn_scores(self, seqs: int, q_len: int, kv_len: int, tensor: int) -> float:
+        q_len = q_len if self.mem.attn_q_block is None else min(q_len, self.mem.attn_q_block)
+        # scores + probabilities, float32
+        return 2 * seqs * self._div(self.cfg.num_attention_heads, tensor) * q_len * kv_len * 4
+
+    def _vocab_dev(self, tensor: int) -> float:
+        return self._div(self.cfg.vocab_size, tensor)
+
+    def _layer_params(self, stage: str, mesh: MeshShape, gather: bool) -> float:
+        """Elements of one decoder layer on a device; with gather=True the fsdp split is undone."""
+        m = MeshShape(mesh.data, 1, mesh.tensor) if gather else mesh
+        L = self.cfg.num_hidden_layers
+        total = 0.0
+        for p in param_groups(self.cfg):
+            if p.name in ("embed", "lm_head"):
+                continue
+            per = p.count / L if p.name != "norms" else 2
+            total += per * math.prod(p.shape) / shard_factor(p.shape, p.axes, stage, m)
+        return total
+
+    # -- the estimate ------------------------------------------------------------------------------
+    def estimate(self, stage: str, mesh: MeshShape, context_len: int, num_responses: int,
+                 micro_batch: int | None = None, logprob_chunk: int | None = None) -> MemoryEstimate:
+        """Bytes per device of `stage` on `mesh` for `num_responses` sequences of `context_len` tokens.
+        `micro_batch` is the sequences one batch shard processes at once (rollout: decoded
+        concurrently, default all of the shard's; experience / train: per forward(-backward), default 1);
+        `logprob_chunk` the sequence chunk whose logits are materialized at once."""
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}")
+        c, m = self.cfg, self.mem
+        ctx, t = int(context_len), mesh.tensor
+        shards = mesh.data * mesh.fsdp
+        per_shard = _ceil_div(num_responses, shards)
+        gather = kv = 0.0
+        if stage == "rollout":
+            mb = per_shard if micro_batch is None else micro_batch
+            chunk = 1
+            params = params_per_device(c, stage, mesh) * m.param_bytes_inference
+            kv = mb * ctx * self.kv_bytes_per_token_per_device(t)
+            pre = min(m.prefill_len, ctx)
+            acts = self._layer_workspace(mb * pre, t) + self._attn_scores(mb, pre, ctx, t)
+            logits = mb * (self._vocab_dev(t) + c.vocab_size) * 4  # last-token logits + gathered for sampling
+        elif stage == "experience":
+            mb = micro_batch or 1
+            chunk = min(logprob_chunk or m.min_logprob_chunk, ctx)
+            params = m.experience_models * params_per_device(c, stage, mesh) * m.param_bytes_inference
+            acts = (self._layer_workspace(mb * ctx, t) + self._attn_scores(mb, ctx, ctx, t)
+                    + mb * ctx * c.hidden_size * m.compute_bytes)  # final hidden states kept for the chunks
+            logits = 2 * mb * chunk * self._vocab_dev(t) * 4
+        else:  # train
+            mb = micro_batch or 1
+            chunk = min(logprob_chunk or m.min_logprob_chunk, ctx)
+            params = params_per_device(c, stage, mesh) * m.train_state_bytes_per_param
+            if mesh.fsdp > 1:  # bf16 copies of two gathered layers + the gathered embedding
+                emb = c.vocab_size * c.hidden_size / (t if c.vocab_size % t == 0 else 1)
+                gather = (2 * self._layer_params(stage, mesh, True) + emb) * m.compute_bytes
+            tok = mb * ctx
+            layer = self._layer_workspace(tok, t) + self._attn_scores(mb, ctx, ctx, t)
+            if m.remat:
+                saved = c.num_hidden_layers * tok * c.hidden_size * m.compute_bytes
+                acts = saved + 2 * layer  # recomputed forward + its backward
+            else:
+                acts = c.num_hidden_layers * layer + layer
+            acts += 2 * tok * c.hidden_size * 4  # final hidden states and their gradient (fp32)
+            logits = 3 * mb * chunk * self._vocab_dev(t) * 4
+        return MemoryEstimate(stage, mesh, ctx, int(mb), int(chunk), int(params), int(gather), int(kv),
+                              int(acts), int(logits), int(m.reserve_bytes))
+
+    def fits(self, est: MemoryEstimate) -> bool:
+        return est.total <= self.usable_bytes
+
+    def choose(self, stage: str, mesh: MeshShape, context_len: int, num_responses: int,
+               max_micro_batch: int | None = None) -> Fit | None:
+        """The largest micro-batch (then the largest log-prob chunk) that fits; None when nothing does.
+
+        rollout: all of a shard's responses at once (micro_batch = ceil(N / data)); with
+        `rollout_waves` the largest power of two below that fits instead. experience / train: the
+        largest of {per-shard batch, powers of two below it} fitting with the minimum chunk, then the
+        largest chunk in {context, powers of two below it} (at least `min_logprob_chunk`)."""
+        ctx = int(context_len)
+        per_shard = max(1, _ceil_div(num_responses, mesh.data * mesh.fsdp))
+        cap = per_shard if max_micro_batch is None else max(1, min(per_shard, max_micro_batch))
+        if stage == "rollout":
+            options = _pow2_down(cap) if (self.mem.rollout_waves or cap < per_shard) else [cap]
+            for mb in options:
+                est = self.estimate(stage, mesh, ctx, num_responses, mb)
+                if self.fits(est):
+                    return Fit(mb, 1, est)
+            return None
+        min_chunk = min(self.mem.min_logprob_chunk, ctx)
+        for mb in _pow2_down(cap):
+            est = self.estimate(stage, mesh, ctx, num_responses, mb, min_chunk)
+            if not self.fits(est):
+                continue
+            for chunk in _pow2_down(1 << (ctx.bit_length() - 1)):  # powers of two <= ctx
+                if chunk < min_chunk:
+                    break
+                e2 = self.estimate(stage, mesh, ctx, num_responses, mb, chunk)
+                if self.fits(e2):
+                    return Fit(mb, chunk, e2)
+            return Fit(mb, min_chunk, est)
+        return None
+
+    def feasible(self, stage: str, mesh: MeshShape, context_len: int, num_responses: int) -> bool:
+        return self.choose(stage, mesh, context_len, num_responses) is not None
+
+    def iter_candidates(self, stage: str, num_devices: int) -> Iterator[MeshShape]:
+        yield from candidate_meshes(self.cfg, num_devices, stage)

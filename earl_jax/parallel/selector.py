@@ -1,0 +1,413 @@
+"""Parallelism Selector: the layout (mesh shape, micro-batch, log-prob chunk) of every RL stage for the
+current context length (EARL, arXiv 2510.05943, section 3; EARL adapts rollout only, we do all stages).
+
+Each iteration the trainer calls
+
+    plan = selector.plan(ContextStats(mean_context_len, max_context_len, num_responses))
+
+The selector smooths the mean context length (EMA or a window), maps it to a context bucket with
+hysteresis (leave the current bucket only when the smoothed length passes the bucket's edge by
+`margin`), and per stage picks, in this order of authority:
+
+1. `thresholds` given directly: [(context_len_threshold, MeshShape), ...] per stage, ascending; the
+   entry with the largest threshold at or below the smoothed length (same hysteresis), no profiling;
+2. a `ProfileTable`: the candidate with the highest measured TGS at the bucket (nearest measured
+   context and response count), among those the memory model accepts and not marked OOM;
+3. neither: the memory model plus a simple cost rule - the smallest tensor degree that fits (tensor
+   collectives sit on every layer of every step), then the smallest fsdp degree (more data
+   parallelism, fewer parameter all-gathers), then the largest micro-batch.
+
+Memory is checked at max(bucket's upper edge, the batch's max context length), so a plan fits the
+longest sequence of the batch, not only the average. After an OOM, `mark_oom(stage, mesh, bucket)`
+removes the candidate for that bucket; `run_with_oom_fallback` does that and retries the same inputs.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+from earl_jax.models.config import ModelConfig
+from earl_jax.parallel.memory import MemoryConfig, MemoryModel, candidate_meshes
+from earl_jax.parallel.mesh import STAGES, MeshShape
+from earl_jax.parallel.profile import OK, OOM, ProfileTable, is_oom_error
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUCKET_EDGES = (1024, 2048, 4096, 8192, 16384, 32768)
+SMALL_BUCKET_EDGES = (32, 64, 128, 256, 512, 1024)  # tiny CPU runs
+
+
+class NoFeasibleLayoutError(RuntimeError):
+    """No candidate mesh of a stage fits in memory (or all were marked out of memory)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StageLayout:
+    mesh: MeshShape
+    micro_batch: int
+    logprob_chunk: int
+
+    def __str__(self) -> str:
+        return str(self.mesh)
+
+    def describe(self) -> str:
+        return f"{self.mesh} mb{self.micro_batch} chunk{self.logprob_chunk}"
+
+
+@dataclasses.dataclass(frozen=True)
+class StagePlan:
+    rollout: StageLayout | None  # None: stage not managed by this selector (SelectorConfig.stages)
+    experience: StageLayout | None
+    train: StageLayout | None
+    context_bucket: int = 0  # upper edge of the current context bucket
+    smoothed_context_len: float = 0.0
+
+    def __getitem__(self, stage: str) -> StageLayout:
+        if stage not in STAGES:
+            raise KeyError(stage)
+        return getattr(self, stage)
+
+    def replace(self, **kw: Any) -> "StagePlan":
+        return dataclasses.replace(self, **kw)
+
+    def __str__(self) -> str:
+        return " ".join(f"{s}={self[s]}" for s in STAGES if self[s] is not None)
+
+    def log_dict(self, prefix: str = "parallel/") -> dict[str, Any]:
+        """Flat metrics for wandb / the console: parallel/rollout_mesh = 'd4f1t2', ..."""
+        out: dict[str, Any] = {f"{prefix}context_bucket": self.context_bucket,
+                               f"{prefix}smoothed_context_len": self.smoothed_context_len}
+        for s in STAGES:
+            lay = self[s]
+            if lay is None:
+                continue
+            out[f"{prefix}{s}_mesh"] = str(lay.mesh)
+            out[f"{prefix}{s}_tensor"] = lay.mesh.tensor
+            out[f"{prefix}{s}_fsdp"] = lay.mesh.fsdp
+            out[f"{prefix}{s}_micro_batch"] = lay.micro_batch
+            out[f"{prefix}{s}_logprob_chunk"] = lay.logprob_chunk
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextStats:
+    """What the trainer observed in the last iteration."""
+
+    mean_context_len: float  # mean generated context length (prompt + turns) this iteration
+    max_context_len: int  # longest sequence this iteration (memory is checked against it)
+    num_responses: int  # sequences per iteration (games x samples)
+
+
+Thresholds = Mapping[str, Sequence[tuple[int, MeshShape]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectorConfig:
+    bucket_edges: tuple[int, ...] = DEFAULT_BUCKET_EDGES  # upper edges; above the last -> last bucket
+    margin: float = 0.10  # hysteresis: pass an edge by this fraction before switching
+    smoothing: Literal["ema", "window", "none"] = "ema"
+    ema_alpha: float = 0.5  # weight of the newest observation
+    window: int = 4
+    thresholds: Thresholds | None = None  # per stage [(context threshold, mesh)]; stages left out select
+    stages: tuple[str, ...] = STAGES  # stages to plan; the others are None in the StagePlan
+
+    def __post_init__(self):
+        object.__setattr__(self, "stages", tuple(self.stages))
+        if not self.stages or set(self.stages) - set(STAGES):
+            raise ValueError(f"stages must be a non-empty subset of {STAGES}, got {self.stages}")
+        edges = tuple(int(e) for e in self.bucket_edges)
+        if not edges or list(edges) != sorted(set(edges)) or edges[0] <= 0:
+            raise ValueError(f"bucket_edges must be positive and strictly ascending, got {self.bucket_edges}")
+        object.__setattr__(self, "bucket_edges", edges)
+        if not 0 <= self.margin < 1:
+            raise ValueError(f"margin must be in [0, 1), got {self.margin}")
+        if self.smoothing not in ("ema", "window", "none"):
+            raise ValueError(f"smoothing must be ema, window or none, got {self.smoothing!r}")
+        if not 0 < self.ema_alpha <= 1:
+            raise ValueError(f"ema_alpha must be in (0, 1], got {self.ema_alpha}")
+        if self.thresholds:
+            th = {}
+            for stage, entries in self.thresholds.items():
+                if stage not in STAGES:
+                    raise ValueError(f"thresholds: unknown stage {stage!r}")
+                norm = sorted(((int(c), m if isinstance(m, MeshShape) else MeshShape.parse(m)) for c, m in entries),
+                              key=lambda e: e[0])
+                if not norm:
+                    raise ValueError(f"thresholds[{stage!r}] is empty")
+                th[stage] = tuple(norm)
+            object.__setattr__(self, "thresholds", th)
+
+
+class HysteresisLevel:
+    """Index of the level a value is in, given ascending lower bounds; moves only when the value is past
+    a bound by `margin` (relative), so values oscillating around a bound do not flap."""
+
+    def __init__(self, lower_bounds: Sequence[float], margin: float, inclusive: bool = True):
+        self.bounds = list(lower_bounds)
+        self.margin = margin
+        self.inclusive = inclusive  # level j starts at bounds[j] (True) or just above it (False)
+        self.index: int | None = None
+
+    def _raw(self, x: float) -> int:
+        i = 0
+        for j, b in enumerate(self.bounds):
+            if x >= b if self.inclusive else x > b:
+                i = j
+        return i
+
+    def update(self, x: float) -> int:
+        if self.index is None:
+            self.index = self._raw(x)
+            return self.index
+        i = self.index
+        up = self._raw(x / (1 + self.margin))
+        if up > i:
+            self.index = up
+        elif i > 0 and x < self.bounds[i] * (1 - self.margin):
+            self.index = min(i - 1, self._raw(x / (1 - self.margin)))
+        return self.index
+
+
+class _Smoother:
+    def __init__(self, kind: str, alpha: float, window: int):
+        self.kind, self.alpha = kind, alpha
+        self.values: collections.deque = collections.deque(maxlen=max(1, window))
+        self.ema: float | None = None
+
+    def update(self, x: float) -> float:
+        x = float(x)
+        if self.kind == "none":
+            self.ema = x
+        elif self.kind == "ema":
+            self.ema = x if self.ema is None else self.alpha * x + (1 - self.alpha) * self.ema
+        else:
+            self.values.append(x)
+            self.ema = sum(self.values) / len(self.values)
+        return self.ema
+
+    @property
+    def value(self) -> float | None:
+        return self.ema
+
+
+def _nearest(values: Sequence[int], x: float) -> int | None:
+    """Nearest value on a log scale; ties go to the larger (more conservative)."""
+    if not values:
+        return None
+    return min(values, key=lambda v: (abs(math.log(v) - math.log(max(x, 1))), -v))
+
+
+class ParallelismSelector:
+    def __init__(self, cfg: ModelConfig, num_devices: int, *, memory: MemoryModel | MemoryConfig | None = None,
+                 config: SelectorConfig | None = None, table: ProfileTable | None = None,
+                 device_kind: str | None = None):
+        self.cfg, self.num_devices = cfg, int(num_devices)
+        self.memory = memory if isinstance(memory, MemoryModel) else MemoryModel(cfg, memory)
+        self.config = config or SelectorConfig()
+        self.table = table
+        if table is not None:
+            table.check_compatible(device_kind, self.num_devices, cfg.name)
+        self.candidates = {s: candidate_meshes(cfg, self.num_devices, s) for s in self.config.stages}
+        for s, c in self.candidates.items():
+            if not c:
+                raise NoFeasibleLayoutError(f"{cfg.name}: no valid {s} mesh over {num_devices} devices")
+        edges = self.config.bucket_edges
+        self._bucket = HysteresisLevel([0, *edges[:-1]], self.config.margin, inclusive=False)
+        self._thr = {s: HysteresisLevel([c for c, _ in e], self.config.margin)
+                     for s, e in (self.config.thresholds or {}).items()}
+        self._smoother = _Smoother(self.config.smoothing, self.config.ema_alpha, self.config.window)
+        self.oom_marks: set[tuple[str, MeshShape, int]] = set()
+        self.last_stats: ContextStats | None = None
+        self.last_plan: StagePlan | None = None
+
+    # -- buckets -----------------------------------------------------------------------------------
+    @property
+    def bucket_edges(self) -> tuple[int, ...]:
+        return self.config.bucket_edges
+
+    def bucket_of(self, context_len: float) -> int:
+        """Upper edge of the bucket `context_len` falls in (no hysteresis)."""
+        for e in self.bucket_edges:
+            if context_len <= e:
+                return e
+        return self.bucket_edges[-1]
+
+    @property
+    def current_bucket(self) -> int | None:
+        return None if self._bucket.index is None else self.bucket_edges[self._bucket.index]
+
+    # -- ranking -------------------------------------------------------------------------------------
+    def _check_len(self, bucket: int, stats: ContextStats) -> int:
+        return max(int(bucket), int(stats.max_context_len))
+
+    def _heuristic_key(self, mesh: MeshShape, fit) -> tuple:
+        return (mesh.tensor, mesh.fsdp, -fit.micro_batch)
+
+    def ranked_layouts(self, stage: str, bucket: int, stats: ContextStats) -> list[tuple[StageLayout, float | None]]:
+        """Feasible, not OOM-marked layouts of `stage`, best first, with the table's TGS where known."""
+        ctx = self._check_len(bucket, stats)
+        n = stats.num_responses
+        scored = []
+        tctx = tn = None
+        if self.table is not None:
+            tctx = _nearest(self.table.context_lens(stage), bucket)
+            tn = _nearest(self.table.response_counts(stage), n)
+        for mesh in self.candidates[stage]:
+            if (stage, mesh, bucket) in self.oom_marks:
+                continue
+            tgs = None
+            if tctx is not None:
+                e = self.table.get(stage, mesh, tctx, tn)
+                if e is not None and e.status == OOM:
+                    continue  # measured out of memory at this bucket
+                tgs = e.tgs if e is not None and e.status == OK else None
+            fit = self.memory.choose(stage, mesh, ctx, n)
+            if fit is None:
+                continue
+            layout = StageLayout(mesh, fit.micro_batch, fit.logprob_chunk)
+            # measured first (highest TGS), then unmeasured by the heuristic
+            key = (0, -tgs) if tgs is not None else (1, *self._heuristic_key(mesh, fit))
+            scored.append((key, layout, tgs))
+        scored.sort(key=lambda s: s[0])
+        return [(lay, tgs) for _, lay, tgs in scored]
+
+    def _threshold_layout(self, stage: str, bucket: int, stats: ContextStats) -> StageLayout | None:
+        entries = self.config.thresholds[stage]
+        mesh = entries[self._thr[stage].index][1]
+        if mesh.size != self.num_devices:
+            raise ValueError(f"thresholds[{stage!r}]: mesh {mesh} has {mesh.size} devices, not {self.num_devices}")
+        if (stage, mesh, bucket) in self.oom_marks:
+            return None
+        fit = self.memory.choose(stage, mesh, self._check_len(bucket, stats), stats.num_responses)
+        if fit is None:
+            log.warning("thresholds: %s mesh %s does not fit the memory model at context %d; using it anyway "
+                        "with micro-batch 1", stage, mesh, self._check_len(bucket, stats))
+            return StageLayout(mesh, 1, min(self.memory.mem.min_logprob_chunk, self._check_len(bucket, stats)))
+        return StageLayout(mesh, fit.micro_batch, fit.logprob_chunk)
+
+    def select(self, stage: str, bucket: int, stats: ContextStats) -> StageLayout:
+        if self.config.thresholds and stage in self.config.thresholds:
+            lay = self._threshold_layout(stage, bucket, stats)
+            if lay is not None:
+                return lay
+        ranked = self.ranked_layouts(stage, bucket, stats)
+        if not ranked:
+            raise NoFeasibleLayoutError(self._explain(stage, bucket, stats))
+        return ranked[0][0]
+
+    def _explain(self, stage: str, bucket: int, stats: ContextStats) -> str:
+        ctx = self._check_len(bucket, stats)
+        lines = [f"no {stage} layout of {self.cfg.name} on {self.num_devices} devices fits context {ctx} x "
+                 f"{stats.num_responses} responses in {self.memory.usable_bytes / 2**30:.2f} GiB per device "
+                 f"(budget {self.memory.budget_bytes / 2**30:.2f} GiB x safety {self.memory.mem.safety_fraction}):"]
+        for mesh in self.candidates[stage]:
+            if (stage, mesh, bucket) in self.oom_marks:
+                lines.append(f"  {mesh}: ran out of memory at bucket {bucket}")
+            else:
+                lines.append("  " + self.memory.estimate(stage, mesh, ctx, stats.num_responses).describe())
+        lines.append("Shorten the context, use fewer responses per iteration, or add devices.")
+        return "\n".join(lines)
+
+    # -- the per-iteration call ----------------------------------------------------------------------
+    def observe(self, stats: ContextStats) -> int:
+        """Feed one iteration's statistics; returns the (hysteresis) bucket."""
+        if stats.num_responses <= 0:
+            raise ValueError(f"num_responses must be positive, got {stats.num_responses}")
+        avg = self._smoother.update(stats.mean_context_len)
+        self._bucket.update(avg)
+        for lvl in self._thr.values():
+            lvl.update(avg)
+        self.last_stats = stats
+        return self.current_bucket
+
+    def plan(self, stats: ContextStats | None = None, *, update: bool = True) -> StagePlan:
+        """The layout of every stage for the next iteration. With update=False (or stats=None) the
+        smoothed length / bucket stay as they are (re-planning after mark_oom)."""
+        if stats is not None and update:
+            self.observe(stats)
+        stats = stats or self.last_stats
+        if stats is None:
+            raise ValueError("plan() needs ContextStats on its first call")
+        if self.current_bucket is None:
+            self.observe(stats)
+        self.last_stats = stats
+        bucket = self.current_bucket
+        layouts = {s: (self.select(s, bucket, stats) if s in self.config.stages else None) for s in STAGES}
+        plan = StagePlan(**layouts, context_bucket=bucket, smoothed_context_len=float(self._smoother.value))
+        if self.last_plan is not None and str(self.last_plan) != str(plan):
+            log.info("parallelism: %s -> %s (bucket %d, smoothed context %.0f)", self.last_plan, plan, bucket,
+                     plan.smoothed_context_len)
+        self.last_plan = plan
+        return plan
+
+    # -- OOM -----------------------------------------------------------------------------------------
+    def mark_oom(self, stage: str, mesh: MeshShape, bucket: int | None = None) -> None:
+        """`mesh` ran out of memory for `stage` at `bucket` (default: the current one): never choose it
+        there again (this selector's lifetime, or longer through state_dict)."""
+        if stage not in self.config.stages:
+            raise ValueError(f"stage {stage!r} is not planned by this selector ({self.config.stages})")
+        bucket = self.current_bucket if bucket is None else int(bucket)
+        if bucket is None:
+            raise ValueError("mark_oom before the first plan needs an explicit bucket")
+        self.oom_marks.add((stage, mesh, bucket))
+        log.warning("parallelism: %s on %s ran out of memory at context bucket %d; excluded", stage, mesh, bucket)
+
+    # -- checkpointing -------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        s = self._smoother
+        return {"bucket_index": self._bucket.index, "ema": s.ema, "window": list(s.values),
+                "thresholds": {k: v.index for k, v in self._thr.items()},
+                "oom_marks": [[st, str(m), b] for st, m, b in sorted(self.oom_marks, key=str)]}
+
+    def load_state_dict(self, d: Mapping) -> None:
+        self._bucket.index = d.get("bucket_index")
+        self._smoother.ema = d.get("ema")
+        self._smoother.values.clear()
+        self._smoother.values.extend(d.get("window", []))
+        for k, v in d.get("thresholds", {}).items():
+            if k in self._thr:
+                self._thr[k].index = v
+        self.oom_marks = {(st, MeshShape.parse(m), int(b)) for st, m, b in d.get("oom_marks", [])}
+
+
+def run_with_oom_fallback(stage: str, fn: Callable[[StageLayout], Any], plan: StagePlan,
+                          selector: ParallelismSelector, *, max_attempts: int | None = None,
+                          on_switch: Callable[[StageLayout, StageLayout, BaseException], None] | None = None
+                          ) -> tuple[Any, StagePlan]:
+    """Run `fn(plan[stage])`; on an out-of-memory error mark that mesh for the plan's bucket, re-plan the
+    stage (same statistics, no smoothing update) and call `fn` again with the next layout - `fn` must
+    be re-runnable with the same inputs (do not donate the batch), so the batch is not lost. Returns
+    (result, plan with the layout that worked). Raises NoFeasibleLayoutError, chained to the last
+    OOM, when no candidate is left; other exceptions propagate unchanged."""
+    layout = plan[stage]
+    bucket = plan.context_bucket
+    stats = selector.last_stats
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return fn(layout), plan.replace(**{stage: layout})
+        except Exception as e:  # noqa: BLE001
+            if not is_oom_error(e):
+                raise
+            selector.mark_oom(stage, layout.mesh, bucket)
+            if max_attempts is not None and attempts >= max_attempts:
+                raise NoFeasibleLayoutError(f"{stage}: out of memory after {attempts} attempts "
+                                            f"(last {layout.describe()})") from e
+            if stats is None:
+                raise NoFeasibleLayoutError(f"{stage}: out of memory on {layout.describe()} and the selector "
+                                            "has no statistics to re-plan from") from e
+            try:
+                new = selector.select(stage, bucket, stats)
+            except NoFeasibleLayoutError as nf:
+                raise NoFeasibleLayoutError(f"{stage}: out of memory on {layout.describe()}, and nothing else "
+                                            f"fits:\n{nf}") from e
+            if on_switch is not None:
+                on_switch(layout, new, e)
+            log.warning("%s: out of memory on %s, retrying the same batch on %s", stage, layout.describe(),
+                        new.describe())
+            layout = new
