@@ -10,6 +10,7 @@ batch (not per micro-batch): group and global statistics need every sequence.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -52,6 +53,7 @@ def masked_whiten(x: Float[Array, "n t"], mask: TokenMask, eps: float = 1e-6,
     return jnp.where(m, out, 0.0)
 
 
+@functools.partial(jax.jit, static_argnums=2)
 def _masked_center(x, mask, axis):
     """(x - mean, mean, count) over masked entries, computed about the masked max so equal values
     give exactly 0 (no 1-ulp residue for the std division to blow up)."""
@@ -71,6 +73,7 @@ def _masked_center(x, mask, axis):
 # Token-level returns
 
 
+@jax.jit
 def _reverse_linear_scan(a: Float[Array, "n t"], b: Float[Array, "n t"]) -> Float[Array, "n t"]:
     """c[t] = a[t] * c[t+1] + b[t], c[T] = 0, in O(log T) depth (associative scan, not a T-step loop)."""
 
@@ -90,7 +93,7 @@ def discounted_returns(rewards: Float[Array, "n t"], loss_mask: TokenMask,
     """
     m = loss_mask.astype(bool)
     r = jnp.where(m, jnp.asarray(rewards, jnp.float32), 0.0)
-    returns = _reverse_linear_scan(jnp.where(m, jnp.float32(gamma), 1.0), r)
+    returns = _reverse_linear_scan(jnp.where(m, jnp.asarray(gamma, jnp.float32), jnp.float32(1.0)), r)
     return jnp.where(m, returns, 0.0)
 
 
@@ -109,7 +112,7 @@ def gae(rewards: Float[Array, "n t"], values: Float[Array, "n t"], loss_mask: To
     # next_value[t] = V at the first generated position after t.
     next_value = _reverse_linear_scan(jnp.where(m_next, 0.0, 1.0), jnp.where(m_next, v_next, 0.0))
     delta = jnp.where(m, r + gamma * next_value - v, 0.0)
-    adv = _reverse_linear_scan(jnp.where(m, jnp.float32(gamma * lam), 1.0), delta)
+    adv = _reverse_linear_scan(jnp.where(m, jnp.asarray(gamma * lam, jnp.float32), 1.0), delta)
     adv = jnp.where(m, adv, 0.0)
     return adv, jnp.where(m, adv + v, 0.0)
 

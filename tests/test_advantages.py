@@ -1,0 +1,252 @@
+"""Advantage estimators against hand computations and plain numpy loops; group filter; degenerate inputs; jit."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from earl_jax.rl.advantages import (compute_advantages, discounted_returns, gae, group_filter, grpo_advantages,
+                                    masked_mean, masked_sum, masked_var, masked_whiten, reinforce_pp_advantages,
+                                    rloo_advantages, sequence_returns)
+from earl_jax.rl.losses import LossConfig
+
+# Five games in two groups, not contiguous: ids [0, 1, 0, 1, 1]. T = 6, two turns each:
+# generated tokens at t = 1, 2 (turn 1) and t = 4, 5 (turn 2); t = 0 prompt, t = 3 observation.
+# Turn rewards sit on t = 2 and t = 5. Returns R = [1, 2, 0, -1, 2].
+GROUP_IDS = np.array([0, 1, 0, 1, 1], np.int32)
+MASK = np.tile(np.array([0, 1, 1, 0, 1, 1], np.float32), (5, 1))
+REWARDS = np.zeros((5, 6), np.float32)
+REWARDS[:, 2] = [0.0, 0.5, 0.0, 0.0, 1.0]
+REWARDS[:, 5] = [1.0, 1.5, 0.0, -1.0, 1.0]
+REWARDS[1, 3] = 100.0  # on an observation token: not the policy's, ignored
+
+
+def per_seq(adv):
+    """Advantage of each row, checking it is constant over generated tokens and 0 elsewhere."""
+    adv = np.asarray(adv)
+    np.testing.assert_array_equal(adv * (1 - MASK), 0.0)
+    np.testing.assert_allclose(adv, adv[:, [1]] * MASK, atol=1e-7)
+    return adv[:, 1]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_masked_statistics_by_hand():
+    x = jnp.array([[1.0, 2.0, 3.0, 100.0], [4.0, 4.0, np.nan, 4.0]])
+    m = jnp.array([[1, 1, 1, 0], [1, 1, 0, 1]])
+    assert float(masked_sum(x, m)) == 18.0
+    np.testing.assert_allclose(masked_mean(x, m, axis=-1), [2.0, 4.0])
+    assert float(masked_mean(x, m)) == pytest.approx(3.0)
+    np.testing.assert_allclose(masked_var(x[:1], m[:1]), 2 / 3, rtol=1e-6)  # population
+    np.testing.assert_allclose(masked_var(x[:1], m[:1], unbiased=True), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(masked_var(x, m, axis=-1), [2 / 3, 0.0], atol=1e-6)
+    np.testing.assert_allclose(masked_whiten(x[:1], m[:1]), [[-1.2247433, 0.0, 1.2247433, 0.0]], atol=1e-5)
+    np.testing.assert_allclose(masked_whiten(x[:1], m[:1], shift_mean=False), [[1.2247433, 2.4494867, 3.674235, 0]],
+                               atol=1e-5)
+    # Equal values whiten to exactly 0 (no 1-ulp residue divided by a ~0 std); empty mask gives 0, not NaN.
+    assert np.all(np.asarray(masked_whiten(jnp.full((3, 5), 0.1), jnp.ones((3, 5)))) == 0.0)
+    assert float(masked_mean(x, jnp.zeros_like(m))) == 0.0 and float(masked_var(x, jnp.zeros_like(m))) == 0.0
+    assert np.all(np.asarray(masked_whiten(x, jnp.zeros_like(m))) == 0.0)
+
+
+def test_discounted_returns_by_hand():
+    m = jnp.array([[0, 1, 1, 0, 1, 1]])
+    r = jnp.array([[0, 0, 0.5, 0, 0, 1.0]])
+    # gamma 0.5, backwards: t5 1; t4 0.5; t3 (observation) 0, not a step; t2 0.5 + 0.25; t1 0.375.
+    np.testing.assert_allclose(discounted_returns(r, m, 0.5), [[0, 0.375, 0.75, 0, 0.5, 1.0]], atol=1e-7)
+    np.testing.assert_allclose(discounted_returns(r, m, 1.0), [[0, 1.5, 1.5, 0, 1.0, 1.0]], atol=1e-7)
+    np.testing.assert_allclose(discounted_returns(r, m, 0.0), [[0, 0, 0.5, 0, 0, 1.0]], atol=1e-7)
+
+
+def numpy_returns(r, m, gamma):
+    out = np.zeros_like(r)
+    for n in range(r.shape[0]):
+        g = 0.0
+        for t in reversed(range(r.shape[1])):
+            if m[n, t]:
+                g = r[n, t] + gamma * g
+                out[n, t] = g
+    return out
+
+
+def numpy_gae(r, v, m, gamma, lam):
+    adv = np.zeros_like(r)
+    for n in range(r.shape[0]):
+        a_next, v_next = 0.0, 0.0
+        for t in reversed(range(r.shape[1])):
+            if m[n, t]:
+                delta = r[n, t] + gamma * v_next - v[n, t]
+                a_next = delta + gamma * lam * a_next
+                adv[n, t], v_next = a_next, v[n, t]
+    return adv
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.99, 0.5])
+def test_discounted_returns_match_loop_on_long_ragged_batch(gamma):
+    rng = np.random.default_rng(0)
+    m = (rng.random((4, 301)) < 0.6).astype(np.float32)
+    m[3] = 0.0
+    r = (rng.random((4, 301)) < 0.05) * rng.normal(size=(4, 301))
+    got = jax.jit(discounted_returns, static_argnums=2)(jnp.asarray(r, jnp.float32), jnp.asarray(m), gamma)
+    np.testing.assert_allclose(got, numpy_returns(r * m, m, gamma), rtol=1e-4, atol=1e-5)
+
+
+def test_gae_by_hand_and_against_loop():
+    r = jnp.array([[0.0, 0.0, 0.0, 1.0]])
+    v = jnp.array([[0.5, 0.6, 9.0, 0.8]])  # t2 is an observation token: its value is never used
+    m = jnp.array([[1, 1, 0, 1]])
+    adv, ret = gae(r, v, m, gamma=1.0, lam=0.0)  # one-step TD errors to the next generated token
+    np.testing.assert_allclose(adv, [[0.1, 0.2, 0.0, 0.2]], atol=1e-6)
+    np.testing.assert_allclose(ret, [[0.6, 0.8, 0.0, 1.0]], atol=1e-6)
+    adv, _ = gae(r, v, m, gamma=1.0, lam=1.0)  # Monte Carlo: return - V
+    np.testing.assert_allclose(adv, [[0.5, 0.4, 0.0, 0.2]], atol=1e-6)
+    rng = np.random.default_rng(1)
+    m = (rng.random((3, 97)) < 0.7).astype(np.float32)
+    r, v = rng.normal(size=(3, 97)).astype(np.float32), rng.normal(size=(3, 97)).astype(np.float32)
+    got, _ = gae(jnp.asarray(r), jnp.asarray(v), jnp.asarray(m), 0.97, 0.9)
+    np.testing.assert_allclose(got, numpy_gae(r * m, v, m, 0.97, 0.9), rtol=1e-4, atol=1e-5)
+
+
+def test_sequence_returns_ignore_masked_out_rewards():
+    np.testing.assert_allclose(sequence_returns(jnp.asarray(REWARDS), jnp.asarray(MASK)), [1, 2, 0, -1, 2])
+
+
+def test_grpo_by_hand():
+    adv = per_seq(grpo_advantages(jnp.asarray(REWARDS), jnp.asarray(MASK), jnp.asarray(GROUP_IDS), 2))
+    # Group 0 (rows 0, 2): R 1, 0; mean 0.5; unbiased std sqrt(0.5) -> +-0.5/0.7071.
+    # Group 1 (rows 1, 3, 4): R 2, -1, 2; mean 1; unbiased var (1 + 4 + 1) / 2 = 3 -> 1/sqrt3, -2/sqrt3, 1/sqrt3.
+    np.testing.assert_allclose(adv, [0.70710678, 0.57735027, -0.70710678, -1.15470054, 0.57735027], rtol=1e-5)
+
+
+def test_dr_grpo_by_hand():
+    adv = per_seq(grpo_advantages(jnp.asarray(REWARDS), jnp.asarray(MASK), jnp.asarray(GROUP_IDS), 2,
+                                  scale_by_std=False))
+    np.testing.assert_allclose(adv, [0.5, 1.0, -0.5, -2.0, 1.0], atol=1e-6)
+
+
+def test_rloo_by_hand():
+    adv = per_seq(rloo_advantages(jnp.asarray(REWARDS), jnp.asarray(MASK), jnp.asarray(GROUP_IDS), 2))
+    # Row 1: 2 - mean(-1, 2) = 1.5; row 3: -1 - mean(2, 2) = -3; row 0: 1 - 0; row 2: 0 - 1.
+    np.testing.assert_allclose(adv, [1.0, 1.5, -1.0, -3.0, 1.5], atol=1e-6)
+
+
+def test_reinforce_pp_by_hand():
+    m = np.array([[1, 1, 1, 0], [0, 1, 1, 1]], np.float32)
+    r = np.array([[0, 0, 1.0, 0], [0, 0, 0, -1.0]], np.float32)
+    # Without KL: returns [1 1 1 .] and [. -1 -1 -1]; global mean 0, std 1 -> advantages = returns.
+    adv = reinforce_pp_advantages(jnp.asarray(r), jnp.asarray(m))
+    np.testing.assert_allclose(adv, [[1, 1, 1, 0], [0, -1, -1, -1]], atol=1e-5)
+    # k1 KL folded in, coefficient 0.1: old - ref = [.5 -.5 1 .] and [. 0 2 1].
+    old = np.array([[-1.0, -2.0, -0.5, 7.0], [7.0, -1.0, -1.0, -0.5]], np.float32)
+    ref = np.array([[-1.5, -1.5, -1.5, 0.0], [0.0, -1.0, -3.0, -1.5]], np.float32)
+    # Token rewards [-.05 .05 .9 .] and [. 0 -.2 -1.1]; returns-to-go [.9 .95 .9 .] and [. -1.3 -1.3 -1.1].
+    returns = np.array([[0.9, 0.95, 0.9, 0], [0, -1.3, -1.3, -1.1]])
+    mu, sd = returns[m > 0].mean(), returns[m > 0].std()
+    expected = (returns - mu) / (sd + 1e-6) * m
+    adv = reinforce_pp_advantages(jnp.asarray(r), jnp.asarray(m), 1.0, 0.1, jnp.asarray(old), jnp.asarray(ref))
+    np.testing.assert_allclose(adv, expected, atol=1e-5)
+    # Global (batch) normalization: over all generated tokens, not per sequence.
+    a = np.asarray(adv)[m > 0]
+    assert abs(a.mean()) < 1e-5 and a.std() == pytest.approx(1.0, rel=1e-4)
+    assert np.asarray(adv)[0, :3].mean() > 0.5  # a per-sequence whitening would centre each row at 0
+    # Discounted: gamma 0.5 on the first example.
+    adv = reinforce_pp_advantages(jnp.asarray(r), jnp.asarray(m), gamma=0.5)
+    ret = np.array([0.25, 0.5, 1.0, -0.25, -0.5, -1.0])
+    np.testing.assert_allclose(np.asarray(adv)[m > 0], (ret - ret.mean()) / (ret.std() + 1e-6), atol=1e-5)
+    with pytest.raises(ValueError, match="old_logp"):
+        reinforce_pp_advantages(jnp.asarray(r), jnp.asarray(m), 1.0, 0.1)
+
+
+def test_group_filter():
+    ids = np.array([2, 0, 1, 0, 2, 1, 3, 3], np.int32)
+    R = np.array([1, 0, 1, 0, 0, 1, 0.5, 0.5], np.float32)  # groups 0 and 3 all-equal; 1 all-1 too
+    R[5] = 1.0
+    r = np.zeros((8, 3), np.float32)
+    r[:, 2] = R
+    m = np.ones((8, 3), np.float32)
+    keep, frac = group_filter(jnp.asarray(r), jnp.asarray(m), jnp.asarray(ids), 4)
+    np.testing.assert_array_equal(keep, [True, False, False, False, True, False, False, False])
+    assert float(frac) == pytest.approx(6 / 8)
+    # One-member group: filtered. Padding row (no generated tokens) is neither kept nor counted.
+    m[1] = 0.0
+    keep, frac = group_filter(jnp.asarray(r), jnp.asarray(m), jnp.asarray(ids), 4)
+    np.testing.assert_array_equal(keep, [True, False, False, False, True, False, False, False])
+    assert float(frac) == pytest.approx(5 / 7)
+    # Tolerance: returns that differ by less than atol count as equal.
+    r[4, 2] = 1.0 - 1e-8
+    keep, _ = group_filter(jnp.asarray(r), jnp.asarray(m), jnp.asarray(ids), 4)
+    assert not bool(keep[0]) and not bool(keep[4])
+    # Filtered groups would have had zero GRPO advantage anyway.
+    adv = np.asarray(grpo_advantages(jnp.asarray(r), jnp.asarray(m), jnp.asarray(ids), 4))
+    np.testing.assert_array_equal(adv[~np.asarray(keep)], 0.0)
+
+
+def test_padding_rows_are_not_group_members():
+    mask = MASK.copy()
+    rewards = REWARDS.copy()
+    ids = GROUP_IDS.copy()
+    # Append a padding row to group 0 with a reward that would move its mean if counted.
+    mask, rewards, ids = np.vstack([mask, np.zeros(6)]), np.vstack([rewards, np.full(6, 5.0)]), np.append(ids, 0)
+    for fn in (grpo_advantages, rloo_advantages):
+        with_pad = np.asarray(fn(jnp.asarray(rewards), jnp.asarray(mask), jnp.asarray(ids), 2))
+        without = np.asarray(fn(jnp.asarray(REWARDS), jnp.asarray(MASK), jnp.asarray(GROUP_IDS), 2))
+        np.testing.assert_allclose(with_pad[:5], without, atol=1e-6)
+        np.testing.assert_array_equal(with_pad[5], 0.0)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo", "reinforce_pp", "ppo"])
+def test_degenerate_inputs_no_nan(algorithm):
+    cfg = LossConfig(algorithm=algorithm)
+    values = jnp.zeros((3, 4))
+    adv_fn = functools.partial(compute_advantages, cfg=cfg, values=values)
+    ids = jnp.array([0, 1, 1])
+    outcome = jnp.zeros((3, 4)).at[:, 3].set(1.0)  # every game ends with the same reward
+    cases = {
+        "one-member group + equal rewards": (outcome, jnp.ones((3, 4))),
+        "all-zero mask": (outcome, jnp.zeros((3, 4))),
+        "single token": (outcome, jnp.zeros((3, 4)).at[0, 0].set(1)),
+        "equal non-round rewards": (0.1 * outcome, jnp.ones((3, 4))),
+    }
+    for name, (r, m) in cases.items():
+        adv = np.asarray(adv_fn(r, m, ids, 3))
+        assert np.all(np.isfinite(adv)), name
+        np.testing.assert_array_equal(adv * (1 - np.asarray(m)), 0.0)
+        # Nothing to prefer: every advantage is exactly 0 (not a rounding residue over a ~0 std).
+        assert np.all(adv == 0.0), (name, adv)
+
+
+def test_compute_advantages_dispatch_and_jit():
+    r, m, ids = jnp.asarray(REWARDS), jnp.asarray(MASK), jnp.asarray(GROUP_IDS)
+    old, ref = jnp.full((5, 6), -1.0), jnp.full((5, 6), -1.2)
+    values = jnp.asarray(np.random.default_rng(2).normal(size=(5, 6)), jnp.float32)
+    jitted = jax.jit(compute_advantages, static_argnames=("num_groups", "cfg"))
+    expected = {
+        LossConfig(algorithm="grpo"): grpo_advantages(r, m, ids, 2),
+        LossConfig(algorithm="grpo", scale_by_std=False): grpo_advantages(r, m, ids, 2, scale_by_std=False),
+        LossConfig(algorithm="rloo"): rloo_advantages(r, m, ids, 2),
+        LossConfig(algorithm="reinforce_pp", gamma=0.9, reward_kl_coef=0.05):
+            reinforce_pp_advantages(r, m, 0.9, 0.05, old, ref),
+        LossConfig(algorithm="ppo", gamma=0.9, gae_lambda=0.95):
+            masked_whiten(gae(r, values, m, 0.9, 0.95)[0], m),
+    }
+    for cfg, want in expected.items():
+        got = jitted(r, m, ids, num_groups=2, cfg=cfg, old_logp=old, ref_logp=ref, values=values)
+        np.testing.assert_allclose(got, want, atol=1e-5, err_msg=str(cfg))
+    with pytest.raises(ValueError, match="values"):
+        compute_advantages(r, m, ids, 2, LossConfig(algorithm="ppo"))
+
+
+def test_advantages_feed_policy_loss():
+    """End to end: GRPO advantages into the loss; on-policy gradient pushes winners' tokens up."""
+    from earl_jax.rl.losses import policy_loss
+
+    cfg = LossConfig(algorithm="grpo")
+    adv = compute_advantages(jnp.asarray(REWARDS), jnp.asarray(MASK), jnp.asarray(GROUP_IDS), 2, cfg)
+    logp = jnp.full((5, 6), -1.0)
+    g = jax.grad(lambda lp: policy_loss(lp, logp, None, adv, jnp.asarray(MASK), None, cfg)[0])(logp)
+    g = np.asarray(g)
+    assert np.all(g[[0, 1, 4]][:, [1, 2, 4, 5]] < 0) and np.all(g[[2, 3]][:, [1, 2, 4, 5]] > 0)
+    np.testing.assert_array_equal(g * (1 - MASK), 0.0)
