@@ -1,0 +1,170 @@
+"""Memory model of the Parallelism Selector: numbers against hand computation, candidates, feasibility."""
+
+import math
+import types
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from earl_jax.models.config import PRESETS, get_config
+from earl_jax.parallel.memory import (GiB, MemoryConfig, MemoryModel, candidate_meshes, device_memory_budget,
+                                      param_groups, params_per_device, valid_tensor_degree)
+from earl_jax.parallel.mesh import MeshShape
+
+H100 = 80 * GiB
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_param_groups_sum_to_num_params(name):
+    cfg = get_config(name)
+    assert sum(p.numel for p in param_groups(cfg)) == cfg.num_params()
+    # one device, no sharding: every parameter once
+    assert params_per_device(cfg, "rollout", MeshShape()) == cfg.num_params()
+
+
+def test_half_b_bf16_on_one_device_is_0p99_gb():
+    cfg = get_config("qwen2.5-0.5b")
+    est = MemoryModel(cfg, MemoryConfig(budget_bytes=H100)).estimate("rollout", MeshShape(1, 1, 1), 1024, 1)
+    assert est.params == cfg.num_params() * 2
+    assert est.params == pytest.approx(0.988e9, rel=1e-3)
+
+
+def test_72b_train_state_16_bytes_per_param_over_64_devices():
+    cfg = get_config("qwen2.5-72b")  # configs only: nothing is allocated
+    mm = MemoryModel(cfg, MemoryConfig(budget_bytes=H100))
+    hand = cfg.num_params() * 16 / 64  # fp32 master + grad + 2 AdamW moments = 18.18 GB
+    for mesh in (MeshShape(1, 64, 1), MeshShape(1, 8, 8), MeshShape(2, 4, 8)):
+        est = mm.estimate("train", mesh, 2048, 64)
+        # replicated pieces (q/k/v biases over fsdp, norm scales over tensor) cost < 0.1 %
+        ideal = cfg.num_params() * 16 / (mesh.fsdp * mesh.tensor)
+        assert ideal <= est.params <= ideal * 1.001, mesh
+    assert mm.estimate("train", MeshShape(1, 64, 1), 2048, 64).params == pytest.approx(hand, rel=1e-3)
+    assert hand == pytest.approx(18.18e9, rel=1e-3)
+
+
+def test_tensor_sharded_inference_params():
+    cfg = get_config("qwen2.5-72b")
+    for t in (4, 8):
+        per = params_per_device(cfg, "rollout", MeshShape(8 // t, 1, t))
+        assert cfg.num_params() / t <= per <= cfg.num_params() / t * 1.001
+    # tiny (d 128, 4 q / 2 kv heads of 32, mlp 384, vocab 64 tied, 4 layers) on tensor 4, by hand:
+    # kv_heads (2) is not divisible by 4, so k/v kernels and biases are replicated, as are the norms.
+    tiny = get_config("tiny")
+    q = o = 128 * 4 * 32 // 4
+    layer = q + o + 128 // 4 + 2 * 128 * 2 * 32 + 2 * 2 * 32 + 3 * 128 * 384 // 4 + 2 * 128
+    assert params_per_device(tiny, "rollout", MeshShape(2, 1, 4)) == 4 * layer + 64 * 128 // 4 + 128 == 249600
+
+
+def test_kv_cache_hand_computation():
+    cfg = get_config("qwen2.5-72b")
+    mm = MemoryModel(cfg, MemoryConfig(budget_bytes=H100))
+    assert cfg.kv_bytes_per_token() == 2 * 80 * 8 * 128 * 2  # 320 KiB per token
+    est = mm.estimate("rollout", MeshShape(2, 1, 4), 8192, 16)
+    assert est.kv_cache == 8 * 8192 * cfg.kv_bytes_per_token() // 4  # 16 responses over data 2, heads over 4
+    # data x tensor = 8 either way: the KV cache per device is the same for TP4 and TP8, weights are not
+    est8 = mm.estimate("rollout", MeshShape(1, 1, 8), 8192, 16)
+    assert est8.kv_cache == est.kv_cache
+    assert est8.params == pytest.approx(est.params / 2, rel=1e-3)
+
+
+def test_kv_heads_replication_when_tensor_exceeds_kv_heads():
+    tiny = get_config("tiny")  # 4 q heads, 2 kv heads
+    rep = MemoryModel(tiny, MemoryConfig(budget_bytes=GiB))
+    grp = MemoryModel(tiny, MemoryConfig(budget_bytes=GiB, kv_replication="group"))
+    assert rep.kv_heads_per_device(2) == grp.kv_heads_per_device(2) == 1
+    assert rep.kv_heads_per_device(4) == 2  # logical_to_spec replicates the undivisible kv_heads axis
+    assert grp.kv_heads_per_device(4) == 1  # repeated heads: each rank keeps its group's head
+    e_rep = rep.estimate("rollout", MeshShape(2, 1, 4), 128, 8)
+    e_grp = grp.estimate("rollout", MeshShape(2, 1, 4), 128, 8)
+    assert e_rep.kv_cache == 2 * e_grp.kv_cache == 4 * 128 * tiny.kv_bytes_per_token()
+
+
+def test_candidate_enumeration_8_devices():
+    tiny, half = get_config("tiny"), get_config("qwen2.5-0.5b")
+    assert [str(m) for m in candidate_meshes(tiny, 8, "rollout")] == ["d8f1t1", "d4f1t2", "d2f1t4"]
+    assert [str(m) for m in candidate_meshes(half, 8, "experience")] == ["d8f1t1", "d4f1t2"]  # 14 heads: no t4/t8
+    train = candidate_meshes(half, 8, "train")
+    assert {str(m) for m in train} == {"d8f1t1", "d4f2t1", "d2f4t1", "d1f8t1", "d4f1t2", "d2f2t2", "d1f4t2"}
+    for cfg in (tiny, half, get_config("qwen2.5-72b")):
+        for stage in ("rollout", "experience", "train"):
+            for m in candidate_meshes(cfg, 8, stage):
+                assert m.size == 8 and cfg.num_attention_heads % m.tensor == 0
+                assert stage == "train" or m.fsdp == 1
+    assert MeshShape(1, 1, 8) in candidate_meshes(get_config("qwen2.5-72b"), 8, "rollout")  # 8 | 8 kv heads
+    assert valid_tensor_degree(get_config("qwen2.5-7b"), 4) and not valid_tensor_degree(get_config("qwen2.5-7b"), 8)
+    with pytest.raises(ValueError, match="unknown stage"):
+        candidate_meshes(tiny, 8, "decode")
+
+
+def test_feasibility_flips_as_context_grows_72b_on_8_h100():
+    """Like the paper's TP4 out-of-memory cell: long context -> TP4 no longer fits, TP8 still does."""
+    cfg = get_config("qwen2.5-72b")
+    mm = MemoryModel(cfg, MemoryConfig(budget_bytes=H100))
+    tp4, tp8 = MeshShape(2, 1, 4), MeshShape(1, 1, 8)
+    for ctx in (1024, 4096, 8192, 16384):
+        assert mm.feasible("rollout", tp4, ctx, 24) and mm.feasible("rollout", tp8, ctx, 24)
+    assert not mm.feasible("rollout", tp4, 32768, 24)
+    assert mm.feasible("rollout", tp8, 32768, 24)
+    # TP1 cannot even hold the bf16 weights (145 GB)
+    assert not mm.feasible("rollout", MeshShape(8, 1, 1), 1024, 8)
+    # and 72B training does not fit 8 GPUs at all (1.16 TB of train state), but fits 64
+    assert not any(mm.feasible("train", m, 1024, 8) for m in candidate_meshes(cfg, 8, "train"))
+    assert mm.feasible("train", MeshShape(1, 64, 1), 1024, 64)
+
+
+def test_choose_takes_largest_power_of_two_that_fits():
+    cfg = get_config("qwen2.5-0.5b")
+    mm = MemoryModel(cfg, MemoryConfig(budget_bytes=16 * GiB))
+    for stage in ("experience", "train"):
+        fit = mm.choose(stage, MeshShape(4, 1, 2), 4096, 256)
+        assert fit is not None
+        per_shard = 256 // 4
+        assert fit.micro_batch == per_shard or not mm.fits(mm.estimate(stage, MeshShape(4, 1, 2), 4096, 256,
+                                                                       fit.micro_batch * 2, 128))
+        assert fit.micro_batch & (fit.micro_batch - 1) == 0
+        assert fit.logprob_chunk & (fit.logprob_chunk - 1) == 0 and 128 <= fit.logprob_chunk <= 4096
+        assert fit.logprob_chunk == 4096 or not mm.fits(mm.estimate(stage, MeshShape(4, 1, 2), 4096, 256,
+                                                                    fit.micro_batch, fit.logprob_chunk * 2))
+        assert mm.fits(fit.estimate) and fit.estimate.total <= 16 * GiB * 0.9
+    # a budget too small for anything
+    assert MemoryModel(cfg, MemoryConfig(budget_bytes=GiB // 2)).choose("train", MeshShape(8, 1, 1), 1024, 8) is None
+
+
+def test_rollout_waves():
+    cfg = get_config("qwen2.5-72b")
+    strict = MemoryModel(cfg, MemoryConfig(budget_bytes=H100))
+    waves = MemoryModel(cfg, MemoryConfig(budget_bytes=H100, rollout_waves=True))
+    assert strict.choose("rollout", MeshShape(2, 1, 4), 32768, 128) is None
+    fit = waves.choose("rollout", MeshShape(2, 1, 4), 32768, 128)
+    assert fit is not None and 1 <= fit.micro_batch < 64
+
+
+def test_device_memory_budget():
+    assert device_memory_budget() == 4 * GiB  # CPU reports no limit
+    assert device_memory_budget(default_bytes=123) == 123
+    fake = types.SimpleNamespace(memory_stats=lambda: {"bytes_limit": 79 * GiB, "bytes_in_use": 0})
+    assert device_memory_budget(fake) == 79 * GiB
+    assert MemoryModel(get_config("tiny")).budget_bytes == 4 * GiB
+
+
+def test_bad_memory_config():
+    with pytest.raises(ValueError):
+        MemoryConfig(safety_fraction=1.5)
+    with pytest.raises(ValueError):
+        MemoryConfig(kv_replication="half")
+
+
+@settings(max_examples=40, deadline=None)
+@given(ctx=st.integers(16, 40000), n=st.integers(1, 256), name=st.sampled_from(["tiny", "qwen2.5-0.5b", "qwen2.5-7b"]),
+       stage=st.sampled_from(["rollout", "experience", "train"]))
+def test_estimate_monotone_in_context_and_responses(ctx, n, name, stage):
+    cfg = get_config(name)
+    mm = MemoryModel(cfg, MemoryConfig(budget_bytes=H100))
+    for mesh in candidate_meshes(cfg, 8, stage):
+        mb = None if stage == "rollout" else 2
+        base = mm.estimate(stage, mesh, ctx, n, mb)
+        assert mm.estimate(stage, mesh, ctx + 64, n, mb).total >= base.total
+        if stage == "rollout":
+            assert mm.estimate(stage, mesh, ctx, n + 8).total >= base.total
+        assert all(v >= 0 for v in (base.params, base.kv_cache, base.activations, base.logits, base.gather))
+        assert math.isfinite(base.total)
