@@ -1,0 +1,102 @@
+"""The RL job's configuration: one flat dataclass, every field a command-line flag (see earl_jax/cli.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import field
+from typing import Literal
+
+
+def _f(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    # --- run
+    game: str = _f("connect_four", "OpenSpiel game: connect_four, tic_tac_toe, or any two-player game name")
+    steps: int = _f(150, "RL iterations (rollout -> experience -> train)")
+    seed: int = _f(0, "seed for weights, sampling and games")
+    run_dir: str = _f("runs/connect4", "folder for config, metrics, checkpoints and plots")
+    resume: bool = _f(False, "continue from the newest checkpoint in --run-dir")
+    max_minutes: float = _f(0.0, "stop after this many minutes of wall time (0: no limit); a checkpoint is written")
+    # --- model
+    model: str = _f("tiny", "model preset: tiny, qwen2.5-0.5b, ... qwen2.5-72b")
+    hf_checkpoint: str | None = _f(None, "local Hugging Face folder (config.json, *.safetensors, tokenizer.json)")
+    dtype: Literal["auto", "float32", "bfloat16"] = _f("auto", "compute dtype; auto = float32 on CPU, bfloat16 on GPU")
+    # --- games
+    opponent: str = _f("random", "training opponent: random, mcts:N, solver, alphabeta:D")
+    eval_opponents: tuple[str, ...] = _f(("random",), "comma-separated opponents for greedy evaluation")
+    prompt_style: Literal["compact", "chat"] = _f("compact", "observation text: compact (tiny model) or chat (pretrained LLM)")
+    agent_player: int | None = _f(None, "0 = agent moves first, 1 = second, none = random per game")
+    invalid_retries: int = _f(0, "retries after an invalid move before it counts as a loss")
+    # --- rollout
+    groups: int = _f(16, "B: groups of games per iteration (each group shares a start seed)")
+    group_size: int = _f(4, "G: games per group (GRPO / RLOO baselines compare within a group)")
+    max_turn_tokens: int = _f(4, "max tokens the policy may generate per turn")
+    max_turns: int = _f(32, "max agent turns per game (then truncated)")
+    max_context: int = _f(2048, "max tokens per episode (then truncated, recorded)")
+    temperature: float = _f(1.0, "sampling temperature during rollouts")
+    top_k: int = _f(0, "top-k sampling (0: off)")
+    top_p: float = _f(1.0, "nucleus sampling threshold (1: off)")
+    # --- algorithm
+    algorithm: Literal["ppo", "grpo", "reinforce_pp", "rloo"] = _f("grpo", "advantage estimator / loss")
+    clip_eps_low: float = _f(0.2, "PPO ratio clip, lower side")
+    clip_eps_high: float = _f(0.28, "PPO ratio clip, upper side")
+    dual_clip: float | None = _f(3.0, "dual-clip constant for negative advantages (none: off)")
+    kl_coef: float = _f(0.0, "KL-to-reference coefficient (0: no reference model)")
+    kl_estimator: Literal["k1", "k3"] = _f("k3", "KL estimator")
+    entropy_coef: float = _f(0.0, "entropy bonus")
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = _f(
+        "token_mean", "how token losses are averaged")
+    gamma: float = _f(1.0, "discount for REINFORCE++ returns")
+    filter_constant_groups: bool = _f(True, "drop groups whose rewards do not vary (no signal, guards collapse)")
+    win_reward: float = _f(1.0, "reward for a win")
+    draw_reward: float = _f(0.0, "reward for a draw")
+    loss_reward: float = _f(-1.0, "reward for a loss")
+    invalid_reward: float = _f(-1.0, "reward for an invalid move")
+    # --- optimizer
+    learning_rate: float = _f(1e-3, "AdamW peak learning rate")
+    warmup_steps: int = _f(5, "linear warm-up iterations of the learning rate")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    grad_clip: float = _f(1.0, "global gradient-norm clip")
+    ppo_epochs: int = _f(1, "passes over each iteration's batch")
+    micro_batch_tokens: int = _f(32768, "tokens per micro-batch in the train stage (gradient accumulation)")
+    logprob_chunk: int = _f(256, "sequence positions per vocabulary chunk in log-prob computation")
+    # --- warm start (the tiny model starts from random weights and knows no answer format)
+    format_warmup_steps: int = _f(60, "supervised steps on uniformly random LEGAL moves before RL (0: off); "
+                                      "teaches the answer format only, no game skill")
+    # --- evaluation, checkpoints, logging
+    eval_every: int = _f(10, "iterations between greedy evaluations (0: only at the end)")
+    eval_games: int = _f(64, "games per evaluation opponent")
+    checkpoint_every: int = _f(25, "iterations between checkpoints (and one at the end)")
+    keep_checkpoints: int = _f(3, "checkpoints kept")
+    wandb_mode: Literal["auto", "online", "offline", "disabled"] = _f(
+        "auto", "auto = online with WANDB_API_KEY set, else offline")
+    wandb_project: str = _f("earl-jax", "wandb project")
+    progress: bool = _f(True, "rich progress display")
+
+    def __post_init__(self):
+        def need(cond: bool, name: str, msg: str):
+            if not cond:
+                raise ValueError(f"--{name.replace('_', '-')}: {msg} (got {getattr(self, name)!r})")
+
+        for name in ("steps", "groups", "group_size", "max_turn_tokens", "max_turns", "max_context",
+                     "ppo_epochs", "micro_batch_tokens", "logprob_chunk", "eval_games", "keep_checkpoints"):
+            need(getattr(self, name) > 0, name, "must be positive")
+        for name in ("warmup_steps", "format_warmup_steps", "eval_every", "checkpoint_every", "invalid_retries",
+                     "top_k", "max_minutes", "kl_coef", "entropy_coef", "weight_decay"):
+            need(getattr(self, name) >= 0, name, "must be >= 0")
+        need(self.temperature > 0, "temperature", "must be > 0")
+        need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        need(self.learning_rate > 0, "learning_rate", "must be > 0")
+        need(self.grad_clip > 0, "grad_clip", "must be > 0")
+        need(0 < self.gamma <= 1, "gamma", "must be in (0, 1]")
+        need(self.agent_player in (None, 0, 1), "agent_player", "must be 0, 1 or none")
+        need(self.max_context > self.max_turn_tokens, "max_context", "must exceed --max-turn-tokens")
+        need(self.group_size > 1 or self.algorithm in ("ppo", "reinforce_pp"), "group_size",
+             f"{self.algorithm} compares games within a group: use at least 2")
+
+    @property
+    def batch_size(self) -> int:
+        return self.groups * self.group_size

@@ -1,0 +1,53 @@
+"""Per-token log-probabilities and entropies without materializing [b, t, vocab] logits.
+
+The hidden states are computed once; the vocabulary projection, log-softmax and the gather of the
+target token run over chunks of the sequence under `jax.checkpoint`, so the backward pass recomputes
+one chunk of logits at a time (a 152K vocabulary times 4K tokens would otherwise be 2.5 GB per row).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from earl_jax.models.qwen2 import Qwen2
+
+
+def _chunk_stats(model: Qwen2, h: Float[Array, "b c d"], targets: Int[Array, "b c"], temperature: float):
+    logits = model.logits(h) / temperature  # b c v, float32
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    probs = jnp.exp(logits - lse[..., None])
+    entropy = lse - jnp.sum(probs * logits, axis=-1)
+    return target_logit - lse, entropy
+
+
+def token_logprobs(model: Qwen2, tokens: Int[Array, "b t"], *, chunk: int = 512, temperature: float = 1.0,
+                   positions: Int[Array, "b t"] | None = None
+                   ) -> tuple[Float[Array, "b t"], Float[Array, "b t"]]:
+    """log p(tokens[:, t] | tokens[:, :t]) and the entropy of that distribution, aligned with `tokens`.
+
+    Position 0 has no prediction and holds 0. `chunk` (sequence positions per vocabulary chunk) is what
+    the Parallelism Selector sizes from the memory model.
+    """
+    b, t = tokens.shape
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(t), (b, t))
+    h, _ = model.hidden(tokens, positions)
+    h, targets = h[:, :-1], tokens[:, 1:]  # hidden at t predicts token t+1
+    n = t - 1
+    chunk = max(1, min(chunk, n))
+    pad = (-n) % chunk
+    h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    num_chunks = (n + pad) // chunk
+    h_c = h.reshape(b, num_chunks, chunk, -1).swapaxes(0, 1)
+    t_c = targets.reshape(b, num_chunks, chunk).swapaxes(0, 1)
+
+    stats = jax.checkpoint(lambda hc, tc: _chunk_stats(model, hc, tc, temperature))
+    lp, ent = jax.lax.map(lambda xs: stats(*xs), (h_c, t_c))
+    lp = lp.swapaxes(0, 1).reshape(b, -1)[:, :n]
+    ent = ent.swapaxes(0, 1).reshape(b, -1)[:, :n]
+    zero = jnp.zeros((b, 1), jnp.float32)
+    return jnp.concatenate([zero, lp], 1), jnp.concatenate([zero, ent], 1)

@@ -1,0 +1,316 @@
+"""The RL loop: rollout -> experience -> train, each a separately jitted stage on its own mesh.
+
+One iteration:
+    plan = selector.plan(context statistics)            mesh and micro-batch per stage
+    weights train layout -> rollout layout            (dispatcher, device to device)
+    rollout: B groups x G games in lock-step            (agent loop + sampler)
+    experience: old/ref log-probs in chunks, advantages (experience mesh)
+    batch experience layout -> train layout           (dispatcher)
+    train: micro-batched PPO-clip update                 (train mesh)
+    metrics, evaluation, checkpoint
+
+Everything random derives from (seed, step), so a run killed and resumed from a checkpoint reaches the
+same parameters as one that never stopped (bit-exact on CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from earl_jax.envs import EnvConfig, OpenSpielTextEnv
+from earl_jax.models.config import get_config
+from earl_jax.models.init import init_sharded
+from earl_jax.models.tokenizer import game_tokenizer, load_tokenizer, special_ids
+from earl_jax.parallel.context import use_mesh_rules
+from earl_jax.parallel.dispatch import Dispatcher
+from earl_jax.parallel.mesh import STAGE_RULES, MeshShape, make_mesh, state_shardings
+from earl_jax.parallel.stage_plan import StagePlanner
+from earl_jax.rl.checkpoint import Checkpointer
+from earl_jax.rl.config import RLConfig
+from earl_jax.rl.losses import LossConfig
+from earl_jax.rl.metrics import MetricsLogger
+from earl_jax.rl.stages import ExperienceBatch, experience_stage, make_optimizer, sft_stage, train_stage
+from earl_jax.rollout.agent_loop import RolloutConfig, ScriptedPolicy, Trajectories, play_games
+from earl_jax.rollout.policy import SamplerPolicy, bucket
+from earl_jax.rollout.sampler import Sampler, SamplingConfig
+
+_MOVES = re.compile(r"moves:((?: \d+)+)")
+
+
+def _random_legal_answer(rng: np.random.Generator):
+    """A scripted answer: a uniformly random legal move read off the last observation (format warm-up)."""
+
+    def answer(context: str) -> str:
+        found = _MOVES.findall(context)
+        moves = found[-1].split() if found else ["0"]
+        return moves[int(rng.integers(len(moves)))]
+
+    return answer
+
+
+def _pad_cols(x: np.ndarray, width: int) -> np.ndarray:
+    return np.pad(x, ((0, 0), (0, width - x.shape[1])))
+
+
+class Trainer:
+    def __init__(self, cfg: RLConfig, *, log: bool = True):
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run_dir)
+        self.is_main = jax.process_index() == 0
+        self.dtype = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}.get(
+            cfg.dtype, jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
+
+        # Model and tokenizer: a local Hugging Face folder, or a preset with the built-in game tokenizer.
+        self.planner = StagePlanner.from_config(cfg)
+        train_mesh = self.planner.mesh("train")
+        if cfg.hf_checkpoint:
+            from earl_jax.models.loader import from_pretrained
+
+            model, self.tokenizer = from_pretrained(cfg.hf_checkpoint, mesh=train_mesh, rules=STAGE_RULES["train"],
+                                                    dtype=self.dtype, param_dtype=jnp.float32)
+            self.model_cfg = model.cfg
+        else:
+            self.tokenizer = game_tokenizer()
+            self.model_cfg = get_config(cfg.model, vocab_size=self.tokenizer.get_vocab_size()) \
+                if cfg.model == "tiny" else get_config(cfg.model)
+            model = init_sharded(self.model_cfg, train_mesh, STAGE_RULES["train"], seed=cfg.seed, dtype=self.dtype)
+        self.ids = special_ids(self.tokenizer)
+        self.graphdef, self.params = nnx.split(model)
+        self.ref_params = self.params if cfg.kl_coef > 0 else None  # frozen: jax arrays are immutable
+
+        self.loss_cfg = LossConfig(
+            algorithm=cfg.algorithm, clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
+            dual_clip=cfg.dual_clip, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator if cfg.kl_coef > 0 else None,
+            entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation, gamma=cfg.gamma)
+        self.optimizer = make_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps * cfg.ppo_epochs,
+                                        cfg.weight_decay, cfg.grad_clip)
+        self.opt_state = jax.jit(self.optimizer.init)(self.params)
+        self.sft_optimizer = make_optimizer(3e-3, 5, max(cfg.format_warmup_steps, 6), 0.0, cfg.grad_clip)
+        self.step = 0
+        self.dispatcher = Dispatcher()
+        self.sampler = Sampler(self.graphdef, self.model_cfg, mesh=self.planner.mesh("rollout"),
+                               rules=STAGE_RULES["rollout"])
+        self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+        self.rollout_cfg = RolloutConfig(cfg.max_turn_tokens, cfg.max_turns, cfg.max_context)
+        env_cfg = EnvConfig(game=cfg.game, opponent=cfg.opponent, agent_player=cfg.agent_player,
+                            prompt_style=cfg.prompt_style, max_retries=cfg.invalid_retries,
+                            win_reward=cfg.win_reward, loss_reward=cfg.loss_reward, draw_reward=cfg.draw_reward,
+                            invalid_reward=cfg.invalid_reward)
+        self.env_cfg = env_cfg
+        self.envs = [OpenSpielTextEnv(env_cfg) for _ in range(cfg.batch_size)]
+        self.eval_envs = {o: [OpenSpielTextEnv(dataclasses.replace(env_cfg, opponent=o, max_retries=0))
+                              for _ in range(cfg.eval_games)] for o in cfg.eval_opponents}
+        self._compiled: set[tuple] = set()
+
+        self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep=cfg.keep_checkpoints)
+        if cfg.resume:
+            self._restore()
+        elif self.checkpointer.latest_step() is not None:
+            raise ValueError(f"--run-dir {self.run_dir} already holds checkpoints: pass --resume to continue it, "
+                             f"or choose a new --run-dir (refusing to overwrite a run)")
+        self.logger = MetricsLogger(self.run_dir, dataclasses.asdict(cfg), wandb_mode=cfg.wandb_mode,
+                                    project=cfg.wandb_project, resume=cfg.resume, enabled=log and self.is_main)
+        if self.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+
+    # ---------------------------------------------------------------- checkpoints
+    def _state(self) -> dict[str, Any]:
+        return {"params": self.params, "opt_state": self.opt_state,
+                "rng": jax.random.key_data(jax.random.key(self.cfg.seed))}
+
+    def save(self) -> None:
+        self.checkpointer.save(self.step, self._state(), {"step": self.step, "planner": self.planner.state_dict()})
+
+    def _restore(self) -> None:
+        step, state, meta = self.checkpointer.restore(self._state())
+        self.params, self.opt_state, self.step = state["params"], state["opt_state"], step
+        self.planner.load_state_dict(meta.get("planner", {}))
+
+    # ---------------------------------------------------------------- stages
+    def _rollout(self, envs, seeds, group_ids, rng, sampling: SamplingConfig) -> Trajectories:
+        mesh = self.planner.mesh("rollout")
+        t0 = time.perf_counter()
+        params = self.dispatcher.dispatch(self.params, state_shardings(self.params, mesh, STAGE_RULES["rollout"]))
+        dispatch_s = time.perf_counter() - t0
+        self.sampler.set_mesh(mesh, STAGE_RULES["rollout"])
+        policy = SamplerPolicy(self.sampler, params, sampling, (self.ids.eos,), self.cfg.max_turn_tokens)
+        traj = play_games(policy, envs, self.tokenizer, self.rollout_cfg, rng, seeds, group_ids, bos_id=self.ids.bos)
+        traj.stats["dispatch_s"] = dispatch_s
+        return traj
+
+    def _batch_arrays(self, traj: Trajectories) -> dict[str, np.ndarray]:
+        width = bucket(traj.tokens.shape[1], 64)
+        return {"tokens": _pad_cols(traj.tokens, width), "loss_mask": _pad_cols(traj.loss_mask, width),
+                "rewards": _pad_cols(traj.rewards, width), "group_ids": traj.group_ids}
+
+    def _to_stage(self, arrays: dict[str, np.ndarray], stage: str) -> dict[str, jax.Array]:
+        """Host arrays (built by the agent loop) onto a stage's mesh, rows over the batch axes."""
+        mesh = self.planner.mesh(stage)
+        rows = ("data", "fsdp") if stage == "train" else ("data",)
+        return {k: jax.device_put(v, NamedSharding(mesh, P(rows))) for k, v in arrays.items()}
+
+    def _experience(self, arrays: dict[str, np.ndarray]) -> tuple[ExperienceBatch, dict[str, Any]]:
+        mesh, layout = self.planner.mesh("experience"), self.planner.layout("experience")
+        params = self.dispatcher.dispatch(self.params, state_shardings(self.params, mesh, STAGE_RULES["experience"]))
+        ref = None if self.ref_params is None else self.dispatcher.dispatch(
+            self.ref_params, state_shardings(self.ref_params, mesh, STAGE_RULES["experience"]))
+        x = self._to_stage(arrays, "experience")
+        fn = self._jit("experience", mesh, partial(
+            experience_stage, self.graphdef, num_groups=self.cfg.groups, loss_cfg=self.loss_cfg,
+            chunk=min(layout.logprob_chunk, self.cfg.logprob_chunk),
+            filter_constant_groups=self.cfg.filter_constant_groups), x["tokens"].shape)
+        return fn(params, ref, x["tokens"], x["loss_mask"], x["rewards"], x["group_ids"])
+
+    def _train(self, batch: ExperienceBatch) -> dict[str, Any]:
+        mesh, layout = self.planner.mesh("train"), self.planner.layout("train")
+        rows_sharding = NamedSharding(mesh, P(("data", "fsdp")))
+        t0 = time.perf_counter()
+        batch = self.dispatcher.dispatch(batch, jax.tree.map(lambda _: rows_sharding, batch))
+        jax.block_until_ready(batch)
+        dispatch_s = time.perf_counter() - t0
+        n, t = batch.tokens.shape
+        rows_per_mb = max(1, min(n, self.cfg.micro_batch_tokens // t, layout.micro_batch or n))
+        micro_batches = n // max(d for d in range(1, rows_per_mb + 1) if n % d == 0)
+        fn = self._jit("train", mesh, partial(train_stage, self.graphdef, optimizer=self.optimizer,
+                                              loss_cfg=self.loss_cfg, micro_batches=micro_batches,
+                                              chunk=self.cfg.logprob_chunk), (n, t), donate=(0, 1))
+        metrics = {}
+        for _ in range(self.cfg.ppo_epochs):
+            self.params, self.opt_state, metrics = fn(self.params, self.opt_state, batch)
+        metrics = jax.device_get(metrics)
+        metrics["dispatch_s"] = dispatch_s
+        return metrics
+
+    def _jit(self, stage: str, mesh, fn, shape, donate=()):
+        """One compiled program per (stage, mesh shape, length bucket); the count is a metric."""
+        key = (stage, str(MeshShape(*[mesh.shape.get(a, 1) for a in ("data", "fsdp", "tensor")])), tuple(shape))
+        self._compiled.add(key)
+        cache = self.__dict__.setdefault("_jit_cache", {})
+        if (stage, id(mesh), fn.keywords.get("micro_batches")) not in cache:
+            rules = STAGE_RULES[stage]
+
+            def traced(*args):
+                with use_mesh_rules(mesh, rules):
+                    return fn(*args)
+
+            cache[(stage, id(mesh), fn.keywords.get("micro_batches"))] = jax.jit(traced, donate_argnums=donate)
+        return cache[(stage, id(mesh), fn.keywords.get("micro_batches"))]
+
+    # ---------------------------------------------------------------- warm-up, evaluation
+    def format_warmup(self) -> dict[str, float]:
+        """Supervised steps on uniformly random legal moves: teaches the answer format, not the game."""
+        cfg = self.cfg
+        rng = np.random.default_rng(cfg.seed + 12345)
+        policy = ScriptedPolicy(_random_legal_answer(rng), self.tokenizer, self.ids.eos)
+        opt_state = jax.jit(self.sft_optimizer.init)(self.params)
+        sft = jax.jit(partial(sft_stage, self.graphdef, optimizer=self.sft_optimizer, chunk=cfg.logprob_chunk),
+                      donate_argnums=(0, 1))
+        metrics = {}
+        for i in range(cfg.format_warmup_steps):
+            seeds = [10_000_000 + i * len(self.envs) + j for j in range(len(self.envs))]
+            traj = play_games(policy, self.envs, self.tokenizer, self.rollout_cfg, jax.random.key(i), seeds,
+                              bos_id=self.ids.bos)
+            arrays = self._to_stage(self._batch_arrays(traj), "train")
+            self.params, opt_state, metrics = sft(self.params, opt_state, arrays["tokens"], arrays["loss_mask"])
+        return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy games against each evaluation opponent (fixed seeds, so evaluations are comparable)."""
+        out: dict[str, float] = {}
+        greedy = SamplingConfig(greedy=True)
+        for name, envs in self.eval_envs.items():
+            seeds = [20_000_000 + i for i in range(len(envs))]
+            traj = self._rollout(envs, seeds, None, jax.random.key(0), greedy)
+            prefix = "eval" if name == self.cfg.eval_opponents[0] else f"eval_{name}"
+            for k in ("win_rate", "draw_rate", "loss_rate", "invalid_rate"):
+                out[f"{prefix}/{k}"] = traj.stats[k]
+        return out
+
+    # ---------------------------------------------------------------- the loop
+    def iteration(self) -> dict[str, Any]:
+        cfg = self.cfg
+        plan = self.planner.plan()
+        rng = jax.random.fold_in(jax.random.key(cfg.seed), self.step)
+        seeds = [(cfg.seed * 1_000_003 + self.step * cfg.groups + g) % (2**31) for g in range(cfg.groups)
+                 for _ in range(cfg.group_size)]
+        group_ids = np.repeat(np.arange(cfg.groups), cfg.group_size)
+
+        traj = self._rollout(self.envs, seeds, group_ids, rng, self.sampling)
+        t0 = time.perf_counter()
+        batch, exp_metrics = self._experience(self._batch_arrays(traj))
+        jax.block_until_ready(batch)
+        t1 = time.perf_counter()
+        train_metrics = self._train(batch)
+        t2 = time.perf_counter()
+        self.step += 1
+        self.planner.observe(traj.stats["turn_context_len_mean"], traj.stats["context_len_max"], traj.num_games)
+
+        s = traj.stats
+        record = {
+            "step": self.step,
+            "episode/return_mean": float(traj.returns.mean()),
+            "episode/win_rate": s["win_rate"], "episode/invalid_rate": s["invalid_rate"],
+            "episode/turns_mean": s["turns_mean"], "episode/truncated_rate": s["truncated_rate"],
+            "rollout/context_len_mean": s["context_len_mean"], "rollout/context_len_max": s["context_len_max"],
+            "rollout/turn_context_len_mean": s["turn_context_len_mean"],
+            "rollout/tokens": s["tokens"], "rollout/generated_tokens": s["generated_tokens"],
+            "rollout/env_frac": s["env_s"] / max(s["rollout_s"], 1e-9),
+            "time/rollout_s": s["rollout_s"], "time/experience_s": t1 - t0, "time/train_s": t2 - t1,
+            "time/dispatch_s": s["dispatch_s"] + train_metrics.pop("dispatch_s"),
+            "train/loss": train_metrics["loss"], "train/kl": train_metrics.get("kl", 0.0),
+            "train/entropy": train_metrics.get("entropy", 0.0), "train/grad_norm": train_metrics["grad_norm"],
+            "train/clip_frac": train_metrics.get("clip_frac", 0.0), "train/skipped": train_metrics["skipped"],
+            "train/filtered_frac": float(exp_metrics.get("filtered_frac", 0.0)),
+            "dispatch/bytes": self.dispatcher.bytes_moved(reset=True),
+            "compile/programs": len(self._compiled),
+            **{f"parallel/{k}_mesh": str(v.mesh) for k, v in plan.layouts.items()},
+        }
+        return record
+
+    def run(self) -> list[dict[str, Any]]:
+        from earl_jax.rl.progress import Progress
+
+        cfg = self.cfg
+        start = time.perf_counter()
+        history = []
+        last_eval: dict[str, float] = {}
+        with Progress(cfg.steps, enabled=cfg.progress and self.is_main) as bar:
+            if self.step == 0 and cfg.format_warmup_steps:
+                bar.status("format warm-up (random legal moves)")
+                warm = self.format_warmup()
+                last_eval = self.evaluate()
+                self.logger.log({"step": 0, **{f"warmup/{k}": v for k, v in warm.items()}, **last_eval})
+            elif self.step == 0:
+                last_eval = self.evaluate()
+            bar.advance_to(self.step)
+            while self.step < cfg.steps:
+                record = self.iteration()
+                last_step = self.step == cfg.steps
+                out_of_time = cfg.max_minutes and (time.perf_counter() - start) / 60 > cfg.max_minutes
+                if (cfg.eval_every and self.step % cfg.eval_every == 0) or last_step or out_of_time:
+                    last_eval = self.evaluate()
+                record.update(last_eval)
+                record["time/elapsed_s"] = time.perf_counter() - start
+                self.logger.log(record)
+                history.append(record)
+                bar.update(self.step, record)
+                if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or last_step or out_of_time:
+                    self.save()
+                if out_of_time:
+                    break
+        self.logger.close()
+        self.checkpointer.close()
+        return history
