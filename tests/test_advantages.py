@@ -162,14 +162,13 @@ def test_reinforce_pp_by_hand():
 
 def test_group_filter():
     ids = np.array([2, 0, 1, 0, 2, 1, 3, 3], np.int32)
-    R = np.array([1, 0, 1, 0, 0, 1, 0.5, 0.5], np.float32)  # groups 0 and 3 all-equal; 1 all-1 too
-    R[5] = 1.0
+    R = np.array([1, 0, 1, 0, 0, 1, 0.5, 0.5], np.float32)  # only group 2 (rows 0, 4) varies
     r = np.zeros((8, 3), np.float32)
     r[:, 2] = R
     m = np.ones((8, 3), np.float32)
-    keep, frac = group_filter(jnp.asarray(r), jnp.asarray(m), jnp.asarray(ids), 4)
-    np.testing.assert_array_equal(keep, [True, False, False, False, True, False, False, False])
-    assert float(frac) == pytest.approx(6 / 8)
+    out = group_filter(jnp.asarray(r), jnp.asarray(m), jnp.asarray(ids), 4)
+    np.testing.assert_array_equal(out.keep, [True, False, False, False, True, False, False, False])
+    assert float(out.filtered_frac) == pytest.approx(6 / 8)
     # One-member group: filtered. Padding row (no generated tokens) is neither kept nor counted.
     m[1] = 0.0
     keep, frac = group_filter(jnp.asarray(r), jnp.asarray(m), jnp.asarray(ids), 4)
@@ -235,8 +234,9 @@ def test_compute_advantages_dispatch_and_jit():
     for cfg, want in expected.items():
         got = jitted(r, m, ids, num_groups=2, cfg=cfg, old_logp=old, ref_logp=ref, values=values)
         np.testing.assert_allclose(got, want, atol=1e-5, err_msg=str(cfg))
-    with pytest.raises(ValueError, match="values"):
-        compute_advantages(r, m, ids, 2, LossConfig(algorithm="ppo"))
+    # PPO without a critic: V = 0, so GAE is REINFORCE++ with discount gamma * lambda.
+    no_critic = compute_advantages(r, m, ids, 2, LossConfig(algorithm="ppo", gamma=0.9, gae_lambda=0.5))
+    np.testing.assert_allclose(no_critic, reinforce_pp_advantages(r, m, gamma=0.45), atol=1e-5)
 
 
 def test_advantages_feed_policy_loss():

@@ -202,7 +202,7 @@ def reinforce_pp_advantages(
 
 class GroupFilter(NamedTuple):
     keep: Bool[Array, " n"]  # sequence is in a group whose returns vary (and has generated tokens)
-    frac_filtered: Float[Array, ""]  # fraction of non-padding sequences dropped
+    filtered_frac: Float[Array, ""]  # fraction of non-padding sequences dropped
 
 
 def group_filter(
@@ -239,7 +239,8 @@ def compute_advantages(
     """Advantages [N, T] for cfg.algorithm (0 on masked-out tokens). jit with cfg, num_groups static.
 
     grpo / rloo: group estimators (group_ids, num_groups). reinforce_pp: global REINFORCE++
-    (old_logp, ref_logp when cfg.reward_kl_coef > 0). ppo: GAE from `values`, globally whitened.
+    (old_logp, ref_logp when cfg.reward_kl_coef > 0). ppo: GAE from `values` (V = 0 without a
+    critic, then it equals reinforce_pp with gamma * gae_lambda), globally whitened.
     """
     if cfg.algorithm == "grpo":
         return grpo_advantages(rewards, loss_mask, group_ids, num_groups, cfg.scale_by_std, cfg.adv_eps)
@@ -249,9 +250,8 @@ def compute_advantages(
         return reinforce_pp_advantages(rewards, loss_mask, cfg.gamma, cfg.reward_kl_coef,
                                        old_logp, ref_logp, cfg.adv_eps)
     if cfg.algorithm == "ppo":
-        if values is None:
-            raise ValueError("compute_advantages: algorithm 'ppo' needs values (a critic); "
-                             "use 'reinforce_pp' or 'grpo' without one")
+        if values is None:  # no critic: V = 0, i.e. whitened returns discounted by gamma * lambda
+            values = jnp.zeros(jnp.shape(rewards), jnp.float32)
         r = jnp.asarray(rewards, jnp.float32)
         if cfg.reward_kl_coef:
             if old_logp is None or ref_logp is None:
