@@ -172,8 +172,7 @@ def plot_heatmap(result: dict, path: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(4 + 2.4 * len(ress), 1.2 + 0.7 * len(rows)),
                              gridspec_kw={"width_ratios": [1.25, 1]})
     lim = max(1.0, float(np.nanmax(np.abs(sp)))) if np.isfinite(sp).any() else 1.0
-    cmap = matplotlib.colormaps["RdBu"].copy()
-    cmap.set_bad("#bbbbbb")
+    cmap = matplotlib.colormaps["RdBu"].with_extremes(bad="#bbbbbb")
     im = axes[0].imshow(np.ma.masked_invalid(sp), cmap=cmap, vmin=-lim, vmax=lim, aspect="auto")
     fig.colorbar(im, ax=axes[0], label=f"Speedup% TP{a} -> TP{b}")
     for i, ctx in enumerate(rows):

@@ -1,0 +1,305 @@
+"""Parallelism Selector: buckets with hysteresis, thresholds, profile tables, OOM fallback, Figure 3 smoke test."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import jax
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from earl_jax.models.config import get_config
+from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel, candidate_meshes
+from earl_jax.parallel.mesh import STAGES, MeshShape, make_mesh
+from earl_jax.parallel.profile import (INFEASIBLE, OK, OOM, ProfileEntry, ProfileTable, ProfileTableMismatch,
+                                       SyntheticThroughput, is_oom_error, run_profile)
+from earl_jax.parallel.selector import (SMALL_BUCKET_EDGES, ContextStats, HysteresisLevel, NoFeasibleLayoutError,
+                                        ParallelismSelector, SelectorConfig, StageLayout, StagePlan,
+                                        run_with_oom_fallback)
+
+H100 = 80 * GiB
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_selector(**kw):
+    cfg = get_config("tiny")
+    conf = kw.pop("config", SelectorConfig(bucket_edges=SMALL_BUCKET_EDGES, smoothing="none"))
+    return ParallelismSelector(cfg, 8, memory=MemoryConfig(budget_bytes=4 * GiB), config=conf, **kw)
+
+
+def stats(ctx, n=16, mx=None):
+    return ContextStats(ctx, int(mx if mx is not None else ctx), n)
+
+
+def oom():
+    return jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.00GiB")
+
+
+# ---- buckets, hysteresis, smoothing -------------------------------------------------------------
+
+def test_bucket_of_and_first_plan():
+    sel = ParallelismSelector(get_config("tiny"), 8, memory=MemoryConfig(budget_bytes=4 * GiB))
+    assert sel.bucket_edges == (1024, 2048, 4096, 8192, 16384, 32768)
+    assert [sel.bucket_of(x) for x in (1, 1024, 1025, 5000, 99999)] == [1024, 1024, 2048, 8192, 32768]
+    plan = sel.plan(stats(1500))
+    assert plan.context_bucket == 2048
+    for s in STAGES:
+        assert plan[s].mesh.size == 8
+
+
+def test_hysteresis_oscillation_does_not_flap():
+    sel = tiny_selector(config=SelectorConfig(bucket_edges=(128, 256, 512), margin=0.10, smoothing="none"))
+    assert sel.plan(stats(100)).context_bucket == 128
+    buckets = [sel.plan(stats(x)).context_bucket for x in [120, 135, 125, 139, 130, 118, 136] * 3]
+    assert set(buckets) == {128}  # 128 +- 9 %: stays
+    assert sel.plan(stats(142)).context_bucket == 256  # passed 128 by > 10 %
+    buckets = [sel.plan(stats(x)).context_bucket for x in [125, 135, 119, 140, 124] * 3]
+    assert set(buckets) == {256}  # back around the edge: stays up
+    assert sel.plan(stats(114)).context_bucket == 128  # below 128 by > 10 %
+    assert sel.plan(stats(1000)).context_bucket == 512  # jumps several buckets at once
+    assert sel.plan(stats(50)).context_bucket == 128
+
+
+@settings(max_examples=60, deadline=None)
+@given(xs=st.lists(st.floats(0.91, 1.09), min_size=1, max_size=40), start=st.sampled_from([0.5, 1.5]))
+def test_hysteresis_property_no_switch_within_margin(xs, start):
+    edge = 1000.0
+    lvl = HysteresisLevel([0, edge, 4000], margin=0.10, inclusive=False)
+    first = lvl.update(start * edge)
+    assert all(lvl.update(x * edge) == first for x in xs)
+
+
+def test_smoothing_ema_and_window():
+    cfg = get_config("tiny")
+    ema = ParallelismSelector(cfg, 8, memory=MemoryConfig(budget_bytes=4 * GiB),
+                              config=SelectorConfig(bucket_edges=SMALL_BUCKET_EDGES, smoothing="ema", ema_alpha=0.5))
+    assert [ema.plan(stats(x)).smoothed_context_len for x in (100, 200, 200)] == [100, 150, 175]
+    win = ParallelismSelector(cfg, 8, memory=MemoryConfig(budget_bytes=4 * GiB),
+                              config=SelectorConfig(bucket_edges=SMALL_BUCKET_EDGES, smoothing="window", window=2))
+    assert [win.plan(stats(x)).smoothed_context_len for x in (100, 200, 400)] == [100, 150, 300]
+    with pytest.raises(ValueError):
+        SelectorConfig(bucket_edges=(64, 32))
+    with pytest.raises(ValueError):
+        SelectorConfig(margin=1.5)
+
+
+# ---- the three ways of choosing -----------------------------------------------------------------
+
+def test_heuristic_without_table_prefers_smallest_tensor_that_fits():
+    cfg = get_config("qwen2.5-72b")
+    sel = ParallelismSelector(cfg, 8, memory=MemoryConfig(budget_bytes=H100),
+                              config=SelectorConfig(stages=("rollout",), smoothing="none"))
+    tensors = [sel.plan(stats(ctx, 24)).rollout.mesh.tensor for ctx in (900, 4000, 16000, 30000)]
+    assert tensors == sorted(tensors) and tensors[-1] == 8 and tensors[0] < 8
+    plan = sel.plan(stats(30000, 24))
+    assert plan.train is None and plan.experience is None and str(plan) == "rollout=d1f1t8"
+    for m in candidate_meshes(cfg, 8, "rollout"):
+        if m.tensor < plan.rollout.mesh.tensor:
+            assert not sel.memory.feasible("rollout", m, 32768, 24)
+
+
+def test_72b_on_64_devices_all_stages_configs_only():
+    sel = ParallelismSelector(get_config("qwen2.5-72b"), 64, memory=MemoryConfig(budget_bytes=H100))
+    plan = sel.plan(stats(3000, 64, mx=4096))
+    assert all(plan[s].mesh.size == 64 for s in STAGES)
+    assert plan.train.micro_batch >= 1 and plan.experience.logprob_chunk >= 128
+
+
+def test_thresholds_given_directly_no_profiling():
+    th = {"rollout": [(0, "d4f1t2"), (256, MeshShape(2, 1, 4))], "train": [(0, MeshShape(1, 8, 1))]}
+    sel = tiny_selector(config=SelectorConfig(bucket_edges=SMALL_BUCKET_EDGES, smoothing="none", thresholds=th))
+    p = sel.plan(stats(100))
+    assert str(p.rollout) == "d4f1t2" and str(p.train) == "d1f8t1"
+    assert str(sel.plan(stats(270)).rollout) == "d4f1t2"  # within the 10 % margin of 256
+    assert str(sel.plan(stats(300)).rollout) == "d2f1t4"
+    assert str(sel.plan(stats(240)).rollout) == "d2f1t4"  # hysteresis on the way down too
+    assert str(sel.plan(stats(200)).rollout) == "d4f1t2"
+    assert p.experience.mesh.tensor == 1  # not in thresholds -> heuristic (smallest tensor)
+
+
+def test_plan_str_and_log_dict():
+    plan = tiny_selector().plan(stats(100))
+    assert str(plan) == "rollout=d8f1t1 experience=d8f1t1 train=d8f1t1"
+    d = plan.log_dict()
+    assert d["parallel/rollout_mesh"] == "d8f1t1" and d["parallel/context_bucket"] == 128
+    assert {"parallel/train_micro_batch", "parallel/experience_logprob_chunk"} <= set(d)
+    assert str(StageLayout(MeshShape(4, 1, 2), 8, 512)) == "d4f1t2"
+    mesh = make_mesh(plan.train.mesh)  # the plan's shapes are real meshes over the 8 devices
+    assert mesh.devices.size == 8
+
+
+# ---- profile table ------------------------------------------------------------------------------
+
+def small_profile(oom_if=None, **kw):
+    cfg = get_config("tiny")
+    mm = MemoryModel(cfg, MemoryConfig(budget_bytes=4 * GiB))
+    return mm, run_profile(mm, SyntheticThroughput(mm, oom_if=oom_if), num_devices=8, context_lens=[64, 256],
+                           response_counts=[8, 32], device_kind="cpu", progress=False, **kw)
+
+
+def test_profile_and_table_driven_selection():
+    mm, table = small_profile()
+    assert len(table) == 2 * 2 * (3 + 3 + 9)  # contexts x responses x (rollout + experience + train candidates)
+    assert all(e.status == OK and e.tgs > 0 for e in table.entries.values())
+    sel = ParallelismSelector(mm.cfg, 8, memory=mm, table=table, device_kind="cpu",
+                              config=SelectorConfig(bucket_edges=(64, 256), smoothing="none"))
+    plan = sel.plan(stats(200, 30))
+    for s in STAGES:  # argmax of the table at bucket 256, nearest response count 32
+        best = max(table.meshes(s), key=lambda m: table.tgs(s, m, 256, 32))
+        assert plan[s].mesh == best
+
+
+def test_profile_records_oom_and_infeasible_and_skips_them():
+    cfg = get_config("qwen2.5-72b")
+    mm = MemoryModel(cfg, MemoryConfig(budget_bytes=H100))
+    calls = []
+
+    def measure(stage, mesh, ctx, n, layout=None):
+        calls.append((stage, mesh, ctx, n))
+        assert layout is not None and layout.mesh == mesh
+        if mesh.tensor == 4 and ctx == 16384:
+            raise oom()
+        return 100.0 * mesh.tensor
+
+    table = run_profile(mm, measure, num_devices=8, context_lens=[1024, 16384], response_counts=[24],
+                        stages=["rollout"], device_kind="NVIDIA H100 80GB HBM3", progress=True)
+    assert table.get("rollout", MeshShape(8, 1, 1), 1024, 24).status == INFEASIBLE  # 145 GB of weights
+    assert ("rollout", MeshShape(8, 1, 1), 1024, 24) not in calls  # skipped, never measured
+    assert table.get("rollout", MeshShape(2, 1, 4), 16384, 24).status == OOM
+    assert table.tgs("rollout", MeshShape(1, 1, 8), 16384, 24) == 800.0
+    sel = ParallelismSelector(cfg, 8, memory=mm, table=table,
+                              config=SelectorConfig(stages=("rollout",), smoothing="none"))
+    assert sel.plan(stats(12000, 24)).rollout.mesh == MeshShape(1, 1, 8)  # measured OOM is excluded
+
+    def broken(stage, mesh, ctx, n):
+        raise ValueError("a bug, not an OOM")
+
+    with pytest.raises(ValueError, match="a bug"):
+        run_profile(mm, broken, num_devices=8, context_lens=[1024], response_counts=[8], stages=["rollout"],
+                    device_kind="x", progress=False)
+
+
+def test_table_save_load_roundtrip_and_mismatch(tmp_path):
+    mm, table = small_profile(oom_if=lambda s, m, c, n: m.tensor == 4 and c == 256)
+    path = table.save(tmp_path / "profile.json")
+    raw = json.loads(path.read_text())
+    assert raw["schema_version"] == 1 and raw["device_kind"] == "cpu" and raw["device_count"] == 8
+    assert raw["model_name"] == "tiny"
+    back = ProfileTable.load(path, device_kind="cpu", device_count=8, model_name="tiny")
+    assert back.entries == table.entries and any(e.status == OOM for e in back.entries.values())
+    with pytest.raises(ProfileTableMismatch, match="device kind 'cpu'"):
+        ProfileTable.load(path, device_kind="NVIDIA H100 80GB HBM3")
+    with pytest.raises(ProfileTableMismatch, match="device count 8"):
+        ProfileTable.load(path, device_count=16)
+    with pytest.raises(ProfileTableMismatch, match="model 'tiny'"):
+        ProfileTable.load(path, model_name="qwen2.5-0.5b")
+    with pytest.raises(ProfileTableMismatch, match="device count"):
+        ParallelismSelector(get_config("tiny"), 4, memory=mm, table=back)
+    raw["schema_version"] = 99
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ProfileTableMismatch, match="schema_version"):
+        ProfileTable.load(path)
+    # a resumed profile measures only what is missing
+    _, partial = small_profile()
+    n = len(partial)
+    calls = []
+    run_profile(mm, lambda *a: calls.append(a) or 1.0, num_devices=8, context_lens=[64, 256, 1024],
+                response_counts=[8, 32], device_kind="cpu", table=partial, progress=False)
+    assert len(partial) == n * 3 // 2 and all(c[2] == 1024 for c in calls)
+
+
+def test_is_oom_error():
+    assert is_oom_error(oom())
+    assert is_oom_error(RuntimeError("CUDA out of memory"))
+    assert is_oom_error(MemoryError())
+    assert not is_oom_error(RuntimeError("INVALID_ARGUMENT: shapes"))
+    assert not is_oom_error(ValueError("RESOURCE_EXHAUSTED"))
+
+
+# ---- OOM handling -------------------------------------------------------------------------------
+
+def test_mark_oom_moves_to_next_best():
+    sel = tiny_selector()
+    p1 = sel.plan(stats(100))
+    assert p1.rollout.mesh == MeshShape(8, 1, 1)
+    sel.mark_oom("rollout", p1.rollout.mesh)  # current bucket
+    p2 = sel.plan(stats(100))
+    assert p2.rollout.mesh == MeshShape(4, 1, 2) and p2.train == p1.train
+    sel.plan(stats(900))  # other bucket: the mark does not apply
+    assert sel.plan(stats(900)).rollout.mesh == MeshShape(8, 1, 1)
+    state = sel.state_dict()
+    fresh = tiny_selector()
+    fresh.load_state_dict(json.loads(json.dumps(state)))
+    assert fresh.oom_marks == sel.oom_marks and fresh.current_bucket == sel.current_bucket
+
+
+def test_run_with_oom_fallback_reruns_same_batch_on_next_candidate():
+    sel = tiny_selector()
+    plan = sel.plan(stats(100))
+    batch = {"tokens": object()}
+    seen = []
+
+    def step(layout):
+        seen.append((layout.mesh, batch))
+        if layout.mesh.tensor == 1:
+            raise oom()
+        return f"ok on {layout}"
+
+    result, new_plan = run_with_oom_fallback("train", step, plan, sel)
+    assert [m for m, _ in seen] == [MeshShape(8, 1, 1), MeshShape(4, 2, 1), MeshShape(2, 4, 1),
+                                    MeshShape(1, 8, 1), MeshShape(4, 1, 2)]
+    assert all(b is batch for _, b in seen)  # the same inputs every time: the batch is not lost
+    assert result == "ok on d4f1t2" and new_plan.train.mesh == MeshShape(4, 1, 2)
+    assert new_plan.rollout == plan.rollout
+    assert sel.plan(stats(100)).train.mesh == MeshShape(4, 1, 2)  # the marks persist
+
+    with pytest.raises(ValueError, match="not an OOM"):
+        run_with_oom_fallback("rollout", lambda lay: (_ for _ in ()).throw(ValueError("not an OOM")), plan, sel)
+
+    def always_oom(layout):
+        raise oom()
+
+    with pytest.raises(NoFeasibleLayoutError, match="nothing else fits") as ei:
+        run_with_oom_fallback("experience", always_oom, plan, sel)
+    assert is_oom_error(ei.value.__cause__)
+
+
+def test_no_feasible_layout_error_is_clear():
+    sel = ParallelismSelector(get_config("qwen2.5-72b"), 8, memory=MemoryConfig(budget_bytes=H100))
+    with pytest.raises(NoFeasibleLayoutError, match="no train layout of qwen2.5-72b on 8 devices"):
+        sel.plan(stats(1000, 8))
+
+
+def test_stage_plan_is_frozen():
+    plan = tiny_selector().plan(stats(100))
+    with pytest.raises(Exception):
+        plan.rollout = plan.train  # type: ignore[misc]
+    assert isinstance(plan, StagePlan) and plan["train"] is plan.train
+    with pytest.raises(KeyError):
+        plan["decode"]
+
+
+# ---- Figure 3 script (synthetic, tiny) ----------------------------------------------------------
+
+def test_fig3_synthetic_smoke(tmp_path):
+    spec = importlib.util.spec_from_file_location("fig3", ROOT / "experiments" / "fig3_selector_heatmap.py")
+    fig3 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fig3)
+    with pytest.raises(NotImplementedError, match="wired by the sampler"):
+        fig3.default_measure("rollout", MeshShape(8, 1, 1), 1024, 8)
+    res = fig3.main(["--synthetic", "--model", "tiny", "--memory-gib", "4", "--tp-a", "1", "--tp-b", "2",
+                     "--contexts", "32,64,128", "--responses", "8,16", "--out", str(tmp_path), "--no-progress",
+                     "--save-table", str(tmp_path / "table.json"), "--remeasure", "--noise", "0.02"])
+    assert len(res["cells"]) == 6
+    assert Path(res["paths"]["png"]).stat().st_size > 1000
+    saved = json.loads(Path(res["paths"]["json"]).read_text())
+    assert saved["device_count"] == 8 and "synthetic" in saved["device_kind"]
+    for c in saved["cells"]:
+        assert c["selector_mesh"] is not None
+        assert c["speedup_pct"] == pytest.approx((c["tgs_b"] - c["tgs_a"]) / c["tgs_a"] * 100)
+        assert c["gap_to_best_pct"] >= 0
+    # reuse the saved table
+    res2 = fig3.main(["--synthetic", "--model", "tiny", "--tp-a", "1", "--tp-b", "4", "--contexts", "32,64,128",
+                      "--responses", "8,16", "--table", str(tmp_path / "table.json"), "--out", str(tmp_path),
+                      "--name", "again", "--memory-gib", "4"])
+    assert (tmp_path / "again.png").exists() and len(res2["cells"]) == 6
