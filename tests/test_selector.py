@@ -303,3 +303,34 @@ def test_fig3_synthetic_smoke(tmp_path):
                       "--responses", "8,16", "--table", str(tmp_path / "table.json"), "--out", str(tmp_path),
                       "--name", "again", "--memory-gib", "4"])
     assert (tmp_path / "again.png").exists() and len(res2["cells"]) == 6
+
+
+def test_shrink_micro_batch_before_switching_mesh():
+    sel = tiny_selector()
+    plan = sel.plan(stats(100, n=256))
+    assert plan.train.mesh == MeshShape(8, 1, 1) and plan.train.micro_batch == 32
+    seen = []
+
+    def step(layout):
+        seen.append(layout.describe())
+        if layout.micro_batch > 8:
+            raise oom()
+        return layout.micro_batch
+
+    result, new_plan = run_with_oom_fallback("train", step, plan, sel, shrink_first=True)
+    assert result == 8 and new_plan.train.mesh == MeshShape(8, 1, 1)
+    assert [d.split()[1] for d in seen] == ["mb32", "mb16", "mb8"]
+    assert sel.plan(stats(100, n=256)).train.micro_batch == 8  # remembered for the bucket
+    fresh = tiny_selector()
+    fresh.load_state_dict(json.loads(json.dumps(sel.state_dict())))
+    assert fresh.plan(stats(100, n=256)).train.micro_batch == 8
+
+
+def test_selector_config_from_dict_for_sweeps():
+    conf = SelectorConfig.from_dict({"bucket_edges": "1K,2K,4k", "margin": 0.2, "smoothing": "window",
+                                     "window": 3, "thresholds": {"rollout": [[0, "d8f1t1"], [2048, "d4f1t2"]]},
+                                     "stages": "rollout,train"})
+    assert conf.bucket_edges == (1024, 2048, 4096) and conf.stages == ("rollout", "train")
+    assert conf.thresholds["rollout"][1] == (2048, MeshShape(4, 1, 2))
+    with pytest.raises(ValueError, match="unknown selector settings"):
+        SelectorConfig.from_dict({"marginn": 0.1})

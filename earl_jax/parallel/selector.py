@@ -142,6 +142,32 @@ class SelectorConfig:
             object.__setattr__(self, "thresholds", th)
 
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SelectorConfig":
+        """From a flat config (wandb sweep, YAML): bucket_edges may be "1K,2K,4K" or a list; thresholds
+        {stage: [[context, "d4f1t2"], ...]}; unknown keys are an error."""
+        d = dict(d)
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown selector settings {sorted(unknown)}")
+        edges = d.get("bucket_edges")
+        if isinstance(edges, str):
+            d["bucket_edges"] = tuple(_parse_len(v) for v in edges.split(",") if v.strip())
+        elif edges is not None:
+            d["bucket_edges"] = tuple(_parse_len(v) for v in edges)
+        if "stages" in d and isinstance(d["stages"], str):
+            d["stages"] = tuple(v.strip() for v in d["stages"].split(",") if v.strip())
+        return cls(**d)
+
+
+def _parse_len(v: Any) -> int:
+    """1024, "1024", "1K", "1.5k" -> tokens."""
+    if isinstance(v, str):
+        v = v.strip().lower()
+        return int(float(v[:-1]) * 1024) if v.endswith("k") else int(v)
+    return int(v)
+
+
 class HysteresisLevel:
     """Index of the level a value is in, given ascending lower bounds; moves only when the value is past
     a bound by `margin` (relative), so values oscillating around a bound do not flap."""
@@ -221,6 +247,7 @@ class ParallelismSelector:
                      for s, e in (self.config.thresholds or {}).items()}
         self._smoother = _Smoother(self.config.smoothing, self.config.ema_alpha, self.config.window)
         self.oom_marks: set[tuple[str, MeshShape, int]] = set()
+        self.micro_batch_caps: dict[tuple[str, MeshShape, int], int] = {}  # after OOMs with shrink_first
         self.last_stats: ContextStats | None = None
         self.last_plan: StagePlan | None = None
 
@@ -265,7 +292,7 @@ class ParallelismSelector:
                 if e is not None and e.status == OOM:
                     continue  # measured out of memory at this bucket
                 tgs = e.tgs if e is not None and e.status == OK else None
-            fit = self.memory.choose(stage, mesh, ctx, n)
+            fit = self.memory.choose(stage, mesh, ctx, n, self.micro_batch_caps.get((stage, mesh, bucket)))
             if fit is None:
                 continue
             layout = StageLayout(mesh, fit.micro_batch, fit.logprob_chunk)
@@ -282,7 +309,8 @@ class ParallelismSelector:
             raise ValueError(f"thresholds[{stage!r}]: mesh {mesh} has {mesh.size} devices, not {self.num_devices}")
         if (stage, mesh, bucket) in self.oom_marks:
             return None
-        fit = self.memory.choose(stage, mesh, self._check_len(bucket, stats), stats.num_responses)
+        fit = self.memory.choose(stage, mesh, self._check_len(bucket, stats), stats.num_responses,
+                                 self.micro_batch_caps.get((stage, mesh, bucket)))
         if fit is None:
             log.warning("thresholds: %s mesh %s does not fit the memory model at context %d; using it anyway "
                         "with micro-batch 1", stage, mesh, self._check_len(bucket, stats))
@@ -356,12 +384,18 @@ class ParallelismSelector:
         self.oom_marks.add((stage, mesh, bucket))
         log.warning("parallelism: %s on %s ran out of memory at context bucket %d; excluded", stage, mesh, bucket)
 
+    def cap_micro_batch(self, stage: str, mesh: MeshShape, bucket: int, micro_batch: int) -> None:
+        """Never use a micro-batch above `micro_batch` for `stage` on `mesh` at `bucket` (after an OOM)."""
+        key = (stage, mesh, int(bucket))
+        self.micro_batch_caps[key] = max(1, min(int(micro_batch), self.micro_batch_caps.get(key, micro_batch)))
+
     # -- checkpointing -------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         s = self._smoother
         return {"bucket_index": self._bucket.index, "ema": s.ema, "window": list(s.values),
                 "thresholds": {k: v.index for k, v in self._thr.items()},
-                "oom_marks": [[st, str(m), b] for st, m, b in sorted(self.oom_marks, key=str)]}
+                "oom_marks": [[st, str(m), b] for st, m, b in sorted(self.oom_marks, key=str)],
+                "micro_batch_caps": [[st, str(m), b, v] for (st, m, b), v in self.micro_batch_caps.items()]}
 
     def load_state_dict(self, d: Mapping) -> None:
         self._bucket.index = d.get("bucket_index")
@@ -372,16 +406,21 @@ class ParallelismSelector:
             if k in self._thr:
                 self._thr[k].index = v
         self.oom_marks = {(st, MeshShape.parse(m), int(b)) for st, m, b in d.get("oom_marks", [])}
+        self.micro_batch_caps = {(st, MeshShape.parse(m), int(b)): int(v)
+                                 for st, m, b, v in d.get("micro_batch_caps", [])}
 
 
 def run_with_oom_fallback(stage: str, fn: Callable[[StageLayout], Any], plan: StagePlan,
-                          selector: ParallelismSelector, *, max_attempts: int | None = None,
+                          selector: ParallelismSelector, *, shrink_first: bool = False,
+                          max_attempts: int | None = None,
                           on_switch: Callable[[StageLayout, StageLayout, BaseException], None] | None = None
                           ) -> tuple[Any, StagePlan]:
     """Run `fn(plan[stage])`; on an out-of-memory error mark that mesh for the plan's bucket, re-plan the
     stage (same statistics, no smoothing update) and call `fn` again with the next layout - `fn` must
     be re-runnable with the same inputs (do not donate the batch), so the batch is not lost. Returns
-    (result, plan with the layout that worked). Raises NoFeasibleLayoutError, chained to the last
+    (result, plan with the layout that worked). With `shrink_first`, an OOM on a micro-batch above 1
+    (experience / train; rollout only with `MemoryConfig.rollout_waves`) first halves the micro-batch
+    on the same mesh (remembered for that bucket) before giving up the mesh. Raises NoFeasibleLayoutError, chained to the last
     OOM, when no candidate is left; other exceptions propagate unchanged."""
     layout = plan[stage]
     bucket = plan.context_bucket
@@ -394,7 +433,12 @@ def run_with_oom_fallback(stage: str, fn: Callable[[StageLayout], Any], plan: St
         except Exception as e:  # noqa: BLE001
             if not is_oom_error(e):
                 raise
-            selector.mark_oom(stage, layout.mesh, bucket)
+            can_shrink = shrink_first and layout.micro_batch > 1 and (
+                stage != "rollout" or selector.memory.mem.rollout_waves)
+            if can_shrink:
+                selector.cap_micro_batch(stage, layout.mesh, bucket, layout.micro_batch // 2)
+            else:
+                selector.mark_oom(stage, layout.mesh, bucket)
             if max_attempts is not None and attempts >= max_attempts:
                 raise NoFeasibleLayoutError(f"{stage}: out of memory after {attempts} attempts "
                                             f"(last {layout.describe()})") from e
