@@ -262,7 +262,7 @@ def load_params(path: str | Path, model: Qwen2, shardings: Any) -> nnx.State:
             raise CheckpointError(f"{path}: unexpected tensors {sorted(unexpected)[:8]} "
                                   f"(not part of a {model.cfg.num_hidden_layers}-layer "
                                   f"{'tied' if tied else 'untied'} Qwen2)")
-        missing = [path_to_hf(p)[0] for p, _ in flat if _flat_path(p) not in wanted]
+        missing = [path_to_hf(_flat_path(p))[0] for p, _ in flat if _flat_path(p) not in wanted]
         if missing:
             raise CheckpointError(f"{path}: missing tensors {missing[:8]}"
                                   + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
