@@ -40,7 +40,7 @@ class RLConfig:
     top_k: int = _f(0, "top-k sampling (0: off)")
     top_p: float = _f(1.0, "nucleus sampling threshold (1: off)")
     # --- algorithm
-    algorithm: Literal["ppo", "grpo", "reinforce_pp", "rloo"] = _f("grpo", "advantage estimator / loss")
+    algorithm: Literal["grpo", "reinforce_pp", "rloo"] = _f("grpo", "advantage estimator (the loss is PPO-clip for all; no critic)")
     clip_eps_low: float = _f(0.2, "PPO ratio clip, lower side")
     clip_eps_high: float = _f(0.28, "PPO ratio clip, upper side")
     dual_clip: float | None = _f(3.0, "dual-clip constant for negative advantages (none: off)")
@@ -66,6 +66,16 @@ class RLConfig:
     # --- warm start (the tiny model starts from random weights and knows no answer format)
     format_warmup_steps: int = _f(60, "supervised steps on uniformly random LEGAL moves before RL (0: off); "
                                       "teaches the answer format only, no game skill")
+    # --- parallelism (EARL's Parallelism Selector; every stage gets its own mesh)
+    devices: int = _f(0, "devices to use (0: all)")
+    selector_edges: tuple[int, ...] = _f((), "context-length bucket edges (empty: 1K..32K, or 32..1K for the tiny model)")
+    selector_margin: float = _f(0.10, "hysteresis: pass a bucket edge by this fraction before switching layouts")
+    selector_ema: float = _f(0.5, "weight of the newest context length in the moving average")
+    rollout_thresholds: str = _f("", "direct rollout layouts, e.g. '0:d8f1t1,1024:d4f1t2' (context:mesh; empty: select)")
+    experience_thresholds: str = _f("", "direct experience layouts, same format")
+    train_thresholds: str = _f("", "direct train layouts, same format (meshes dAfBtC)")
+    selector_table: str | None = _f(None, "profile table JSON (from experiments/profile_selector.py) to select by")
+    memory_budget_gib: float = _f(0.0, "per-device memory budget for the memory model (0: the device's; CPU 4 GiB)")
     # --- evaluation, checkpoints, logging
     eval_every: int = _f(10, "iterations between greedy evaluations (0: only at the end)")
     eval_games: int = _f(64, "games per evaluation opponent")
@@ -92,6 +102,9 @@ class RLConfig:
         need(self.learning_rate > 0, "learning_rate", "must be > 0")
         need(self.grad_clip > 0, "grad_clip", "must be > 0")
         need(0 < self.gamma <= 1, "gamma", "must be in (0, 1]")
+        need(0 <= self.selector_margin < 1, "selector_margin", "must be in [0, 1)")
+        need(0 < self.selector_ema <= 1, "selector_ema", "must be in (0, 1]")
+        need(self.devices >= 0 and self.memory_budget_gib >= 0, "devices", "must be >= 0")
         need(self.agent_player in (None, 0, 1), "agent_player", "must be 0, 1 or none")
         need(self.max_context > self.max_turn_tokens, "max_context", "must exceed --max-turn-tokens")
         need(self.group_size > 1 or self.algorithm in ("ppo", "reinforce_pp"), "group_size",

@@ -33,8 +33,9 @@ class ExperienceBatch:
 
 def make_optimizer(learning_rate: float, warmup_steps: int, total_steps: int, weight_decay: float,
                    grad_clip: float) -> optax.GradientTransformation:
+    # Warm-up starts above zero: a first step at learning rate 0 would waste a whole RL iteration.
     schedule = optax.warmup_cosine_decay_schedule(
-        0.0, learning_rate, max(warmup_steps, 1), max(total_steps, warmup_steps + 1), end_value=0.1 * learning_rate)
+        learning_rate / max(warmup_steps, 1), learning_rate, max(warmup_steps, 1), max(total_steps, warmup_steps + 1), end_value=0.1 * learning_rate)
     return optax.chain(optax.clip_by_global_norm(grad_clip),
                        optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=weight_decay))
 

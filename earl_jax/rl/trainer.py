@@ -30,7 +30,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from earl_jax.envs import EnvConfig, OpenSpielTextEnv
-from earl_jax.models.config import get_config
+from earl_jax.models.config import ModelConfig, get_config
 from earl_jax.models.init import init_sharded
 from earl_jax.models.tokenizer import game_tokenizer, load_tokenizer, special_ids
 from earl_jax.parallel.context import use_mesh_rules
@@ -73,22 +73,25 @@ class Trainer:
             cfg.dtype, jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
 
         # Model and tokenizer: a local Hugging Face folder, or a preset with the built-in game tokenizer.
-        self.planner = StagePlanner.from_config(cfg)
+        if cfg.hf_checkpoint:
+            self.model_cfg = ModelConfig.from_hf_json(Path(cfg.hf_checkpoint) / "config.json")
+        else:
+            self.tokenizer = game_tokenizer()
+            self.model_cfg = get_config(cfg.model, vocab_size=self.tokenizer.get_vocab_size()) \
+                if cfg.model == "tiny" else get_config(cfg.model)
+        self.planner = StagePlanner.from_config(cfg, self.model_cfg)
         train_mesh = self.planner.mesh("train")
         if cfg.hf_checkpoint:
             from earl_jax.models.loader import from_pretrained
 
             model, self.tokenizer = from_pretrained(cfg.hf_checkpoint, mesh=train_mesh, rules=STAGE_RULES["train"],
                                                     dtype=self.dtype, param_dtype=jnp.float32)
-            self.model_cfg = model.cfg
         else:
-            self.tokenizer = game_tokenizer()
-            self.model_cfg = get_config(cfg.model, vocab_size=self.tokenizer.get_vocab_size()) \
-                if cfg.model == "tiny" else get_config(cfg.model)
             model = init_sharded(self.model_cfg, train_mesh, STAGE_RULES["train"], seed=cfg.seed, dtype=self.dtype)
         self.ids = special_ids(self.tokenizer)
         self.graphdef, self.params = nnx.split(model)
-        self.ref_params = self.params if cfg.kl_coef > 0 else None  # frozen: jax arrays are immutable
+        # A frozen copy: the train stage donates (overwrites) the policy's buffers.
+        self.ref_params = jax.tree.map(jnp.copy, self.params) if cfg.kl_coef > 0 else None
 
         self.loss_cfg = LossConfig(
             algorithm=cfg.algorithm, clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,

@@ -1,0 +1,47 @@
+"""The main job: train an LLM policy to play Connect Four by RL.
+
+    python experiments/connect4.py                       # embedded default: CPU, tiny model, random opponent
+    python experiments/connect4.py --help                 # every field of RLConfig as a flag
+    python experiments/connect4.py --preset qwen0.5b --hf-checkpoint /path/to/Qwen2.5-0.5B-Instruct
+
+The run folder (--run-dir) receives config.json, metrics.jsonl, checkpoints/ and curves.png.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+from earl_jax.rl.config import RLConfig
+
+DEFAULT = RLConfig(game="connect_four", run_dir="runs/connect4")
+
+PRESETS = {
+    "tiny-cpu": lambda: DEFAULT,
+    # A pretrained Qwen2.5 model from a local Hugging Face folder, on GPU: chat-style prompts, longer answers.
+    "qwen0.5b": lambda: dataclasses.replace(
+        DEFAULT, model="qwen2.5-0.5b", prompt_style="chat", max_turn_tokens=64, max_context=4096, groups=16,
+        group_size=8, learning_rate=1e-6, warmup_steps=10, format_warmup_steps=0, kl_coef=0.001,
+        eval_opponents=("random", "alphabeta:2"), micro_batch_tokens=65536, run_dir="runs/connect4-qwen0.5b"),
+    # EARL's setting: REINFORCE++ estimator.
+    "earl": lambda: dataclasses.replace(DEFAULT, algorithm="reinforce_pp", run_dir="runs/connect4-earl"),
+}
+
+
+def main(argv: list[str] | None = None, default: RLConfig = DEFAULT, presets=PRESETS, name: str = "connect4") -> None:
+    from earl_jax.cli import parse_config
+    from earl_jax.rl.plots import plot_run
+    from earl_jax.rl.trainer import Trainer
+
+    cfg = parse_config(RLConfig, argv, description=__doc__, presets=presets, base=default)
+    trainer = Trainer(cfg)
+    history = trainer.run()
+    png = plot_run(Path(cfg.run_dir) / "metrics.jsonl", Path(cfg.run_dir) / "curves.png", title=name)
+    last = history[-1] if history else {}
+    print(f"{name}: {trainer.step} iterations; eval win {last.get('eval/win_rate')}, "
+          f"draw {last.get('eval/draw_rate')}, invalid {last.get('eval/invalid_rate')}; curves: {png}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,23 @@
+"""Train an LLM policy to play Tic-Tac-Toe by RL (same job as connect4.py, other game and presets).
+
+    python experiments/tictactoe.py           # CPU, tiny model, random opponent
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from connect4 import main
+
+from earl_jax.rl.config import RLConfig
+
+DEFAULT = RLConfig(game="tic_tac_toe", run_dir="runs/tictactoe", max_turns=9, max_context=512,
+                   eval_opponents=("random", "solver"))
+PRESETS = {
+    "tiny-cpu": lambda: DEFAULT,
+    "vs-solver": lambda: dataclasses.replace(DEFAULT, opponent="solver", run_dir="runs/tictactoe-solver"),
+}
+
+if __name__ == "__main__":
+    main(sys.argv[1:], default=DEFAULT, presets=PRESETS, name="tictactoe")
