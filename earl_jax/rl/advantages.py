@@ -43,6 +43,7 @@ def masked_var(x: Float[Array, "..."], mask: Array, axis: int | None = None,
     return sq.sum(axis) / jnp.maximum(count - (1 if unbiased else 0), 1)
 
 
+@functools.partial(jax.jit, static_argnames=("shift_mean",))
 def masked_whiten(x: Float[Array, "n t"], mask: TokenMask, eps: float = 1e-6,
                   shift_mean: bool = True) -> Float[Array, "n t"]:
     """(x - mean) / (std + eps) with population mean/std over ALL masked entries; 0 at masked-out ones."""
@@ -85,6 +86,7 @@ def _reverse_linear_scan(a: Float[Array, "n t"], b: Float[Array, "n t"]) -> Floa
     return jax.lax.associative_scan(compose, (a, b), reverse=True, axis=1)[1]
 
 
+@jax.jit
 def discounted_returns(rewards: Float[Array, "n t"], loss_mask: TokenMask,
                        gamma: float = 1.0) -> Float[Array, "n t"]:
     """Returns-to-go G[t] = r[t] + gamma * G[next generated token after t], over generated tokens only.
@@ -97,6 +99,7 @@ def discounted_returns(rewards: Float[Array, "n t"], loss_mask: TokenMask,
     return jnp.where(m, returns, 0.0)
 
 
+@jax.jit
 def gae(rewards: Float[Array, "n t"], values: Float[Array, "n t"], loss_mask: TokenMask,
         gamma: float = 1.0, lam: float = 1.0) -> tuple[Float[Array, "n t"], Float[Array, "n t"]]:
     """Generalized advantage estimation over generated tokens; returns (advantages, value targets).
@@ -151,6 +154,7 @@ def _broadcast(adv_n, loss_mask):
     return jnp.where(loss_mask.astype(bool), adv_n[:, None], 0.0)
 
 
+@functools.partial(jax.jit, static_argnames=("num_groups", "scale_by_std"))
 def grpo_advantages(
     rewards: Float[Array, "n t"], loss_mask: TokenMask, group_ids: Int[Array, " n"], num_groups: int,
     scale_by_std: bool = True, eps: float = 1e-6,
@@ -169,6 +173,7 @@ def grpo_advantages(
     return _broadcast(adv, loss_mask)
 
 
+@functools.partial(jax.jit, static_argnames=("num_groups",))
 def rloo_advantages(
     rewards: Float[Array, "n t"], loss_mask: TokenMask, group_ids: Int[Array, " n"], num_groups: int,
 ) -> Float[Array, "n t"]:
@@ -179,6 +184,7 @@ def rloo_advantages(
     return _broadcast(adv, loss_mask)
 
 
+@functools.partial(jax.jit, static_argnames=("kl_coef",))
 def reinforce_pp_advantages(
     rewards: Float[Array, "n t"], loss_mask: TokenMask, gamma: float = 1.0, kl_coef: float = 0.0,
     old_logp: Float[Array, "n t"] | None = None, ref_logp: Float[Array, "n t"] | None = None,
@@ -205,6 +211,7 @@ class GroupFilter(NamedTuple):
     filtered_frac: Float[Array, ""]  # fraction of non-padding sequences dropped
 
 
+@functools.partial(jax.jit, static_argnames=("num_groups",))
 def group_filter(
     rewards: Float[Array, "n t"], loss_mask: TokenMask, group_ids: Int[Array, " n"], num_groups: int,
     atol: float = 1e-6,
@@ -225,6 +232,7 @@ def group_filter(
 # Entry point
 
 
+@functools.partial(jax.jit, static_argnames=("num_groups", "cfg"))
 def compute_advantages(
     rewards: Float[Array, "n t"],
     loss_mask: TokenMask,

@@ -19,8 +19,10 @@ Algorithms differ in their advantages (see `advantages.compute_advantages`), not
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Literal
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Shaped
 
@@ -102,6 +104,7 @@ def _f32(x, mask):
     return jnp.where(mask, jnp.asarray(x, jnp.float32), 0.0)
 
 
+@functools.partial(jax.jit, static_argnames=("dual_clip",))
 def ppo_clip(
     logp: Float[Array, "n t"],
     old_logp: Float[Array, "n t"],
@@ -135,6 +138,7 @@ def reinforce(logp: Float[Array, "n t"], advantages: Float[Array, "n t"]) -> Flo
     return -advantages * logp
 
 
+@functools.partial(jax.jit, static_argnames=("estimator",))
 def kl_penalty(
     logp: Float[Array, "n t"], ref_logp: Float[Array, "n t"], estimator: KLEstimator
 ) -> Float[Array, "n t"]:
@@ -151,6 +155,7 @@ def kl_penalty(
     raise ValueError(f"kl_penalty: estimator must be 'k1' or 'k3', got {estimator!r}")
 
 
+@functools.partial(jax.jit, static_argnames=("mode",))
 def aggregate(x: Float[Array, "n t"], loss_mask: TokenMask, mode: Aggregation) -> Float[Array, ""]:
     """Reduce a per-token quantity to a scalar over the masked tokens.
 
@@ -175,6 +180,7 @@ def aggregate(x: Float[Array, "n t"], loss_mask: TokenMask, mode: Aggregation) -
     return jnp.where(has_tokens, per_seq, 0.0).sum() / jnp.maximum(has_tokens.sum(), 1)
 
 
+@functools.partial(jax.jit, static_argnames=("cfg",))
 def policy_loss(
     logp: Float[Array, "n t"],
     old_logp: Float[Array, "n t"],
