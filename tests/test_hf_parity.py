@@ -13,13 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
 from earl_jax.models import loader
 from earl_jax.models.loader import CheckpointError, from_pretrained, save_pretrained
-from earl_jax.models.tokenizer import GAME_CHARS, game_tokenizer, load_tokenizer, special_ids
+from earl_jax.models.tokenizer import GAME_CHARS, GAME_SPECIALS, game_tokenizer, load_tokenizer, special_ids
 from earl_jax.parallel.mesh import INFERENCE_RULES, TRAIN_RULES, MeshShape, make_mesh, state_shardings
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -30,6 +30,12 @@ TOL = 1e-4
 def rel_err(out, ref) -> float:
     out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
     return float(np.abs(out - ref).max() / np.abs(ref).max())
+
+
+def forward(model, tokens) -> jax.Array:
+    """Float32 logits through one jitted call (much cheaper on CPU than op-by-op dispatch)."""
+    graphdef, state = nnx.split(model)
+    return jax.jit(lambda state, tokens: nnx.merge(graphdef, state)(tokens)[0])(state, jnp.asarray(tokens, jnp.int32))
 
 
 def reference(name):
@@ -50,7 +56,7 @@ def copy_fixture(name, tmp_path) -> Path:
 def test_logits_match_stored_transformers_reference(name):
     tokens, ref = reference(name)
     model, tok = from_pretrained(FIXTURES / name, dtype=jnp.float32)
-    out, _ = model(jnp.asarray(tokens))
+    out = forward(model, tokens)
     assert out.shape == ref.shape
     assert rel_err(out, ref) < TOL
     assert tok is not None and special_ids(tok).eos_id == 2
@@ -64,7 +70,7 @@ def test_parity_has_teeth(tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     tokens, ref = reference("qwen2_mha_untied")
     model, _ = from_pretrained(d, dtype=jnp.float32)
-    assert rel_err(model(jnp.asarray(tokens))[0], ref) > 100 * TOL
+    assert rel_err(forward(model, tokens), ref) > 100 * TOL
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -77,7 +83,7 @@ def test_logits_match_live_transformers(name):
     with torch.no_grad():
         ref = hf(torch.from_numpy(tokens)).logits.numpy()
     model, _ = from_pretrained(FIXTURES / name, dtype=jnp.float32)
-    assert rel_err(model(jnp.asarray(tokens, jnp.int32))[0], ref) < TOL
+    assert rel_err(forward(model, tokens), ref) < TOL
 
 
 def test_save_pretrained_loads_in_transformers(tmp_path):
@@ -111,7 +117,7 @@ def test_load_into_2x4_mesh_shards_every_split_param(name):
     assert {"embed_vd", "q_dnh", "o_nhd", "gate_df", "down_fd"} <= set(split)  # vocab, heads, mlp split
     assert ("k_dkh" in split) == (cfg.num_key_value_heads % 4 == 0)  # 1-2 kv heads stay replicated
     tokens, ref = reference(name)
-    assert rel_err(model(jnp.asarray(tokens))[0], ref) < TOL
+    assert rel_err(forward(model, tokens), ref) < TOL
 
 
 def test_load_with_train_rules_splits_embed_over_fsdp():
@@ -120,7 +126,7 @@ def test_load_with_train_rules_splits_embed_over_fsdp():
     o = model.layers[0].attn.o_nhd[...]  # (n h) merged on the HF side, embed split over fsdp here
     assert o.sharding.shard_shape(o.shape) == (2, 16, 32)
     tokens, ref = reference("qwen2_mha_untied")
-    assert rel_err(model(jnp.asarray(tokens))[0], ref) < TOL
+    assert rel_err(forward(model, tokens), ref) < TOL
 
 
 def test_each_device_gets_only_its_shard_read_from_file(monkeypatch):
@@ -179,7 +185,7 @@ def test_tied_checkpoint_that_also_stores_lm_head_loads(tmp_path):
     save_file({**t, "lm_head.weight": t["model.embed_tokens.weight"]}, d / "model.safetensors")
     tokens, ref = reference("qwen2_gqa_tied")
     model, _ = from_pretrained(d, dtype=jnp.float32)
-    assert rel_err(model(jnp.asarray(tokens))[0], ref) < TOL
+    assert rel_err(forward(model, tokens), ref) < TOL
 
 
 # ---- broken checkpoints ---------------------------------------------------------------------------
@@ -250,6 +256,8 @@ def test_game_tokenizer_special_ids_and_size():
 @settings(max_examples=200, deadline=None)
 @given(st.text(alphabet=GAME_CHARS, max_size=80))
 def test_game_tokenizer_round_trips_any_game_text(text):
+    # Like every Hugging Face tokenizer, the literal names of special tokens in text are those tokens.
+    assume(not any(name in text for name in GAME_SPECIALS))
     assert GAME_TOK.decode(GAME_TOK.encode(text).ids) == text
 
 

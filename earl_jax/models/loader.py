@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, which safetensors' numpy reader needs)
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, Sharding, SingleDeviceSharding
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
@@ -29,6 +30,7 @@ from safetensors.numpy import save_file
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import abstract_model
 from earl_jax.models.qwen2 import Qwen2
+from earl_jax.models.tokenizer import load_tokenizer
 from earl_jax.parallel.mesh import INFERENCE_RULES, Rules, state_shardings
 
 # (Hugging Face name, module path, layout "hf axes -> our axes"); {i} is the layer index.
@@ -290,8 +292,6 @@ def from_pretrained(path: str | Path, *, mesh: Mesh | None = None, rules: Rules 
     With `mesh`, every parameter lands directly in its sharding under `rules` (default inference
     rules); without, on the first local device. `tokenizer` is None when the folder has no tokenizer.json.
     """
-    from earl_jax.models.tokenizer import load_tokenizer
-
     path = Path(path)
     if not (path / "config.json").exists():
         raise CheckpointError(f"{path}: no config.json")
@@ -307,13 +307,20 @@ def from_pretrained(path: str | Path, *, mesh: Mesh | None = None, rules: Rules 
     return nnx.merge(graphdef, state), tokenizer
 
 
+def _to_host(x: jax.Array) -> np.ndarray:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+
 # ---- save -----------------------------------------------------------------------------------------
 def save_pretrained(model: Qwen2, path: str | Path, tokenizer=None, *, dtype: Any = None,
                     max_shard_bytes: int = 4 << 30) -> None:
     """Write a Hugging Face folder: config.json, model.safetensors (or shards + index), tokenizer.json.
 
     Tensors are written in the parameters' own dtype unless `dtype` is given (e.g. jnp.bfloat16).
-    Parameters are gathered to host one at a time, so host memory peaks at one file's worth.
+    Parameters are gathered to host one at a time, so host memory peaks at one file's worth. With
+    several processes, every process must call this (parameters are all-gathered); process 0 writes.
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -335,14 +342,17 @@ def save_pretrained(model: Qwen2, path: str | Path, tokenizer=None, *, dtype: An
         tensors = {}
         for key, var in group:
             hf_name, layout = path_to_hf(key)
-            x = np.asarray(jax.device_get(var.get_value()))
+            x = _to_host(var.get_value())
             if dtype is not None:
                 x = x.astype(dtype)
             out_dtype = x.dtype
             tensors[hf_name] = layout.to_hf(x)
             weight_map[hf_name] = fname
             total += x.nbytes
-        save_file(tensors, str(path / fname), metadata={"format": "pt"})
+        if jax.process_index() == 0:
+            save_file(tensors, str(path / fname), metadata={"format": "pt"})
+    if jax.process_index() != 0:
+        return
     if len(plan) > 1:
         (path / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))

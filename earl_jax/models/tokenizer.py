@@ -57,7 +57,8 @@ def game_tokenizer(chars: str = GAME_CHARS) -> Tokenizer:
 
     The pre-tokenizer isolates every character (newlines included) and the Fuse decoder joins tokens
     without the spaces WordLevel's default decoding would insert, so decode(encode(text)) == text for
-    any text over `chars`; other characters become <unk>.
+    any text over `chars`; other characters become <unk>. As in every Hugging Face tokenizer, the
+    literal text "<eos>" encodes to the <eos> id (game text never contains it).
     """
     if len(set(chars)) != len(chars):
         raise ValueError("game tokenizer characters must be unique")
