@@ -1,0 +1,242 @@
+"""Batched sampler over a live, ragged KV cache: extend (prefill / multi-turn append) and generate.
+
+Every row (one game) has its own length; `extend` appends each row's new tokens at its own positions,
+and `generate` decodes all rows in lock-step inside ONE jitted `lax.while_loop` (no host sync per token,
+early exit once every row is done), the cache donated so it is updated in place. Shapes are bucketed
+(new-token counts, cache sizes, generation lengths) so the number of compiled programs stays bounded;
+`compile_count` says how many there are.
+
+`params` is the model's `nnx.State` (floating weights may be float32 masters): each program casts the
+matrices once to the model's compute dtype before its loop, so decode steps read bf16 weights and a
+new set of weights each RL iteration needs no recompile.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+from jaxtyping import Array, Bool, Float, Int
+
+from earl_jax.models.cache import KVCache, LayerCache, cache_shardings, init_cache
+from earl_jax.models.config import ModelConfig
+from earl_jax.parallel.context import use_mesh_rules
+from earl_jax.parallel.mesh import Rules, logical_sharding
+from earl_jax.rollout.sampling import SamplingConfig, sample_logits
+
+DEFAULT_LENGTH_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+DEFAULT_CACHE_BUCKETS = (128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384,
+                         24576, 32768)
+PAD_TOKEN = 0
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SamplerState:
+    cache: KVCache
+    lengths: Int[Array, "b"]  # tokens in the cache per row
+    next_logits: Float[Array, "b v"]  # float32 logits predicting each row's next token
+
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.cache.max_len
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Generation:
+    tokens: Int[Array, "b n"]  # row r's tokens are tokens[r, :num_tokens[r]]; the rest is PAD_TOKEN
+    logprobs: Float[Array, "b n"]  # log_softmax(logits / temperature) at each token; 0 past num_tokens
+    num_tokens: Int[Array, "b"]  # generated tokens, the stop token included
+    stopped: Bool[Array, "b"]  # True: ended on a stop token; False: budget (or cache) ran out
+
+
+def bucket(n: int, buckets: Sequence[int]) -> int:
+    """Smallest bucket >= n; past the largest, the next multiple of the largest."""
+    i = bisect.bisect_left(buckets, n)
+    if i < len(buckets):
+        return buckets[i]
+    top = buckets[-1]
+    return -(-n // top) * top
+
+
+def _cast_weights(params: nnx.State, dtype) -> nnx.State:
+    """Matrices to the compute dtype once (the model casts them at every use anyway, so numerics are
+    unchanged); vectors (norm scales, biases) stay as they are, since RMSNorm applies scales in float32."""
+    def one(x):
+        if jnp.issubdtype(x.dtype, jnp.floating) and x.ndim >= 2 and x.dtype != dtype:
+            return x.astype(dtype)
+        return x
+    return jax.tree.map(one, params)
+
+
+class Sampler:
+    def __init__(self, graphdef: nnx.GraphDef, cfg: ModelConfig, *, mesh: Mesh | None = None,
+                 rules: Rules | None = None, cache_dtype: Any = jnp.bfloat16,
+                 length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
+                 cache_buckets: Sequence[int] = DEFAULT_CACHE_BUCKETS):
+        if (mesh is None) != (rules is None):
+            raise ValueError("Sampler: give both mesh and rules, or neither")
+        self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, rules
+        self.cache_dtype = cache_dtype
+        self.length_buckets = tuple(sorted(length_buckets))
+        self.cache_buckets = tuple(sorted(cache_buckets))
+        self._traces = 0
+        self._init = jax.jit(self._init_impl, static_argnums=(0, 1))
+        self._grow = jax.jit(self._grow_impl, static_argnums=(1,))
+        self._extend = jax.jit(self._extend_impl, donate_argnums=(1,))
+        self._generate = jax.jit(self._generate_impl, static_argnums=(4, 5, 6), donate_argnums=(1,))
+
+    # ---- public API --------------------------------------------------------------------------------
+    @property
+    def compile_count(self) -> int:
+        """Distinct programs traced (each is compiled once); bounded by the buckets."""
+        return self._traces
+
+    def init_state(self, batch: int, max_len: int) -> SamplerState:
+        """Empty rows with a cache of the bucketed size >= max_len."""
+        return self._init(batch, bucket(max_len, self.cache_buckets))
+
+    def ensure_capacity(self, state: SamplerState, needed_len: int) -> SamplerState:
+        """Grow the cache (a copy) to the bucket holding `needed_len` tokens per row, if it is smaller."""
+        if needed_len <= state.max_len:
+            return state
+        return self._grow(state, bucket(needed_len, self.cache_buckets))
+
+    def extend(self, params: nnx.State, state: SamplerState, tokens, num_new) -> SamplerState:
+        """Append row b's first num_new[b] tokens at positions lengths[b]...; rows with num_new == 0 are
+        unchanged. Updates next_logits of the extended rows. Prefill == extend on an empty state.
+        The caller keeps lengths + num_new <= max_len (`ensure_capacity`); tokens past it are dropped."""
+        tokens = np.asarray(tokens, dtype=np.int32)
+        num_new = np.asarray(num_new, dtype=np.int32)
+        b, t = tokens.shape
+        if num_new.shape != (b,):
+            raise ValueError(f"extend: num_new has shape {num_new.shape}, expected ({b},)")
+        if num_new.max(initial=0) > t or num_new.min(initial=0) < 0:
+            raise ValueError(f"extend: num_new must lie in [0, {t}]")
+        tb = bucket(max(t, 1), self.length_buckets)
+        if tb != t:
+            tokens = np.pad(tokens, ((0, 0), (0, tb - t)), constant_values=PAD_TOKEN)
+        return self._extend(params, state, tokens, num_new)
+
+    def generate(self, params: nnx.State, state: SamplerState, rng: jax.Array, *, max_new_tokens: int,
+                 budget, stop_tokens: tuple[int, ...] = (), sampling: SamplingConfig = SamplingConfig()
+                 ) -> tuple[SamplerState, Generation]:
+        """Decode up to min(budget[b], max_new_tokens, free cache slots) tokens per row, lock-step, in
+        one jitted while_loop. A row ends at a stop token (fed into the cache and counted) or its budget;
+        rows with budget 0 and finished rows do not advance. `state` is donated."""
+        budget = jnp.asarray(np.broadcast_to(np.asarray(budget, np.int32), (state.batch_size,)))
+        n_bucket = bucket(max(int(max_new_tokens), 1), self.length_buckets)
+        stop_tokens = tuple(int(s) for s in stop_tokens)
+        state, gen = self._generate(params, state, rng, budget, n_bucket, stop_tokens, sampling,
+                                    jnp.int32(max_new_tokens))
+        if n_bucket != max_new_tokens:
+            gen = Generation(gen.tokens[:, :max_new_tokens], gen.logprobs[:, :max_new_tokens],
+                             gen.num_tokens, gen.stopped)
+        return state, gen
+
+    # ---- sharding helpers --------------------------------------------------------------------------
+    def _constrain(self, x, axes):
+        if self.mesh is None:
+            return x
+        return jax.lax.with_sharding_constraint(x, logical_sharding(self.mesh, self.rules, axes, x.shape))
+
+    def _constrain_state(self, state: SamplerState) -> SamplerState:
+        if self.mesh is None:
+            return state
+        b, s = state.lengths.shape[0], state.cache.max_len
+        cache = jax.lax.with_sharding_constraint(state.cache, cache_shardings(self.cfg, b, s, self.mesh, self.rules))
+        return SamplerState(cache, self._constrain(state.lengths, ("batch",)),
+                            self._constrain(state.next_logits, ("batch", "act_vocab")))
+
+    def _model(self, params):
+        dtype = nnx.merge(self.graphdef, params).dtype
+        return nnx.merge(self.graphdef, _cast_weights(params, dtype))
+
+    def _ctx(self):
+        import contextlib
+        return contextlib.nullcontext() if self.mesh is None else use_mesh_rules(self.mesh, self.rules)
+
+    # ---- traced programs ---------------------------------------------------------------------------
+    def _init_impl(self, batch: int, max_len: int) -> SamplerState:
+        self._traces += 1
+        with self._ctx():
+            state = SamplerState(init_cache(self.cfg, batch, max_len, self.cache_dtype),
+                                 jnp.zeros((batch,), jnp.int32),
+                                 jnp.zeros((batch, self.cfg.vocab_size), jnp.float32))
+            return self._constrain_state(state)
+
+    def _grow_impl(self, state: SamplerState, new_len: int) -> SamplerState:
+        self._traces += 1
+        with self._ctx():
+            pad = new_len - state.cache.max_len
+            grow = lambda x: jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
+            cache = KVCache(tuple(LayerCache(grow(l.k), grow(l.v)) for l in state.cache.layers))
+            return self._constrain_state(SamplerState(cache, state.lengths, state.next_logits))
+
+    def _extend_impl(self, params, state: SamplerState, tokens, num_new) -> SamplerState:
+        self._traces += 1
+        with self._ctx():
+            model = self._model(params)
+            b, t = tokens.shape
+            s = state.cache.max_len
+            idx = jnp.arange(t, dtype=jnp.int32)[None]
+            valid = idx < num_new[:, None]
+            # Padding goes to slot s: out of range, so its write is dropped and its output ignored.
+            positions = jnp.where(valid, state.lengths[:, None] + idx, s)
+            tokens = self._constrain(tokens, ("batch", "length"))
+            h, cache = model.hidden(tokens, positions, state.cache)
+            last = jnp.take_along_axis(h, jnp.maximum(num_new - 1, 0)[:, None, None], axis=1)  # b 1 d
+            logits = model.logits(last)[:, 0]
+            next_logits = jnp.where((num_new > 0)[:, None], logits, state.next_logits)
+            return self._constrain_state(SamplerState(cache, state.lengths + num_new, next_logits))
+
+    def _generate_impl(self, params, state: SamplerState, rng, budget, n: int, stop_tokens: tuple[int, ...],
+                       sampling: SamplingConfig, max_new_tokens):
+        self._traces += 1
+        with self._ctx():
+            model = self._model(params)
+            b = state.lengths.shape[0]
+            s = state.cache.max_len
+            limit = jnp.minimum(jnp.minimum(budget, max_new_tokens), s - state.lengths)
+            stops = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
+
+            def cond(c):
+                step, done = c[0], c[-1]
+                return (step < n) & ~jnp.all(done)
+
+            def body(c):
+                step, st, rng, toks, lps, num, stopped, done = c
+                rng, key = jax.random.split(rng)
+                tok, lp = sample_logits(key, st.next_logits, sampling)
+                active = ~done
+                toks = jax.lax.dynamic_update_slice(toks, jnp.where(active, tok, PAD_TOKEN)[:, None], (0, step))
+                lps = jax.lax.dynamic_update_slice(lps, jnp.where(active, lp, 0.0)[:, None], (0, step))
+                positions = jnp.where(active, st.lengths, s)[:, None]  # done rows write nowhere
+                h, cache = model.hidden(self._constrain(tok[:, None], ("batch", "length")), positions, st.cache)
+                logits = model.logits(h)[:, 0]
+                next_logits = jnp.where(active[:, None], logits, st.next_logits)
+                add = active.astype(jnp.int32)
+                num = num + add
+                hit = active & jnp.any(tok[:, None] == stops[None], axis=-1) & bool(stop_tokens)
+                stopped = stopped | hit
+                done = done | hit | (num >= limit)
+                st = self._constrain_state(SamplerState(cache, st.lengths + add, next_logits))
+                return step + 1, st, rng, toks, lps, num, stopped, done
+
+            toks = self._constrain(jnp.full((b, n), PAD_TOKEN, jnp.int32), ("batch", None))
+            lps = self._constrain(jnp.zeros((b, n), jnp.float32), ("batch", None))
+            zeros = jnp.zeros((b,), jnp.int32)
+            init = (jnp.int32(0), state, rng, toks, lps, zeros, zeros.astype(bool), limit <= 0)
+            _, state, _, toks, lps, num, stopped, _ = jax.lax.while_loop(cond, body, init)
+            return state, Generation(toks, lps, num, stopped)

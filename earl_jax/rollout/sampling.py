@@ -1,0 +1,68 @@
+"""Token sampling from float32 logits: greedy, temperature, top-k, top-p (nucleus).
+
+The returned log-probability is always that of the *untruncated* tempered distribution,
+log_softmax(logits / temperature) at the sampled token (top-k / top-p only decide which token is
+drawn). This is the behaviour policy's log-prob as the trainer recomputes it from full logits; greedy
+decoding reports log_softmax(logits / temperature) too (temperature <= 0 counts as 1 there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    greedy: bool = False
+
+    def __post_init__(self):
+        if self.top_k < 0:
+            raise ValueError(f"SamplingConfig: top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"SamplingConfig: top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature <= 0.0
+
+
+def _truncate(scaled: Float[Array, "b v"], top_k: int, top_p: float) -> Float[Array, "b v"]:
+    """Mask (to -inf) every token outside the top-k and outside the smallest nucleus of mass top_p."""
+    neg = jnp.finfo(scaled.dtype).min
+    if top_k > 0 and top_k < scaled.shape[-1]:
+        sorted_desc, _ = jax.lax.top_k(scaled, top_k)  # b k, descending
+    elif top_p < 1.0:
+        sorted_desc = -jnp.sort(-scaled, axis=-1)  # full sort only when top-p alone is on
+    else:
+        return scaled
+    if top_p < 1.0:
+        probs = jax.nn.softmax(sorted_desc, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        keep = mass_before < top_p  # the first token is always kept
+        sorted_desc = jnp.where(keep, sorted_desc, jnp.inf)
+    threshold = jnp.min(sorted_desc, axis=-1, keepdims=True)
+    return jnp.where(scaled >= threshold, scaled, neg)
+
+
+def sample_logits(rng: jax.Array, logits: Float[Array, "b v"], cfg: SamplingConfig
+                  ) -> tuple[Int[Array, "b"], Float[Array, "b"]]:
+    """One token per row and its log-prob under log_softmax(logits / temperature) (untruncated)."""
+    logits = logits.astype(jnp.float32)
+    temperature = cfg.temperature if cfg.temperature > 0 else 1.0
+    scaled = logits / temperature if temperature != 1.0 else logits
+    if cfg.is_greedy:
+        tokens = jnp.argmax(scaled, axis=-1)
+    else:
+        masked = _truncate(scaled, cfg.top_k, cfg.top_p)
+        tokens = jax.random.categorical(rng, masked, axis=-1)
+    tokens = tokens.astype(jnp.int32)
+    picked = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
+    logprobs = picked - jax.nn.logsumexp(scaled, axis=-1)
+    return tokens, logprobs
