@@ -1,0 +1,220 @@
+"""Data Dispatcher: move weights and batches between the layouts of the RL stages without the host.
+
+EARL's point (arXiv 2510.05943, Fig. 4) is that a single controller that gathers every intermediate
+batch and scatters it again is slow; each piece should go straight from the device that made it to
+the device that consumes it. In JAX that means choosing, per transfer, a route that stays on devices:
+
+- ``noop``      source and target shardings are equivalent: return the array as it is.
+- ``reshard``   same ordered device list: ONE compiled identity with ``out_shardings`` for every such
+                leaf of the tree (XLA collectives over NVLink), cached so it compiles once. Moves that
+                XLA would do by "full rematerialization" go through an intermediate layout inside the
+                same program (see layout.mid_sharding).
+- ``two_step``  different device set or order (jit refuses those): reshard on the source devices into
+                a layout with the target's blocks, then copy each block 1:1 to its target device
+                (``jax.device_put`` of single-device arrays) and assemble with
+                ``jax.make_array_from_single_device_arrays``.
+
+Named baselines, never chosen by ``auto``: ``centralized`` (gather every leaf to host numpy, then
+scatter: the single-controller pattern of veRL and EARL's baseline) and ``device_put`` (plain
+``jax.device_put(x, target)``, which goes through the host whenever target shards are not source
+shards).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax.sharding import Sharding
+
+from earl_jax.parallel import layout
+
+ROUTES = ("auto", "noop", "reshard", "two_step", "centralized", "device_put")
+FAST_ROUTES = ("noop", "reshard", "two_step")
+
+
+@dataclasses.dataclass
+class DispatchStats:
+    """What one dispatch did, for logging (``time/dispatch_s``, ``dispatch/bytes``)."""
+
+    routes: dict[str, int]          # route -> number of leaves that took it
+    bytes: int                      # global bytes of the leaves that moved (noop leaves excluded)
+    n_leaves: int
+    compiled: int                   # programs compiled by this call (0 once the cache is warm)
+    seconds: float | None = None    # wall time incl. block_until_ready; None unless sync=True
+
+    @property
+    def route(self) -> str:
+        """One name when all moving leaves took the same route ('noop' if nothing moved)."""
+        moving = sorted(r for r in self.routes if r != "noop")
+        return "+".join(moving) if moving else "noop"
+
+    def metrics(self, prefix: str = "") -> dict[str, float]:
+        out = {f"{prefix}dispatch/bytes": float(self.bytes)}
+        if self.seconds is not None:
+            out[f"{prefix}time/dispatch_s"] = self.seconds
+        return out
+
+
+def choose_route(x: Any, dst: Sharding) -> str:
+    """The fast route for one leaf: noop, reshard (same ordered devices) or two_step."""
+    if not isinstance(x, jax.Array):
+        return "device_put"  # host data (numpy): a host-to-device put is inherent, not a round trip
+    src = x.sharding
+    if src.is_equivalent_to(dst, x.ndim):
+        return "noop"
+    if layout.device_ids(src) == layout.device_ids(dst):
+        return "reshard"
+    return "two_step"
+
+
+def _nbytes(x: Any) -> int:
+    return int(np.prod(np.shape(x), dtype=np.int64)) * np.dtype(x.dtype).itemsize
+
+
+class Dispatcher:
+    """Moves pytrees to target shardings; keeps the compiled reshards and the record of each move.
+
+    ``dispatcher.last`` is the latest ``DispatchStats``; ``dispatcher.history`` all of them.
+    ``n_compiles`` counts the programs compiled so far (cache misses).
+    """
+
+    def __init__(self, keep_history: int = 1000):
+        self._programs: dict[Any, Callable] = {}
+        self._slicers: dict[Any, Callable] = {}
+        self.n_compiles = 0
+        self.history: list[DispatchStats] = []
+        self._keep = keep_history
+
+    @property
+    def last(self) -> DispatchStats | None:
+        return self.history[-1] if self.history else None
+
+    # ---- public entry --------------------------------------------------------------------------
+    def __call__(self, tree: Any, target: Any, route: str = "auto", sync: bool = False) -> Any:
+        """Move `tree` to `target` (a matching pytree of shardings, or one sharding for every leaf).
+
+        route: 'auto' picks noop / reshard / two_step per leaf; naming a route forces it for every
+        leaf ('centralized' and 'device_put' are the baselines). sync=True blocks until the result is
+        ready and records the wall time; otherwise the move overlaps with whatever comes next.
+        """
+        if route not in ROUTES:
+            raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
+        t0 = time.perf_counter()
+        leaves, treedef = jax.tree.flatten(tree)
+        if isinstance(target, Sharding):
+            dsts = [target] * len(leaves)
+        else:
+            dsts = treedef.flatten_up_to(target)
+        routes = [choose_route(x, d) if route == "auto" else route for x, d in zip(leaves, dsts)]
+        compiles0 = self.n_compiles
+        out: list[Any] = list(leaves)
+
+        if any(r == "centralized" for r in routes):
+            out = self._centralized(out, dsts, routes)
+        for i, r in enumerate(routes):
+            if r == "device_put":
+                out[i] = jax.device_put(leaves[i], dsts[i])
+            elif r == "noop" and route == "noop" and not leaves[i].sharding.is_equivalent_to(dsts[i], leaves[i].ndim):
+                raise ValueError(f"route 'noop' forced for leaf {i} whose sharding differs from the target")
+        self._reshard_groups(leaves, dsts, routes, out, wanted="reshard")
+        self._reshard_groups(leaves, dsts, routes, out, wanted="two_step")
+
+        seconds = None
+        if sync:
+            jax.block_until_ready(out)
+            seconds = time.perf_counter() - t0
+        stats = DispatchStats(
+            routes=dict(Counter(routes)), bytes=sum(_nbytes(x) for x, r in zip(leaves, routes) if r != "noop"),
+            n_leaves=len(leaves), compiled=self.n_compiles - compiles0, seconds=seconds)
+        self.history.append(stats)
+        del self.history[:-self._keep]
+        return jax.tree.unflatten(treedef, out)
+
+    # ---- fast routes -----------------------------------------------------------------------------
+    def _reshard_groups(self, leaves, dsts, routes, out, wanted: str) -> None:
+        """One compiled program per source device list for all leaves of route `wanted`."""
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, r in enumerate(routes):
+            if r == wanted:
+                groups.setdefault(layout.device_ids(leaves[i].sharding), []).append(i)
+        for idx in groups.values():
+            xs = [leaves[i] for i in idx]
+            if wanted == "reshard":
+                outs = [dsts[i] for i in idx]
+                if any(layout.device_ids(s) != layout.device_ids(xs[0].sharding) for s in outs):
+                    raise ValueError("route 'reshard' needs the same ordered devices; use 'two_step' or 'auto'")
+            else:
+                outs = [layout.aligned_sharding(x.shape, x.sharding, dsts[i]) for x, i in zip(xs, idx)]
+            ys = self._program(xs, outs)(*xs)
+            for k, i in enumerate(idx):
+                out[i] = ys[k] if wanted == "reshard" else self._copy_blocks(ys[k], dsts[i])
+
+    def _program(self, xs: list[jax.Array], outs: list[Sharding]) -> Callable:
+        """Compiled identity from the xs' shardings to `outs`, cached by avals and shardings."""
+        key = tuple((x.shape, x.dtype, x.sharding, o) for x, o in zip(xs, outs))
+        prog = self._programs.get(key)
+        if prog is None:
+            mids = [layout.mid_sharding(x.shape, x.sharding, o) for x, o in zip(xs, outs)]
+
+            def move(*args):
+                # the constraint splits moves that XLA would otherwise do by full rematerialization
+                return tuple(a if m is None else jax.lax.with_sharding_constraint(a, m) for a, m in zip(args, mids))
+
+            prog = jax.jit(move, out_shardings=tuple(outs)).lower(*xs).compile()
+            self._programs[key] = prog
+            self.n_compiles += 1
+        return prog
+
+    def _slice(self, a: jax.Array, start: tuple[int, ...], limit: tuple[int, ...]) -> jax.Array:
+        """Static slice of a single-device array on its own device (no host indices)."""
+        key = (start, limit)
+        f = self._slicers.get(key)
+        if f is None:
+            f = self._slicers[key] = jax.jit(lambda v: jax.lax.slice(v, start, limit))
+        return f(a)
+
+    def _copy_blocks(self, y: jax.Array, dst: Sharding) -> jax.Array:
+        """Second step of two_step: every target block already sits whole on some source device
+        (`y` is aligned); copy it 1:1 to its target device. Replicas spread the sending load."""
+        shape = y.shape
+        shards = y.addressable_shards
+        pieces = []
+        for k, (dev, idx) in enumerate(dst.addressable_devices_indices_map(shape).items()):
+            holders = [s for s in shards if layout.contains(s.index, idx, shape)]
+            if not holders:
+                raise RuntimeError(f"no addressable source block holds target block {idx} (multi-process "
+                                   "moves across processes are not supported by two_step)")
+            same = [s for s in holders if s.device == dev]
+            src = same[0] if same else holders[k % len(holders)]
+            data = src.data
+            start, limit = layout.relative(src.index, idx, shape)
+            if tuple(limit) != tuple(data.shape) or any(start):
+                data = self._slice(data, start, limit)
+            pieces.append(data if src.device == dev else jax.device_put(data, dev))
+        return jax.make_array_from_single_device_arrays(shape, dst, pieces)
+
+    # ---- baselines --------------------------------------------------------------------------------
+    @staticmethod
+    def _centralized(out, dsts, routes):
+        """Single controller: gather every leaf to host numpy first, then scatter to the targets."""
+        host = [np.asarray(x) if r == "centralized" else None for x, r in zip(out, routes)]
+        return [jax.device_put(h, d) if r == "centralized" else x for x, h, d, r in zip(out, host, dsts, routes)]
+
+
+_default = Dispatcher()
+
+
+def dispatch(tree: Any, target_shardings: Any, route: str = "auto", sync: bool = False,
+             dispatcher: Dispatcher | None = None) -> Any:
+    """Move `tree` to `target_shardings` with the module's shared Dispatcher (see Dispatcher.__call__).
+    The record of the move is ``(dispatcher or default_dispatcher()).last``."""
+    return (dispatcher or _default)(tree, target_shardings, route=route, sync=sync)
+
+
+def default_dispatcher() -> Dispatcher:
+    return _default

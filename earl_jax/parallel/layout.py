@@ -1,0 +1,111 @@
+"""Layout arithmetic for the Data Dispatcher: tile counts, safe intermediate layouts, aligned layouts.
+
+Why this exists: XLA's SPMD partitioner reshards well when a move changes ONE thing (tile count of one
+dimension, or moving tiles between dimensions at equal count), but when tiles move between dimensions
+AND their count changes (e.g. fsdp=8 over rows -> tensor=4 over columns, the train -> rollout weight
+move), it falls back to "Involuntary full rematerialization": gather the whole array on every device,
+then slice. We split such a move in two inside one program: first an all-to-all into the target's
+dimensions at the source's tile count (`mid_sharding`), then a plain gather/slice along those
+dimensions. And jit refuses in/out shardings whose ordered device lists differ, so a move to another
+device order or set first reshards on the source devices into a layout with the target's blocks
+(`aligned_sharding`) and then copies whole blocks device to device.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding
+
+Index = tuple[slice, ...]
+
+
+def device_ids(s: Sharding) -> tuple[int, ...]:
+    """Ordered device ids of a sharding (what jit compares: in and out must match exactly)."""
+    return tuple(d.id for d in s._device_assignment)  # noqa: SLF001  (public in spirit; stable since 0.4)
+
+
+def tile_counts(shape: Sequence[int], s: Sharding) -> tuple[int, ...]:
+    """How many blocks each dimension is cut into."""
+    return tuple(n // b if b else 1 for n, b in zip(shape, s.shard_shape(tuple(shape))))
+
+
+def _block_mesh_sharding(devices: Sequence[jax.Device], counts: Sequence[int]) -> NamedSharding:
+    """Blocks `counts` (row-major) over `devices` in their given order, each block replicated on
+    len(devices)/prod(counts) consecutive devices. Keeps the device order, so jit accepts it."""
+    names = tuple(f"b{i}" for i in range(len(counts))) + ("rep",)
+    rep = len(devices) // math.prod(counts)
+    mesh = Mesh(np.asarray(devices, dtype=object).reshape(*counts, rep), names)
+    return NamedSharding(mesh, P(*[names[i] if c > 1 else None for i, c in enumerate(counts)]))
+
+
+def mid_sharding(shape: Sequence[int], src: Sharding, dst: Sharding) -> NamedSharding | None:
+    """An intermediate layout on src's devices that avoids XLA's full rematerialization, or None when
+    the direct reshard is fine (at most one dimension changes its tile count).
+
+    The intermediate has the target's tiling with the source's total tile count: src -> mid is an
+    all-to-all, mid -> dst a gather (or slice) along one dimension.
+    """
+    ts, td = tile_counts(shape, src), tile_counts(shape, dst)
+    if sum(a != b for a, b in zip(ts, td)) < 2:
+        return None
+    ns, nd = math.prod(ts), math.prod(td)
+    tm = list(td)
+    order = sorted(range(len(td)), key=lambda i: -td[i])  # put the extra factor on the most-cut dim
+    if ns >= nd:
+        f = ns // nd
+        if ns % nd:
+            return None
+        i = next((i for i in order if shape[i] % (tm[i] * f) == 0), None)
+        if i is None:
+            return None
+        tm[i] *= f
+    else:
+        f = nd // ns
+        if nd % ns:
+            return None
+        i = next((i for i in order if tm[i] % f == 0), None)
+        if i is None:
+            return None
+        tm[i] //= f
+    devs = list(src._device_assignment)  # noqa: SLF001
+    if len(devs) % math.prod(tm):
+        return None
+    return _block_mesh_sharding(devs, tm)
+
+
+def aligned_sharding(shape: Sequence[int], src: Sharding, dst: Sharding) -> NamedSharding:
+    """A layout on src's devices whose blocks are dst's blocks (or unions of a few of them, when dst
+    has more blocks than src has devices), so the second step copies whole blocks device to device."""
+    devs = list(src._device_assignment)  # noqa: SLF001
+    counts = list(tile_counts(shape, dst))
+    while len(devs) % math.prod(counts):
+        # coarsen the most-cut dimension by its smallest prime factor until the blocks fit the devices
+        i = max(range(len(counts)), key=lambda k: counts[k])
+        p = next(q for q in range(2, counts[i] + 1) if counts[i] % q == 0)
+        counts[i] //= p
+    return _block_mesh_sharding(devs, counts)
+
+
+def contains(outer: Index, inner: Index, shape: Sequence[int]) -> bool:
+    """Whether block `outer` covers block `inner` (both as tuples of slices over `shape`)."""
+    for o, i, n in zip(outer, inner, shape):
+        o0, o1, _ = o.indices(n)
+        i0, i1, _ = i.indices(n)
+        if not (o0 <= i0 and i1 <= o1):
+            return False
+    return True
+
+
+def relative(outer: Index, inner: Index, shape: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Start and limit of `inner` inside the block `outer` (for lax.slice)."""
+    starts, limits = [], []
+    for o, i, n in zip(outer, inner, shape):
+        o0 = o.indices(n)[0]
+        i0, i1, _ = i.indices(n)
+        starts.append(i0 - o0)
+        limits.append(i1 - o0)
+    return tuple(starts), tuple(limits)
