@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
 from earl_jax.models import loader
+from earl_jax.models.config import ModelConfig
 from earl_jax.models.loader import CheckpointError, from_pretrained, save_pretrained
 from earl_jax.models.tokenizer import GAME_CHARS, GAME_SPECIALS, game_tokenizer, load_tokenizer, special_ids
 from earl_jax.parallel.mesh import INFERENCE_RULES, TRAIN_RULES, MeshShape, make_mesh, state_shardings
@@ -177,6 +178,24 @@ def test_sharded_bf16_checkpoint_round_trip(tmp_path):
             got = params(again)[k]
             assert got.dtype == param_dtype, k
             np.testing.assert_array_equal(got.astype(np.float32), v.astype(jnp.bfloat16).astype(np.float32))
+    # Several files and no index (some exports): the folder's *.safetensors are read together.
+    (tmp_path / "out" / "model.safetensors.index.json").unlink()
+    again, _ = from_pretrained(tmp_path / "out", dtype=jnp.float32)
+    assert params(again).keys() == params(model).keys()
+
+
+def test_qwen2p5_config_json_gives_the_preset():
+    """config.json of Qwen/Qwen2.5-0.5B-Instruct as published (transformers 4.x spelling)."""
+    hf = {"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+          "eos_token_id": 151645, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+          "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 21,
+          "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+          "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True,
+          "torch_dtype": "bfloat16", "transformers_version": "4.43.1", "use_cache": True,
+          "use_sliding_window": False, "vocab_size": 151936, "rope_scaling": None}
+    cfg = loader.config_from_hf(hf, name="qwen2.5-0.5b")
+    assert cfg == ModelConfig.qwen2p5_0p5b()
+    assert loader.config_from_hf(loader.config_to_hf(cfg), name=cfg.name) == cfg
 
 
 def test_tied_checkpoint_that_also_stores_lm_head_loads(tmp_path):

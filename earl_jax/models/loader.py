@@ -269,19 +269,22 @@ def load_params(path: str | Path, model: Qwen2, shardings: Any) -> nnx.State:
             raise CheckpointError(f"{path}: missing tensors {missing[:8]}"
                                   + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
 
+        # Every shape first, so a bad checkpoint fails before any device memory is filled.
+        for p, var in flat:
+            key = _flat_path(p)
+            hf_name, shape = wanted[key], tuple(var.get_value().shape)
+            need = hf_to_path(hf_name)[1].hf_shape(shape)
+            got = tuple(handles[hf_name].get_slice(hf_name).get_shape())
+            if got != need:
+                raise CheckpointError(f"tensor {hf_name!r} has shape {list(got)}, the config needs "
+                                      f"{list(need)} (for {key}{list(shape)})")
         leaves = []
         for p, var in flat:
             key = _flat_path(p)
-            hf_name, layout = wanted[key], hf_to_path(wanted[key])[1]
-            abstract = var.get_value()
-            shape, dtype = tuple(abstract.shape), abstract.dtype
-            hf_shape = tuple(handles[hf_name].get_slice(hf_name).get_shape())
-            if hf_shape != layout.hf_shape(shape):
-                raise CheckpointError(f"tensor {hf_name!r} has shape {list(hf_shape)}, the config needs "
-                                      f"{list(layout.hf_shape(shape))} (for {key}{list(shape)})")
-            value = jax.make_array_from_callback(
-                shape, flat_shardings[key], _shard_reader(layout, _read_fn(handles[hf_name], hf_name, dtype), shape))
-            leaves.append((p, var.replace(value=value)))
+            hf_name, abstract = wanted[key], var.get_value()
+            layout, shape = hf_to_path(hf_name)[1], tuple(abstract.shape)
+            read = _shard_reader(layout, _read_fn(handles[hf_name], hf_name, abstract.dtype), shape)
+            leaves.append((p, var.replace(value=jax.make_array_from_callback(shape, flat_shardings[key], read))))
     return nnx.from_flat_state(leaves)
 
 
@@ -293,6 +296,8 @@ def from_pretrained(path: str | Path, *, mesh: Mesh | None = None, rules: Rules 
     rules); without, on the first local device. `tokenizer` is None when the folder has no tokenizer.json.
     """
     path = Path(path)
+    if rules is not None and mesh is None:
+        raise ValueError("from_pretrained: rules need a mesh")
     if not (path / "config.json").exists():
         raise CheckpointError(f"{path}: no config.json")
     cfg = config_from_hf(json.loads((path / "config.json").read_text()), name=path.name or "hf")
