@@ -37,6 +37,7 @@ A candidate fits when total <= budget x safety_fraction.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 from typing import Iterator, Literal
@@ -140,8 +141,9 @@ def shard_factor(shape, axes, stage: str, mesh: MeshShape) -> int:
     return factor
 
 
+@functools.lru_cache(maxsize=4096)
 def params_per_device(cfg: ModelConfig, stage: str, mesh: MeshShape) -> float:
-    """Parameter elements one device holds (fractional when shards are uneven is not possible: exact)."""
+    """Parameter elements one device holds (exact: a split dimension divides evenly by construction)."""
     return sum(p.numel / shard_factor(p.shape, p.axes, stage, mesh) for p in param_groups(cfg))
 
 

@@ -17,6 +17,17 @@ hysteresis (leave the current bucket only when the smoothed length passes the bu
    collectives sit on every layer of every step), then the smallest fsdp degree (more data
    parallelism, fewer parameter all-gathers), then the largest micro-batch.
 
+What the trainer does each iteration (before the rollout):
+
+    plan = selector.plan(ContextStats(mean_context_len, max_context_len, num_responses))  # once
+    metrics.update(plan.log_dict())                        # parallel/rollout_mesh = "d4f1t2", ...
+    out, plan = run_with_oom_fallback("rollout", lambda lay: rollout(params, games, lay), plan, selector)
+    ... same for "experience" and "train" (fn must not donate its inputs: it may be called again)
+    checkpoint["selector"] = selector.state_dict()         # smoothing, bucket, OOM marks survive restarts
+
+Call plan() with update=True once per iteration (it advances the moving average); re-plan within an
+iteration with plan(update=False).
+
 Memory is checked at max(bucket's upper edge, the batch's max context length), so a plan fits the
 longest sequence of the batch, not only the average. After an OOM, `mark_oom(stage, mesh, bucket)`
 removes the candidate for that bucket; `run_with_oom_fallback` does that and retries the same inputs.
