@@ -66,6 +66,14 @@ def test_ppo_token_mean_loss_metrics_and_gradient():
     np.testing.assert_allclose(grad_logp(cfg()), TOKEN_GRAD / 7, atol=1e-6)
 
 
+def test_gradient_flows_only_through_logp():
+    c = cfg(kl_coef=0.1, kl_estimator="k1")
+    grads = jax.grad(lambda old, ref, adv: loss_fn(c, old=old, ref=ref, adv=adv)[0], argnums=(0, 1, 2))(
+        jnp.asarray(OLD), jnp.asarray(OLD - 0.2), jnp.asarray(ADV))
+    for g in grads:
+        assert np.all(np.asarray(g) == 0.0)
+
+
 def test_dual_clip_caps_negative_advantage_loss():
     # Without dual clip, row 0 t3 (ratio 5, A = -1) costs 5 and keeps a gradient of 5.
     loss, _ = loss_fn(cfg(dual_clip=None))

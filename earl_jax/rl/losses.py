@@ -193,10 +193,14 @@ def policy_loss(
     """loss = agg(pg) + kl_coef * agg(kl) - entropy_coef * agg(entropy), and metrics.
 
     `ref_logp` may be None when `cfg.kl_estimator` is None, `entropy` when not needed (metric 0).
+    Gradient flows only through `logp` and `entropy` (old_logp, ref_logp, advantages are stopped).
     Metrics: pg_loss, kl, entropy (aggregated like the loss); clip_frac, dual_clip_frac, approx_kl
     (k3 estimate of KL(old || new)), ratio_mean (token means over masked tokens).
     """
     m = loss_mask.astype(bool)
+    # Only the policy's logp (and entropy) carry gradient; behaviour/reference/advantages are data.
+    old_logp, advantages = jax.lax.stop_gradient((old_logp, advantages))
+    ref_logp = None if ref_logp is None else jax.lax.stop_gradient(ref_logp)
     logp, old_logp, advantages = _f32(logp, m), _f32(old_logp, m), _f32(advantages, m)
 
     def agg(x):
