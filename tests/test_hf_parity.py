@@ -130,6 +130,26 @@ def test_load_with_train_rules_splits_embed_over_fsdp():
     assert rel_err(forward(model, tokens), ref) < TOL
 
 
+@pytest.mark.parametrize("spec", sorted({layout for _, _, layout in loader.PARAM_TABLE}))
+def test_layout_block_reads_equal_slices_of_the_full_transform(spec):
+    """Any block (head_dim split too) read from the HF array equals that block of the transformed array."""
+    layout = loader.Layout.parse(spec)
+    rng = np.random.default_rng(0)
+    sizes = {"v": 12, "d": 8, "n": 4, "k": 2, "h": 6, "f": 10}
+    target_shape = tuple(sizes[a] for a in layout.target)
+    hf = rng.standard_normal(layout.hf_shape(target_shape)).astype(np.float32)
+    full = layout.read(lambda idx: hf[idx], target_shape, tuple(slice(None) for _ in target_shape))
+    np.testing.assert_array_equal(layout.to_hf(full), hf)
+    for _ in range(20):
+        block = []
+        for n in target_shape:
+            parts = int(rng.choice([p for p in (1, 2, n) if n % p == 0]))
+            i = int(rng.integers(parts))
+            block.append(slice(i * n // parts, (i + 1) * n // parts))
+        np.testing.assert_array_equal(layout.read(lambda idx: hf[idx], target_shape, tuple(block)),
+                                      full[tuple(block)])
+
+
 def test_each_device_gets_only_its_shard_read_from_file(monkeypatch):
     """The callback reads just the rows of q_proj a device's shard covers, once per distinct shard."""
     reads = []
