@@ -334,3 +334,9 @@ def test_selector_config_from_dict_for_sweeps():
     assert conf.thresholds["rollout"][1] == (2048, MeshShape(4, 1, 2))
     with pytest.raises(ValueError, match="unknown selector settings"):
         SelectorConfig.from_dict({"marginn": 0.1})
+
+
+def test_invalid_threshold_mesh_is_rejected_up_front():
+    for bad in ("d2f2t2", "d1f1t8", "d4f1t1"):  # fsdp outside training / 8 does not divide 4 heads / 4 devices
+        with pytest.raises(ValueError, match="not a valid rollout mesh"):
+            tiny_selector(config=SelectorConfig(bucket_edges=SMALL_BUCKET_EDGES, thresholds={"rollout": [(0, bad)]}))

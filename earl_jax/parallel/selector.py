@@ -254,6 +254,12 @@ class ParallelismSelector:
                 raise NoFeasibleLayoutError(f"{cfg.name}: no valid {s} mesh over {num_devices} devices")
         edges = self.config.bucket_edges
         self._bucket = HysteresisLevel([0, *edges[:-1]], self.config.margin, inclusive=False)
+        for s, entries in (self.config.thresholds or {}).items():
+            for _, m in entries:
+                if m not in candidate_meshes(cfg, self.num_devices, s):
+                    raise ValueError(f"thresholds[{s!r}]: {m} is not a valid {s} mesh of {cfg.name} on "
+                                     f"{self.num_devices} devices; valid: "
+                                     f"{[str(c) for c in candidate_meshes(cfg, self.num_devices, s)]}")
         self._thr = {s: HysteresisLevel([c for c, _ in e], self.config.margin)
                      for s, e in (self.config.thresholds or {}).items()}
         self._smoother = _Smoother(self.config.smoothing, self.config.ema_alpha, self.config.window)
@@ -316,16 +322,16 @@ class ParallelismSelector:
     def _threshold_layout(self, stage: str, bucket: int, stats: ContextStats) -> StageLayout | None:
         entries = self.config.thresholds[stage]
         mesh = entries[self._thr[stage].index][1]
-        if mesh.size != self.num_devices:
-            raise ValueError(f"thresholds[{stage!r}]: mesh {mesh} has {mesh.size} devices, not {self.num_devices}")
         if (stage, mesh, bucket) in self.oom_marks:
             return None
         fit = self.memory.choose(stage, mesh, self._check_len(bucket, stats), stats.num_responses,
                                  self.micro_batch_caps.get((stage, mesh, bucket)))
         if fit is None:
+            ctx = self._check_len(bucket, stats)
+            mb = -(-stats.num_responses // mesh.data) if stage == "rollout" else 1
             log.warning("thresholds: %s mesh %s does not fit the memory model at context %d; using it anyway "
-                        "with micro-batch 1", stage, mesh, self._check_len(bucket, stats))
-            return StageLayout(mesh, 1, min(self.memory.mem.min_logprob_chunk, self._check_len(bucket, stats)))
+                        "(micro-batch %d)", stage, mesh, ctx, mb)
+            return StageLayout(mesh, mb, 1 if stage == "rollout" else min(self.memory.mem.min_logprob_chunk, ctx))
         return StageLayout(mesh, fit.micro_batch, fit.logprob_chunk)
 
     def select(self, stage: str, bucket: int, stats: ContextStats) -> StageLayout:
