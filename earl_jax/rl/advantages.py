@@ -36,7 +36,7 @@ def masked_mean(x: Float[Array, "..."], mask: Array, axis: int | None = None) ->
 
 def masked_var(x: Float[Array, "..."], mask: Array, axis: int | None = None,
                unbiased: bool = False) -> Float[Array, "..."]:
-    """Variance of x where mask is nonzero (population by default); 0 for fewer than 2 (1) elements."""
+    """Variance of x where mask is nonzero (population, or n - 1 if unbiased); 0 with fewer than two entries."""
     m = mask.astype(bool)
     centered, _, count = _masked_center(x, m, axis)
     sq = jnp.where(m, centered, 0.0) ** 2
@@ -46,7 +46,10 @@ def masked_var(x: Float[Array, "..."], mask: Array, axis: int | None = None,
 @functools.partial(jax.jit, static_argnames=("shift_mean",))
 def masked_whiten(x: Float[Array, "n t"], mask: TokenMask, eps: float = 1e-6,
                   shift_mean: bool = True) -> Float[Array, "n t"]:
-    """(x - mean) / (std + eps) with population mean/std over ALL masked entries; 0 at masked-out ones."""
+    """(x - mean) / (std + eps), population mean/std over ALL masked entries; 0 at masked-out ones.
+
+    shift_mean=False only rescales: x / (std + eps).
+    """
     m = mask.astype(bool)
     centered, mean, count = _masked_center(x, m, None)
     std = jnp.sqrt(jnp.square(jnp.where(m, centered, 0.0)).sum() / jnp.maximum(count, 1))
