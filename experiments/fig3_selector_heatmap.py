@@ -190,9 +190,12 @@ def plot_heatmap(result: dict, path: Path) -> Path:
     fig.colorbar(im2, ax=axes[1], label="selector gap to best %")
     for i, ctx in enumerate(rows):
         for j, n in enumerate(ress):
-            g = by[(ctx, n)]["gap_to_best_pct"]
-            axes[1].text(j, i, "-" if g is None else f"{g:.1f}", ha="center", va="center", fontsize=8)
-    for ax, t in zip(axes, (f"{result['stage']}: Speedup% TP{a} -> TP{b}", "selector vs best per cell (gap %)")):
+            c = by[(ctx, n)]
+            g, vs = c["gap_to_best_pct"], c["gain_vs_static_pct"]
+            txt = ("-" if g is None else f"gap {g:.1f}") + "\n" + (
+                "static OOM" if c["static_tgs"] is None else "" if vs is None else f"vs static {vs:+.1f}")
+            axes[1].text(j, i, txt, ha="center", va="center", fontsize=8)
+    for ax, t in zip(axes, (f"{result['stage']}: Speedup% TP{a} -> TP{b}", f"selector: gap % to best per cell; gain % vs best static ({result['summary']['static_mesh']})")):
         ax.set_xticks(range(len(ress)), [str(n) for n in ress])
         ax.set_yticks(range(len(rows)), [_label(c) for c in rows])
         ax.set_xlabel("number of responses")
@@ -253,9 +256,11 @@ def main(argv=None) -> dict:
     stem = args.name or f"fig3_{cfg.name}_{args.stage}_tp{args.tp_a}_tp{args.tp_b}" + ("_synthetic" if synthetic else "")
     args.out.mkdir(parents=True, exist_ok=True)
     jpath, ppath = args.out / f"{stem}.json", args.out / f"{stem}.png"
+    result["paths"] = {"json": str(jpath), "png": str(ppath)}
+    if args.table is None:  # keep what was measured next to the figure, reusable with --table
+        result["paths"]["profile_table"] = str(table.save(args.out / f"{stem}_profile.json"))
     jpath.write_text(json.dumps(result, indent=1))
     plot_heatmap(result, ppath)
-    result["paths"] = {"json": str(jpath), "png": str(ppath)}
     s = result["summary"]
     print(f"wrote {jpath} and {ppath}; static best {s['static_mesh']}, selector within 3% of best in "
           f"{s['cells_within_3pct']}/{s['cells_scored']} cells (max gap {s['max_gap_to_best_pct']})")
