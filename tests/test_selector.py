@@ -32,7 +32,8 @@ def stats(ctx, n=16, mx=None):
 
 
 def oom():
-    return jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.00GiB")
+    err = getattr(jax.errors, "JaxRuntimeError", RuntimeError)  # XlaRuntimeError's public name
+    return err("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.00GiB")
 
 
 # ---- buckets, hysteresis, smoothing -------------------------------------------------------------

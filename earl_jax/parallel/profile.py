@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import inspect
 import json
 import math
@@ -208,6 +209,8 @@ def run_profile(memory: MemoryModel, measure: Measure, *, num_devices: int | Non
             if not is_oom_error(e):
                 raise
             table.add(ProfileEntry(stage, mesh, ctx, n, None, OOM, fit.micro_batch, fit.logprob_chunk))
+            del e
+            gc.collect()
             return OOM
         tgs = float(tgs)
         if not math.isfinite(tgs) or tgs <= 0:

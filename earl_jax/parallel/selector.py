@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import gc
 import logging
 import math
 from typing import Any, Callable, Literal, Mapping, Sequence
@@ -472,3 +473,4 @@ def run_with_oom_fallback(stage: str, fn: Callable[[StageLayout], Any], plan: St
             log.warning("%s: out of memory on %s, retrying the same batch on %s", stage, layout.describe(),
                         new.describe())
             layout = new
+            gc.collect()  # drop the failed attempt's buffers (cycles through the traceback) before retrying
