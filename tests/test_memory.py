@@ -168,3 +168,24 @@ def test_estimate_monotone_in_context_and_responses(ctx, n, name, stage):
             assert mm.estimate(stage, mesh, ctx, n + 8).total >= base.total
         assert all(v >= 0 for v in (base.params, base.kv_cache, base.activations, base.logits, base.gather))
         assert math.isfinite(base.total)
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen2.5-0.5b"])
+def test_params_per_device_matches_real_shardings_of_the_model(name):
+    """The arithmetic equals the shard shapes the model's own logical axes produce on 8 CPU devices
+    (abstract model: nothing allocated)."""
+    import jax
+    from flax import nnx
+
+    from earl_jax.models.qwen2 import Qwen2
+    from earl_jax.parallel.mesh import STAGE_RULES, make_mesh, state_shardings
+
+    cfg = get_config(name)
+    state = nnx.state(nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0))), nnx.Param)
+    values = jax.tree.leaves(state)
+    for stage in ("rollout", "experience", "train"):
+        for mesh in candidate_meshes(cfg, 8, stage):
+            shardings = jax.tree.leaves(state_shardings(state, make_mesh(mesh), STAGE_RULES[stage]))
+            assert len(shardings) == len(values)
+            real = sum(math.prod(s.shard_shape(v.shape)) for v, s in zip(values, shardings))
+            assert params_per_device(cfg, stage, mesh) == real, (stage, mesh)
