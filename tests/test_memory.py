@@ -189,3 +189,21 @@ def test_params_per_device_matches_real_shardings_of_the_model(name):
             assert len(shardings) == len(values)
             real = sum(math.prod(s.shard_shape(v.shape)) for v, s in zip(values, shardings))
             assert params_per_device(cfg, stage, mesh) == real, (stage, mesh)
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen2.5-0.5b"])
+def test_kv_cache_matches_real_cache_shardings(name):
+    import jax
+
+    from earl_jax.models.cache import cache_shardings, init_cache
+    from earl_jax.parallel.mesh import STAGE_RULES, make_mesh
+
+    cfg = get_config(name)
+    mm = MemoryModel(cfg, MemoryConfig(budget_bytes=H100))
+    n, ctx = 16, 256
+    for mesh in candidate_meshes(cfg, 8, "rollout"):
+        sh = cache_shardings(cfg, n, ctx, make_mesh(mesh), STAGE_RULES["rollout"])
+        layer = sh.layers[0]
+        shape = jax.eval_shape(lambda: init_cache(cfg, n, ctx)).layers[0].k.shape  # abstract: no allocation
+        per_layer = sum(math.prod(s.shard_shape(shape)) for s in (layer.k, layer.v)) * 2  # bf16
+        assert mm.estimate("rollout", mesh, ctx, n).kv_cache == per_layer * cfg.num_hidden_layers, mesh
