@@ -103,8 +103,7 @@ class Trainer:
         self.sft_optimizer = make_optimizer(3e-3, 5, max(cfg.format_warmup_steps, 6), 0.0, cfg.grad_clip)
         self.step = 0
         self.dispatcher = Dispatcher()
-        self.sampler = Sampler(self.graphdef, self.model_cfg, mesh=self.planner.mesh("rollout"),
-                               rules=STAGE_RULES["rollout"])
+        self._samplers: dict[int, Sampler] = {}  # one per rollout mesh: each keeps its compiled programs
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
         self.rollout_cfg = RolloutConfig(cfg.max_turn_tokens, cfg.max_turns, cfg.max_context)
         env_cfg = EnvConfig(game=cfg.game, opponent=cfg.opponent, agent_player=cfg.agent_player,
@@ -148,9 +147,10 @@ class Trainer:
         t0 = time.perf_counter()
         params = self.dispatcher.dispatch(self.params, state_shardings(self.params, mesh, STAGE_RULES["rollout"]))
         dispatch_s = time.perf_counter() - t0
-        self.sampler.set_mesh(mesh, STAGE_RULES["rollout"])
-        policy = SamplerPolicy(self.sampler, params, sampling, (self.ids.eos,), self.cfg.max_turn_tokens)
-        traj = play_games(policy, envs, self.tokenizer, self.rollout_cfg, rng, seeds, group_ids, bos_id=self.ids.bos)
+        if id(mesh) not in self._samplers:
+            self._samplers[id(mesh)] = Sampler(self.graphdef, self.model_cfg, mesh=mesh, rules=STAGE_RULES["rollout"])
+        policy = SamplerPolicy(self._samplers[id(mesh)], params, sampling, (self.ids.eos_id,), self.cfg.max_turn_tokens)
+        traj = play_games(policy, envs, self.tokenizer, self.rollout_cfg, rng, seeds, group_ids, bos_id=self.ids.bos_id)
         traj.stats["dispatch_s"] = dispatch_s
         return traj
 
@@ -217,7 +217,7 @@ class Trainer:
         """Supervised steps on uniformly random legal moves: teaches the answer format, not the game."""
         cfg = self.cfg
         rng = np.random.default_rng(cfg.seed + 12345)
-        policy = ScriptedPolicy(_random_legal_answer(rng), self.tokenizer, self.ids.eos)
+        policy = ScriptedPolicy(_random_legal_answer(rng), self.tokenizer, self.ids.eos_id)
         opt_state = jax.jit(self.sft_optimizer.init)(self.params)
         sft = jax.jit(partial(sft_stage, self.graphdef, optimizer=self.sft_optimizer, chunk=cfg.logprob_chunk),
                       donate_argnums=(0, 1))
@@ -225,7 +225,7 @@ class Trainer:
         for i in range(cfg.format_warmup_steps):
             seeds = [10_000_000 + i * len(self.envs) + j for j in range(len(self.envs))]
             traj = play_games(policy, self.envs, self.tokenizer, self.rollout_cfg, jax.random.key(i), seeds,
-                              bos_id=self.ids.bos)
+                              bos_id=self.ids.bos_id)
             arrays = self._to_stage(self._batch_arrays(traj), "train")
             self.params, opt_state, metrics = sft(self.params, opt_state, arrays["tokens"], arrays["loss_mask"])
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -279,7 +279,7 @@ class Trainer:
             "train/filtered_frac": float(exp_metrics.get("filtered_frac", 0.0)),
             "dispatch/bytes": self.dispatcher.bytes_moved(reset=True),
             "compile/programs": len(self._compiled),
-            **{f"parallel/{k}_mesh": str(v.mesh) for k, v in plan.layouts.items()},
+            **plan.log_dict(),
         }
         return record
 
