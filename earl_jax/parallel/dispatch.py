@@ -76,15 +76,29 @@ def _nbytes(x: Any) -> int:
     return int(np.prod(np.shape(x), dtype=np.int64)) * np.dtype(x.dtype).itemsize
 
 
+@dataclasses.dataclass
+class _Plan:
+    """Everything decided once per (tree structure, avals, shardings, targets): reused every call."""
+
+    routes: list[str]
+    groups: list[tuple[str, list[int], Callable | None]]  # (route, leaf indices, compiled program)
+    aligned: dict[int, Sharding]                          # two_step leaf -> aligned layout on its devices
+    nbytes: int
+    compiled: int
+
+
 class Dispatcher:
     """Moves pytrees to target shardings; keeps the compiled reshards and the record of each move.
 
     ``dispatcher.last`` is the latest ``DispatchStats``; ``dispatcher.history`` all of them.
-    ``n_compiles`` counts the programs compiled so far (cache misses).
+    ``n_compiles`` counts the programs compiled so far (cache misses). Plans (routes, programs, aligned
+    layouts) are cached by tree structure, avals, source and target shardings, so a repeated move costs
+    one program call (reshard) or one batched ``device_put`` plus assembly (two_step) in Python.
     """
 
     def __init__(self, keep_history: int = 1000):
         self._programs: dict[Any, Callable] = {}
+        self._plans: dict[Any, _Plan] = {}
         self._slicers: dict[Any, Callable] = {}
         self.n_compiles = 0
         self.history: list[DispatchStats] = []
@@ -106,53 +120,50 @@ class Dispatcher:
             raise ValueError(f"unknown route {route!r}; expected one of {ROUTES}")
         t0 = time.perf_counter()
         leaves, treedef = jax.tree.flatten(tree)
-        if isinstance(target, Sharding):
-            dsts = [target] * len(leaves)
-        else:
-            dsts = treedef.flatten_up_to(target)
-        routes = [choose_route(x, d) if route == "auto" else route for x, d in zip(leaves, dsts)]
-        compiles0 = self.n_compiles
-        out: list[Any] = list(leaves)
-
-        if any(r == "centralized" for r in routes):
-            out = self._centralized(out, dsts, routes)
-        for i, r in enumerate(routes):
-            if r == "device_put":
-                out[i] = jax.device_put(leaves[i], dsts[i])
-            elif r == "noop" and route == "noop" and not leaves[i].sharding.is_equivalent_to(dsts[i], leaves[i].ndim):
-                raise ValueError(f"route 'noop' forced for leaf {i} whose sharding differs from the target")
-        self._reshard_groups(leaves, dsts, routes, out, wanted="reshard")
-        self._reshard_groups(leaves, dsts, routes, out, wanted="two_step")
-
+        dsts = [target] * len(leaves) if isinstance(target, Sharding) else treedef.flatten_up_to(target)
+        key = (route, treedef, tuple(dsts),
+               tuple((x.shape, x.dtype, x.sharding) if isinstance(x, jax.Array) else (np.shape(x), None, None)
+                     for x in leaves))
+        plan = self._plans.get(key)
+        fresh = plan is None
+        if fresh:
+            plan = self._plans[key] = self._make_plan(leaves, dsts, route)
+        out = self._execute(plan, leaves, dsts)
         seconds = None
         if sync:
             jax.block_until_ready(out)
             seconds = time.perf_counter() - t0
-        stats = DispatchStats(
-            routes=dict(Counter(routes)), bytes=sum(_nbytes(x) for x, r in zip(leaves, routes) if r != "noop"),
-            n_leaves=len(leaves), compiled=self.n_compiles - compiles0, seconds=seconds)
-        self.history.append(stats)
+        self.history.append(DispatchStats(routes=dict(Counter(plan.routes)), bytes=plan.nbytes,
+                                          n_leaves=len(leaves), compiled=plan.compiled if fresh else 0,
+                                          seconds=seconds))
         del self.history[:-self._keep]
         return jax.tree.unflatten(treedef, out)
 
-    # ---- fast routes -----------------------------------------------------------------------------
-    def _reshard_groups(self, leaves, dsts, routes, out, wanted: str) -> None:
-        """One compiled program per source device list for all leaves of route `wanted`."""
-        groups: dict[tuple[int, ...], list[int]] = {}
+    # ---- planning -----------------------------------------------------------------------------------
+    def _make_plan(self, leaves, dsts, route: str) -> _Plan:
+        routes = [choose_route(x, d) if route == "auto" else route for x, d in zip(leaves, dsts)]
+        for x, d, r in zip(leaves, dsts, routes):
+            if r == "noop" and not x.sharding.is_equivalent_to(d, x.ndim):
+                raise ValueError("route 'noop' forced for a leaf whose sharding differs from the target")
+            if r == "reshard" and layout.device_ids(x.sharding) != layout.device_ids(d):
+                raise ValueError("route 'reshard' needs the same ordered devices; use 'two_step' or 'auto'")
+        compiles0 = self.n_compiles
+        aligned: dict[int, Sharding] = {}
+        # one program per source device list, for the reshard leaves and the two_step first steps
+        by_devices: dict[tuple[int, ...], list[int]] = {}
         for i, r in enumerate(routes):
-            if r == wanted:
-                groups.setdefault(layout.device_ids(leaves[i].sharding), []).append(i)
-        for idx in groups.values():
-            xs = [leaves[i] for i in idx]
-            if wanted == "reshard":
-                outs = [dsts[i] for i in idx]
-                if any(layout.device_ids(s) != layout.device_ids(xs[0].sharding) for s in outs):
-                    raise ValueError("route 'reshard' needs the same ordered devices; use 'two_step' or 'auto'")
-            else:
-                outs = [layout.aligned_sharding(x.shape, x.sharding, dsts[i]) for x, i in zip(xs, idx)]
-            ys = self._program(xs, outs)(*xs)
-            for k, i in enumerate(idx):
-                out[i] = ys[k] if wanted == "reshard" else self._copy_blocks(ys[k], dsts[i])
+            if r == "two_step":
+                aligned[i] = layout.aligned_sharding(leaves[i].shape, leaves[i].sharding, dsts[i])
+                if leaves[i].sharding.is_equivalent_to(aligned[i], leaves[i].ndim):
+                    continue  # the source blocks are already the target blocks: copy only
+            if r in ("reshard", "two_step"):
+                by_devices.setdefault(layout.device_ids(leaves[i].sharding), []).append(i)
+        groups = []
+        for idx in by_devices.values():
+            outs = [aligned.get(i, dsts[i]) for i in idx]
+            groups.append(("program", idx, self._program([leaves[i] for i in idx], outs)))
+        nbytes = sum(_nbytes(x) for x, r in zip(leaves, routes) if r != "noop")
+        return _Plan(routes, groups, aligned, nbytes, self.n_compiles - compiles0)
 
     def _program(self, xs: list[jax.Array], outs: list[Sharding]) -> Callable:
         """Compiled identity from the xs' shardings to `outs`, cached by avals and shardings."""
@@ -170,6 +181,21 @@ class Dispatcher:
             self.n_compiles += 1
         return prog
 
+    # ---- execution ----------------------------------------------------------------------------------
+    def _execute(self, plan: _Plan, leaves, dsts) -> list[Any]:
+        out = list(leaves)
+        if "centralized" in plan.routes:
+            out = self._centralized(out, dsts, plan.routes)
+        for i, r in enumerate(plan.routes):
+            if r == "device_put":
+                out[i] = jax.device_put(leaves[i], dsts[i])
+        for _, idx, prog in plan.groups:
+            for i, y in zip(idx, prog(*[leaves[i] for i in idx])):
+                out[i] = y
+        if plan.aligned:
+            self._copy_blocks(out, dsts, list(plan.aligned))
+        return out
+
     def _slice(self, a: jax.Array, start: tuple[int, ...], limit: tuple[int, ...]) -> jax.Array:
         """Static slice of a single-device array on its own device (no host indices)."""
         key = (start, limit)
@@ -178,25 +204,32 @@ class Dispatcher:
             f = self._slicers[key] = jax.jit(lambda v: jax.lax.slice(v, start, limit))
         return f(a)
 
-    def _copy_blocks(self, y: jax.Array, dst: Sharding) -> jax.Array:
-        """Second step of two_step: every target block already sits whole on some source device
-        (`y` is aligned); copy it 1:1 to its target device. Replicas spread the sending load."""
-        shape = y.shape
-        shards = y.addressable_shards
-        pieces = []
-        for k, (dev, idx) in enumerate(dst.addressable_devices_indices_map(shape).items()):
-            holders = [s for s in shards if layout.contains(s.index, idx, shape)]
-            if not holders:
-                raise RuntimeError(f"no addressable source block holds target block {idx} (multi-process "
-                                   "moves across processes are not supported by two_step)")
-            same = [s for s in holders if s.device == dev]
-            src = same[0] if same else holders[k % len(holders)]
-            data = src.data
-            start, limit = layout.relative(src.index, idx, shape)
-            if tuple(limit) != tuple(data.shape) or any(start):
-                data = self._slice(data, start, limit)
-            pieces.append(data if src.device == dev else jax.device_put(data, dev))
-        return jax.make_array_from_single_device_arrays(shape, dst, pieces)
+    def _copy_blocks(self, out: list[Any], dsts, idx: list[int]) -> None:
+        """Second step of two_step: every target block sits whole on some device of the aligned array;
+        copy it 1:1 to its target device (one batched device_put for all leaves), then assemble.
+        Replicated source blocks share the sending between their holders."""
+        pieces, devices, owners = [], [], []
+        for i in idx:
+            y, dst = out[i], dsts[i]
+            shards = y.addressable_shards
+            for k, (dev, blk) in enumerate(dst.addressable_devices_indices_map(y.shape).items()):
+                holders = [s for s in shards if layout.contains(s.index, blk, y.shape)]
+                if not holders:
+                    raise RuntimeError(f"no addressable source block holds target block {blk} (moves across "
+                                       "processes are not supported by two_step)")
+                same = [s for s in holders if s.device == dev]
+                src = same[0] if same else holders[k % len(holders)]
+                data = src.data
+                start, limit = layout.relative(src.index, blk, y.shape)
+                if tuple(limit) != tuple(data.shape) or any(start):
+                    data = self._slice(data, start, limit)
+                pieces.append(data)
+                devices.append(dev)
+                owners.append(i)
+        moved = jax.device_put(pieces, devices) if pieces else []
+        for i in idx:
+            mine = [m for m, o in zip(moved, owners) if o == i]
+            out[i] = jax.make_array_from_single_device_arrays(out[i].shape, dsts[i], mine)
 
     # ---- baselines --------------------------------------------------------------------------------
     @staticmethod
