@@ -107,3 +107,16 @@ def test_train_rules_shard_params_over_fsdp_and_tensor():
 def test_config_validation_names_the_field():
     with pytest.raises(ValueError, match="num_key_value_heads"):
         ModelConfig.tiny().replace(num_attention_heads=4, num_key_value_heads=3)
+
+
+def test_blocked_causal_attention_equals_full_attention_and_its_gradient():
+    from earl_jax.models.attention import causal_attention
+
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(keys[0], (2, 300, 4, 16))
+    k, v = (jax.random.normal(kk, (2, 300, 2, 16)) for kk in keys[1:])
+    full = lambda q: jax.nn.dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    blocked = lambda q: causal_attention(q, k, v, q_block=64)  # noqa: E731
+    np.testing.assert_allclose(blocked(q), full(q), atol=1e-5)
+    np.testing.assert_allclose(jax.grad(lambda q: blocked(q).sum())(q), jax.grad(lambda q: full(q).sum())(q),
+                               atol=1e-5)
