@@ -85,6 +85,7 @@ class _Plan:
     aligned: dict[int, Sharding]                          # two_step leaf -> aligned layout on its devices
     nbytes: int
     compiled: int
+    copies: dict[int, list] | None = None                 # two_step copy plan, filled on first use
 
 
 class Dispatcher:
@@ -193,7 +194,7 @@ class Dispatcher:
             for i, y in zip(idx, prog(*[leaves[i] for i in idx])):
                 out[i] = y
         if plan.aligned:
-            self._copy_blocks(out, dsts, list(plan.aligned))
+            self._copy_blocks(plan, out, dsts)
         return out
 
     def _slice(self, a: jax.Array, start: tuple[int, ...], limit: tuple[int, ...]) -> jax.Array:
@@ -204,31 +205,39 @@ class Dispatcher:
             f = self._slicers[key] = jax.jit(lambda v: jax.lax.slice(v, start, limit))
         return f(a)
 
-    def _copy_blocks(self, out: list[Any], dsts, idx: list[int]) -> None:
-        """Second step of two_step: every target block sits whole on some device of the aligned array;
-        copy it 1:1 to its target device (one batched device_put for all leaves), then assemble.
+    def _copy_plan(self, y: jax.Array, dst: Sharding) -> list[tuple[int, Any, Any, Any]]:
+        """For each target device: (position of the source shard in y, start, limit or None, device).
         Replicated source blocks share the sending between their holders."""
-        pieces, devices, owners = [], [], []
+        shards = y.addressable_shards
+        plan = []
+        for k, (dev, blk) in enumerate(dst.addressable_devices_indices_map(y.shape).items()):
+            holders = [p for p, s in enumerate(shards) if layout.contains(s.index, blk, y.shape)]
+            if not holders:
+                raise RuntimeError(f"no addressable source block holds target block {blk} (moves across "
+                                   "processes are not supported by two_step)")
+            same = [p for p in holders if shards[p].device == dev]
+            p = same[0] if same else holders[k % len(holders)]
+            start, limit = layout.relative(shards[p].index, blk, y.shape)
+            whole = not any(start) and tuple(limit) == tuple(shards[p].data.shape)
+            plan.append((p, None if whole else start, None if whole else limit, dev))
+        return plan
+
+    def _copy_blocks(self, plan: _Plan, out: list[Any], dsts) -> None:
+        """Second step of two_step: every target block sits whole on some device of the aligned array;
+        copy it 1:1 to its target device (one batched device_put for all leaves), then assemble."""
+        idx = list(plan.aligned)
+        if plan.copies is None:  # shard order is fixed per sharding: plan once, on the first arrays
+            plan.copies = {i: self._copy_plan(out[i], dsts[i]) for i in idx}
+        pieces, devices = [], []
         for i in idx:
-            y, dst = out[i], dsts[i]
-            shards = y.addressable_shards
-            for k, (dev, blk) in enumerate(dst.addressable_devices_indices_map(y.shape).items()):
-                holders = [s for s in shards if layout.contains(s.index, blk, y.shape)]
-                if not holders:
-                    raise RuntimeError(f"no addressable source block holds target block {blk} (moves across "
-                                       "processes are not supported by two_step)")
-                same = [s for s in holders if s.device == dev]
-                src = same[0] if same else holders[k % len(holders)]
-                data = src.data
-                start, limit = layout.relative(src.index, blk, y.shape)
-                if tuple(limit) != tuple(data.shape) or any(start):
-                    data = self._slice(data, start, limit)
-                pieces.append(data)
+            y = out[i]
+            for p, start, limit, dev in plan.copies[i]:
+                data = y.addressable_data(p)
+                pieces.append(data if start is None else self._slice(data, start, limit))
                 devices.append(dev)
-                owners.append(i)
-        moved = jax.device_put(pieces, devices) if pieces else []
+        moved = iter(jax.device_put(pieces, devices))
         for i in idx:
-            mine = [m for m, o in zip(moved, owners) if o == i]
+            mine = [next(moved) for _ in plan.copies[i]]
             out[i] = jax.make_array_from_single_device_arrays(out[i].shape, dsts[i], mine)
 
     # ---- baselines --------------------------------------------------------------------------------
