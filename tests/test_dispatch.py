@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from earl_jax.parallel.dispatch import Dispatcher, dispatch
+from earl_jax.parallel.layout import device_ids
 from earl_jax.parallel.mesh import STAGE_RULES, MeshShape, logical_sharding, make_mesh
 
 SHAPES8 = [MeshShape(d, f, t) for d in (1, 2, 4, 8) for f in (1, 2, 4, 8) for t in (1, 2, 4, 8) if d * f * t == 8]
@@ -117,7 +118,7 @@ def test_other_device_order_takes_two_step(pair, perm):
     d = Dispatcher()
     with no_host():
         y = d(x, dst)
-    same_order = [q.id for q in src._device_assignment] == [q.id for q in dst._device_assignment]
+    same_order = device_ids(src) == device_ids(dst)
     expect = "noop" if src.is_equivalent_to(dst, 3) else "reshard" if same_order else "two_step"
     assert d.last.route == expect
     assert y.sharding.is_equivalent_to(dst, 3)
@@ -191,6 +192,35 @@ def test_same_devices_reversed_order_two_step():
     first = next(sh for sh in y.addressable_shards if sh.index[0].start in (0, None))
     assert first.device == devs[-1]  # row block 0 now lives on the last device
     np.testing.assert_array_equal(np.asarray(y), x_np)
+
+
+def test_single_device_source_to_all_devices():
+    """A whole array on device 0 (SingleDeviceSharding), e.g. a one-GPU experience worker, to 8 devices."""
+    x_np = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)
+    x = jax.device_put(x_np, jax.devices()[0])
+    dst = NamedSharding(make_mesh(MeshShape(4, 1, 2)), P("data", "tensor"))
+    d = Dispatcher()
+    with no_host():
+        y = d(x, dst)
+    assert d.last.route == "two_step" and y.sharding == dst
+    np.testing.assert_array_equal(np.asarray(y), x_np)
+
+
+def test_mixed_tree_one_program_for_all_same_device_leaves():
+    devs = jax.devices()
+    rows = NamedSharding(make_mesh(MeshShape(8, 1, 1)), P("data"))
+    tree = {k: jax.device_put(np.full((16, 8), i, np.float32), rows) for i, k in enumerate("abcd")}
+    targets = {"a": rows, "b": NamedSharding(make_mesh(MeshShape(1, 1, 8)), P(None, "tensor")),
+               "c": NamedSharding(make_mesh(MeshShape(2, 1, 4)), P("tensor", "data")),
+               "d": NamedSharding(make_mesh(MeshShape(8, 1, 1), devs[::-1]), P(None, "data"))}
+    d = Dispatcher()
+    with no_host():
+        y = d(tree, targets)
+    assert d.last.routes == {"noop": 1, "reshard": 2, "two_step": 1}
+    assert d.last.route == "reshard+two_step" and d.last.compiled == 1  # b, c and d's first step: one program
+    for i, k in enumerate("abcd"):
+        assert y[k].sharding == targets[k]
+        np.testing.assert_array_equal(np.asarray(y[k]), i)
 
 
 def test_host_input_is_put_once():

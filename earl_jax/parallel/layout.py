@@ -23,9 +23,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding
 Index = tuple[slice, ...]
 
 
+def ordered_devices(s: Sharding) -> list[jax.Device]:
+    """A sharding's devices in the order jit compares (in and out must match exactly)."""
+    if isinstance(s, NamedSharding):
+        return list(s.mesh.devices.flat)
+    return list(s._device_assignment)  # noqa: SLF001  (other sharding kinds: private but long-stable)
+
+
 def device_ids(s: Sharding) -> tuple[int, ...]:
-    """Ordered device ids of a sharding (what jit compares: in and out must match exactly)."""
-    return tuple(d.id for d in s._device_assignment)  # noqa: SLF001  (public in spirit; stable since 0.4)
+    return tuple(d.id for d in ordered_devices(s))
 
 
 def tile_counts(shape: Sequence[int], s: Sharding) -> tuple[int, ...]:
@@ -71,7 +77,7 @@ def mid_sharding(shape: Sequence[int], src: Sharding, dst: Sharding) -> NamedSha
         if i is None:
             return None
         tm[i] //= f
-    devs = list(src._device_assignment)  # noqa: SLF001
+    devs = ordered_devices(src)
     if len(devs) % math.prod(tm):
         return None
     return _block_mesh_sharding(devs, tm)
@@ -80,7 +86,7 @@ def mid_sharding(shape: Sequence[int], src: Sharding, dst: Sharding) -> NamedSha
 def aligned_sharding(shape: Sequence[int], src: Sharding, dst: Sharding) -> NamedSharding:
     """A layout on src's devices whose blocks are dst's blocks (or unions of a few of them, when dst
     has more blocks than src has devices), so the second step copies whole blocks device to device."""
-    devs = list(src._device_assignment)  # noqa: SLF001
+    devs = ordered_devices(src)
     counts = list(tile_counts(shape, dst))
     while len(devs) % math.prod(counts):
         # coarsen the most-cut dimension by its smallest prime factor until the blocks fit the devices
