@@ -107,13 +107,16 @@ def logical_sharding(mesh: Mesh, rules: Rules, logical_axes: Sequence[str | None
 
 
 def state_shardings(state: nnx.State, mesh: Mesh, rules: Rules) -> nnx.State:
-    """NamedSharding for every variable of an (abstract or concrete) nnx.State, from its `logical_axes`."""
+    """NamedSharding for every variable of an (abstract or concrete) nnx.State, from its `logical_axes`.
 
-    def one(v):
-        axes = v.get_metadata().get("logical_axes")
-        if axes is None:
-            axes = (None,) * len(v.value.shape)
-        return logical_sharding(mesh, rules, axes, v.value.shape)
+    The result has the state's own tree structure (each Variable holds its sharding), so it can be
+    flattened alongside the state: jit out_shardings, the dispatcher's targets.
+    """
+
+    def one(v: nnx.Variable) -> nnx.Variable:
+        shape = v.get_value().shape
+        axes = v.get_metadata().get("logical_axes") or (None,) * len(shape)
+        return v.replace(logical_sharding(mesh, rules, axes, shape))
 
     return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 

@@ -63,31 +63,32 @@ def experience_stage(graphdef: nnx.GraphDef, params: nnx.State, ref_params: nnx.
     return ExperienceBatch(tokens, mask, old_logp, ref_logp, adv), metrics
 
 
-def _loss_fn(params, graphdef, mb: ExperienceBatch, loss_cfg: LossConfig, chunk: int):
+def _policy_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: LossConfig, chunk: int):
     model = nnx.merge(graphdef, params)
     logp, entropy = token_logprobs(model, mb.tokens, chunk=chunk)
-    loss, metrics = policy_loss(logp, mb.old_logp, mb.ref_logp, mb.advantages, mb.loss_mask, entropy, loss_cfg)
-    return loss, metrics
+    return policy_loss(logp, mb.old_logp, mb.ref_logp, mb.advantages, mb.loss_mask, entropy, loss_cfg)
 
 
-def train_stage(graphdef: nnx.GraphDef, params: nnx.State, opt_state: Any, batch: ExperienceBatch, *,
-                optimizer: optax.GradientTransformation, loss_cfg: LossConfig, micro_batches: int,
-                chunk: int) -> tuple[nnx.State, Any, dict[str, Array]]:
-    """One optimizer step over `micro_batches` accumulated micro-batches.
+def _sft_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: None, chunk: int):
+    logp, _ = token_logprobs(nnx.merge(graphdef, params), mb.tokens, chunk=chunk)
+    m = mb.loss_mask.astype(jnp.float32)
+    loss = -(logp * m).sum() / jnp.maximum(m.sum(), 1.0)
+    return loss, {"sft_loss": loss}
 
-    A non-finite loss or gradient skips the update (params and optimizer state unchanged) and sets
-    metrics["skipped"] = 1: NaN never reaches the weights.
-    """
+
+def _step(loss_fn, graphdef, params, opt_state, batch: ExperienceBatch, optimizer, loss_cfg, micro_batches: int,
+          chunk: int, token_weighted: bool):
+    """Accumulate gradients over micro-batches (lax.scan), then one optimizer update, skipped if not finite."""
     n = batch.tokens.shape[0]
     if n % micro_batches:
         raise ValueError(f"batch of {n} rows does not split into {micro_batches} micro-batches")
     split = jax.tree.map(lambda x: x.reshape(micro_batches, n // micro_batches, *x.shape[1:]), batch)
-    # Each micro-batch's loss is weighted by its share of the tokens so token_mean matches one big batch.
+    # Each micro-batch's loss is weighted by its share of the tokens so a token mean matches one big batch.
     tokens_per_mb = split.loss_mask.sum(axis=(1, 2)).astype(jnp.float32)
     weights = tokens_per_mb / jnp.maximum(tokens_per_mb.sum(), 1.0)
-    if loss_cfg.aggregation != "token_mean":
+    if not token_weighted:
         weights = jnp.full((micro_batches,), 1.0 / micro_batches)
-    grad_fn = jax.value_and_grad(_loss_fn, has_aux=True)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def accumulate(carry, xs):
         mb, w = xs
@@ -97,10 +98,10 @@ def train_stage(graphdef: nnx.GraphDef, params: nnx.State, opt_state: Any, batch
         m_acc = jax.tree.map(lambda a, m: a + w * m, m_acc, metrics)
         return (g_acc, l_acc + w * loss, m_acc), None
 
+    first = jax.tree.map(lambda x: x[0], split)
+    m0 = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32),
+                      jax.eval_shape(lambda: loss_fn(params, graphdef, first, loss_cfg, chunk)[1]))
     zeros = jax.tree.map(jnp.zeros_like, params)
-    m0 = jax.tree.map(lambda _: jnp.zeros((), jnp.float32),
-                      jax.eval_shape(lambda: _loss_fn(params, graphdef, jax.tree.map(lambda x: x[0], split),
-                                                      loss_cfg, chunk)[1]))
     (grads, loss, metrics), _ = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32), m0), (split, weights))
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -111,16 +112,23 @@ def train_stage(graphdef: nnx.GraphDef, params: nnx.State, opt_state: Any, batch
     return keep(new_params, params), keep(new_opt_state, opt_state), metrics
 
 
+def train_stage(graphdef: nnx.GraphDef, params: nnx.State, opt_state: Any, batch: ExperienceBatch, *,
+                optimizer: optax.GradientTransformation, loss_cfg: LossConfig, micro_batches: int,
+                chunk: int) -> tuple[nnx.State, Any, dict[str, Array]]:
+    """One optimizer step of the policy loss over `micro_batches` accumulated micro-batches.
+
+    A non-finite loss or gradient skips the update (params and optimizer state unchanged) and sets
+    metrics["skipped"] = 1: NaN never reaches the weights.
+    """
+    return _step(_policy_loss, graphdef, params, opt_state, batch, optimizer, loss_cfg, micro_batches, chunk,
+                 token_weighted=loss_cfg.aggregation == "token_mean")
+
+
 def sft_stage(graphdef: nnx.GraphDef, params: nnx.State, opt_state: Any, tokens: Int[Array, "n t"],
-              loss_mask: Bool[Array, "n t"], *, optimizer: optax.GradientTransformation, chunk: int
-              ) -> tuple[nnx.State, Any, dict[str, Array]]:
+              loss_mask: Bool[Array, "n t"], *, optimizer: optax.GradientTransformation, micro_batches: int,
+              chunk: int) -> tuple[nnx.State, Any, dict[str, Array]]:
     """Cross-entropy on the masked tokens (the format warm-up): maximise log p of the demonstrated answers."""
-
-    def loss_fn(p):
-        logp, _ = token_logprobs(nnx.merge(graphdef, p), tokens, chunk=chunk)
-        m = loss_mask.astype(jnp.float32)
-        return -(logp * m).sum() / jnp.maximum(m.sum(), 1.0)
-
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, {"sft_loss": loss, "grad_norm": optax.global_norm(grads)}
+    zeros = jnp.zeros(tokens.shape, jnp.float32)
+    batch = ExperienceBatch(tokens, loss_mask, zeros, zeros, zeros)
+    return _step(_sft_loss, graphdef, params, opt_state, batch, optimizer, None, micro_batches, chunk,
+                 token_weighted=True)

@@ -145,7 +145,7 @@ class Trainer:
     def _rollout(self, envs, seeds, group_ids, rng, sampling: SamplingConfig) -> Trajectories:
         mesh = self.planner.mesh("rollout")
         t0 = time.perf_counter()
-        params = self.dispatcher.dispatch(self.params, state_shardings(self.params, mesh, STAGE_RULES["rollout"]))
+        params = self.dispatcher(self.params, state_shardings(self.params, mesh, STAGE_RULES["rollout"]))
         dispatch_s = time.perf_counter() - t0
         if id(mesh) not in self._samplers:
             self._samplers[id(mesh)] = Sampler(self.graphdef, self.model_cfg, mesh=mesh, rules=STAGE_RULES["rollout"])
@@ -167,8 +167,8 @@ class Trainer:
 
     def _experience(self, arrays: dict[str, np.ndarray]) -> tuple[ExperienceBatch, dict[str, Any]]:
         mesh, layout = self.planner.mesh("experience"), self.planner.layout("experience")
-        params = self.dispatcher.dispatch(self.params, state_shardings(self.params, mesh, STAGE_RULES["experience"]))
-        ref = None if self.ref_params is None else self.dispatcher.dispatch(
+        params = self.dispatcher(self.params, state_shardings(self.params, mesh, STAGE_RULES["experience"]))
+        ref = None if self.ref_params is None else self.dispatcher(
             self.ref_params, state_shardings(self.ref_params, mesh, STAGE_RULES["experience"]))
         x = self._to_stage(arrays, "experience")
         fn = self._jit("experience", mesh, partial(
@@ -181,12 +181,11 @@ class Trainer:
         mesh, layout = self.planner.mesh("train"), self.planner.layout("train")
         rows_sharding = NamedSharding(mesh, P(("data", "fsdp")))
         t0 = time.perf_counter()
-        batch = self.dispatcher.dispatch(batch, jax.tree.map(lambda _: rows_sharding, batch))
+        batch = self.dispatcher(batch, jax.tree.map(lambda _: rows_sharding, batch))
         jax.block_until_ready(batch)
         dispatch_s = time.perf_counter() - t0
         n, t = batch.tokens.shape
-        rows_per_mb = max(1, min(n, self.cfg.micro_batch_tokens // t, layout.micro_batch or n))
-        micro_batches = n // max(d for d in range(1, rows_per_mb + 1) if n % d == 0)
+        micro_batches = self._micro_batches(n, t, layout.micro_batch)
         fn = self._jit("train", mesh, partial(train_stage, self.graphdef, optimizer=self.optimizer,
                                               loss_cfg=self.loss_cfg, micro_batches=micro_batches,
                                               chunk=self.cfg.logprob_chunk), (n, t), donate=(0, 1))
@@ -196,6 +195,11 @@ class Trainer:
         metrics = jax.device_get(metrics)
         metrics["dispatch_s"] = dispatch_s
         return metrics
+
+    def _micro_batches(self, n: int, t: int, selector_rows: int | None) -> int:
+        """Micro-batches for n rows of t tokens: within the token budget and the selector's micro-batch."""
+        rows = max(1, min(n, self.cfg.micro_batch_tokens // t, selector_rows or n))
+        return n // max(d for d in range(1, rows + 1) if n % d == 0)
 
     def _jit(self, stage: str, mesh, fn, shape, donate=()):
         """One compiled program per (stage, mesh shape, length bucket); the count is a metric."""
@@ -219,15 +223,19 @@ class Trainer:
         rng = np.random.default_rng(cfg.seed + 12345)
         policy = ScriptedPolicy(_random_legal_answer(rng), self.tokenizer, self.ids.eos_id)
         opt_state = jax.jit(self.sft_optimizer.init)(self.params)
-        sft = jax.jit(partial(sft_stage, self.graphdef, optimizer=self.sft_optimizer, chunk=cfg.logprob_chunk),
-                      donate_argnums=(0, 1))
+        sft = {}
         metrics = {}
         for i in range(cfg.format_warmup_steps):
             seeds = [10_000_000 + i * len(self.envs) + j for j in range(len(self.envs))]
             traj = play_games(policy, self.envs, self.tokenizer, self.rollout_cfg, jax.random.key(i), seeds,
                               bos_id=self.ids.bos_id)
             arrays = self._to_stage(self._batch_arrays(traj), "train")
-            self.params, opt_state, metrics = sft(self.params, opt_state, arrays["tokens"], arrays["loss_mask"])
+            n, t = arrays["tokens"].shape
+            mb = self._micro_batches(n, t, self.planner.layout("train").micro_batch)
+            if mb not in sft:
+                sft[mb] = jax.jit(partial(sft_stage, self.graphdef, optimizer=self.sft_optimizer, micro_batches=mb,
+                                          chunk=cfg.logprob_chunk), donate_argnums=(0, 1))
+            self.params, opt_state, metrics = sft[mb](self.params, opt_state, arrays["tokens"], arrays["loss_mask"])
         return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
     def evaluate(self) -> dict[str, float]:
@@ -251,6 +259,7 @@ class Trainer:
                  for _ in range(cfg.group_size)]
         group_ids = np.repeat(np.arange(cfg.groups), cfg.group_size)
 
+        n_dispatch = len(self.dispatcher.history)
         traj = self._rollout(self.envs, seeds, group_ids, rng, self.sampling)
         t0 = time.perf_counter()
         batch, exp_metrics = self._experience(self._batch_arrays(traj))
@@ -277,7 +286,7 @@ class Trainer:
             "train/entropy": train_metrics.get("entropy", 0.0), "train/grad_norm": train_metrics["grad_norm"],
             "train/clip_frac": train_metrics.get("clip_frac", 0.0), "train/skipped": train_metrics["skipped"],
             "train/filtered_frac": float(exp_metrics.get("filtered_frac", 0.0)),
-            "dispatch/bytes": self.dispatcher.bytes_moved(reset=True),
+            "dispatch/bytes": sum(h.bytes for h in self.dispatcher.history[n_dispatch:]),
             "compile/programs": len(self._compiled),
             **plan.log_dict(),
         }
