@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
+from earl_jax.models.attention import causal_attention
 from earl_jax.models.cache import KVCache, LayerCache
 from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.context import constrain
@@ -88,7 +89,7 @@ class Attention(nnx.Module):
         q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
 
         if cache is None:
-            out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+            out = causal_attention(q, k, v)
         else:
             cache = cache.write(k, v, positions)
             out = cached_attention(q, cache.k, cache.v, positions)
@@ -97,18 +98,18 @@ class Attention(nnx.Module):
         return y, cache
 
 
-def cached_attention(q: Float[Array, "b t n h"], k: Float[Array, "b s k h"], v: Float[Array, "b s k h"],
+def cached_attention(q: Float[Array, "b t n h"], k: Float[Array, "b k s h"], v: Float[Array, "b k s h"],
                      positions: Int[Array, "b t"]) -> Float[Array, "b t n h"]:
     """Queries at absolute `positions` attend to cache slots 0..position (slot index == position)."""
     b, t, n, h = q.shape
-    kv = k.shape[2]
+    kv = k.shape[1]
     q = q.reshape(b, t, kv, n // kv, h)
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32) * (h ** -0.5)
-    slots = jnp.arange(k.shape[1])
+    scores = jnp.einsum("btkgh,bksh->bkgts", q, k, preferred_element_type=jnp.float32) * (h ** -0.5)
+    slots = jnp.arange(k.shape[2])
     mask = slots[None, None, :] <= positions[:, :, None]  # b t s
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", probs, v)
+    out = jnp.einsum("bkgts,bksh->btkgh", probs, v)
     return out.reshape(b, t, n, h)
 
 

@@ -84,11 +84,12 @@ class Sampler:
     def __init__(self, graphdef: nnx.GraphDef, cfg: ModelConfig, *, mesh: Mesh | None = None,
                  rules: Rules | None = None, cache_dtype: Any = jnp.bfloat16,
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
-                 cache_buckets: Sequence[int] = DEFAULT_CACHE_BUCKETS):
+                 cache_buckets: Sequence[int] = DEFAULT_CACHE_BUCKETS, steps_per_check: int = 1):
         if (mesh is None) != (rules is None):
             raise ValueError("Sampler: give both mesh and rules, or neither")
         self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, rules
         self.cache_dtype = cache_dtype
+        self.steps_per_check = steps_per_check  # decode steps per while_loop iteration (early-exit check)
         self.length_buckets = tuple(sorted(length_buckets))
         self.cache_buckets = tuple(sorted(cache_buckets))
         self._traces = 0
@@ -180,7 +181,7 @@ class Sampler:
         self._traces += 1
         with self._ctx():
             pad = new_len - state.cache.max_len
-            grow = lambda x: jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
+            grow = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0)))  # b k s h
             cache = KVCache(tuple(LayerCache(grow(l.k), grow(l.v)) for l in state.cache.layers))
             return self._constrain_state(SamplerState(cache, state.lengths, state.next_logits))
 
@@ -208,35 +209,51 @@ class Sampler:
             model = self._model(params)
             b = state.lengths.shape[0]
             s = state.cache.max_len
+            k_steps = self.steps_per_check
             limit = jnp.minimum(jnp.minimum(budget, max_new_tokens), s - state.lengths)
             stops = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
+
+            # The loop samples each next token right after the logits that predict it, so the [b, v]
+            # logits never live in the loop carry; the last hidden state per row does, and next_logits
+            # is computed once after the loop.
+            def step_fn(c):
+                step, cache, lengths, h_last, rng, tok, lp, toks, lps, num, stopped, done = c
+                active = ~done & (step < n)
+                toks = jax.lax.dynamic_update_slice(toks, jnp.where(active, tok, PAD_TOKEN)[:, None], (0, step))
+                lps = jax.lax.dynamic_update_slice(lps, jnp.where(active, lp, 0.0)[:, None], (0, step))
+                positions = jnp.where(active, lengths, s)[:, None]  # finished rows write nowhere
+                h, cache = model.hidden(self._constrain(tok[:, None], ("batch", "length")), positions, cache)
+                h_last = jnp.where(active[:, None], h[:, 0], h_last)
+                add = active.astype(jnp.int32)
+                num, lengths = num + add, lengths + add
+                hit = active & jnp.any(tok[:, None] == stops[None], axis=-1) & bool(stop_tokens)
+                stopped = stopped | hit
+                done = done | hit | (num >= limit)
+                rng, key = jax.random.split(rng)
+                tok, lp = sample_logits(key, model.logits(h)[:, 0], sampling)
+                return step + 1, cache, lengths, h_last, rng, tok, lp, toks, lps, num, stopped, done
 
             def cond(c):
                 step, done = c[0], c[-1]
                 return (step < n) & ~jnp.all(done)
 
             def body(c):
-                step, st, rng, toks, lps, num, stopped, done = c
-                rng, key = jax.random.split(rng)
-                tok, lp = sample_logits(key, st.next_logits, sampling)
-                active = ~done
-                toks = jax.lax.dynamic_update_slice(toks, jnp.where(active, tok, PAD_TOKEN)[:, None], (0, step))
-                lps = jax.lax.dynamic_update_slice(lps, jnp.where(active, lp, 0.0)[:, None], (0, step))
-                positions = jnp.where(active, st.lengths, s)[:, None]  # done rows write nowhere
-                h, cache = model.hidden(self._constrain(tok[:, None], ("batch", "length")), positions, st.cache)
-                logits = model.logits(h)[:, 0]
-                next_logits = jnp.where(active[:, None], logits, st.next_logits)
-                add = active.astype(jnp.int32)
-                num = num + add
-                hit = active & jnp.any(tok[:, None] == stops[None], axis=-1) & bool(stop_tokens)
-                stopped = stopped | hit
-                done = done | hit | (num >= limit)
-                st = self._constrain_state(SamplerState(cache, st.lengths + add, next_logits))
-                return step + 1, st, rng, toks, lps, num, stopped, done
+                for _ in range(k_steps):  # several decode steps per loop-condition check (host sync)
+                    c = step_fn(c)
+                return c
 
-            toks = self._constrain(jnp.full((b, n), PAD_TOKEN, jnp.int32), ("batch", None))
-            lps = self._constrain(jnp.zeros((b, n), jnp.float32), ("batch", None))
+            rng, key = jax.random.split(rng)
+            tok, lp = sample_logits(key, state.next_logits, sampling)
+            width = n + k_steps - 1  # room for the unrolled steps past n (sliced off below)
+            toks = self._constrain(jnp.full((b, width), PAD_TOKEN, jnp.int32), ("batch", None))
+            lps = self._constrain(jnp.zeros((b, width), jnp.float32), ("batch", None))
             zeros = jnp.zeros((b,), jnp.int32)
-            init = (jnp.int32(0), state, rng, toks, lps, zeros, zeros.astype(bool), limit <= 0)
-            _, state, _, toks, lps, num, stopped, _ = jax.lax.while_loop(cond, body, init)
-            return state, Generation(toks, lps, num, stopped)
+            h_last = jnp.zeros((b, self.cfg.hidden_size), model.dtype)
+            init = (jnp.int32(0), state.cache, state.lengths, h_last, rng, tok, lp, toks, lps, zeros,
+                    zeros.astype(bool), limit <= 0)
+            out = jax.lax.while_loop(cond, body, init)
+            _, cache, lengths, h_last, _, _, _, toks, lps, num, stopped, _ = out
+            logits = model.logits(h_last[:, None])[:, 0]
+            next_logits = jnp.where((num > 0)[:, None], logits, state.next_logits)
+            state = self._constrain_state(SamplerState(cache, lengths, next_logits))
+            return state, Generation(toks[:, :n], lps[:, :n], num, stopped)
