@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from jaxtyping import Array, Bool, Float, Int  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 from earl_jax.parallel.dispatch import Dispatcher  # noqa: E402
@@ -93,7 +94,10 @@ def median_ms(fn, repeats: int, warmup: int = 2) -> float:
     return float(np.median(ts)) * 1e3
 
 
-def make_batch(n_resp: int, ctx: int, src: NamedSharding, seed: int = 0) -> dict[str, jax.Array]:
+Batch = dict[str, Int[Array, "B T"] | Float[Array, "B T"] | Bool[Array, "B T"]]
+
+
+def make_batch(n_resp: int, ctx: int, src: NamedSharding, seed: int = 0) -> Batch:
     """The batch built on device (no host copy of the full size): each field in the experience layout."""
     key = jax.random.key(seed)
 
