@@ -339,6 +339,11 @@ def _stage_moves():
         yield "batch", batch_sharding(inf, "experience"), batch_sharding(tr, "train")
     for a, b in itertools.product(INFER8, INFER8):
         yield "batch", batch_sharding(a, "rollout"), batch_sharding(b, "experience")
+    # disaggregated: train on devices 0-3, rollout on 4-7 (two_step; its first step is a reshard too)
+    devs = jax.devices()
+    shapes4 = [MeshShape(d, f, t) for d in (1, 2, 4) for f in (1, 2, 4) for t in (1, 2, 4) if d * f * t == 4]
+    for tr, inf in itertools.product(shapes4, [s for s in shapes4 if s.fsdp == 1]):
+        yield "weights", weight_shardings(tr, "train", devs[:4]), weight_shardings(inf, "rollout", devs[4:])
 
 
 def test_no_full_rematerialization_on_stage_layouts(capfd):

@@ -33,6 +33,8 @@ from jax.sharding import Sharding
 
 from earl_jax.parallel import layout
 
+__all__ = ["Dispatcher", "DispatchStats", "dispatch", "choose_route", "default_dispatcher", "ROUTES"]
+
 ROUTES = ("auto", "noop", "reshard", "two_step", "centralized", "device_put")
 FAST_ROUTES = ("noop", "reshard", "two_step")
 
@@ -73,7 +75,8 @@ def choose_route(x: Any, dst: Sharding) -> str:
 
 
 def _nbytes(x: Any) -> int:
-    return int(np.prod(np.shape(x), dtype=np.int64)) * np.dtype(x.dtype).itemsize
+    dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+    return int(np.prod(np.shape(x), dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
 @dataclasses.dataclass
