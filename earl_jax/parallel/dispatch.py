@@ -84,7 +84,7 @@ class _Plan:
     """Everything decided once per (tree structure, avals, shardings, targets): reused every call."""
 
     routes: list[str]
-    groups: list[tuple[str, list[int], Callable | None]]  # (route, leaf indices, compiled program)
+    groups: list[tuple[list[int], Callable]]              # (leaf indices, compiled program) per device list
     aligned: dict[int, Sharding]                          # two_step leaf -> aligned layout on its devices
     nbytes: int
     compiled: int
@@ -145,7 +145,8 @@ class Dispatcher:
 
     # ---- planning -----------------------------------------------------------------------------------
     def _make_plan(self, leaves, dsts, route: str) -> _Plan:
-        routes = [choose_route(x, d) if route == "auto" else route for x, d in zip(leaves, dsts)]
+        routes = [choose_route(x, d) if route == "auto" or not isinstance(x, jax.Array) and route in FAST_ROUTES
+                  else route for x, d in zip(leaves, dsts)]  # host leaves can only be put
         for x, d, r in zip(leaves, dsts, routes):
             if r == "noop" and not x.sharding.is_equivalent_to(d, x.ndim):
                 raise ValueError("route 'noop' forced for a leaf whose sharding differs from the target")
@@ -165,7 +166,7 @@ class Dispatcher:
         groups = []
         for idx in by_devices.values():
             outs = [aligned.get(i, dsts[i]) for i in idx]
-            groups.append(("program", idx, self._program([leaves[i] for i in idx], outs)))
+            groups.append((idx, self._program([leaves[i] for i in idx], outs)))
         nbytes = sum(_nbytes(x) for x, r in zip(leaves, routes) if r != "noop")
         return _Plan(routes, groups, aligned, nbytes, self.n_compiles - compiles0)
 
@@ -193,7 +194,7 @@ class Dispatcher:
         for i, r in enumerate(plan.routes):
             if r == "device_put":
                 out[i] = jax.device_put(leaves[i], dsts[i])
-        for _, idx, prog in plan.groups:
+        for idx, prog in plan.groups:
             for i, y in zip(idx, prog(*[leaves[i] for i in idx])):
                 out[i] = y
         if plan.aligned:
