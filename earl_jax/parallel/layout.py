@@ -9,6 +9,16 @@ dimensions at the source's tile count (`mid_sharding`), then a plain gather/slic
 dimensions. And jit refuses in/out shardings whose ordered device lists differ, so a move to another
 device order or set first reshards on the source devices into a layout with the target's blocks
 (`aligned_sharding`) and then copies whole blocks device to device.
+
+Measured on CPU, 8 fake devices, jax 0.10.2 with Shardy (what the tests pin down):
+- direct ``jit(identity, out_shardings=...)`` rematerializes for 865 of 10,000 (mesh, spec) pairs of
+  a [64, 32] array; on the stage layouts for 53 of 656 moves, all of them weights between train
+  (embed over fsdp) and rollout (heads / mlp / vocab over tensor) where the cut dimension moves and
+  its count changes; batch moves ([B, T] over data or data+fsdp) never do;
+- data x tensor 2x4 -> 4x2 built by make_mesh over the same device list keeps the flat device order,
+  so jit accepts it and it does not rematerialize; a mesh over the same devices in another order is
+  refused by jit outright ("incompatible devices"), hence two_step;
+- with `mid_sharding`: no warning on any stage move, nor on 1,500 random pairs of those shardings.
 """
 
 from __future__ import annotations
