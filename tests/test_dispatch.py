@@ -295,6 +295,22 @@ def test_compile_cache_hit_second_time():
     assert len(d.history) == 2 and d.last.metrics()["dispatch/bytes"] == sum(v.nbytes for v in host.values())
 
 
+def test_two_step_with_slices_compiles_once():
+    """4 source devices -> 8 target blocks: the copy step slices on the source devices; second call
+    compiles nothing (reshard program and slicers are cached)."""
+    devs = jax.devices()
+    src = NamedSharding(make_mesh(MeshShape(4, 1, 1), devs[:4]), P("data"))
+    dst = NamedSharding(make_mesh(MeshShape(8, 1, 1), devs[::-1]), P(None, "data"))
+    d = Dispatcher()
+    x1, x2 = (jax.device_put(np.full((16, 16), v, np.float32), src) for v in (1, 2))
+    with no_host():
+        d(x1, dst)
+        first = d.last.compiled
+        y = d(x2, dst)
+    assert first >= 2 and d.last.compiled == 0  # program + at least one slicer the first time only
+    np.testing.assert_array_equal(np.asarray(y), 2.0)
+
+
 def test_no_seconds_without_sync():
     d = Dispatcher()
     x = jax.device_put(np.ones((8, 8), np.float32), NamedSharding(make_mesh(MeshShape(8, 1, 1)), P("data")))

@@ -87,7 +87,6 @@ class _Plan:
     groups: list[tuple[list[int], Callable]]              # (leaf indices, compiled program) per device list
     aligned: dict[int, Sharding]                          # two_step leaf -> aligned layout on its devices
     nbytes: int
-    compiled: int
     copies: dict[int, list] | None = None                 # two_step copy plan, filled on first use
 
 
@@ -128,9 +127,9 @@ class Dispatcher:
         key = (route, treedef, tuple(dsts),
                tuple((x.shape, x.dtype, x.sharding) if isinstance(x, jax.Array) else (np.shape(x), None, None)
                      for x in leaves))
+        compiles0 = self.n_compiles
         plan = self._plans.get(key)
-        fresh = plan is None
-        if fresh:
+        if plan is None:
             plan = self._plans[key] = self._make_plan(leaves, dsts, route)
         out = self._execute(plan, leaves, dsts)
         seconds = None
@@ -138,7 +137,7 @@ class Dispatcher:
             jax.block_until_ready(out)
             seconds = time.perf_counter() - t0
         self.history.append(DispatchStats(routes=dict(Counter(plan.routes)), bytes=plan.nbytes,
-                                          n_leaves=len(leaves), compiled=plan.compiled if fresh else 0,
+                                          n_leaves=len(leaves), compiled=self.n_compiles - compiles0,
                                           seconds=seconds))
         del self.history[:-self._keep]
         return jax.tree.unflatten(treedef, out)
@@ -152,7 +151,6 @@ class Dispatcher:
                 raise ValueError("route 'noop' forced for a leaf whose sharding differs from the target")
             if r == "reshard" and layout.device_ids(x.sharding) != layout.device_ids(d):
                 raise ValueError("route 'reshard' needs the same ordered devices; use 'two_step' or 'auto'")
-        compiles0 = self.n_compiles
         aligned: dict[int, Sharding] = {}
         # one program per source device list, for the reshard leaves and the two_step first steps
         by_devices: dict[tuple[int, ...], list[int]] = {}
@@ -168,7 +166,7 @@ class Dispatcher:
             outs = [aligned.get(i, dsts[i]) for i in idx]
             groups.append((idx, self._program([leaves[i] for i in idx], outs)))
         nbytes = sum(_nbytes(x) for x, r in zip(leaves, routes) if r != "noop")
-        return _Plan(routes, groups, aligned, nbytes, self.n_compiles - compiles0)
+        return _Plan(routes, groups, aligned, nbytes)
 
     def _program(self, xs: list[jax.Array], outs: list[Sharding]) -> Callable:
         """Compiled identity from the xs' shardings to `outs`, cached by avals and shardings."""
@@ -202,11 +200,13 @@ class Dispatcher:
         return out
 
     def _slice(self, a: jax.Array, start: tuple[int, ...], limit: tuple[int, ...]) -> jax.Array:
-        """Static slice of a single-device array on its own device (no host indices)."""
-        key = (start, limit)
+        """Static slice of a single-device array on its own device (no host indices), compiled once."""
+        key = (a.shape, a.dtype, next(iter(a.devices())), start, limit)
         f = self._slicers.get(key)
         if f is None:
-            f = self._slicers[key] = jax.jit(lambda v: jax.lax.slice(v, start, limit))
+            f = jax.jit(lambda v: jax.lax.slice(v, start, limit)).lower(a).compile()
+            self._slicers[key] = f
+            self.n_compiles += 1
         return f(a)
 
     def _copy_plan(self, y: jax.Array, dst: Sharding) -> list[tuple[int, Any, Any, Any]]:
