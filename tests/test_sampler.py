@@ -280,3 +280,31 @@ def test_same_outputs_on_every_mesh(mesh_reference, shape):
         np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(ref[2], got[2])
     np.testing.assert_allclose(ref[3], got[3], rtol=1e-4, atol=1e-4)
+
+
+def test_fused_attention_and_multi_step_loop_give_the_same_generation(setup):
+    """The Pallas decode-attention kernel (interpret mode on CPU) and several decode steps per loop
+    check change no token, log-prob, length or next_logits."""
+    graphdef, params, _ = setup
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]]
+    obs = [[11, 12], [], [13, 14, 15]]
+
+    def run(sampler):
+        state = sampler.extend(params, sampler.init_state(3, 40), *_ragged(prompts))
+        state, g1 = sampler.generate(params, state, jax.random.key(0), max_new_tokens=7, budget=[7, 3, 5],
+                                     stop_tokens=(17, 33), sampling=GREEDY)
+        state = sampler.extend(params, state, *_ragged(obs))
+        state, g2 = sampler.generate(params, state, jax.random.key(1), max_new_tokens=5, budget=5,
+                                     sampling=SamplingConfig(temperature=0.9))
+        return jax.device_get((g1, g2, state.lengths, state.next_logits))
+
+    ref = run(_sampler(graphdef, decode_attention="xla"))
+    for kw in (dict(decode_attention="pallas_interpret"), dict(decode_attention="xla", steps_per_check=3)):
+        got = run(_sampler(graphdef, **kw))
+        for a, b in zip(ref[:2], got[:2]):
+            np.testing.assert_array_equal(a.tokens, b.tokens)
+            np.testing.assert_array_equal(a.num_tokens, b.num_tokens)
+            np.testing.assert_array_equal(a.stopped, b.stopped)
+            np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(ref[2], got[2])
+        np.testing.assert_allclose(ref[3], got[3], rtol=1e-4, atol=1e-4)

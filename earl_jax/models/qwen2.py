@@ -11,7 +11,9 @@ per kv head, h head dim, f mlp, v vocab.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import contextvars
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +26,20 @@ from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.context import constrain
 
 _INIT_STD = 0.02
+
+# Attention for one new token per row over the cache (decode), swappable for a fused kernel at trace
+# time; same signature and result as `cached_attention`. None: `cached_attention`.
+_DECODE_ATTENTION: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("decode_attention", default=None)
+
+
+@contextlib.contextmanager
+def use_decode_attention(fn: Callable | None) -> Iterator[None]:
+    """Trace decode steps (t == 1 with a cache) inside this to attend with `fn` instead of XLA ops."""
+    token = _DECODE_ATTENTION.set(fn)
+    try:
+        yield
+    finally:
+        _DECODE_ATTENTION.reset(token)
 
 
 def _param(rngs: nnx.Rngs, shape, axes, dtype, init: str = "normal") -> nnx.Param:
@@ -92,7 +108,8 @@ class Attention(nnx.Module):
             out = causal_attention(q, k, v)
         else:
             cache = cache.write(k, v, positions)
-            out = cached_attention(q, cache.k, cache.v, positions)
+            attend = _DECODE_ATTENTION.get() if q.shape[1] == 1 else None
+            out = (attend or cached_attention)(q, cache.k, cache.v, positions)
         out = constrain(out, ("batch", "length", "act_heads", None))
         y = jnp.einsum("btnh,nhd->btd", out, self.o_nhd[...].astype(self.dtype))
         return y, cache

@@ -14,7 +14,9 @@ new set of weights each RL iteration needs no recompile.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -26,8 +28,10 @@ from jaxtyping import Array, Bool, Float, Int
 
 from earl_jax.models.cache import KVCache, LayerCache, cache_shardings, init_cache
 from earl_jax.models.config import ModelConfig
+from earl_jax.models.qwen2 import use_decode_attention
 from earl_jax.parallel.context import use_mesh_rules
 from earl_jax.parallel.mesh import Rules, logical_sharding
+from earl_jax.rollout.decode_attention import block_size, decode_attention
 from earl_jax.rollout.sampling import SamplingConfig, sample_logits
 
 DEFAULT_LENGTH_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -84,12 +88,21 @@ class Sampler:
     def __init__(self, graphdef: nnx.GraphDef, cfg: ModelConfig, *, mesh: Mesh | None = None,
                  rules: Rules | None = None, cache_dtype: Any = jnp.bfloat16,
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
-                 cache_buckets: Sequence[int] = DEFAULT_CACHE_BUCKETS, steps_per_check: int = 1):
+                 cache_buckets: Sequence[int] = DEFAULT_CACHE_BUCKETS, steps_per_check: int = 1,
+                 decode_attention: str = "auto"):
         if (mesh is None) != (rules is None):
             raise ValueError("Sampler: give both mesh and rules, or neither")
         self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, rules
         self.cache_dtype = cache_dtype
         self.steps_per_check = steps_per_check  # decode steps per while_loop iteration (early-exit check)
+        # "pallas": fused flash-decoding kernel (one device; GPU, or CPU in interpret mode for tests);
+        # "xla": plain XLA ops (any mesh); "auto": pallas on a single GPU, else xla.
+        if decode_attention == "auto":
+            single = mesh is None or mesh.devices.size == 1
+            decode_attention = "pallas" if single and jax.default_backend() == "gpu" else "xla"
+        if decode_attention not in ("xla", "pallas", "pallas_interpret"):
+            raise ValueError(f"Sampler: decode_attention must be auto, xla or pallas, got {decode_attention!r}")
+        self.decode_attention = decode_attention
         self.length_buckets = tuple(sorted(length_buckets))
         self.cache_buckets = tuple(sorted(cache_buckets))
         self._traces = 0
@@ -165,8 +178,13 @@ class Sampler:
         return nnx.merge(self.graphdef, _cast_weights(params, dtype))
 
     def _ctx(self):
-        import contextlib
         return contextlib.nullcontext() if self.mesh is None else use_mesh_rules(self.mesh, self.rules)
+
+    def _attention_ctx(self, cache_len: int):
+        if self.decode_attention == "xla" or block_size(cache_len) is None:
+            return contextlib.nullcontext()
+        fn = functools.partial(decode_attention, interpret=self.decode_attention == "pallas_interpret")
+        return use_decode_attention(fn)
 
     # ---- traced programs ---------------------------------------------------------------------------
     def _init_impl(self, batch: int, max_len: int) -> SamplerState:
@@ -205,7 +223,7 @@ class Sampler:
     def _generate_impl(self, params, state: SamplerState, rng, budget, n: int, stop_tokens: tuple[int, ...],
                        sampling: SamplingConfig, max_new_tokens):
         self._traces += 1
-        with self._ctx():
+        with self._ctx(), self._attention_ctx(state.cache.max_len):
             model = self._model(params)
             b = state.lengths.shape[0]
             s = state.cache.max_len

@@ -51,18 +51,54 @@ def _truncate(scaled: Float[Array, "b v"], top_k: int, top_p: float) -> Float[Ar
     return jnp.where(scaled >= threshold, scaled, neg)
 
 
+def _num_chunks(v: int, cap: int = 128) -> int:
+    """Largest power of two dividing v, at most cap (151936 = 128 x 1187)."""
+    c = 1
+    while c < cap and v % (2 * c) == 0:
+        c *= 2
+    return c
+
+
+def _sample_inverse_cdf(rng: jax.Array, scaled: Float[Array, "b v"]) -> tuple[Int[Array, "b"], Float[Array, "b"]]:
+    """Exact categorical draw by inverting the CDF, two passes over the logits (max; per-chunk sums of
+    exp) plus work on one chunk per row; one uniform per row instead of a Gumbel per vocab entry, and the
+    log-normalizer comes out of the same sums. Returns tokens and logsumexp."""
+    b, v = scaled.shape
+    c = _num_chunks(v)
+    cs = v // c
+    m = jnp.max(scaled, axis=-1, keepdims=True)
+    e = jnp.exp(scaled - m).reshape(b, c, cs)
+    chunk = jnp.sum(e, axis=-1)  # b c
+    cum = jnp.cumsum(chunk, axis=-1)
+    total = cum[:, -1]
+    u = jax.random.uniform(rng, (b,), jnp.float32) * total
+    ci = jnp.minimum(jnp.sum(cum <= u[:, None], axis=-1), c - 1)  # chunk holding u
+    before = jnp.where(ci > 0, jnp.take_along_axis(cum, jnp.maximum(ci - 1, 0)[:, None], axis=-1)[:, 0], 0.0)
+    within = jnp.take_along_axis(e, ci[:, None, None], axis=1)[:, 0]  # b cs
+    wcum = jnp.cumsum(within, axis=-1)
+    wi = jnp.minimum(jnp.sum(wcum <= (u - before)[:, None], axis=-1), cs - 1)
+    # Rounding can push the pick past the chunk's last nonzero entry; fall back to the chunk's mode.
+    picked = jnp.take_along_axis(within, wi[:, None], axis=-1)[:, 0]
+    wi = jnp.where(picked > 0, wi, jnp.argmax(within, axis=-1))
+    return (ci * cs + wi).astype(jnp.int32), m[:, 0] + jnp.log(total)
+
+
 def sample_logits(rng: jax.Array, logits: Float[Array, "b v"], cfg: SamplingConfig
                   ) -> tuple[Int[Array, "b"], Float[Array, "b"]]:
     """One token per row and its log-prob under log_softmax(logits / temperature) (untruncated)."""
     logits = logits.astype(jnp.float32)
     temperature = cfg.temperature if cfg.temperature > 0 else 1.0
     scaled = logits / temperature if temperature != 1.0 else logits
+    lse = None
     if cfg.is_greedy:
         tokens = jnp.argmax(scaled, axis=-1)
+    elif cfg.top_k == 0 and cfg.top_p >= 1.0:
+        tokens, lse = _sample_inverse_cdf(rng, scaled)
     else:
         masked = _truncate(scaled, cfg.top_k, cfg.top_p)
         tokens = jax.random.categorical(rng, masked, axis=-1)
     tokens = tokens.astype(jnp.int32)
     picked = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
-    logprobs = picked - jax.nn.logsumexp(scaled, axis=-1)
-    return tokens, logprobs
+    if lse is None:
+        lse = jax.nn.logsumexp(scaled, axis=-1)
+    return tokens, picked - lse

@@ -1,0 +1,88 @@
+"""Decode attention (one new query token per row) as a Pallas GPU kernel over the ragged KV cache.
+
+XLA's version of the decode step runs five kernels per layer (scores matmul, max, sum, cast, probs x V)
+over the whole bucketed cache. This one is a single kernel per layer: one program per (row, kv head)
+streams K and V blocks of that row only up to its own position (flash-decoding online softmax), so it
+reads the valid prefix once and nothing else. Cache layout [b, kv_heads, s, h] as in models/cache.py.
+Runs under `interpret=True` on CPU (tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jaxtyping import Array, Float, Int
+
+
+def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, *, block_k: int, scale: float):
+    length = len_ref[()]  # this row attends to cache slots [0, length)
+    q = q_ref[...].astype(jnp.float32) * scale  # [G, h]
+    g, h = q.shape
+    q = q.astype(k_ref.dtype)
+    idx = jnp.arange(block_k)
+
+    def body(i, carry):
+        o, m, l = carry
+        sl = pl.ds(i * block_k, block_k)
+        k = k_ref[sl, :]
+        s = jnp.dot(q, k.T, preferred_element_type=jnp.float32)  # [G, block_k]
+        s = jnp.where((i * block_k + idx)[None, :] < length, s, -1e30)
+        m_new = jnp.maximum(m, s.max(axis=-1))
+        corr = jnp.exp(m - m_new)
+        p = jnp.exp(s - m_new[:, None])
+        l = l * corr + p.sum(axis=-1)
+        v = v_ref[sl, :]
+        o = o * corr[:, None] + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        return o, m_new, l
+
+    init = (jnp.zeros((g, h), jnp.float32), jnp.full((g,), -1e30, jnp.float32), jnp.zeros((g,), jnp.float32))
+    o, _, l = jax.lax.fori_loop(0, pl.cdiv(length, block_k), body, init)
+    o_ref[...] = (o / l[:, None]).astype(o_ref.dtype)
+
+
+def block_size(s: int, max_block: int = 128) -> int | None:
+    """KV block: a power of two >= 16 dividing the cache length, or None (kernel not applicable)."""
+    b = math.gcd(s, max_block)
+    return b if b >= 16 else None
+
+
+def decode_attention(q: Float[Array, "b 1 n h"], k: Float[Array, "b k s h"], v: Float[Array, "b k s h"],
+                     positions: Int[Array, "b 1"], *, interpret: bool = False, num_warps: int = 4,
+                     num_stages: int = 2) -> Float[Array, "b 1 n h"]:
+    """Same result as `qwen2.cached_attention` for one query token per row (slots 0..position)."""
+    b, t, n, h = q.shape
+    _, kv, s, _ = k.shape
+    assert t == 1, "decode_attention takes one query token per row"
+    g = n // kv
+    gp = max(16, pl.next_power_of_2(g))  # tensor-core tile minimum; extra query rows are zeros
+    bk = block_size(s)
+    assert bk is not None, f"cache length {s} needs a power-of-two divisor >= 16"
+    qg = q.reshape(b, kv, g, h)
+    if gp != g:
+        qg = jnp.pad(qg, ((0, 0), (0, 0), (0, gp - g), (0, 0)))
+    lengths = jnp.minimum(positions[:, 0] + 1, s).astype(jnp.int32)  # rows writing nowhere: clamp
+    lengths = jnp.broadcast_to(lengths[:, None], (b, kv))
+    kwargs = {}
+    if not interpret:
+        from jax.experimental.pallas import triton as plgpu
+        kwargs["compiler_params"] = plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    out = pl.pallas_call(
+        functools.partial(_kernel, block_k=bk, scale=h ** -0.5),
+        grid=(b, kv),
+        in_specs=[
+            pl.BlockSpec((None, None), lambda i, j: (i, j)),
+            pl.BlockSpec((None, None, gp, h), lambda i, j: (i, j, 0, 0)),
+            pl.BlockSpec((None, None, s, h), lambda i, j: (i, j, 0, 0)),
+            pl.BlockSpec((None, None, s, h), lambda i, j: (i, j, 0, 0)),
+        ],
+        out_specs=pl.BlockSpec((None, None, gp, h), lambda i, j: (i, j, 0, 0)),
+        out_shape=jax.ShapeDtypeStruct((b, kv, gp, h), q.dtype),
+        interpret=interpret,
+        name="earl_decode_attention",
+        **kwargs,
+    )(lengths, qg, k, v)
+    return out[:, :, :g].reshape(b, 1, n, h)
