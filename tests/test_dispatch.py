@@ -29,6 +29,9 @@ WEIGHTS = {
     "up": ((32, 64), ("embed", "mlp")),
     "down": ((64, 32), ("mlp", "embed")),
     "norm": ((32,), ("embed",)),
+    # few heads: tensor=4 takes them all, so fsdp=8's factor cannot land on the heads dimension
+    "q4": ((32, 4, 16), ("embed", "heads", "head_dim")),
+    "o4": ((4, 16, 32), ("heads", "head_dim", "embed")),
 }
 BATCH = {"tokens": ((16, 32), np.int32), "logprobs": ((16, 32), np.float32),
          "advantages": ((16, 32), np.float32), "mask": ((16, 32), np.bool_)}
@@ -378,3 +381,25 @@ def test_no_full_rematerialization_on_stage_layouts(capfd):
     assert REMAT not in err, err[:2000]
     if REMAT not in control:
         pytest.skip("this XLA no longer rematerializes the control case; nothing to avoid")
+
+
+def test_real_model_state_train_to_rollout(capfd):
+    """The trainer's own move: an nnx.State of the Qwen2 model, targets from mesh.state_shardings."""
+    from flax import nnx
+
+    from earl_jax.models.config import ModelConfig
+    from earl_jax.models.init import init_sharded
+    from earl_jax.parallel.mesh import state_shardings
+
+    train_mesh, rollout_mesh = make_mesh(MeshShape(1, 8, 1)), make_mesh(MeshShape(2, 1, 4))
+    params = nnx.state(init_sharded(ModelConfig.tiny(), train_mesh, STAGE_RULES["train"]), nnx.Param)
+    capfd.readouterr()
+    d = Dispatcher()
+    with no_host():
+        r = d(params, state_shardings(params, rollout_mesh, STAGE_RULES["rollout"]))
+        r = d(params, state_shardings(params, rollout_mesh, STAGE_RULES["rollout"]))
+    assert d.last.compiled == 0 and d.last.routes.get("reshard", 0) > 0
+    assert REMAT not in capfd.readouterr().err
+    assert isinstance(r, nnx.State)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(r)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -8,7 +8,7 @@ the device that consumes it. In JAX that means choosing, per transfer, a route t
 - ``reshard``   same ordered device list: ONE compiled identity with ``out_shardings`` for every such
                 leaf of the tree (XLA collectives over NVLink), cached so it compiles once. Moves that
                 XLA would do by "full rematerialization" go through an intermediate layout inside the
-                same program (see layout.mid_sharding).
+                same program (see layout.mid_shardings).
 - ``two_step``  different device set or order (jit refuses those): reshard on the source devices into
                 a layout with the target's blocks, then copy each block 1:1 to its target device
                 (``jax.device_put`` of single-device arrays) and assemble with
@@ -173,11 +173,16 @@ class Dispatcher:
         key = tuple((x.shape, x.dtype, x.sharding, o) for x, o in zip(xs, outs))
         prog = self._programs.get(key)
         if prog is None:
-            mids = [layout.mid_sharding(x.shape, x.sharding, o) for x, o in zip(xs, outs)]
+            mids = [layout.mid_shardings(x.shape, x.sharding, o) for x, o in zip(xs, outs)]
 
             def move(*args):
-                # the constraint splits moves that XLA would otherwise do by full rematerialization
-                return tuple(a if m is None else jax.lax.with_sharding_constraint(a, m) for a, m in zip(args, mids))
+                # the constraints split moves that XLA would otherwise do by full rematerialization
+                out = []
+                for a, steps in zip(args, mids):
+                    for m in steps:
+                        a = jax.lax.with_sharding_constraint(a, m)
+                    out.append(a)
+                return tuple(out)
 
             prog = jax.jit(move, out_shardings=tuple(outs)).lower(*xs).compile()
             self._programs[key] = prog

@@ -5,7 +5,7 @@ dimension, or moving tiles between dimensions at equal count), but when tiles mo
 AND their count changes (e.g. fsdp=8 over rows -> tensor=4 over columns, the train -> rollout weight
 move), it falls back to "Involuntary full rematerialization": gather the whole array on every device,
 then slice. We split such a move in two inside one program: first an all-to-all into the target's
-dimensions at the source's tile count (`mid_sharding`), then a plain gather/slice along those
+dimensions at the source's tile count (`mid_shardings`), then a plain gather/slice along those
 dimensions. And jit refuses in/out shardings whose ordered device lists differ, so a move to another
 device order or set first reshards on the source devices into a layout with the target's blocks
 (`aligned_sharding`) and then copies whole blocks device to device.
@@ -18,7 +18,7 @@ Measured on CPU, 8 fake devices, jax 0.10.2 with Shardy (what the tests pin down
 - data x tensor 2x4 -> 4x2 built by make_mesh over the same device list keeps the flat device order,
   so jit accepts it and it does not rematerialize; a mesh over the same devices in another order is
   refused by jit outright ("incompatible devices"), hence two_step;
-- with `mid_sharding`: no warning on any stage move, nor on 1,500 random pairs of those shardings.
+- with `mid_shardings`: no warning on any stage move, nor on 1,500 random pairs of those shardings.
 """
 
 from __future__ import annotations
@@ -58,39 +58,37 @@ def _block_mesh_sharding(devices: Sequence[jax.Device], counts: Sequence[int]) -
     return NamedSharding(mesh, P(*[names[i] if c > 1 else None for i, c in enumerate(counts)]))
 
 
-def mid_sharding(shape: Sequence[int], src: Sharding, dst: Sharding) -> NamedSharding | None:
-    """An intermediate layout on src's devices that avoids XLA's full rematerialization, or None when
-    the direct reshard is fine (at most one dimension changes its tile count).
+def mid_shardings(shape: Sequence[int], src: Sharding, dst: Sharding) -> list[NamedSharding]:
+    """Intermediate layouts on src's devices that avoid XLA's full rematerialization: empty when the
+    direct reshard is fine (at most one dimension changes its tile count).
 
-    The intermediate has the target's tiling with the source's total tile count: src -> mid is an
-    all-to-all, mid -> dst a gather (or slice) along one dimension.
+    Each step changes what XLA's partitioner does well: first all-to-alls, each moving a factor of
+    the tile count from a dimension that has too many tiles to one that needs more (two dimensions
+    change, the total stays), then single-dimension gathers, then single-dimension slices. The last
+    step is the target itself (reached through jit's out_shardings), so it is not listed.
     """
     ts, td = tile_counts(shape, src), tile_counts(shape, dst)
     if sum(a != b for a, b in zip(ts, td)) < 2:
-        return None
-    ns, nd = math.prod(ts), math.prod(td)
-    tm = list(td)
-    order = sorted(range(len(td)), key=lambda i: -td[i])  # put the extra factor on the most-cut dim
-    if ns >= nd:
-        f = ns // nd
-        if ns % nd:
-            return None
-        i = next((i for i in order if shape[i] % (tm[i] * f) == 0), None)
-        if i is None:
-            return None
-        tm[i] *= f
-    else:
-        f = nd // ns
-        if nd % ns:
-            return None
-        i = next((i for i in order if tm[i] % f == 0), None)
-        if i is None:
-            return None
-        tm[i] //= f
+        return []
+    n = len(ordered_devices(src))
+    cur, steps = list(ts), []
+    for i in range(len(cur)):  # all-to-alls
+        for j in range(len(cur)):
+            if i == j or td[i] % cur[i] or cur[j] % td[j]:
+                continue
+            g = math.gcd(td[i] // cur[i], cur[j] // td[j])
+            if g > 1:
+                cur[i] *= g
+                cur[j] //= g
+                steps.append(tuple(cur))
+    for grow in (False, True):  # gathers (fewer tiles) first, then slices (more tiles)
+        for i in range(len(cur)):
+            if (td[i] > cur[i]) == grow and td[i] != cur[i]:
+                cur[i] = td[i]
+                steps.append(tuple(cur))
+    steps = [c for c in steps[:-1] if n % math.prod(c) == 0 and all(m % k == 0 for m, k in zip(shape, c))]
     devs = ordered_devices(src)
-    if len(devs) % math.prod(tm):
-        return None
-    return _block_mesh_sharding(devs, tm)
+    return [_block_mesh_sharding(devs, c) for c in steps]
 
 
 def aligned_sharding(shape: Sequence[int], src: Sharding, dst: Sharding) -> NamedSharding:
