@@ -379,8 +379,21 @@ def test_no_full_rematerialization_on_stage_layouts(capfd):
         assert_tree_equal(y, host)
     err = capfd.readouterr().err
     assert REMAT not in err, err[:2000]
+    assert d.remat_warnings == 0  # the HLO check agrees with XLA's own warning
     if REMAT not in control:
         pytest.skip("this XLA no longer rematerializes the control case; nothing to avoid")
+
+
+def test_hlo_check_flags_the_direct_move_and_not_the_dispatcher():
+    from earl_jax.parallel.layout import rematerialized
+
+    src, dst = weight_shardings(MeshShape(1, 8, 1), "train")["up"], weight_shardings(MeshShape(2, 1, 4), "rollout")["up"]
+    x = jax.ShapeDtypeStruct((32, 64), np.float32, sharding=src)
+    direct = jax.jit(lambda v: v + 0, out_shardings=dst).lower(x).compile().as_text()
+    assert rematerialized(direct, [(32, 64)], [src], [dst]) == [0]
+    d = Dispatcher()
+    y = d(jax.device_put(np.ones((32, 64), np.float32), src), dst)
+    assert d.remat_warnings == 0 and y.sharding == dst
 
 
 def test_real_model_state_train_to_rollout(capfd):

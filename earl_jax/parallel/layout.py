@@ -24,6 +24,7 @@ Measured on CPU, 8 fake devices, jax 0.10.2 with Shardy (what the tests pin down
 from __future__ import annotations
 
 import math
+import re
 from typing import Sequence
 
 import jax
@@ -123,3 +124,23 @@ def relative(outer: Index, inner: Index, shape: Sequence[int]) -> tuple[tuple[in
         starts.append(i0 - o0)
         limits.append(i1 - o0)
     return tuple(starts), tuple(limits)
+
+
+# result shape of a collective: "%all-gather.3 = f32[64,32]{0,1} all-gather(...)"
+_HLO_COLLECTIVE = re.compile(r"=\s*(?:pred|bf16|[suf]\d+|c\d+|f8\w*)\[([0-9,]*)\]\S*\s+"
+                             r"(?:all-gather|all-reduce|all-to-all|collective-permute)\b")
+
+
+def rematerialized(hlo_text: str, shapes: Sequence[Sequence[int]], srcs: Sequence[Sharding],
+                   dsts: Sequence[Sharding]) -> list[int]:
+    """Leaves whose whole global array is the result of a collective in a compiled program although
+    neither their source nor their target block is the whole array: the signature of XLA's full
+    rematerialization. With several leaves one leaf's block can have another's global shape, so a
+    hit is a suspect to confirm on a one-leaf program."""
+    seen = {tuple(int(v) for v in m.split(",") if v) for m in _HLO_COLLECTIVE.findall(hlo_text)}
+    out = []
+    for k, (shape, s, d) in enumerate(zip(shapes, srcs, dsts)):
+        shape = tuple(shape)
+        if shape in seen and s.shard_shape(shape) != shape and d.shard_shape(shape) != shape:
+            out.append(k)
+    return out
