@@ -118,6 +118,12 @@ def main():
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=256)
     ap.add_argument("--steps-per-check", default="1", help="decode steps per while_loop iteration, list")
+    ap.add_argument("--decode-attention", default="xla,pallas", help="list of Sampler decode_attention")
+    ap.add_argument("--xla-options", default="default",
+                    help="';'-separated variants of comma-separated XLA options for the sampler's programs, "
+                         "e.g. 'default;xla_gpu_enable_triton_gemm=false'")
+    ap.add_argument("--hlo", action="store_true", help="write the optimized HLO of each decode program")
+    ap.add_argument("--tag", default="", help="suffix of the JSON name (exploration runs)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT"))
@@ -153,84 +159,98 @@ def main():
         prompts = rng.integers(3, 1000, (b, prompt)).astype(np.int32)
         kv_avg = kv_token * (prompt + gen / 2) * b
         roof = b / ((weight_bytes + kv_avg) / bw)
-        for k in [int(x) for x in args.steps_per_check.split(",")]:
-            sampler = Sampler(graphdef, cfg, cache_dtype=dtype, steps_per_check=k)
+        variants = [(k, att, xo) for k in [int(x) for x in args.steps_per_check.split(",")]
+                    for att in args.decode_attention.split(",") for xo in args.xla_options.split(";")]
+        for k, att, xo in variants:
+            try:
+                opts = None if xo == "default" else {
+                    kv.split("=")[0]: {"true": True, "false": False}.get(kv.split("=")[1], kv.split("=")[1])
+                    for kv in xo.split(",")}
+                sampler = Sampler(graphdef, cfg, cache_dtype=dtype, steps_per_check=k, decode_attention=att,
+                                  compiler_options=opts)
+                vname = f"b{b}_k{k}_{att}_{'default' if opts is None else re.sub('[^A-Za-z0-9]+', '_', xo)}"
 
-            def prefill():
-                state = sampler.init_state(b, prompt + gen)
-                jax.block_until_ready(state)
-                t = time.perf_counter()
-                state = sampler.extend(params, state, prompts, np.full((b,), prompt))
-                jax.block_until_ready(state)
-                return state, time.perf_counter() - t
+                def prefill():
+                    state = sampler.init_state(b, prompt + gen)
+                    jax.block_until_ready(state)
+                    t = time.perf_counter()
+                    state = sampler.extend(params, state, prompts, np.full((b,), prompt))
+                    jax.block_until_ready(state)
+                    return state, time.perf_counter() - t
 
-            def decode(state, key):
-                t = time.perf_counter()
-                state, g = sampler.generate(params, state, key, max_new_tokens=gen, budget=gen,
-                                            stop_tokens=(), sampling=sampling)
-                jax.block_until_ready(g)
-                return state, g, time.perf_counter() - t
+                def decode(state, key):
+                    t = time.perf_counter()
+                    state, g = sampler.generate(params, state, key, max_new_tokens=gen, budget=gen,
+                                                stop_tokens=(), sampling=sampling)
+                    jax.block_until_ready(g)
+                    return state, g, time.perf_counter() - t
 
-            t0 = time.perf_counter()
-            state, _ = prefill()
-            _, g, _ = decode(state, jax.random.key(0))  # warm-up: compiles
-            compile_s = time.perf_counter() - t0
-            assert int(np.asarray(g.num_tokens).sum()) == b * gen, np.asarray(g.num_tokens)
-            pre, dec = [], []
-            for r in range(args.runs):
-                state, tp = prefill()
-                _, g, td = decode(state, jax.random.key(r + 1))
-                pre.append(tp)
-                dec.append(td)
-            td, tp = statistics.median(dec), statistics.median(pre)
-            run = {"batch": b, "steps_per_check": k, "decode_s": td, "tok_s": b * gen / td,
-                   "step_ms": td / gen * 1e3, "prefill_s": tp, "prefill_tok_s": b * prompt / tp,
-                   "roofline_tok_s": roof, "frac_roofline": b * gen / td / roof,
-                   "achieved_GBps": (weight_bytes + kv_avg) * gen / td / 1e9,
-                   "warmup_compile_s": compile_s, "decode_runs_s": dec, "compile_count": sampler.compile_count}
-            print(json.dumps({k_: (round(v, 4) if isinstance(v, float) else v) for k_, v in run.items()
-                              if k_ != "decode_runs_s"}), flush=True)
-
-            if args.profile and out_dir is not None and k == 1:
-                tdir = f"/tmp/trace_b{b}_k{k}"
+                t0 = time.perf_counter()
                 state, _ = prefill()
-                with jax.profiler.trace(tdir):
-                    _, g, _ = decode(state, jax.random.key(99))
-                try:
-                    run["profile"] = kernel_breakdown(tdir, gen)
-                    if run["profile"]:
-                        run["profile"]["categories"] = categorize(run["profile"]["kernels"])
-                        ks = run["profile"]["kernels"]
-                        print(f"profile b={b}: kernel time {ks['per_step_us']:.0f} us/step of "
-                              f"{run['step_ms'] * 1e3:.0f} us wall; lines {run['profile']['lines']}", flush=True)
-                        for row in ks["top"][:25]:
-                            print(f"  {row['us_per_step']:8.1f} us/step  x{row['calls_per_step']:5.1f}  {row['name']}")
-                        print("  by op:", flush=True)
-                        for row in run["profile"]["xla_ops"]["top"][:25]:
-                            print(f"  {row['us_per_step']:8.1f} us/step  x{row['calls_per_step']:5.1f}  {row['name']}")
-                        print("  categories:", json.dumps({c: round(v, 1) for c, v in
-                                                            run["profile"]["categories"].items()}), flush=True)
-                except Exception as e:  # the numbers above stand without the breakdown
-                    run["profile_error"] = repr(e)[:300]
-                    print("profile failed:", repr(e)[:300], flush=True)
-                try:
+                _, g, _ = decode(state, jax.random.key(0))  # warm-up: compiles
+                compile_s = time.perf_counter() - t0
+                assert int(np.asarray(g.num_tokens).sum()) == b * gen, np.asarray(g.num_tokens)
+                pre, dec = [], []
+                for r in range(args.runs):
+                    state, tp = prefill()
+                    _, g, td = decode(state, jax.random.key(r + 1))
+                    pre.append(tp)
+                    dec.append(td)
+                td, tp = statistics.median(dec), statistics.median(pre)
+                run = {"variant": vname, "batch": b, "steps_per_check": k, "decode_attention": att,
+                       "xla_options": xo, "decode_s": td, "tok_s": b * gen / td,
+                       "step_ms": td / gen * 1e3, "prefill_s": tp, "prefill_tok_s": b * prompt / tp,
+                       "roofline_tok_s": roof, "frac_roofline": b * gen / td / roof,
+                       "achieved_GBps": (weight_bytes + kv_avg) * gen / td / 1e9,
+                       "warmup_compile_s": compile_s, "decode_runs_s": dec, "compile_count": sampler.compile_count}
+                print(json.dumps({k_: (round(v, 4) if isinstance(v, float) else v) for k_, v in run.items()
+                                  if k_ != "decode_runs_s"}), flush=True)
+
+                if args.profile and out_dir is not None:
+                    tdir = f"/tmp/trace_{vname}"
                     state, _ = prefill()
-                    hlo = sampler._generate.lower(params, state, jax.random.key(0), jnp.full((b,), gen, jnp.int32),
-                                                  gen, (), sampling, jnp.int32(gen)).compile().as_text()
-                    (out_dir / f"generate_b{b}_hlo.txt").write_text(hlo)
-                except Exception as e:
-                    print("hlo dump failed:", repr(e)[:300], flush=True)
-            results["runs"].append(run)
+                    with jax.profiler.trace(tdir):
+                        _, g, _ = decode(state, jax.random.key(99))
+                    try:
+                        run["profile"] = kernel_breakdown(tdir, gen)
+                        if run["profile"]:
+                            run["profile"]["categories"] = categorize(run["profile"]["kernels"])
+                            ks = run["profile"]["kernels"]
+                            print(f"profile {vname}: kernel time {ks['per_step_us']:.0f} us/step of "
+                                  f"{run['step_ms'] * 1e3:.0f} us wall; lines {run['profile']['lines']}", flush=True)
+                            for row in ks["top"][:18]:
+                                print(f"  {row['us_per_step']:7.1f} us/step x{row['calls_per_step']:4.0f} {row['name'][:60]}")
+                            print("  categories:", json.dumps({c: round(v, 1) for c, v in
+                                                                run["profile"]["categories"].items()}), flush=True)
+                    except Exception as e:  # the numbers above stand without the breakdown
+                        run["profile_error"] = repr(e)[:300]
+                        print("profile failed:", repr(e)[:300], flush=True)
+                if args.hlo and out_dir is not None:
+                    try:
+                        state, _ = prefill()
+                        hlo = sampler._generate.lower(params, state, jax.random.key(0), jnp.full((b,), gen, jnp.int32),
+                                                      gen, (), sampling, jnp.int32(gen)).compile().as_text()
+                        (out_dir / f"hlo_{vname}.txt").write_text(hlo)
+                    except Exception as e:
+                        print("hlo dump failed:", repr(e)[:300], flush=True)
+                results["runs"].append(run)
+            except Exception as e:  # a variant that fails to compile or run must not lose the others
+                import traceback
+                traceback.print_exc()
+                results["runs"].append({"variant": f"b{b}_k{k}_{att}_{xo}", "error": repr(e)[:500]})
 
     name = re.sub(r"[^A-Za-z0-9]+", "_", device).strip("_")
-    path = Path(__file__).parent / "results" / f"bench_rollout_{name}.json"
+    path = Path(__file__).parent / "results" / f"bench_rollout_{name}{'_' + args.tag if args.tag else ''}.json"
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(results, indent=1))
     if out_dir is not None:
         (out_dir / path.name).write_text(json.dumps(results, indent=1))
     print("summary:")
     for r in results["runs"]:
-        print(f"  {device} b={r['batch']:4d} k={r['steps_per_check']}: {r['tok_s']:9.0f} tok/s "
+        if "error" in r:
+            print(f"  {device} {r['variant']}: FAILED {r['error'][:200]}")
+            continue
+        print(f"  {device} {r['variant']}: {r['tok_s']:9.0f} tok/s "
               f"({r['step_ms']:.3f} ms/step, {100 * r['frac_roofline']:.0f}% of roofline {r['roofline_tok_s']:.0f}), "
               f"prefill {r['prefill_s'] * 1e3:.1f} ms")
     print(f"wrote {path}")

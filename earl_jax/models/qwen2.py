@@ -27,8 +27,9 @@ from earl_jax.parallel.context import constrain
 
 _INIT_STD = 0.02
 
-# Attention for one new token per row over the cache (decode), swappable for a fused kernel at trace
-# time; same signature and result as `cached_attention`. None: `cached_attention`.
+# Decode step's cache write + attention (one new token per row), swappable for fused kernels at trace
+# time: fn(q, k_new, v_new, cache, positions) -> (out, cache), the result of `LayerCache.write` then
+# `cached_attention`. None: those two.
 _DECODE_ATTENTION: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("decode_attention", default=None)
 
 
@@ -107,9 +108,12 @@ class Attention(nnx.Module):
         if cache is None:
             out = causal_attention(q, k, v)
         else:
-            cache = cache.write(k, v, positions)
-            attend = _DECODE_ATTENTION.get() if q.shape[1] == 1 else None
-            out = (attend or cached_attention)(q, cache.k, cache.v, positions)
+            decode = _DECODE_ATTENTION.get() if q.shape[1] == 1 else None
+            if decode is not None:
+                out, cache = decode(q, k, v, cache, positions)
+            else:
+                cache = cache.write(k, v, positions)
+                out = cached_attention(q, cache.k, cache.v, positions)
         out = constrain(out, ("batch", "length", "act_heads", None))
         y = jnp.einsum("btnh,nhd->btd", out, self.o_nhd[...].astype(self.dtype))
         return y, cache

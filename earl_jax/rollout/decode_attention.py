@@ -86,3 +86,78 @@ def decode_attention(q: Float[Array, "b 1 n h"], k: Float[Array, "b k s h"], v: 
         **kwargs,
     )(lengths, qg, k, v)
     return out[:, :, :g].reshape(b, 1, n, h)
+
+
+def _fused_kernel(pos_ref, q_ref, kn_ref, vn_ref, k_ref, v_ref, o_ref, k_out_ref, v_out_ref, *, block_k: int,
+                  scale: float, s: int):
+    pos = pos_ref[()]  # the new token's slot; >= s writes nowhere
+    q = (q_ref[...].astype(jnp.float32) * scale).astype(k_ref.dtype)  # [G, h]
+    k_new, v_new = kn_ref[...], vn_ref[...]  # [1, h]
+
+    @pl.when(pos < s)
+    def _():
+        k_out_ref[pl.ds(pos, 1), :] = k_new
+        v_out_ref[pl.ds(pos, 1), :] = v_new
+
+    # The new token's own score starts the online softmax; the cache supplies slots [0, pos).
+    s_new = jnp.sum(q.astype(jnp.float32) * k_new.astype(jnp.float32), axis=-1)  # [G]
+    g, h = q.shape
+    o = jnp.broadcast_to(v_new.astype(jnp.float32), (g, h))
+    m, l = s_new, jnp.ones((g,), jnp.float32)
+    length = jnp.minimum(pos, s)
+    idx = jnp.arange(block_k)
+
+    def body(i, carry):
+        o, m, l = carry
+        sl = pl.ds(i * block_k, block_k)
+        sc = jnp.dot(q, k_ref[sl, :].T, preferred_element_type=jnp.float32)
+        sc = jnp.where((i * block_k + idx)[None, :] < length, sc, -1e30)
+        m_new = jnp.maximum(m, sc.max(axis=-1))
+        corr = jnp.exp(m - m_new)
+        p = jnp.exp(sc - m_new[:, None])
+        l = l * corr + p.sum(axis=-1)
+        v = v_ref[sl, :]
+        o = o * corr[:, None] + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        return o, m_new, l
+
+    o, _, l = jax.lax.fori_loop(0, pl.cdiv(length, block_k), body, (o, m, l))
+    o_ref[...] = (o / l[:, None]).astype(o_ref.dtype)
+
+
+def write_and_attend(q: Float[Array, "b 1 n h"], k_new: Float[Array, "b 1 k h"], v_new: Float[Array, "b 1 k h"],
+                     cache, positions: Int[Array, "b 1"], *, interpret: bool = False, num_warps: int = 4,
+                     num_stages: int = 2):
+    """One kernel per layer for a decode step: writes the new k/v at each row's position (in place: the
+    cache buffers are aliased to the outputs) and attends over slots 0..position. Returns (out, cache)."""
+    from earl_jax.models.cache import LayerCache
+    b, t, n, h = q.shape
+    _, kv, s, _ = cache.k.shape
+    assert t == 1
+    g = n // kv
+    gp = max(16, pl.next_power_of_2(g))
+    bk = block_size(s)
+    qg = q.reshape(b, kv, g, h)
+    if gp != g:
+        qg = jnp.pad(qg, ((0, 0), (0, 0), (0, gp - g), (0, 0)))
+    pos = jnp.broadcast_to(positions[:, :1].astype(jnp.int32), (b, kv))
+    kn = k_new.reshape(b, kv, 1, h).astype(cache.k.dtype)
+    vn = v_new.reshape(b, kv, 1, h).astype(cache.v.dtype)
+    kwargs = {}
+    if not interpret:
+        from jax.experimental.pallas import triton as plgpu
+        kwargs["compiler_params"] = plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    row = lambda shape: pl.BlockSpec((None, None, *shape), lambda i, j: (i, j, 0, 0))
+    out, k_cache, v_cache = pl.pallas_call(
+        functools.partial(_fused_kernel, block_k=bk, scale=h ** -0.5, s=s),
+        grid=(b, kv),
+        in_specs=[pl.BlockSpec((None, None), lambda i, j: (i, j)), row((gp, h)), row((1, h)), row((1, h)),
+                  row((s, h)), row((s, h))],
+        out_specs=[row((gp, h)), row((s, h)), row((s, h))],
+        out_shape=[jax.ShapeDtypeStruct((b, kv, gp, h), q.dtype), jax.ShapeDtypeStruct(cache.k.shape, cache.k.dtype),
+                   jax.ShapeDtypeStruct(cache.v.shape, cache.v.dtype)],
+        input_output_aliases={4: 1, 5: 2},
+        interpret=interpret,
+        name="earl_decode_write_attend",
+        **kwargs,
+    )(pos, qg, kn, vn, cache.k, cache.v)
+    return out[:, :, :g].reshape(b, 1, n, h), LayerCache(k_cache, v_cache)

@@ -31,7 +31,7 @@ from earl_jax.models.config import ModelConfig
 from earl_jax.models.qwen2 import use_decode_attention
 from earl_jax.parallel.context import use_mesh_rules
 from earl_jax.parallel.mesh import Rules, logical_sharding
-from earl_jax.rollout.decode_attention import block_size, decode_attention
+from earl_jax.rollout.decode_attention import block_size, decode_attention, write_and_attend
 from earl_jax.rollout.sampling import SamplingConfig, sample_logits
 
 DEFAULT_LENGTH_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -89,18 +89,19 @@ class Sampler:
                  rules: Rules | None = None, cache_dtype: Any = jnp.bfloat16,
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
                  cache_buckets: Sequence[int] = DEFAULT_CACHE_BUCKETS, steps_per_check: int = 1,
-                 decode_attention: str = "auto"):
+                 decode_attention: str = "auto", compiler_options: dict[str, Any] | None = None):
         if (mesh is None) != (rules is None):
             raise ValueError("Sampler: give both mesh and rules, or neither")
         self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, rules
         self.cache_dtype = cache_dtype
         self.steps_per_check = steps_per_check  # decode steps per while_loop iteration (early-exit check)
-        # "pallas": fused flash-decoding kernel (one device; GPU, or CPU in interpret mode for tests);
-        # "xla": plain XLA ops (any mesh); "auto": pallas on a single GPU, else xla.
+        # "pallas": flash-decoding kernel after XLA's cache write; "fused": one kernel writes the new k/v in
+        # place and attends (one device; GPU, or CPU with the *_interpret variants for tests);
+        # "xla": plain XLA ops (any mesh); "auto": fused on a single GPU, else xla.
         if decode_attention == "auto":
             single = mesh is None or mesh.devices.size == 1
-            decode_attention = "pallas" if single and jax.default_backend() == "gpu" else "xla"
-        if decode_attention not in ("xla", "pallas", "pallas_interpret"):
+            decode_attention = "fused" if single and jax.default_backend() == "gpu" else "xla"
+        if decode_attention not in ("xla", "pallas", "pallas_interpret", "fused", "fused_interpret"):
             raise ValueError(f"Sampler: decode_attention must be auto, xla or pallas, got {decode_attention!r}")
         self.decode_attention = decode_attention
         self.length_buckets = tuple(sorted(length_buckets))
@@ -108,8 +109,11 @@ class Sampler:
         self._traces = 0
         self._init = jax.jit(self._init_impl, static_argnums=(0, 1))
         self._grow = jax.jit(self._grow_impl, static_argnums=(1,))
-        self._extend = jax.jit(self._extend_impl, donate_argnums=(1,))
-        self._generate = jax.jit(self._generate_impl, static_argnums=(4, 5, 6), donate_argnums=(1,))
+        # XLA options for the extend / generate programs only (e.g. {"xla_gpu_enable_triton_gemm": False}).
+        opts = dict(compiler_options) if compiler_options else None
+        self._extend = jax.jit(self._extend_impl, donate_argnums=(1,), compiler_options=opts)
+        self._generate = jax.jit(self._generate_impl, static_argnums=(4, 5, 6), donate_argnums=(1,),
+                                 compiler_options=opts)
 
     # ---- public API --------------------------------------------------------------------------------
     @property
@@ -183,8 +187,15 @@ class Sampler:
     def _attention_ctx(self, cache_len: int):
         if self.decode_attention == "xla" or block_size(cache_len) is None:
             return contextlib.nullcontext()
-        fn = functools.partial(decode_attention, interpret=self.decode_attention == "pallas_interpret")
-        return use_decode_attention(fn)
+        interpret = self.decode_attention.endswith("_interpret")
+        if self.decode_attention.startswith("fused"):
+            return use_decode_attention(functools.partial(write_and_attend, interpret=interpret))
+        attend = functools.partial(decode_attention, interpret=interpret)
+
+        def write_then_attend(q, k, v, cache, positions):
+            cache = cache.write(k, v, positions)
+            return attend(q, cache.k, cache.v, positions), cache
+        return use_decode_attention(write_then_attend)
 
     # ---- traced programs ---------------------------------------------------------------------------
     def _init_impl(self, batch: int, max_len: int) -> SamplerState:
