@@ -627,3 +627,17 @@ def test_alphabeta_beats_random():
 def test_bad_config_is_rejected(override):
     with pytest.raises(ValueError):
         OpenSpielTextEnv(EnvConfig(**override))
+
+
+def test_minimal_style_shows_the_board_once_then_only_replies():
+    from earl_jax.envs import EnvConfig, OpenSpielTextEnv
+
+    env = OpenSpielTextEnv(EnvConfig.connect_four(prompt_style="minimal", agent_player=0))
+    first, _ = env.reset(seed=0)
+    assert first.endswith("moves: 0 1 2 3 4 5 6\n> ") and "......." in first
+    obs, *_ = env.step("3")
+    assert obs.startswith("opp ") and obs.endswith("\n> ") and obs.count("\n") == 1
+    done = False
+    while not done:  # stack column 0: the game ends with a full board shown and a result line
+        obs, _, done, _, info = env.step("0")
+    assert "result:" in obs or "invalid" in obs

@@ -32,7 +32,7 @@ class EnvConfig:
     game: str = "connect_four"  # any OpenSpiel game string, e.g. "tic_tac_toe", "breakthrough(rows=6)"
     opponent: str = "random"  # "random" | "mcts:N" | "solver" | "alphabeta:D" (see opponents.py)
     agent_player: int | None = None  # 0 moves first, 1 second, None: drawn per reset from the seed
-    prompt_style: str = "compact"  # "compact" (tiny model) | "chat" (pretrained LLM, English rules)
+    prompt_style: str = "compact"  # "compact" | "minimal" (board once, then replies only) | "chat" (English)
     max_retries: int = 0  # invalid answers allowed per move before the forfeit; 0: forfeit at once
     win_reward: float = 1.0
     loss_reward: float = -1.0

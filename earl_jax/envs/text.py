@@ -41,7 +41,7 @@ import string
 import numpy as np
 import pyspiel
 
-PROMPT_STYLES = ("compact", "chat")
+PROMPT_STYLES = ("compact", "minimal", "chat")
 COMPACT_ALPHABET = "\n .0123456789:>OXadeilmnoprstuvw"
 """Every character a compact observation of Connect Four or Tic-Tac-Toe can contain (31).
 
@@ -90,7 +90,7 @@ class GameText:
         return _VALUE_LUT[agent_player][np.frombuffer(raw, np.uint8)].reshape(self.board_shape)
 
     def render_board(self, board_text: str, prompt_style: str) -> str:
-        if prompt_style == "compact" or not self.is_preset:
+        if prompt_style in ("compact", "minimal") or not self.is_preset:
             return board_text
         rows = [" ".join(row) for row in board_text.split("\n")]
         return "\n".join(rows + ([self.cell_labels] if self.cell_labels else []))
@@ -197,7 +197,12 @@ def format_observation(
     `invalid` prefixes the invalid-answer line (a retry when `result` is None, else the forfeit;
     `board` may be None then). `state` is only read by the generic chat style, to name moves.
     """
-    if prompt_style == "compact":
+    if prompt_style == "minimal" and not first and result is None:
+        # The board and legal moves once, then only the opponent's reply: the policy tracks the game
+        # from its own context, which stays ~8 tokens a turn instead of ~80 (the CPU default's budget).
+        return ("invalid move\n" if invalid else "") + (
+            f"opp {gt.action_text(opponent_action)}\n" if opponent_action is not None else "") + "> "
+    if prompt_style in ("compact", "minimal"):
         parts = []
         if invalid:
             parts.append("invalid move\n")
@@ -208,7 +213,7 @@ def format_observation(
         if result is not None:
             parts.append(f"result: {result}\n")
         else:
-            parts.append(_moves_line(gt, "compact", tuple(legal_actions)))
+            parts.append(_moves_line(gt, prompt_style, tuple(legal_actions)))
         return "".join(parts)
 
     parts = []
@@ -236,7 +241,7 @@ def format_observation(
 @functools.lru_cache(maxsize=8192)
 def _moves_line(gt: GameText, prompt_style: str, legal_actions: tuple[int, ...]) -> str:
     """Cached: a preset has few distinct legal sets (Connect Four 127, Tic-Tac-Toe 511)."""
-    if prompt_style == "compact":
+    if prompt_style in ("compact", "minimal"):
         return "moves: " + " ".join(map(gt.action_text, legal_actions)) + "\n> "
     moves = ", ".join(map(gt.action_text, legal_actions))
     return f"Legal moves: {moves}\nAnswer with the {gt.move_noun} number.\n"

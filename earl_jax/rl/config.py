@@ -27,7 +27,9 @@ class RLConfig:
     # --- games
     opponent: str = _f("random", "training opponent: random, mcts:N, solver, alphabeta:D")
     eval_opponents: tuple[str, ...] = _f(("random",), "comma-separated opponents for greedy evaluation")
-    prompt_style: Literal["compact", "chat"] = _f("compact", "observation text: compact (tiny model) or chat (pretrained LLM)")
+    prompt_style: Literal["compact", "minimal", "chat"] = _f(
+        "minimal", "observation text: minimal (board once, then the opponent's replies: short contexts for the "
+                   "CPU default), compact (board every turn), chat (English, for a pretrained LLM)")
     agent_player: int | None = _f(None, "0 = agent moves first, 1 = second, none = random per game")
     invalid_retries: int = _f(0, "retries after an invalid move before it counts as a loss")
     # --- rollout

@@ -126,8 +126,7 @@ def play_games(policy: Policy, envs: Sequence[OpenSpielTextEnv], tokenizer: toke
             break
         for i in np.flatnonzero(live):
             turn_ctx[i].append(int(lens[i]))
-        rng, key = jax.random.split(rng)
-        generated = policy.generate(budgets.astype(np.int32), key)
+        generated = policy.generate(budgets.astype(np.int32), jax.random.fold_in(rng, turn))
         new_tokens = [[] for _ in range(n)]
         t0 = time.perf_counter()
         for i in np.flatnonzero(live):
