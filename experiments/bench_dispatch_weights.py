@@ -102,8 +102,9 @@ def main(argv=None) -> dict:
     rows = []
     for name, (src, dst) in moves.items():
         keys = list(specs)
-        params = {k: jax.jit(lambda key, s=specs[k][0]: jax.random.normal(key, s, jnp.bfloat16), out_shardings=src[k])(
-            jax.random.key(i)) for i, k in enumerate(keys)}
+        init = lambda key: {k: jax.random.normal(jax.random.fold_in(key, i), specs[k][0], jnp.bfloat16)  # noqa: E731
+                            for i, k in enumerate(keys)}
+        params = jax.jit(init, out_shardings=src)(jax.random.key(0))  # one program, made on device
         total = sum(x.nbytes for x in params.values())
         out = dispatcher(fresh_copy(params), dst)
         route = dispatcher.last.route
