@@ -30,17 +30,21 @@ PRESETS = {
 
 
 def main(argv: list[str] | None = None, default: RLConfig = DEFAULT, presets=PRESETS, name: str = "connect4") -> None:
+    from earl_jax import distributed
     from earl_jax.cli import parse_config
     from earl_jax.rl.plots import plot_run
     from earl_jax.rl.trainer import Trainer
 
     cfg = parse_config(RLConfig, argv, description=__doc__, presets=presets, base=default)
+    # Before anything touches a device: join the multi-process job, if this process is part of one.
+    distributed.maybe_initialize(cfg.coordinator, cfg.num_processes, cfg.process_id)
     trainer = Trainer(cfg)
     history = trainer.run()
-    png = plot_run(Path(cfg.run_dir) / "metrics.jsonl", Path(cfg.run_dir) / "curves.png", title=name)
-    last = history[-1] if history else {}
-    print(f"{name}: {trainer.step} iterations; eval win {last.get('eval/win_rate')}, "
-          f"draw {last.get('eval/draw_rate')}, invalid {last.get('eval/invalid_rate')}; curves: {png}")
+    if distributed.is_main():  # only process 0 writes metrics.jsonl, plots and prints
+        png = plot_run(Path(cfg.run_dir) / "metrics.jsonl", Path(cfg.run_dir) / "curves.png", title=name)
+        last = history[-1] if history else {}
+        print(f"{name}: {trainer.step} iterations; eval win {last.get('eval/win_rate')}, "
+              f"draw {last.get('eval/draw_rate')}, invalid {last.get('eval/invalid_rate')}; curves: {png}")
 
 
 if __name__ == "__main__":

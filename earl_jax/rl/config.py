@@ -87,6 +87,10 @@ class RLConfig:
         "auto", "auto = online with WANDB_API_KEY set, else offline")
     wandb_project: str = _f("earl-jax", "wandb project")
     progress: bool = _f(True, "rich progress display")
+    # --- multi-process (jax.distributed; none = from the environment: EARL_*, SLURM_*, else one process)
+    coordinator: str | None = _f(None, "coordinator HOST:PORT of a multi-process job (process 0 listens there)")
+    num_processes: int | None = _f(None, "processes in the job (one per host)")
+    process_id: int | None = _f(None, "this process's index in [0, num_processes)")
 
     def __post_init__(self):
         def need(cond: bool, name: str, msg: str):
