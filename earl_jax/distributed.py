@@ -171,16 +171,22 @@ def host_to_global(x: Any, sharding: Sharding) -> jax.Array:
 def global_to_host(x: Any) -> Any:
     """A (pytree of) global array(s) -> numpy with the full value on every process.
 
-    `jax.device_get` cannot read blocks held by other processes; those arrays are all-gathered first
-    (a collective: every process must call this with the same arrays, in the same order).
+    `jax.device_get` cannot read blocks held by other processes; those arrays are all-gathered first,
+    all in one collective (every process must call this with the same arrays, in the same order).
+    On one process this is `jax.device_get`.
     """
-    from jax.experimental import multihost_utils
+    leaves, treedef = jax.tree.flatten(x)
+    spread = [i for i, a in enumerate(leaves)
+              if isinstance(a, jax.Array) and not a.is_fully_addressable and not a.is_fully_replicated]
+    out = [np.asarray(a.addressable_data(0)) if isinstance(a, jax.Array) and not a.is_fully_addressable
+           and a.is_fully_replicated else a for a in leaves]
+    if spread:
+        from jax.experimental import multihost_utils
 
-    def one(a):
-        if not isinstance(a, jax.Array) or a.is_fully_addressable:
-            return np.asarray(jax.device_get(a))
-        if a.is_fully_replicated:
-            return np.asarray(a.addressable_data(0))
-        return np.asarray(multihost_utils.process_allgather(a, tiled=True))
-
-    return jax.tree.map(one, x)
+        gathered = multihost_utils.process_allgather([leaves[i] for i in spread], tiled=True)
+        for i, g in zip(spread, gathered):
+            out[i] = np.asarray(g)
+    rest = [i for i, a in enumerate(out) if isinstance(a, jax.Array)]
+    for i, v in zip(rest, jax.device_get([out[i] for i in rest])):
+        out[i] = np.asarray(v)
+    return jax.tree.unflatten(treedef, out)

@@ -29,6 +29,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from earl_jax.distributed import global_to_host, host_to_global
 from earl_jax.envs import EnvConfig, OpenSpielTextEnv
 from earl_jax.models.config import ModelConfig, get_config
 from earl_jax.models.init import init_sharded
@@ -163,7 +164,7 @@ class Trainer:
         """Host arrays (built by the agent loop) onto a stage's mesh, rows over the batch axes."""
         mesh = self.planner.mesh(stage)
         rows = ("data", "fsdp") if stage == "train" else ("data",)
-        return {k: jax.device_put(v, NamedSharding(mesh, P(rows))) for k, v in arrays.items()}
+        return {k: host_to_global(v, NamedSharding(mesh, P(rows))) for k, v in arrays.items()}  # all processes
 
     def _experience(self, arrays: dict[str, np.ndarray]) -> tuple[ExperienceBatch, dict[str, Any]]:
         mesh, layout = self.planner.mesh("experience"), self.planner.layout("experience")
@@ -192,7 +193,7 @@ class Trainer:
         metrics = {}
         for _ in range(self.cfg.ppo_epochs):
             self.params, self.opt_state, metrics = fn(self.params, self.opt_state, batch)
-        metrics = jax.device_get(metrics)
+        metrics = global_to_host(metrics)
         metrics["dispatch_s"] = dispatch_s
         return metrics
 
@@ -236,7 +237,7 @@ class Trainer:
                 sft[mb] = jax.jit(partial(sft_stage, self.graphdef, optimizer=self.sft_optimizer, micro_batches=mb,
                                           chunk=cfg.logprob_chunk), donate_argnums=(0, 1))
             self.params, opt_state, metrics = sft[mb](self.params, opt_state, arrays["tokens"], arrays["loss_mask"])
-        return {k: float(v) for k, v in jax.device_get(metrics).items()}
+        return {k: float(v) for k, v in global_to_host(metrics).items()}
 
     def evaluate(self) -> dict[str, float]:
         """Greedy games against each evaluation opponent (fixed seeds, so evaluations are comparable)."""

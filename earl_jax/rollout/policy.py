@@ -8,6 +8,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from earl_jax.distributed import global_to_host
 from earl_jax.rollout.sampler import Sampler, SamplingConfig
 
 
@@ -43,7 +44,8 @@ class SamplerPolicy:
         self.state, gen = self.sampler.generate(
             self.params, self.state, rng, max_new_tokens=self.max_new_tokens, budget=budgets,
             stop_tokens=self.stop_tokens, sampling=self.sampling)
-        tokens, logprobs, counts, stopped = jax.device_get((gen.tokens, gen.logprobs, gen.num_tokens, gen.stopped))
+        # global_to_host: over several processes the rows live on other hosts too (device_get on one)
+        tokens, logprobs, counts, stopped = global_to_host((gen.tokens, gen.logprobs, gen.num_tokens, gen.stopped))
         self.lengths += counts
         return [(tokens[i, :counts[i]].tolist(), logprobs[i, :counts[i]].tolist(), bool(stopped[i]))
                 for i in range(len(budgets))]
