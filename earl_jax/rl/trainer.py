@@ -132,7 +132,9 @@ class Trainer:
     # ---------------------------------------------------------------- checkpoints
     def _state(self) -> dict[str, Any]:
         return {"params": self.params, "opt_state": self.opt_state,
-                "rng": jax.random.key_data(jax.random.key(self.cfg.seed))}
+                # a global (replicated) array: orbax cannot save a single-device array over several processes
+                "rng": host_to_global(jax.random.key_data(jax.random.key(self.cfg.seed)),
+                                      NamedSharding(self.planner.mesh("train"), P()))}
 
     def save(self) -> None:
         self.checkpointer.save(self.step, self._state(), {"step": self.step, "planner": self.planner.state_dict()})
