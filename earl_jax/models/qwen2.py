@@ -163,16 +163,41 @@ class DecoderLayer(nnx.Module):
         return x, cache
 
 
+def _remat_policy(remat: bool | str):
+    if remat is False or remat is None or remat is True or remat == "full":
+        return None
+    if remat == "dots":
+        return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    policy = getattr(jax.checkpoint_policies, str(remat), None)
+    if policy is None:
+        raise ValueError(f"remat={remat!r}: expected a bool, 'full', 'dots' or a jax.checkpoint_policies name")
+    return policy
+
+
+def _remat_layer(layer: DecoderLayer, x, positions, remat: bool | str):
+    """One decoder layer (no cache) under jax.checkpoint with the given policy."""
+    graphdef, state = nnx.split(layer)
+
+    def run(state, x, positions):
+        return nnx.merge(graphdef, state)(x, positions, None)[0]
+
+    return jax.checkpoint(run, policy=_remat_policy(remat))(state, x, positions)
+
+
 class Qwen2(nnx.Module):
     """The decoder. `__call__` returns float32 logits; `hidden` + `logits` let callers chunk the vocab."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype: Any = jnp.bfloat16,
-                 param_dtype: Any = jnp.float32, remat: bool = False):
-        self.cfg, self.dtype = cfg, dtype
+                 param_dtype: Any = jnp.float32, remat: bool | str = False):
+        # remat (full-sequence forward only, i.e. training / log-probs; never with a cache): False = keep all
+        # activations; True or "full" = save nothing per layer (recompute its forward in the backward pass);
+        # "dots" = save matmul outputs, recompute the elementwise ops; any other name is a
+        # jax.checkpoint_policies attribute.
+        _remat_policy(remat)  # validate early
+        self.cfg, self.dtype, self.remat = cfg, dtype, remat
         self.embed_vd = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), param_dtype)
-        layer_cls = nnx.remat(DecoderLayer) if remat else DecoderLayer
         self.layers = nnx.List(
-            [layer_cls(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
+            [DecoderLayer(cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=param_dtype, rngs=rngs)
         if not cfg.tie_word_embeddings:
             self.lm_head_dv = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), param_dtype)
@@ -183,8 +208,12 @@ class Qwen2(nnx.Module):
         x = jnp.take(self.embed_vd[...], tokens, axis=0).astype(self.dtype)
         x = constrain(x, ("batch", "length", "act_embed"))
         new_layers = []
+        remat = getattr(self, "remat", False)
         for i, layer in enumerate(self.layers):
-            x, layer_cache = layer(x, positions, None if cache is None else cache.layers[i])
+            if cache is None and remat:
+                x, layer_cache = _remat_layer(layer, x, positions, remat), None
+            else:
+                x, layer_cache = layer(x, positions, None if cache is None else cache.layers[i])
             new_layers.append(layer_cache)
         x = self.final_norm(x)
         return x, (None if cache is None else KVCache(tuple(new_layers)))
