@@ -20,7 +20,15 @@ GREEDY = SamplingConfig(greedy=True)
 
 def _sharpen(state):
     # Random init gives near-uniform logits; a larger embedding makes argmax robust to 1e-6 rounding.
-    return jax.tree.map(lambda x: x * 8.0 if x.ndim == 2 and x.shape[0] == CFG.vocab_size else x, state)
+    # Biases start at zero; random ones check that every code path applies them to the right heads.
+    def one(path, x):
+        if x.ndim == 2 and x.shape[0] == CFG.vocab_size:
+            return x * 8.0
+        if "bias" in jax.tree_util.keystr(path):
+            seed = sum(map(ord, jax.tree_util.keystr(path)))
+            return x + 0.5 * jax.random.normal(jax.random.key(seed), x.shape, x.dtype)
+        return x
+    return jax.tree_util.tree_map_with_path(one, state)
 
 
 @pytest.fixture(scope="module")
@@ -300,6 +308,7 @@ def test_fused_attention_and_multi_step_loop_give_the_same_generation(setup):
 
     ref = run(_sampler(graphdef, decode_attention="xla"))
     for kw in (dict(decode_attention="pallas_interpret"), dict(decode_attention="fused_interpret"),
+               dict(decode_attention="step_interpret"),
                dict(decode_attention="xla", steps_per_check=3)):
         got = run(_sampler(graphdef, **kw))
         for a, b in zip(ref[:2], got[:2]):

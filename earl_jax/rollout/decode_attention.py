@@ -44,6 +44,13 @@ def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, *, block_k: int, scale: float):
     o_ref[...] = (o / l[:, None]).astype(o_ref.dtype)
 
 
+# Kernel launch parameters (overridable for tuning sweeps: EARL_DECODE_{BLOCK_K,WARPS,STAGES}).
+import os  # noqa: E402
+KERNEL_BLOCK_K = int(os.environ.get("EARL_DECODE_BLOCK_K", 128))
+KERNEL_WARPS = int(os.environ.get("EARL_DECODE_WARPS", 4))
+KERNEL_STAGES = int(os.environ.get("EARL_DECODE_STAGES", 2))
+
+
 def block_size(s: int, max_block: int = 128) -> int | None:
     """KV block: a power of two >= 16 dividing the cache length, or None (kernel not applicable)."""
     b = math.gcd(s, max_block)
@@ -124,28 +131,25 @@ def _fused_kernel(pos_ref, q_ref, kn_ref, vn_ref, k_ref, v_ref, o_ref, k_out_ref
     o_ref[...] = (o / l[:, None]).astype(o_ref.dtype)
 
 
-def write_and_attend(q: Float[Array, "b 1 n h"], k_new: Float[Array, "b 1 k h"], v_new: Float[Array, "b 1 k h"],
-                     cache, positions: Int[Array, "b 1"], *, interpret: bool = False, num_warps: int = 4,
-                     num_stages: int = 2):
-    """One kernel per layer for a decode step: writes the new k/v at each row's position (in place: the
-    cache buffers are aliased to the outputs) and attends over slots 0..position. Returns (out, cache)."""
+def write_and_attend_grouped(qg: Float[Array, "b k G h"], k_new: Float[Array, "b k h"], v_new: Float[Array, "b k h"],
+                             cache, positions: Int[Array, "b"], *, interpret: bool = False,
+                             num_warps: int | None = None, num_stages: int | None = None,
+                             block_k: int | None = None):
+    """The fused decode kernel on grouped queries (G = query heads per kv head, a power of two >= 16,
+    padding rows zero): writes k_new/v_new at each row's position in place (the cache buffers are
+    aliased to the outputs) and attends over slots 0..position. Returns (out [b k G h], cache)."""
     from earl_jax.models.cache import LayerCache
-    b, t, n, h = q.shape
-    _, kv, s, _ = cache.k.shape
-    assert t == 1
-    g = n // kv
-    gp = max(16, pl.next_power_of_2(g))
-    bk = block_size(s)
-    qg = q.reshape(b, kv, g, h)
-    if gp != g:
-        qg = jnp.pad(qg, ((0, 0), (0, 0), (0, gp - g), (0, 0)))
-    pos = jnp.broadcast_to(positions[:, :1].astype(jnp.int32), (b, kv))
+    b, kv, gp, h = qg.shape
+    s = cache.k.shape[2]
+    bk = block_size(s, block_k or KERNEL_BLOCK_K)
+    pos = jnp.broadcast_to(positions[:, None].astype(jnp.int32), (b, kv))
     kn = k_new.reshape(b, kv, 1, h).astype(cache.k.dtype)
     vn = v_new.reshape(b, kv, 1, h).astype(cache.v.dtype)
     kwargs = {}
     if not interpret:
         from jax.experimental.pallas import triton as plgpu
-        kwargs["compiler_params"] = plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+        kwargs["compiler_params"] = plgpu.CompilerParams(num_warps=num_warps or KERNEL_WARPS,
+                                                         num_stages=num_stages or KERNEL_STAGES)
     row = lambda shape: pl.BlockSpec((None, None, *shape), lambda i, j: (i, j, 0, 0))
     out, k_cache, v_cache = pl.pallas_call(
         functools.partial(_fused_kernel, block_k=bk, scale=h ** -0.5, s=s),
@@ -153,11 +157,31 @@ def write_and_attend(q: Float[Array, "b 1 n h"], k_new: Float[Array, "b 1 k h"],
         in_specs=[pl.BlockSpec((None, None), lambda i, j: (i, j)), row((gp, h)), row((1, h)), row((1, h)),
                   row((s, h)), row((s, h))],
         out_specs=[row((gp, h)), row((s, h)), row((s, h))],
-        out_shape=[jax.ShapeDtypeStruct((b, kv, gp, h), q.dtype), jax.ShapeDtypeStruct(cache.k.shape, cache.k.dtype),
+        out_shape=[jax.ShapeDtypeStruct((b, kv, gp, h), qg.dtype), jax.ShapeDtypeStruct(cache.k.shape, cache.k.dtype),
                    jax.ShapeDtypeStruct(cache.v.shape, cache.v.dtype)],
         input_output_aliases={4: 1, 5: 2},
         interpret=interpret,
         name="earl_decode_write_attend",
         **kwargs,
     )(pos, qg, kn, vn, cache.k, cache.v)
-    return out[:, :, :g].reshape(b, 1, n, h), LayerCache(k_cache, v_cache)
+    return out, LayerCache(k_cache, v_cache)
+
+
+def grouped_width(num_heads: int, num_kv_heads: int) -> int:
+    """Query rows per kv head in the kernel: the group size padded to a power of two >= 16."""
+    return max(16, pl.next_power_of_2(num_heads // num_kv_heads))
+
+
+def write_and_attend(q: Float[Array, "b 1 n h"], k_new: Float[Array, "b 1 k h"], v_new: Float[Array, "b 1 k h"],
+                     cache, positions: Int[Array, "b 1"], *, interpret: bool = False):
+    """`write_and_attend_grouped` in the model's layout (pads the query groups, slices them off)."""
+    b, t, n, h = q.shape
+    kv = cache.k.shape[1]
+    assert t == 1
+    g, gp = n // kv, grouped_width(n, kv)
+    qg = q.reshape(b, kv, g, h)
+    if gp != g:
+        qg = jnp.pad(qg, ((0, 0), (0, 0), (0, gp - g), (0, 0)))
+    out, cache = write_and_attend_grouped(qg, k_new.reshape(b, kv, h), v_new.reshape(b, kv, h), cache,
+                                          positions[:, 0], interpret=interpret)
+    return out[:, :, :g].reshape(b, 1, n, h), cache

@@ -31,6 +31,7 @@ from earl_jax.models.config import ModelConfig
 from earl_jax.models.qwen2 import use_decode_attention
 from earl_jax.parallel.context import use_mesh_rules
 from earl_jax.parallel.mesh import Rules, logical_sharding
+from earl_jax.rollout import decode_step
 from earl_jax.rollout.decode_attention import block_size, decode_attention, write_and_attend
 from earl_jax.rollout.sampling import SamplingConfig, sample_logits
 
@@ -97,11 +98,13 @@ class Sampler:
         self.steps_per_check = steps_per_check  # decode steps per while_loop iteration (early-exit check)
         # "pallas": flash-decoding kernel after XLA's cache write; "fused": one kernel writes the new k/v in
         # place and attends (one device; GPU, or CPU with the *_interpret variants for tests);
-        # "xla": plain XLA ops (any mesh); "auto": fused on a single GPU, else xla.
+        # "step": the fused kernel inside decode_step.decode_hidden (weights laid out once per call);
+        # "xla": plain XLA ops (any mesh); "auto": step on a single GPU, else xla.
         if decode_attention == "auto":
             single = mesh is None or mesh.devices.size == 1
-            decode_attention = "fused" if single and jax.default_backend() == "gpu" else "xla"
-        if decode_attention not in ("xla", "pallas", "pallas_interpret", "fused", "fused_interpret"):
+            decode_attention = "step" if single and jax.default_backend() == "gpu" else "xla"
+        if decode_attention not in ("xla", "pallas", "pallas_interpret", "fused", "fused_interpret", "step",
+                                    "step_interpret"):
             raise ValueError(f"Sampler: decode_attention must be auto, xla or pallas, got {decode_attention!r}")
         self.decode_attention = decode_attention
         self.length_buckets = tuple(sorted(length_buckets))
@@ -185,7 +188,7 @@ class Sampler:
         return contextlib.nullcontext() if self.mesh is None else use_mesh_rules(self.mesh, self.rules)
 
     def _attention_ctx(self, cache_len: int):
-        if self.decode_attention == "xla" or block_size(cache_len) is None:
+        if self.decode_attention in ("xla", "step", "step_interpret") or block_size(cache_len) is None:
             return contextlib.nullcontext()
         interpret = self.decode_attention.endswith("_interpret")
         if self.decode_attention.startswith("fused"):
@@ -241,6 +244,15 @@ class Sampler:
             k_steps = self.steps_per_check
             limit = jnp.minimum(jnp.minimum(budget, max_new_tokens), s - state.lengths)
             stops = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
+            use_step = self.decode_attention.startswith("step") and block_size(s) is not None
+            weights = decode_step.prepare(model) if use_step else None
+
+            def hidden(tok, positions, cache):  # [b], [b] -> h [b, 1, d]
+                if use_step:
+                    h, cache = decode_step.decode_hidden(model, weights, tok, positions, cache,
+                                                         interpret=self.decode_attention.endswith("_interpret"))
+                    return h[:, None], cache
+                return model.hidden(self._constrain(tok[:, None], ("batch", "length")), positions[:, None], cache)
 
             # The loop samples each next token right after the logits that predict it, so the [b, v]
             # logits never live in the loop carry; the last hidden state per row does, and next_logits
@@ -250,8 +262,8 @@ class Sampler:
                 active = ~done & (step < n)
                 toks = jax.lax.dynamic_update_slice(toks, jnp.where(active, tok, PAD_TOKEN)[:, None], (0, step))
                 lps = jax.lax.dynamic_update_slice(lps, jnp.where(active, lp, 0.0)[:, None], (0, step))
-                positions = jnp.where(active, lengths, s)[:, None]  # finished rows write nowhere
-                h, cache = model.hidden(self._constrain(tok[:, None], ("batch", "length")), positions, cache)
+                positions = jnp.where(active, lengths, s)  # finished rows write nowhere
+                h, cache = hidden(tok, positions, cache)
                 h_last = jnp.where(active[:, None], h[:, 0], h_last)
                 add = active.astype(jnp.int32)
                 num, lengths = num + add, lengths + add
