@@ -14,6 +14,21 @@ the device that consumes it. In JAX that means choosing, per transfer, a route t
                 (``jax.device_put`` of single-device arrays) and assemble with
                 ``jax.make_array_from_single_device_arrays``.
 
+Over several processes (jax.distributed: a global mesh whose devices sit on several hosts) every
+process calls the dispatcher with the same tree, and each route works on its own devices' blocks.
+``noop`` and ``reshard`` are unchanged (one program over the global mesh: XLA's collectives cross the
+hosts). ``two_step`` copies blocks device to device inside a process only, so a move whose target
+blocks sit on another process's devices is recorded under another name:
+
+- ``two_step_global``  the first step reshards into a layout where every process holds a full copy of
+                       the target's blocks (an all-gather across processes, on devices), then each
+                       process copies its own blocks;
+- ``reorder``          the same device set in another order: ``jax.device_put`` between global
+                       shardings (JAX reorders the shards, then one compiled reshard);
+- ``host_gather``      neither applies (source devices not process-major in equal counts): every
+                       process all-gathers the value to host and puts its own blocks. Correct, slow,
+                       and visible in ``DispatchStats.routes``.
+
 Named baselines, never chosen by ``auto``: ``centralized`` (gather every leaf to host numpy, then
 scatter: the single-controller pattern of veRL and EARL's baseline) and ``device_put`` (plain
 ``jax.device_put(x, target)``, which goes through the host whenever target shards are not source
@@ -32,12 +47,14 @@ import jax
 import numpy as np
 from jax.sharding import Sharding
 
+from earl_jax.distributed import global_to_host, host_to_global
 from earl_jax.parallel import layout
 
 __all__ = ["Dispatcher", "DispatchStats", "dispatch", "choose_route", "default_dispatcher", "ROUTES"]
 
 ROUTES = ("auto", "noop", "reshard", "two_step", "centralized", "device_put")
 FAST_ROUTES = ("noop", "reshard", "two_step")
+CROSS_PROCESS_ROUTES = ("two_step_global", "reorder", "host_gather")  # recorded by two_step moves across hosts
 
 
 @dataclasses.dataclass
@@ -158,10 +175,13 @@ class Dispatcher:
         by_devices: dict[tuple[int, ...], list[int]] = {}
         for i, r in enumerate(routes):
             if r == "two_step":
-                aligned[i] = layout.aligned_sharding(leaves[i].shape, leaves[i].sharding, dsts[i])
+                routes[i], a = self._two_step_layout(leaves[i], dsts[i])
+                if a is None:
+                    continue
+                aligned[i] = a
                 if leaves[i].sharding.is_equivalent_to(aligned[i], leaves[i].ndim):
                     continue  # the source blocks are already the target blocks: copy only
-            if r in ("reshard", "two_step"):
+            if routes[i] in ("reshard", "two_step", "two_step_global"):
                 by_devices.setdefault(layout.device_ids(leaves[i].sharding), []).append(i)
         groups = []
         for idx in by_devices.values():
@@ -169,6 +189,19 @@ class Dispatcher:
             groups.append((idx, self._program([leaves[i] for i in idx], outs)))
         nbytes = sum(_nbytes(x) for x, r in zip(leaves, routes) if r != "noop")
         return _Plan(routes, groups, aligned, nbytes)
+
+    @staticmethod
+    def _two_step_layout(x: jax.Array, dst: Sharding) -> tuple[str, Sharding | None]:
+        """The route and first-step layout of a two_step leaf: blocks must not cross processes in step 2."""
+        a = layout.aligned_sharding(x.shape, x.sharding, dst)
+        if layout.blocks_within_processes(x.shape, a, dst):  # always, on one process
+            return "two_step", a
+        g = layout.process_replicated_sharding(x.shape, x.sharding, dst)
+        if g is not None and layout.blocks_within_processes(x.shape, g, dst):
+            return "two_step_global", g
+        if set(layout.device_ids(x.sharding)) == set(layout.device_ids(dst)):
+            return "reorder", None
+        return "host_gather", None
 
     def _program(self, xs: list[jax.Array], outs: list[Sharding]) -> Callable:
         """Compiled identity from the xs' shardings to `outs`, cached by avals and shardings."""
@@ -209,8 +242,15 @@ class Dispatcher:
         if "centralized" in plan.routes:
             out = self._centralized(out, dsts, plan.routes)
         for i, r in enumerate(plan.routes):
-            if r == "device_put":
+            if r == "device_put":  # host leaves: each process puts its own blocks (host_to_global)
+                out[i] = (jax.device_put(leaves[i], dsts[i]) if isinstance(leaves[i], jax.Array)
+                          else host_to_global(leaves[i], dsts[i]))
+            elif r == "reorder":
                 out[i] = jax.device_put(leaves[i], dsts[i])
+        gathered = [i for i, r in enumerate(plan.routes) if r == "host_gather"]
+        if gathered:  # one collective for all of them (every process calls with the same tree)
+            for i, h in zip(gathered, global_to_host([leaves[i] for i in gathered])):
+                out[i] = host_to_global(h, dsts[i])
         for idx, prog in plan.groups:
             for i, y in zip(idx, prog(*[leaves[i] for i in idx])):
                 out[i] = y
@@ -258,7 +298,7 @@ class Dispatcher:
                 data = y.addressable_data(p)
                 pieces.append(data if start is None else self._slice(data, start, limit))
                 devices.append(dev)
-        moved = iter(jax.device_put(pieces, devices))
+        moved = iter(jax.device_put(pieces, devices) if pieces else [])  # none: no target device here
         for i in idx:
             mine = [next(moved) for _ in plan.copies[i]]
             out[i] = jax.make_array_from_single_device_arrays(out[i].shape, dsts[i], mine)
@@ -266,9 +306,11 @@ class Dispatcher:
     # ---- baselines --------------------------------------------------------------------------------
     @staticmethod
     def _centralized(out, dsts, routes):
-        """Single controller: gather every leaf to host numpy first, then scatter to the targets."""
-        host = [np.asarray(x) if r == "centralized" else None for x, r in zip(out, routes)]
-        return [jax.device_put(h, d) if r == "centralized" else x for x, h, d, r in zip(out, host, dsts, routes)]
+        """Single controller: gather every leaf to host numpy first, then scatter to the targets.
+        (Over several processes every process gathers the whole value and puts its own blocks.)"""
+        idx = [i for i, r in enumerate(routes) if r == "centralized"]
+        host = dict(zip(idx, global_to_host([out[i] for i in idx])))
+        return [host_to_global(host[i], d) if i in host else x for i, (x, d) in enumerate(zip(out, dsts))]
 
 
 _default = Dispatcher()

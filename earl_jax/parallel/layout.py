@@ -105,6 +105,38 @@ def aligned_sharding(shape: Sequence[int], src: Sharding, dst: Sharding) -> Name
     return _block_mesh_sharding(devs, counts)
 
 
+def process_replicated_sharding(shape: Sequence[int], src: Sharding, dst: Sharding) -> NamedSharding | None:
+    """Like `aligned_sharding`, but every process's share of src's devices holds ALL of dst's blocks
+    (each process one full copy), so the second step's copies stay inside each process. For moves
+    between device sets that span processes; the reshard into it is an all-gather across processes
+    (device collectives, no host). None when src's devices are not process-major in equal counts."""
+    devs = ordered_devices(src)
+    procs = [d.process_index for d in devs]
+    order = list(dict.fromkeys(procs))
+    per = len(devs) // len(order)
+    if len(devs) % len(order) or procs != [p for p in order for _ in range(per)]:
+        return None
+    counts = list(tile_counts(shape, dst))
+    while per % math.prod(counts):
+        i = max(range(len(counts)), key=lambda k: counts[k])
+        p = next(q for q in range(2, counts[i] + 1) if counts[i] % q == 0)
+        counts[i] //= p
+    names = ("proc",) + tuple(f"b{i}" for i in range(len(counts))) + ("rep",)
+    mesh = Mesh(np.asarray(devs, dtype=object).reshape(len(order), *counts, per // math.prod(counts)), names)
+    return NamedSharding(mesh, P(*[names[i + 1] if c > 1 else None for i, c in enumerate(counts)]))
+
+
+def blocks_within_processes(shape: Sequence[int], held: Sharding, dst: Sharding) -> bool:
+    """Whether each of dst's blocks is covered by a block of `held` on a device of the same process
+    (then the copies of the dispatcher's second step never leave a process)."""
+    shape = tuple(shape)
+    have = held.devices_indices_map(shape)
+    for dev, blk in dst.devices_indices_map(shape).items():
+        if not any(d.process_index == dev.process_index and contains(b, blk, shape) for d, b in have.items()):
+            return False
+    return True
+
+
 def contains(outer: Index, inner: Index, shape: Sequence[int]) -> bool:
     """Whether block `outer` covers block `inner` (both as tuples of slices over `shape`)."""
     for o, i, n in zip(outer, inner, shape):
