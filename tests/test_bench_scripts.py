@@ -1,0 +1,58 @@
+"""Benchmark / figure scripts run end to end at tiny sizes on CPU (the GPU runs use the same code paths)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from earl_jax.models.config import ModelConfig
+from earl_jax.models.qwen2 import Qwen2
+from earl_jax.rl.logprobs import token_logprobs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("remat", ["full", "dots"])
+def test_remat_policies_match_plain_gradients(remat):
+    cfg = ModelConfig.tiny(vocab_size=97).replace(num_hidden_layers=2)
+    tokens = jax.random.randint(jax.random.key(1), (2, 24), 0, 97)
+    grads = []
+    for r in (False, remat):
+        graphdef, params = nnx.split(Qwen2(cfg, rngs=nnx.Rngs(0), dtype=jnp.float32, remat=r))
+        f = lambda p: token_logprobs(nnx.merge(graphdef, p), tokens, chunk=8)[0].sum()  # noqa: B023,E731
+        grads.append(jax.jit(jax.grad(f))(params))
+    for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError):
+        Qwen2(cfg, rngs=nnx.Rngs(0), remat="no_such_policy")
+
+
+@pytest.mark.slow
+def test_bench_train_tiny(tmp_path):
+    bench = _load("bench_train")
+    out = bench.main(["--tiny", "--out", str(tmp_path)])
+    saved = json.loads(next(tmp_path.glob("bench_train_*.json")).read_text())
+    assert saved["device"] == out["device"]
+    kinds = {(r["kind"], r["B"], r["T"]) for r in saved["results"]}
+    assert kinds == {(k, b, t) for k in ("train", "experience") for b, t in ((2, 128), (4, 64))}
+    for r in saved["results"]:
+        assert r["status"] == "ok" and r["finite"] and r["tok_s"] > 0, r
+        if r["kind"] == "train":
+            assert r["skipped"] == 0.0
+    # MFU formula: 6 N per token plus causal attention
+    cfg = ModelConfig.qwen2p5_0p5b()
+    assert bench.model_flops(cfg, 8, 4096, True) == pytest.approx(
+        6 * cfg.num_params() * 8 * 4096 + 12 * 24 * 14 * 64 * 4096 * 8 * 4096 / 2)  # peer_train.py
+    assert bench.peak_flops("NVIDIA H100 80GB HBM3") == 989e12 and bench.peak_flops("NVIDIA H200") == 989e12
