@@ -165,15 +165,15 @@ def host_to_global(x: Any, sharding: Sharding) -> jax.Array:
     x = np.asarray(x)
     if sharding.is_fully_addressable:
         return jax.device_put(x, sharding)
-    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx], dtype=x.dtype)
 
 
 def global_to_host(x: Any) -> Any:
     """A (pytree of) global array(s) -> numpy with the full value on every process.
 
     `jax.device_get` cannot read blocks held by other processes; those arrays are all-gathered first,
-    all in one collective (every process must call this with the same arrays, in the same order).
-    On one process this is `jax.device_get`.
+    all in one collective (every process must call this with the same arrays, in the same order, and
+    each array must have a device on every process). On one process this is `jax.device_get`.
     """
     leaves, treedef = jax.tree.flatten(x)
     spread = [i for i, a in enumerate(leaves)

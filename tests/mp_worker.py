@@ -1,0 +1,93 @@
+"""One process of the multi-process tests (tests/test_multiprocess.py starts two of these).
+
+    python tests/mp_worker.py dispatch OUT.json     # EARL_COORDINATOR / EARL_NUM_PROCESSES / EARL_PROCESS_ID set
+
+Every process checks its own results and exits non-zero on a mismatch; process 0 writes OUT.json
+(the routes each move took, and what was compared).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from earl_jax import distributed  # noqa: E402  (jax must not touch a device before initialize)
+
+
+def dispatch_round_trip(out_path: str) -> None:
+    import jax
+    import numpy as np
+    from flax import nnx
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    from earl_jax.distributed import global_to_host, host_to_global
+    from earl_jax.models.config import get_config
+    from earl_jax.models.init import init_sharded
+    from earl_jax.parallel.dispatch import Dispatcher
+    from earl_jax.parallel.mesh import STAGE_RULES, MeshShape, make_mesh, state_shardings
+
+    assert jax.process_count() == int(os.environ["EARL_NUM_PROCESSES"]) > 1, jax.process_count()
+    d = Dispatcher()
+    report: dict = {"processes": jax.process_count(), "devices": jax.device_count(),
+                    "local_devices": jax.local_device_count()}
+
+    def holds(y, value) -> bool:
+        """Each process checks the blocks it holds (an array on some processes only has none elsewhere)."""
+        return all(np.array_equal(np.asarray(b.data), value[b.index]) for b in y.addressable_shards)
+
+    def same(a, b) -> bool:
+        return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(global_to_host(a)),
+                                                        jax.tree.leaves(global_to_host(b))))
+
+    # (1) weights: train layout (d2f2t2, embed over fsdp) -> rollout layout (d4f1t2, heads over tensor)
+    train, rollout = make_mesh(MeshShape(2, 2, 2)), make_mesh(MeshShape(4, 1, 2))
+    _, params = nnx.split(init_sharded(get_config("tiny", vocab_size=128), train, STAGE_RULES["train"], seed=3))
+    moved = d(params, state_shardings(params, rollout, STAGE_RULES["rollout"]), sync=True)
+    assert not jax.tree.leaves(params)[0].is_fully_addressable  # really spread over both processes
+    report["weights"] = {"routes": d.last.routes, "bytes": d.last.bytes, "equal": same(params, moved),
+                         "on_target": all(x.sharding.is_equivalent_to(s, x.ndim) for x, s in zip(
+                             jax.tree.leaves(moved), jax.tree.leaves(state_shardings(params, rollout,
+                                                                                     STAGE_RULES["rollout"]))))}
+
+    # (2) a batch: experience layout (rows over data=8) -> train layout (rows over data x fsdp)
+    host = np.arange(16 * 64, dtype=np.int32).reshape(16, 64)
+    experience = make_mesh(MeshShape(8, 1, 1))
+    x = host_to_global(host, NamedSharding(experience, P("data")))
+    y = d({"tokens": x}, t := NamedSharding(train, P(("data", "fsdp"))), sync=True)["tokens"]
+    report["batch"] = {"routes": d.last.routes, "equal": holds(y, host), "on_target": y.sharding == t}
+
+    # (3) to another device set whose blocks sit on the other process: two_step_global
+    devs = jax.devices()
+    half = len(devs) // 2
+    other = Mesh(np.asarray(devs[half:half + 2] + devs[:2], dtype=object), ("data",))
+    y = d(x, t := NamedSharding(other, P("data")), sync=True)
+    report["cross_set"] = {"routes": d.last.routes, "equal": holds(y, host), "on_target": y.sharding == t}
+
+    # (4) the same devices in another order, from a source that is not process-major: reorder
+    mixed = [devs[i // 2 + (i % 2) * half] for i in range(len(devs))]  # p0, p1, p0, p1, ...
+    xm = host_to_global(host, NamedSharding(Mesh(np.asarray(mixed, dtype=object), ("data",)), P("data")))
+    y = d(xm, t := NamedSharding(Mesh(np.asarray(devs[::-1], dtype=object), ("data",)), P("data")), sync=True)
+    report["reorder"] = {"routes": d.last.routes, "equal": holds(y, host), "on_target": y.sharding == t}
+
+    # (5) neither (uneven source, other devices): host_gather, still correct
+    src = [devs[0], devs[1], devs[2], devs[half]]
+    xs = host_to_global(host, NamedSharding(Mesh(np.asarray(src, dtype=object), ("data",)), P("data")))
+    t = NamedSharding(Mesh(np.asarray(devs[half + 1:half + 3], dtype=object), ("data",)), P("data"))
+    y = d(xs, t, sync=True)
+    report["host_gather"] = {"routes": d.last.routes, "equal": holds(y, host), "on_target": y.sharding == t}
+
+    bad = [k for k, v in report.items() if isinstance(v, dict) and not (v["equal"] and v.get("on_target", True))]
+    if distributed.is_main():
+        Path(out_path).write_text(json.dumps(report, indent=1))
+    if bad:
+        raise SystemExit(f"process {jax.process_index()}: values differ after {bad}: {report}")
+
+
+if __name__ == "__main__":
+    mode, out = sys.argv[1], sys.argv[2]
+    assert distributed.maybe_initialize(timeout_s=120), "not launched as one of several processes"
+    {"dispatch": dispatch_round_trip}[mode](out)
