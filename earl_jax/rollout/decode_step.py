@@ -25,9 +25,9 @@ from earl_jax.rollout.decode_attention import grouped_width, write_and_attend_gr
 @dataclasses.dataclass
 class LayerWeights:
     input_norm: Array  # d
-    qkv: Array  # d, kv*(G+2)*h: per kv head [G query rows (padded) | k | v]
+    qkv: Array  # d, (kv*G + 2*kv)*h: [queries (kv, G padded, h) | keys (kv, h) | values (kv, h)]
     qkv_bias: Array | None
-    out: Array  # kv, G, h, d (padded rows zero)
+    out: Array  # kv*G*h, d (padded rows zero)
     post_norm: Array  # d
     gate_up: Array  # d, 2f
     down: Array  # f, d
@@ -49,16 +49,16 @@ def prepare(model: Qwen2) -> DecodeWeights:
     for layer in model.layers:
         a = layer.attn
         q = a.q_dnh[...].astype(dt).reshape(d, kv, g, h)
-        q = jnp.pad(q, ((0, 0), (0, 0), (0, gp - g), (0, 0)))
-        k = a.k_dkh[...].astype(dt).reshape(d, kv, 1, h)
-        v = a.v_dkh[...].astype(dt).reshape(d, kv, 1, h)
-        qkv = jnp.concatenate([q, k, v], axis=2).reshape(d, kv * (gp + 2) * h)
+        q = jnp.pad(q, ((0, 0), (0, 0), (0, gp - g), (0, 0))).reshape(d, -1)
+        # Contiguous column blocks, so each slice of the projection's output is a plain reshape.
+        qkv = jnp.concatenate([q, a.k_dkh[...].astype(dt).reshape(d, -1), a.v_dkh[...].astype(dt).reshape(d, -1)], 1)
         bias = None
         if cfg.attention_bias:
             qb = jnp.pad(a.q_bias[...].astype(dt).reshape(kv, g, h), ((0, 0), (0, gp - g), (0, 0)))
-            bias = jnp.concatenate([qb, a.k_bias[...].astype(dt).reshape(kv, 1, h),
-                                    a.v_bias[...].astype(dt).reshape(kv, 1, h)], axis=1).reshape(-1)
+            bias = jnp.concatenate([qb.reshape(-1), a.k_bias[...].astype(dt).reshape(-1),
+                                    a.v_bias[...].astype(dt).reshape(-1)])
         out = jnp.pad(a.o_nhd[...].astype(dt).reshape(kv, g, h, d), ((0, 0), (0, gp - g), (0, 0), (0, 0)))
+        out = out.reshape(kv * gp * h, d)
         m = layer.mlp
         gate_up = jnp.concatenate([m.gate_df[...].astype(dt), m.up_df[...].astype(dt)], axis=1)
         layers.append(LayerWeights(layer.input_norm.scale[...], qkv, bias, out, layer.post_attn_norm.scale[...],
@@ -85,13 +85,13 @@ def decode_hidden(model: Qwen2, w: DecodeWeights, tokens: Int[Array, "b"], posit
         y = _rms_norm(x, lw.input_norm, cfg.rms_norm_eps) @ lw.qkv
         if lw.qkv_bias is not None:
             y = y + lw.qkv_bias
-        y = y.reshape(b, kv, gp + 2, h)
-        q = rope(y[:, :, :gp].reshape(b, 1, kv * gp, h), positions[:, None], cfg.rope_theta).reshape(b, kv, gp, h)
-        k = rope(y[:, :, gp:gp + 1].reshape(b, 1, kv, h), positions[:, None], cfg.rope_theta).reshape(b, kv, h)
-        v = y[:, :, gp + 1]
+        nq, nk = kv * gp * h, kv * h
+        q = rope(y[:, :nq].reshape(b, 1, kv * gp, h), positions[:, None], cfg.rope_theta).reshape(b, kv, gp, h)
+        k = rope(y[:, nq:nq + nk].reshape(b, 1, kv, h), positions[:, None], cfg.rope_theta).reshape(b, kv, h)
+        v = y[:, nq + nk:].reshape(b, kv, h)
         o, lc = write_and_attend_grouped(q, k, v, lc, positions, interpret=interpret)
         new_layers.append(lc)
-        x = x + jnp.einsum("bkgh,kghd->bd", o, lw.out)
+        x = x + o.reshape(b, nq) @ lw.out
         gu = _rms_norm(x, lw.post_norm, cfg.rms_norm_eps) @ lw.gate_up
         gate, up = jnp.split(gu, 2, axis=-1)
         x = x + (jax.nn.silu(gate) * up) @ lw.down
