@@ -9,6 +9,12 @@ if "xla_force_host_platform_device_count" not in _flags:
 import jax  # noqa: E402  (must come after the flags above)
 
 jax.config.update("jax_enable_x64", False)
+# Many tests build the same programs (each Trainer re-jits its stages): a persistent compilation cache,
+# shared by the xdist workers, turns the repeats into cache hits. Compiled code is keyed by its HLO.
+_CACHE = os.environ.get("EARL_TEST_COMPILE_CACHE",
+                        os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "jax_compile"))
+jax.config.update("jax_compilation_cache_dir", os.path.abspath(_CACHE))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 
 def pytest_report_header(config):

@@ -54,6 +54,13 @@ class StagePlanner:
         table = ProfileTable.load(cfg.selector_table) if cfg.selector_table else None
         selector = ParallelismSelector(model_cfg, len(devices), memory=MemoryConfig(budget_bytes=budget),
                                        config=sel_cfg, table=table, device_kind=devices[0].device_kind)
+        # Rows shard over data (x fsdp in training): only meshes whose batch axes divide the batch qualify.
+        for stage, cands in selector.candidates.items():
+            ok = [m for m in cands if cfg.batch_size % (m.data * m.fsdp) == 0]
+            if not ok:
+                raise ValueError(f"--groups x --group-size = {cfg.batch_size} games do not split over any {stage} "
+                                 f"mesh of {len(devices)} devices: use a multiple of the device count")
+            selector.candidates[stage] = ok
         return cls(selector, devices, cfg.batch_size)
 
     def mesh(self, stage: str) -> Mesh:

@@ -31,7 +31,9 @@ class RLConfig:
         "minimal", "observation text: minimal (board once, then the opponent's replies: short contexts for the "
                    "CPU default), compact (board every turn), chat (English, for a pretrained LLM)")
     agent_player: int | None = _f(None, "0 = agent moves first, 1 = second, none = random per game")
-    invalid_retries: int = _f(0, "retries after an invalid move before it counts as a loss")
+    invalid_retries: int = _f(2, "retries after an invalid move (the observation says so) before it forfeits the "
+                                 "game; evaluation plays by the same rule")
+    retry_reward: float = _f(-0.1, "reward for an invalid answer that still has a retry left")
     # --- rollout
     groups: int = _f(16, "B: groups of games per iteration (each group shares a start seed)")
     group_size: int = _f(4, "G: games per group (GRPO / RLOO baselines compare within a group)")
@@ -48,7 +50,7 @@ class RLConfig:
     dual_clip: float | None = _f(3.0, "dual-clip constant for negative advantages (none: off)")
     kl_coef: float = _f(0.0, "KL-to-reference coefficient (0: no reference model)")
     kl_estimator: Literal["k1", "k3"] = _f("k3", "KL estimator")
-    entropy_coef: float = _f(0.0, "entropy bonus")
+    entropy_coef: float = _f(0.01, "entropy bonus (keeps a tiny model from collapsing onto one column)")
     aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = _f(
         "token_mean", "how token losses are averaged")
     gamma: float = _f(1.0, "discount for REINFORCE++ returns")

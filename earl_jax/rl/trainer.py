@@ -21,7 +21,7 @@ import re
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -66,7 +66,9 @@ def _pad_cols(x: np.ndarray, width: int) -> np.ndarray:
 
 
 class Trainer:
-    def __init__(self, cfg: RLConfig, *, log: bool = True):
+    def __init__(self, cfg: RLConfig, *, log: bool = True, env_factory: Callable[[EnvConfig], Any] | None = None):
+        """`env_factory(env_config)` makes one game (default: an OpenSpiel text environment); tests and
+        research forks pass their own environments with the same reset/step interface."""
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
         self.is_main = jax.process_index() == 0
@@ -91,6 +93,7 @@ class Trainer:
             model = init_sharded(self.model_cfg, train_mesh, STAGE_RULES["train"], seed=cfg.seed, dtype=self.dtype)
         self.ids = special_ids(self.tokenizer)
         self.graphdef, self.params = nnx.split(model)
+        self.dispatcher = Dispatcher()
         # A frozen copy: the train stage donates (overwrites) the policy's buffers.
         self.ref_params = jax.tree.map(jnp.copy, self.params) if cfg.kl_coef > 0 else None
 
@@ -101,19 +104,20 @@ class Trainer:
         self.optimizer = make_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps * cfg.ppo_epochs,
                                         cfg.weight_decay, cfg.grad_clip)
         self.opt_state = jax.jit(self.optimizer.init)(self.params)
+        self.opt_state = self.dispatcher(self.opt_state, self._train_layout(train_mesh)[1])
         self.sft_optimizer = make_optimizer(3e-3, 5, max(cfg.format_warmup_steps, 6), 0.0, cfg.grad_clip)
         self.step = 0
-        self.dispatcher = Dispatcher()
         self._samplers: dict[int, Sampler] = {}  # one per rollout mesh: each keeps its compiled programs
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
         self.rollout_cfg = RolloutConfig(cfg.max_turn_tokens, cfg.max_turns, cfg.max_context)
         env_cfg = EnvConfig(game=cfg.game, opponent=cfg.opponent, agent_player=cfg.agent_player,
                             prompt_style=cfg.prompt_style, max_retries=cfg.invalid_retries,
                             win_reward=cfg.win_reward, loss_reward=cfg.loss_reward, draw_reward=cfg.draw_reward,
-                            invalid_reward=cfg.invalid_reward)
+                            invalid_reward=cfg.invalid_reward, retry_reward=cfg.retry_reward)
         self.env_cfg = env_cfg
-        self.envs = [OpenSpielTextEnv(env_cfg) for _ in range(cfg.batch_size)]
-        self.eval_envs = {o: [OpenSpielTextEnv(dataclasses.replace(env_cfg, opponent=o, max_retries=0))
+        make_env = env_factory or OpenSpielTextEnv
+        self.envs = [make_env(env_cfg) for _ in range(cfg.batch_size)]
+        self.eval_envs = {o: [make_env(dataclasses.replace(env_cfg, opponent=o))
                               for _ in range(cfg.eval_games)] for o in cfg.eval_opponents}
         self._compiled: set[tuple] = set()
 
@@ -180,10 +184,24 @@ class Trainer:
             filter_constant_groups=self.cfg.filter_constant_groups), x["tokens"].shape)
         return fn(params, ref, x["tokens"], x["loss_mask"], x["rewards"], x["group_ids"])
 
+    def _train_layout(self, mesh, opt_state: Any = None) -> tuple[Any, Any]:
+        """Targets for params and optimizer state on a train mesh: moments follow their parameters,
+        scalars (the step count) are replicated."""
+        params_target = state_shardings(self.params, mesh, STAGE_RULES["train"])
+        replicated = NamedSharding(mesh, P())
+        opt_target = jax.tree.map(lambda sub: params_target if isinstance(sub, nnx.State) else replicated,
+                                  self.opt_state if opt_state is None else opt_state,
+                                  is_leaf=lambda x: isinstance(x, nnx.State))
+        return params_target, opt_target
+
     def _train(self, batch: ExperienceBatch) -> dict[str, Any]:
         mesh, layout = self.planner.mesh("train"), self.planner.layout("train")
         rows_sharding = NamedSharding(mesh, P(("data", "fsdp")))
         t0 = time.perf_counter()
+        # The selector may have moved training to another mesh: weights and optimizer state follow.
+        params_target, opt_target = self._train_layout(mesh)
+        self.params = self.dispatcher(self.params, params_target)
+        self.opt_state = self.dispatcher(self.opt_state, opt_target)
         batch = self.dispatcher(batch, jax.tree.map(lambda _: rows_sharding, batch))
         jax.block_until_ready(batch)
         dispatch_s = time.perf_counter() - t0
@@ -226,6 +244,7 @@ class Trainer:
         rng = np.random.default_rng(cfg.seed + 12345)
         policy = ScriptedPolicy(_random_legal_answer(rng), self.tokenizer, self.ids.eos_id)
         opt_state = jax.jit(self.sft_optimizer.init)(self.params)
+        opt_state = self.dispatcher(opt_state, self._train_layout(self.planner.mesh("train"), opt_state)[1])
         sft = {}
         metrics = {}
         for i in range(cfg.format_warmup_steps):
@@ -295,7 +314,9 @@ class Trainer:
         }
         return record
 
-    def run(self) -> list[dict[str, Any]]:
+    def run(self, stop_after: int | None = None) -> list[dict[str, Any]]:
+        """Train to cfg.steps (or cfg.max_minutes). `stop_after` ends the process's work after that many
+        iterations without the end-of-run evaluation or checkpoint, as a kill would (resume tests)."""
         from earl_jax.rl.progress import Progress
 
         cfg = self.cfg
@@ -312,6 +333,8 @@ class Trainer:
                 last_eval = self.evaluate()
             bar.advance_to(self.step)
             while self.step < cfg.steps:
+                if stop_after is not None and len(history) >= stop_after:
+                    return history
                 record = self.iteration()
                 last_step = self.step == cfg.steps
                 out_of_time = cfg.max_minutes and (time.perf_counter() - start) / 60 > cfg.max_minutes
