@@ -20,9 +20,22 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import random
+import statistics
 import sys
+import time
 from pathlib import Path
+
+# CPU runs (--small, or JAX_PLATFORMS=cpu) measure on 8 fake devices: the flag must precede jax's start-up.
+if "--small" in sys.argv or os.environ.get("JAX_PLATFORMS", "") == "cpu":
+    _flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in _flags:
+        os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+    if "--small" in sys.argv:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from earl_jax.models.config import get_config
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel, candidate_meshes
@@ -33,9 +46,142 @@ from earl_jax.parallel.selector import ContextStats, NoFeasibleLayoutError, Para
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def default_measure(stage: str, mesh: MeshShape, context_len: int, num_responses: int) -> float:
-    """Tokens per device per second of one `stage` step on `mesh` (see earl_jax/parallel/profile.py)."""
-    raise NotImplementedError("wired by the sampler")
+class RealMeasure:
+    """Measures TGS (tokens per device per second) on the real code, random weights in bf16:
+
+    * rollout: a `Sampler` on the candidate mesh (model from `init_sharded` with STAGE_RULES["rollout"]);
+      the state's KV cache is filled directly with random keys/values for `context_len` tokens in each of
+      `num_responses` rows (no prefill), then `generate` of `decode_steps` new tokens, stop tokens ignored;
+      TGS = rows x decode_steps / seconds / devices (median of `repeats` after a warm-up compile).
+    * experience: `token_logprobs` (vocabulary-chunked, chunk from the memory model's layout) of
+      `num_responses` x `context_len` tokens on the mesh (STAGE_RULES["experience"]), micro-batched as the
+      layout says; TGS = tokens / seconds / devices.
+    Models are cached per mesh; the first call on a mesh compiles, so each cell does its own warm-up."""
+
+    def __init__(self, cfg, *, decode_steps: int = 16, repeats: int = 2, seed: int = 0):
+        self.cfg, self.decode_steps, self.repeats, self.seed = cfg, decode_steps, repeats, seed
+        self._models: dict = {}
+
+    def _model(self, stage: str, mesh: MeshShape):
+        import jax
+        import jax.numpy as jnp
+        from flax import nnx
+
+        from earl_jax.models.init import init_sharded
+        from earl_jax.parallel.mesh import STAGE_RULES, make_mesh
+
+        key = (stage, mesh)
+        if key not in self._models:
+            for k in [k for k in self._models if k[0] != stage]:  # one stage's models at a time
+                del self._models[k]
+            jmesh = make_mesh(mesh, jax.devices()[:mesh.size])
+            rules = STAGE_RULES[stage]
+            model = init_sharded(self.cfg, jmesh, rules, seed=self.seed, dtype=jnp.bfloat16,
+                                 param_dtype=jnp.bfloat16)
+            graphdef, params = nnx.split(model)
+            self._models[key] = (jmesh, rules, graphdef, params)
+        return self._models[key]
+
+    def __call__(self, stage: str, mesh: MeshShape, context_len: int, num_responses: int, layout=None) -> float:
+        if stage == "rollout":
+            return self.rollout(mesh, context_len, num_responses)
+        if stage == "experience":
+            return self.experience(mesh, context_len, num_responses, layout)
+        raise NotImplementedError(f"real measurement of stage {stage!r} is not wired (rollout, experience are)")
+
+    def rollout(self, mesh: MeshShape, context_len: int, num_responses: int) -> float:
+        import jax
+        import jax.numpy as jnp
+
+        from earl_jax.rollout.sampler import Sampler, SamplerState
+
+        jmesh, rules, graphdef, params = self._model("rollout", mesh)
+        sampler = Sampler(graphdef, self.cfg, mesh=jmesh, rules=rules)
+        steps = self.decode_steps
+        state = sampler.init_state(num_responses, context_len + steps)
+        shardings = jax.tree.map(lambda x: x.sharding, state)
+
+        def fill(state: SamplerState, key) -> SamplerState:
+            # Random keys/values (never zeros: see .library/device/METHOD.md) for context_len tokens per row.
+            leaves, treedef = jax.tree.flatten(state.cache)
+            keys = jax.random.split(key, len(leaves) + 1)
+            cache = jax.tree.unflatten(treedef, [jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
+            lengths = jnp.full(state.lengths.shape, context_len, jnp.int32)
+            logits = jax.random.normal(keys[-1], state.next_logits.shape, jnp.float32)
+            return SamplerState(cache, lengths, logits)
+
+        def reset(state: SamplerState) -> SamplerState:
+            return SamplerState(state.cache, jnp.full(state.lengths.shape, context_len, jnp.int32), state.next_logits)
+
+        fill = jax.jit(fill, donate_argnums=(0,), out_shardings=shardings)
+        reset = jax.jit(reset, donate_argnums=(0,), out_shardings=shardings)
+        state = fill(state, jax.random.key(self.seed))
+        rng = jax.random.key(self.seed + 1)
+        times = []
+        for i in range(self.repeats + 1):  # the first call compiles
+            jax.block_until_ready(state)
+            t0 = time.perf_counter()
+            state, gen = sampler.generate(params, state, jax.random.fold_in(rng, i), max_new_tokens=steps,
+                                          budget=steps, stop_tokens=())
+            jax.block_until_ready(gen.tokens)
+            times.append(time.perf_counter() - t0)
+            if int(gen.num_tokens.min()) != steps:
+                raise RuntimeError(f"rollout measure: expected {steps} tokens per row, got {gen.num_tokens}")
+            state = reset(state)
+        del state
+        return num_responses * steps / statistics.median(times[1:]) / mesh.size
+
+    def experience(self, mesh: MeshShape, context_len: int, num_responses: int, layout=None) -> float:
+        import jax
+        import jax.numpy as jnp
+        from flax import nnx
+
+        from earl_jax.parallel.context import use_mesh_rules
+        from earl_jax.parallel.mesh import logical_sharding
+        from earl_jax.rl.logprobs import token_logprobs
+
+        jmesh, rules, graphdef, params = self._model("experience", mesh)
+        chunk = layout.logprob_chunk if layout is not None else 1024
+        mb = layout.micro_batch if layout is not None else num_responses
+        per = max(1, min(mb * mesh.data, num_responses))  # rows per forward over the whole mesh
+        per = per - per % mesh.data if per >= mesh.data else per
+        tok_sharding = logical_sharding(jmesh, rules, ("batch", "length"), (per, context_len))
+
+        @jax.jit
+        def forward(params, tokens):
+            with use_mesh_rules(jmesh, rules):
+                tokens = jax.lax.with_sharding_constraint(tokens, tok_sharding)
+                lp, _ = token_logprobs(nnx.merge(graphdef, params), tokens, chunk=chunk)
+                return lp
+
+        rows = [jax.device_put(jax.random.randint(jax.random.key(i), (per, context_len), 0, self.cfg.vocab_size),
+                               tok_sharding) for i in range(2)]
+        steps = -(-num_responses // per)
+        times = []
+        for r in range(self.repeats + 1):
+            t0 = time.perf_counter()
+            outs = [forward(params, rows[i % 2]) for i in range(steps)]
+            jax.block_until_ready(outs)
+            times.append(time.perf_counter() - t0)
+        return steps * per * context_len / statistics.median(times[1:]) / mesh.size
+
+
+_MEASURE: RealMeasure | None = None
+
+
+def default_measure(stage: str, mesh: MeshShape, context_len: int, num_responses: int, layout=None) -> float:
+    """Tokens per device per second of one `stage` step on `mesh` (see earl_jax/parallel/profile.py), measured
+    by `RealMeasure` for the model `configure_measure` set (default: Qwen2.5-0.5B)."""
+    global _MEASURE
+    if _MEASURE is None:
+        _MEASURE = RealMeasure(get_config("qwen2.5-0.5b"))
+    return _MEASURE(stage, mesh, context_len, num_responses, layout=layout)
+
+
+def configure_measure(cfg, **kw) -> RealMeasure:
+    global _MEASURE
+    _MEASURE = RealMeasure(cfg, **kw)
+    return _MEASURE
 
 
 def _ints(s: str) -> list[int]:
@@ -76,7 +222,62 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--name", default=None, help="output file stem (default fig3_<model>_<stage>_tp<a>_tp<b>)")
     p.add_argument("--no-progress", action="store_true")
-    return p.parse_args(argv)
+    p.add_argument("--small", action="store_true",
+                   help="CPU: tiny model on 8 fake devices, TP1 vs TP2, contexts 64..256, responses 8..32")
+    p.add_argument("--gpu", action="store_true",
+                   help="1-2 GPUs: Qwen2.5-0.5B, TP1 vs TP2, contexts 1K,4K,16K,32K x responses 8,32,128, "
+                        "16 decode steps, 420 s budget")
+    p.add_argument("--decode-steps", type=int, default=None, help="real rollout measure: new tokens per cell")
+    p.add_argument("--measure-repeats", type=int, default=2)
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="real measure: start no new context row after this many seconds (rows left out of the figure)")
+    args = p.parse_args(argv)
+    if args.small:
+        args.model = args.model or "tiny"
+        args.tp_a, args.tp_b = 1, 2
+        if "--contexts" not in (argv or sys.argv):
+            args.contexts = [64, 128, 256]
+        if "--responses" not in (argv or sys.argv):
+            args.responses = [8, 16, 32]
+        args.decode_steps = args.decode_steps or 8
+    elif args.gpu:
+        args.model = args.model or "qwen2.5-0.5b"
+        args.tp_a, args.tp_b = 1, 2
+        if "--contexts" not in (argv or sys.argv):
+            args.contexts = _ints("1K,4K,16K,32K")
+        if "--responses" not in (argv or sys.argv):
+            args.responses = [8, 32, 128]
+        args.time_budget = args.time_budget if args.time_budget is not None else 420.0
+    args.decode_steps = args.decode_steps or 16
+    return args
+
+
+def measure_table(memory: MemoryModel, args, n_dev: int, kind: str, stages: tuple[str, ...],
+                  tensors: tuple[int, ...] | None = None, table: ProfileTable | None = None,
+                  save: Path | None = None) -> ProfileTable:
+    """Profile with the real measure (`RealMeasure`), one context row at a time (shortest first), the table
+    saved after each row; rows not started within `args.time_budget` seconds are left out (meta.contexts_cut)."""
+    configure_measure(memory.cfg, decode_steps=args.decode_steps, repeats=args.measure_repeats, seed=args.seed)
+    meshes = {st: [m for m in candidate_meshes(memory.cfg, n_dev, st) if tensors is None or m.tensor in tensors]
+              for st in stages}
+    start = time.perf_counter()
+    done, cut = [], []
+    for ctx in sorted(args.contexts):
+        if args.time_budget is not None and time.perf_counter() - start > args.time_budget:
+            cut.append(ctx)
+            continue
+        table = run_profile(memory, default_measure, num_devices=n_dev, context_lens=[ctx],
+                            response_counts=args.responses, stages=stages, meshes=meshes, device_kind=kind,
+                            table=table, progress=not args.no_progress)
+        done.append(ctx)
+        table.meta.update(measure="RealMeasure", decode_steps=args.decode_steps, contexts_measured=done,
+                          contexts_cut=cut, seconds=round(time.perf_counter() - start, 1))
+        if save is not None:
+            table.save(save)
+    table.meta.update(contexts_cut=cut)
+    if save is not None:
+        table.save(save)
+    return table
 
 
 def _noisy(measure, noise: float, seed: int):
@@ -235,25 +436,37 @@ def main(argv=None) -> dict:
     if args.table is not None:
         table = ProfileTable.load(args.table, device_count=n_dev, model_name=cfg.name,
                                   device_kind=None if args.device_kind is None and synthetic else kind)
-    else:
-        measure = _noisy(SyntheticThroughput(memory), args.noise, args.seed) if synthetic else default_measure
+    elif synthetic:
+        measure = _noisy(SyntheticThroughput(memory), args.noise, args.seed)
         table = run_profile(memory, measure, num_devices=n_dev, context_lens=args.contexts,
                             response_counts=args.responses, stages=(args.stage,), device_kind=kind,
                             progress=not args.no_progress)
         table.meta.update(synthetic=synthetic, budget_bytes=budget)
         if args.save_table:
             table.save(args.save_table)
+    else:
+        table = measure_table(memory, args, n_dev, kind, (args.stage,), (args.tp_a, args.tp_b),
+                              save=args.save_table)
+        table.meta.update(synthetic=False, budget_bytes=budget)
+        if args.save_table:
+            table.save(args.save_table)
+        measured = set(table.context_lens(args.stage))
+        args.contexts = [c for c in args.contexts if c in measured]  # rows the time budget cut are left out
     eval_table = None
     if args.remeasure:
-        measure = _noisy(SyntheticThroughput(memory), args.noise, args.seed + 1) if synthetic else default_measure
-        eval_table = run_profile(memory, measure, num_devices=n_dev, context_lens=args.contexts,
-                                 response_counts=args.responses, stages=(args.stage,), device_kind=table.device_kind,
-                                 progress=not args.no_progress)
+        if synthetic:
+            eval_table = run_profile(memory, _noisy(SyntheticThroughput(memory), args.noise, args.seed + 1),
+                                     num_devices=n_dev, context_lens=args.contexts, response_counts=args.responses,
+                                     stages=(args.stage,), device_kind=table.device_kind,
+                                     progress=not args.no_progress)
+        else:
+            eval_table = measure_table(memory, args, n_dev, table.device_kind, (args.stage,), (args.tp_a, args.tp_b))
     result = compute_heatmap(table, memory, stage=args.stage, tp_a=args.tp_a, tp_b=args.tp_b,
                              contexts=args.contexts, responses=args.responses, eval_table=eval_table)
     result.update(synthetic=synthetic, remeasured=args.remeasure, noise=args.noise,
                   memory=dataclasses.asdict(memory.mem) | {"budget_bytes": budget})
-    stem = args.name or f"fig3_{cfg.name}_{args.stage}_tp{args.tp_a}_tp{args.tp_b}" + ("_synthetic" if synthetic else "")
+    stem = args.name or f"fig3_{cfg.name}_{args.stage}_tp{args.tp_a}_tp{args.tp_b}" + (
+        "_synthetic" if synthetic else "_cpu_small" if args.small else "")
     args.out.mkdir(parents=True, exist_ok=True)
     jpath, ppath = args.out / f"{stem}.json", args.out / f"{stem}.png"
     result["paths"] = {"json": str(jpath), "png": str(ppath)}
