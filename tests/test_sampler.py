@@ -308,7 +308,7 @@ def test_fused_attention_and_multi_step_loop_give_the_same_generation(setup):
 
     ref = run(_sampler(graphdef, decode_attention="xla"))
     for kw in (dict(decode_attention="pallas_interpret"), dict(decode_attention="fused_interpret"),
-               dict(decode_attention="step_interpret"),
+               dict(decode_attention="step_interpret"), dict(decode_attention="steprope_interpret"),
                dict(decode_attention="xla", steps_per_check=3)):
         got = run(_sampler(graphdef, **kw))
         for a, b in zip(ref[:2], got[:2]):

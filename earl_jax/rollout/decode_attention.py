@@ -131,13 +131,66 @@ def _fused_kernel(pos_ref, q_ref, kn_ref, vn_ref, k_ref, v_ref, o_ref, k_out_ref
     o_ref[...] = (o / l[:, None]).astype(o_ref.dtype)
 
 
+def _rope_kernel(pos_ref, q_ref, kn_ref, vn_ref, k_ref, v_ref, o_ref, k_out_ref, v_out_ref, *, block_k: int,
+                 scale: float, s: int, theta: float):
+    """`_fused_kernel` that also applies RoPE (rotate-half) to the query rows and the new key."""
+    pos = pos_ref[()]
+    g, h = q_ref.shape
+    half = h // 2
+    inv_freq = jnp.exp(jnp.arange(half).astype(jnp.float32) * (-2.0 * math.log(theta) / h))
+    ang = pos.astype(jnp.float32) * inv_freq
+    cos, sin = jnp.cos(ang)[None, :], jnp.sin(ang)[None, :]
+    lo, hi = pl.ds(0, half), pl.ds(half, half)
+
+    def rot(ref):
+        x1, x2 = ref[:, lo].astype(jnp.float32), ref[:, hi].astype(jnp.float32)
+        return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+    q1, q2 = rot(q_ref)
+    k1, k2 = rot(kn_ref)  # [1, half] each
+    # Rounded to the cache dtype as the model does (rope output in the compute dtype).
+    q1, q2 = q1.astype(k_ref.dtype).astype(jnp.float32), q2.astype(k_ref.dtype).astype(jnp.float32)
+    k1, k2 = k1.astype(k_ref.dtype), k2.astype(k_ref.dtype)
+
+    @pl.when(pos < s)
+    def _():
+        k_out_ref[pl.ds(pos, 1), lo] = k1
+        k_out_ref[pl.ds(pos, 1), hi] = k2
+        v_out_ref[pl.ds(pos, 1), :] = vn_ref[...]
+
+    q1s, q2s = (q1 * scale).astype(k_ref.dtype), (q2 * scale).astype(k_ref.dtype)
+    s_new = (jnp.sum(q1 * k1.astype(jnp.float32), axis=-1) + jnp.sum(q2 * k2.astype(jnp.float32), axis=-1)) * scale
+    o = jnp.broadcast_to(vn_ref[...].astype(jnp.float32), (g, h))
+    m, l = s_new, jnp.ones((g,), jnp.float32)
+    length = jnp.minimum(pos, s)
+    idx = jnp.arange(block_k)
+
+    def body(i, carry):
+        o, m, l = carry
+        sl = pl.ds(i * block_k, block_k)
+        sc = (jnp.dot(q1s, k_ref[sl, lo].T, preferred_element_type=jnp.float32)
+              + jnp.dot(q2s, k_ref[sl, hi].T, preferred_element_type=jnp.float32))
+        sc = jnp.where((i * block_k + idx)[None, :] < length, sc, -1e30)
+        m_new = jnp.maximum(m, sc.max(axis=-1))
+        corr = jnp.exp(m - m_new)
+        p = jnp.exp(sc - m_new[:, None])
+        l = l * corr + p.sum(axis=-1)
+        v = v_ref[sl, :]
+        o = o * corr[:, None] + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+        return o, m_new, l
+
+    o, _, l = jax.lax.fori_loop(0, pl.cdiv(length, block_k), body, (o, m, l))
+    o_ref[...] = (o / l[:, None]).astype(o_ref.dtype)
+
+
 def write_and_attend_grouped(qg: Float[Array, "b k G h"], k_new: Float[Array, "b k h"], v_new: Float[Array, "b k h"],
                              cache, positions: Int[Array, "b"], *, interpret: bool = False,
                              num_warps: int | None = None, num_stages: int | None = None,
-                             block_k: int | None = None):
+                             block_k: int | None = None, rope_theta: float | None = None):
     """The fused decode kernel on grouped queries (G = query heads per kv head, a power of two >= 16,
     padding rows zero): writes k_new/v_new at each row's position in place (the cache buffers are
-    aliased to the outputs) and attends over slots 0..position. Returns (out [b k G h], cache)."""
+    aliased to the outputs) and attends over slots 0..position. Returns (out [b k G h], cache).
+    With rope_theta, q and k_new come without RoPE and the kernel applies it at each row's position."""
     from earl_jax.models.cache import LayerCache
     b, kv, gp, h = qg.shape
     s = cache.k.shape[2]
@@ -151,8 +204,10 @@ def write_and_attend_grouped(qg: Float[Array, "b k G h"], k_new: Float[Array, "b
         kwargs["compiler_params"] = plgpu.CompilerParams(num_warps=num_warps or KERNEL_WARPS,
                                                          num_stages=num_stages or KERNEL_STAGES)
     row = lambda shape: pl.BlockSpec((None, None, *shape), lambda i, j: (i, j, 0, 0))
+    kernel = (functools.partial(_fused_kernel, block_k=bk, scale=h ** -0.5, s=s) if rope_theta is None else
+              functools.partial(_rope_kernel, block_k=bk, scale=h ** -0.5, s=s, theta=float(rope_theta)))
     out, k_cache, v_cache = pl.pallas_call(
-        functools.partial(_fused_kernel, block_k=bk, scale=h ** -0.5, s=s),
+        kernel,
         grid=(b, kv),
         in_specs=[pl.BlockSpec((None, None), lambda i, j: (i, j)), row((gp, h)), row((1, h)), row((1, h)),
                   row((s, h)), row((s, h))],

@@ -99,12 +99,13 @@ class Sampler:
         # "pallas": flash-decoding kernel after XLA's cache write; "fused": one kernel writes the new k/v in
         # place and attends (one device; GPU, or CPU with the *_interpret variants for tests);
         # "step": the fused kernel inside decode_step.decode_hidden (weights laid out once per call);
+        # "steprope": the same with RoPE applied inside the kernel;
         # "xla": plain XLA ops (any mesh); "auto": step on a single GPU, else xla.
         if decode_attention == "auto":
             single = mesh is None or mesh.devices.size == 1
             decode_attention = "step" if single and jax.default_backend() == "gpu" else "xla"
         if decode_attention not in ("xla", "pallas", "pallas_interpret", "fused", "fused_interpret", "step",
-                                    "step_interpret"):
+                                    "step_interpret", "steprope", "steprope_interpret"):
             raise ValueError(f"Sampler: decode_attention must be auto, xla or pallas, got {decode_attention!r}")
         self.decode_attention = decode_attention
         self.length_buckets = tuple(sorted(length_buckets))
@@ -188,7 +189,7 @@ class Sampler:
         return contextlib.nullcontext() if self.mesh is None else use_mesh_rules(self.mesh, self.rules)
 
     def _attention_ctx(self, cache_len: int):
-        if self.decode_attention in ("xla", "step", "step_interpret") or block_size(cache_len) is None:
+        if self.decode_attention == "xla" or self.decode_attention.startswith("step") or block_size(cache_len) is None:
             return contextlib.nullcontext()
         interpret = self.decode_attention.endswith("_interpret")
         if self.decode_attention.startswith("fused"):
@@ -249,8 +250,9 @@ class Sampler:
 
             def hidden(tok, positions, cache):  # [b], [b] -> h [b, 1, d]
                 if use_step:
-                    h, cache = decode_step.decode_hidden(model, weights, tok, positions, cache,
-                                                         interpret=self.decode_attention.endswith("_interpret"))
+                    h, cache = decode_step.decode_hidden(
+                        model, weights, tok, positions, cache, interpret=self.decode_attention.endswith("_interpret"),
+                        rope_in_kernel=self.decode_attention.startswith("steprope"))
                     return h[:, None], cache
                 return model.hidden(self._constrain(tok[:, None], ("batch", "length")), positions[:, None], cache)
 
