@@ -1,0 +1,111 @@
+"""The offline sweep runner: YAML parsing, trial generation, command lines, summaries (no long runs)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments"))
+
+import sweep  # noqa: E402
+
+from earl_jax.cli import parse_config  # noqa: E402
+from earl_jax.parallel.stage_plan import parse_thresholds  # noqa: E402
+from earl_jax.rl.config import RLConfig  # noqa: E402
+
+SELECTOR_YAML = ROOT / "launch" / "sweep_selector.yaml"
+
+
+def test_selector_sweep_covers_the_selector_and_optimizer_knobs():
+    spec = sweep.load_sweep(SELECTOR_YAML)
+    assert spec["program"] == "experiments/connect4.py" and spec["metric"]["name"] == "eval/win_rate"
+    for name in ("selector-edges", "selector-margin", "selector-ema", "rollout-thresholds",
+                 "experience-thresholds", "train-thresholds", "learning-rate", "kl-coef"):
+        assert name in spec["parameters"], name
+    # every value is a valid connect4 flag value, and every threshold mesh uses the 8 devices
+    for params in sweep.grid({k: p for k, p in spec["parameters"].items()
+                              if k.endswith("thresholds") or k.startswith("selector")}):
+        flags = sweep.trial_command("x", params, "r")[3:]
+        cfg = parse_config(RLConfig, flags)
+        for stage in ("rollout", "experience", "train"):
+            for _, mesh in parse_thresholds(getattr(cfg, f"{stage}_thresholds")):
+                assert mesh.size == 8, (stage, mesh)
+    cfg = parse_config(RLConfig, sweep.trial_command("x", sweep.trials(spec, "random", 1)[0], "runs/t")[2:])
+    assert cfg.run_dir == "runs/t" and cfg.steps == 20 and cfg.progress is False
+
+
+def test_grid_is_the_product_of_values_with_fixed_values_in_each():
+    params = {"a": {"values": [1, 2, 3]}, "b": {"values": ["x", "y"]}, "c": {"value": 7}}
+    got = list(sweep.grid(params))
+    assert len(got) == 6 and got[0] == {"a": 1, "b": "x", "c": 7} and got[-1] == {"a": 3, "b": "y", "c": 7}
+    assert len(sweep.trials({"parameters": params}, "grid", max_trials=4)) == 4
+    with pytest.raises(ValueError, match="list of values"):
+        list(sweep.grid({"lr": {"distribution": "uniform", "min": 0, "max": 1}}))
+
+
+def test_random_trials_are_seeded_and_within_their_ranges():
+    params = {"lr": {"distribution": "log_uniform_values", "min": 1e-4, "max": 1e-2},
+              "n": {"distribution": "int_uniform", "min": 2, "max": 4},
+              "u": {"distribution": "uniform", "min": -1.0, "max": 1.0},
+              "c": {"values": ["p", "q"], "probabilities": [0.0, 1.0]}, "fixed": {"value": True}}
+    a = sweep.random_trials(params, 50, seed=3)
+    assert a == sweep.random_trials(params, 50, seed=3) and a != sweep.random_trials(params, 50, seed=4)
+    assert all(1e-4 <= t["lr"] <= 1e-2 and t["n"] in (2, 3, 4) and -1 <= t["u"] <= 1 for t in a)
+    assert {t["c"] for t in a} == {"q"} and all(t["fixed"] is True for t in a)
+    assert {t["n"] for t in a} == {2, 3, 4}
+    lrs = sorted(t["lr"] for t in a)
+    assert lrs[len(lrs) // 2] < 3e-3  # log-uniform: the median sits near the geometric mean (1e-3)
+
+
+def test_trial_command_flags_and_names():
+    cmd = sweep.trial_command("experiments/connect4.py", {"kl_coef": 0.01, "selector-edges": [64, 256],
+                                                          "progress": False, "rollout-thresholds": ""},
+                              "runs/sweep/t000", extra=["--steps", "2"], launcher=["launcher", "--"],
+                              python="py")
+    assert cmd == ["launcher", "--", "py", "experiments/connect4.py", "--run-dir=runs/sweep/t000", "--kl-coef=0.01",
+                   "--selector-edges=64,256", "--progress=false", "--rollout-thresholds=", "--steps", "2"]
+    assert sweep.trial_name(3, {"a": 1}) == sweep.trial_name(3, {"a": 1}) != sweep.trial_name(3, {"a": 2})
+
+
+def test_run_sweep_writes_one_folder_per_trial_and_a_summary(tmp_path, capsys):
+    # a stand-in program: writes metrics.jsonl like the trainer (final eval win rate = the 'x' flag)
+    program = tmp_path / "fake_job.py"
+    program.write_text(textwrap.dedent('''
+        import json, sys
+        from pathlib import Path
+        args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--"))
+        if args["x"] == "bad":
+            sys.exit(3)
+        run = Path(args["run-dir"]); run.mkdir(parents=True, exist_ok=True)
+        rows = [{"step": 0, "eval/win_rate": 0.0},
+                {"step": 1, "episode/return_mean": -0.5, "time/rollout_s": 2.0, "time/train_s": 1.0},
+                {"step": 2, "episode/return_mean": 0.25, "time/rollout_s": 4.0, "time/train_s": 3.0,
+                 "eval/win_rate": float(args["x"])}]
+        (run / "metrics.jsonl").write_text("\\n".join(json.dumps(r) for r in rows))
+    '''))
+    yaml_path = tmp_path / "s.yaml"
+    yaml_path.write_text(f"program: {program}\nmethod: grid\nmetric: {{name: eval/win_rate, goal: maximize}}\n"
+                         "parameters:\n  x: {values: ['0.25', 'bad', '0.75']}\n  y: {value: 1}\n")
+    out = tmp_path / "sweep"
+    code = sweep.main([str(yaml_path), "--out", str(out), "--", "--extra=1"])
+    assert code == 1  # one trial failed: the sweep says so
+    rows = list(csv.DictReader(open(out / "summary.csv")))
+    assert [r["status"] for r in rows] == ["ok", "failed (3)", "ok"]
+    ok = rows[0]
+    assert float(ok["eval/win_rate"]) == 0.25 and float(ok["episode/return_mean"]) == 0.25
+    assert float(ok["time/rollout_s_mean"]) == 3.0 and float(ok["time/train_s"]) == 3.0 and ok["steps"] == "2"
+    assert (out / rows[2]["trial"] / "metrics.jsonl").exists() and len((out / "trials.jsonl").read_text().splitlines()) == 3
+    printed = capsys.readouterr().out
+    printed = printed[printed.index("summary.csv"):]  # the table (the trial commands come before it)
+    assert printed.index("0.75") < printed.index("0.25")  # sorted by the metric, best first
+    # run again: finished trials are skipped, the failed one runs again
+    sweep.main([str(yaml_path), "--out", str(out)])
+    assert "done before, skipped" in capsys.readouterr().out
+    assert len((out / "trials.jsonl").read_text().splitlines()) == 4
+    assert json.loads((out / rows[0]["trial"] / "trial.json").read_text())["status"] == "ok"
