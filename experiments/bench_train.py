@@ -179,8 +179,12 @@ def _is_oom(msg: str) -> bool:
 
 def run_isolated(case: dict, timeout: float) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", json.dumps(case)]
+    env = dict(os.environ)
+    env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")  # jax's default 0.75 would cap an 80 GB card at 60
+    if case.get("xla_flags"):
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + case["xla_flags"]).strip()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {**case, "status": "timeout"}
     for line in reversed(p.stdout.splitlines()):
@@ -205,11 +209,14 @@ def build_cases(args) -> list[dict]:
     stage, then the other train variants."""
     common = dict(model=args.model, warmup=args.warmup, repeats=args.repeats)
     first, rest = [], []
+    flag_sets = [f.strip() for f in args.xla_flags.split(";")] if args.xla_flags else [""]
     for b, t in args.shapes:
-        variants = [(remat, mb, chunk) for remat in args.remat.split(",") for mb in args.micro_batches
-                    for chunk in args.chunks if b % mb == 0]
-        for i, (remat, mb, chunk) in enumerate(variants):
+        variants = [(remat, mb, chunk, fl) for remat in args.remat.split(",") for mb in args.micro_batches
+                    for chunk in args.chunks for fl in flag_sets if b % mb == 0]
+        for i, (remat, mb, chunk, fl) in enumerate(variants):
             case = dict(kind="train", B=b, T=t, remat=remat, micro_batches=mb, chunk=chunk, **common)
+            if fl:
+                case["xla_flags"] = fl
             (first if i == 0 else rest).append(case)
         if args.experience:
             first.append(dict(kind="experience", B=b, T=t, remat="none", micro_batches=1, chunk=args.chunks[0],
@@ -228,7 +235,7 @@ def print_table(results: list[dict], title: str) -> None:
     gib = lambda v: "-" if v is None else f"{v / 2**30:.1f}"  # noqa: E731
     for r in results:
         ok = r.get("status") == "ok"
-        tab.add_row(r["kind"], f"{r['B']}x{r['T']}", str(r["remat"]), str(r["micro_batches"]), str(r["chunk"]),
+        tab.add_row(r["kind"] + (" +flags" if r.get("xla_flags") else ""), f"{r['B']}x{r['T']}", str(r["remat"]), str(r["micro_batches"]), str(r["chunk"]),
                     r["status"], f"{r['step_s'] * 1e3:.1f}" if ok else "-", f"{r['tok_s']:,.0f}" if ok else "-",
                     f"{r['tflops']:.1f}" if ok else "-",
                     f"{r['mfu'] * 100:.1f}%" if ok and r.get("mfu") else "-",
@@ -247,6 +254,8 @@ def main(argv=None) -> dict:
     p.add_argument("--micro-batches", type=lambda s: [int(v) for v in s.split(",")], default=[1])
     p.add_argument("--chunks", type=lambda s: [int(v) for v in s.split(",")], default=None,
                    help="log-prob sequence chunk(s) (default 1024)")
+    p.add_argument("--xla-flags", default="", help="';'-separated XLA_FLAGS variants of the train cases "
+                   "(isolated runs only); write --xla-flags='--xla_gpu_enable_triton_gemm=false;'")
     p.add_argument("--no-experience", dest="experience", action="store_false")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)

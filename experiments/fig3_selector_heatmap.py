@@ -50,8 +50,9 @@ class RealMeasure:
     """Measures TGS (tokens per device per second) on the real code, random weights in bf16:
 
     * rollout: a `Sampler` on the candidate mesh (model from `init_sharded` with STAGE_RULES["rollout"]);
-      the state's KV cache is filled directly with random keys/values for `context_len` tokens in each of
-      `num_responses` rows (no prefill), then `generate` of `decode_steps` new tokens, stop tokens ignored;
+      the state's KV cache is filled directly with random keys/values for `context_len - decode_steps` tokens
+      in each of `num_responses` rows (no prefill), then `generate` of `decode_steps` new tokens (ending at
+      `context_len`, so the cache is `context_len`'s bucket), stop tokens ignored;
       TGS = rows x decode_steps / seconds / devices (median of `repeats` after a warm-up compile).
     * experience: `token_logprobs` (vocabulary-chunked, chunk from the memory model's layout) of
       `num_responses` x `context_len` tokens on the mesh (STAGE_RULES["experience"]), micro-batched as the
@@ -97,8 +98,11 @@ class RealMeasure:
 
         jmesh, rules, graphdef, params = self._model("rollout", mesh)
         sampler = Sampler(graphdef, self.cfg, mesh=jmesh, rules=rules)
-        steps = self.decode_steps
-        state = sampler.init_state(num_responses, context_len + steps)
+        # Rows hold context_len - steps tokens and end at context_len, so the cache stays in context_len's
+        # bucket (1K + 16 would round a 1K cache up to 1.5K; 32K + 16 to 64K).
+        steps = min(self.decode_steps, max(1, context_len // 2))
+        filled = context_len - steps
+        state = sampler.init_state(num_responses, context_len)
         shardings = jax.tree.map(lambda x: x.sharding, state)
 
         def fill(state: SamplerState, key) -> SamplerState:
@@ -106,12 +110,12 @@ class RealMeasure:
             leaves, treedef = jax.tree.flatten(state.cache)
             keys = jax.random.split(key, len(leaves) + 1)
             cache = jax.tree.unflatten(treedef, [jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
-            lengths = jnp.full(state.lengths.shape, context_len, jnp.int32)
+            lengths = jnp.full(state.lengths.shape, filled, jnp.int32)
             logits = jax.random.normal(keys[-1], state.next_logits.shape, jnp.float32)
             return SamplerState(cache, lengths, logits)
 
         def reset(state: SamplerState) -> SamplerState:
-            return SamplerState(state.cache, jnp.full(state.lengths.shape, context_len, jnp.int32), state.next_logits)
+            return SamplerState(state.cache, jnp.full(state.lengths.shape, filled, jnp.int32), state.next_logits)
 
         fill = jax.jit(fill, donate_argnums=(0,), out_shardings=shardings)
         reset = jax.jit(reset, donate_argnums=(0,), out_shardings=shardings)
@@ -225,7 +229,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--small", action="store_true",
                    help="CPU: tiny model on 8 fake devices, TP1 vs TP2, contexts 64..256, responses 8..32")
     p.add_argument("--gpu", action="store_true",
-                   help="1-2 GPUs: Qwen2.5-0.5B, TP1 vs TP2, contexts 1K,4K,16K,32K x responses 8,32,128, "
+                   help="1-2 GPUs: Qwen2.5-0.5B, TP1 vs TP2, contexts 1K,8K,32K x responses 8,32,128, "
                         "16 decode steps, 420 s budget")
     p.add_argument("--decode-steps", type=int, default=None, help="real rollout measure: new tokens per cell")
     p.add_argument("--measure-repeats", type=int, default=2)
@@ -244,7 +248,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.model = args.model or "qwen2.5-0.5b"
         args.tp_a, args.tp_b = 1, 2
         if "--contexts" not in (argv or sys.argv):
-            args.contexts = _ints("1K,4K,16K,32K")
+            args.contexts = _ints("1K,8K,32K")
         if "--responses" not in (argv or sys.argv):
             args.responses = [8, 32, 128]
         args.time_budget = args.time_budget if args.time_budget is not None else 420.0

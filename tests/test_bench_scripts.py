@@ -56,3 +56,18 @@ def test_bench_train_tiny(tmp_path):
     assert bench.model_flops(cfg, 8, 4096, True) == pytest.approx(
         6 * cfg.num_params() * 8 * 4096 + 12 * 24 * 14 * 64 * 4096 * 8 * 4096 / 2)  # peer_train.py
     assert bench.peak_flops("NVIDIA H100 80GB HBM3") == 989e12 and bench.peak_flops("NVIDIA H200") == 989e12
+
+
+@pytest.mark.slow
+def test_fig3_small_real_measure_and_profile_table(tmp_path):
+    fig3 = _load("fig3_selector_heatmap")
+    res = fig3.main(["--small", "--contexts", "64,128", "--responses", "8,16", "--no-progress", "--out", str(tmp_path),
+                     "--save-table", str(tmp_path / "table.json")])
+    assert (tmp_path / "fig3_tiny_rollout_tp1_tp2_cpu_small.png").stat().st_size > 0
+    assert {(c["context_len"], c["num_responses"]) for c in res["cells"]} == {(64, 8), (64, 16), (128, 8), (128, 16)}
+    for c in res["cells"]:
+        assert c["tgs_a"] > 0 and c["tgs_b"] > 0 and c["mesh_a"] == "d8f1t1" and c["mesh_b"] == "d4f1t2"
+        assert c["selector_mesh"] in ("d8f1t1", "d4f1t2")
+    from earl_jax.parallel.profile import ProfileTable
+    table = ProfileTable.load(tmp_path / "table.json", device_count=8, model_name="tiny")
+    assert table.meta["measure"] == "RealMeasure" and len(table) == 8
