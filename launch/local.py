@@ -72,7 +72,7 @@ def launch(command: list[str], num_processes: int, *, cpu_devices: int | None = 
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:
-        while any(p.poll() is None for p in procs):
+        while [p.poll() for p in procs].count(None):  # poll every process (any() would stop at the first)
             failed = [p for p in procs if p.returncode not in (None, 0)]
             if failed:
                 code = failed[0].returncode

@@ -172,3 +172,18 @@ def test_connect4_two_processes_match_one(tmp_path):
     # same programs on the same mesh shapes; only the order of cross-process reductions differs (gloo)
     worst = max(float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in zip(p1, p2))
     assert worst < 1e-4, worst
+
+
+def test_local_launcher_sets_the_job_env_and_stops_all_when_one_fails(tmp_path):
+    # process i prints its job variables; process 1 then fails while process 0 would sleep for minutes
+    code = ("import os, sys, time; e = os.environ; "
+            "print(e['EARL_COORDINATOR'], e['EARL_NUM_PROCESSES'], e['EARL_PROCESS_ID'], e['XLA_FLAGS'], flush=True); "
+            "sys.exit(7) if e['EARL_PROCESS_ID'] == '1' else time.sleep(300)")
+    proc = subprocess.run(LAUNCH + ["-n", "2", "--cpu-devices", "3", "--log-dir", str(tmp_path), "--quiet-main",
+                                    "--timeout", "60", "--", sys.executable, "-c", code],
+                          cwd=ROOT, env=_env(8), capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 7  # the failing process's code, long before process 0's sleep ends
+    lines = [(tmp_path / f"process_{i}.log").read_text().split() for i in range(2)]
+    assert lines[0][0] == lines[1][0] and lines[0][0].startswith("127.0.0.1:")
+    assert [l[1:3] for l in lines] == [["2", "0"], ["2", "1"]]
+    assert all(l[3] == "--xla_force_host_platform_device_count=3" for l in lines)
