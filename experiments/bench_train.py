@@ -177,9 +177,14 @@ def _is_oom(msg: str) -> bool:
     return "RESOURCE_EXHAUSTED" in msg or "out of memory" in msg.lower()
 
 
+_PARENT_NO_PREALLOC = False
+
+
 def run_isolated(case: dict, timeout: float) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", json.dumps(case)]
     env = dict(os.environ)
+    if _PARENT_NO_PREALLOC:  # the parent's own setting, not meant for the worker
+        env.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
     env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")  # jax's default 0.75 would cap an 80 GB card at 60
     if case.get("xla_flags"):
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + case["xla_flags"]).strip()
@@ -244,6 +249,31 @@ def print_table(results: list[dict], title: str) -> None:
     Console(width=160).print(tab)
 
 
+def _write(results: list[dict], args, dev, jax_version: str, device_count: int) -> Path:
+    kind = dev.device_kind if not args.tiny else f"{dev.device_kind}_tiny"
+    slug = re.sub(r"[^a-z0-9]+", "_", kind.lower()).strip("_")
+    best = {}
+    for r in results:
+        if r.get("status") == "ok":
+            key = f"{r['kind']}_{r['B']}x{r['T']}"
+            if key not in best or r["tok_s"] > best[key]["tok_s"]:
+                best[key] = {k: r.get(k) for k in ("remat", "micro_batches", "chunk", "xla_flags", "tok_s", "mfu",
+                                                   "peak_bytes")}
+    out = {"device": dev.device_kind, "platform": dev.platform, "device_count": device_count,
+           "jax": jax_version, "model": args.model, "peak_flops": peak_flops(dev.device_kind),
+           "mfu_formula": "(6 N tokens + 12 L H hd T^2 B / 2) / step_s / peak (train, as peer_train.py); "
+                          "(2 N tokens + 4 L H hd T^2 B / 2) (experience)",
+           "best": best, "peer_baseline": PEER, "results": results,
+           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"bench_train_{slug}.json"
+    path.write_text(json.dumps(out, indent=1))
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
+        (Path(os.environ["OUT"]) / path.name).write_text(json.dumps(out, indent=1))
+    return path
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="tiny model, small shapes, CPU smoke test")
@@ -282,6 +312,11 @@ def main(argv=None) -> dict:
     args.remat = args.remat or "dots,full,none"
     args.chunks = args.chunks or [1024]
 
+    global _PARENT_NO_PREALLOC
+    if "XLA_PYTHON_CLIENT_PREALLOCATE" not in os.environ:
+        # The driver only reads the device kind: it must not grab 75% of the GPU the workers need.
+        os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+        _PARENT_NO_PREALLOC = True
     import jax
 
     dev = jax.devices()[0]
@@ -305,29 +340,12 @@ def main(argv=None) -> dict:
         else:
             brief["error"] = (r.get("error") or "")[-300:]
         print(json.dumps(brief), flush=True)
+        path = _write(results, args, dev, jax.__version__, jax.device_count())  # after each case: a timeout keeps them
 
-    kind = dev.device_kind if not args.tiny else f"{dev.device_kind}_tiny"
-    slug = re.sub(r"[^a-z0-9]+", "_", kind.lower()).strip("_")
-    best = {}
-    for r in results:
-        if r.get("status") == "ok":
-            key = f"{r['kind']}_{r['B']}x{r['T']}"
-            if key not in best or r["tok_s"] > best[key]["tok_s"]:
-                best[key] = {k: r[k] for k in ("remat", "micro_batches", "chunk", "tok_s", "mfu", "peak_bytes")}
-    out = {"device": dev.device_kind, "platform": dev.platform, "device_count": jax.device_count(),
-           "jax": jax.__version__, "model": args.model, "peak_flops": peak_flops(dev.device_kind),
-           "mfu_formula": "(6 N tokens + 12 L H hd T^2 B / 2) / step_s / peak (train, as peer_train.py); (2 N tokens + 4 L H hd T^2 B / 2) (experience)",
-           "best": best, "peer_baseline": PEER, "results": results,
-           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"bench_train_{slug}.json"
-    path.write_text(json.dumps(out, indent=1))
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
-        (Path(os.environ["OUT"]) / path.name).write_text(json.dumps(out, indent=1))
+    path = _write(results, args, dev, jax.__version__, jax.device_count())
     print_table(results, f"earl-jax train / experience throughput, {args.model} on {dev.device_kind}")
     print(f"wrote {path}")
-    return out
+    return json.loads(path.read_text())
 
 
 if __name__ == "__main__":
