@@ -109,13 +109,15 @@ class RealMeasure:
             # Random keys/values (never zeros: see .library/device/METHOD.md) for context_len tokens per row.
             leaves, treedef = jax.tree.flatten(state.cache)
             keys = jax.random.split(key, len(leaves) + 1)
-            cache = jax.tree.unflatten(treedef, [jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
+            cache = jax.tree.unflatten(treedef, [jax.random.normal(k, x.shape, x.dtype)
+                                                 if jnp.issubdtype(x.dtype, jnp.floating) else x
+                                                 for k, x in zip(keys, leaves)])
             lengths = jnp.full(state.lengths.shape, filled, jnp.int32)
             logits = jax.random.normal(keys[-1], state.next_logits.shape, jnp.float32)
-            return SamplerState(cache, lengths, logits)
+            return dataclasses.replace(state, cache=cache, lengths=lengths, next_logits=logits)
 
         def reset(state: SamplerState) -> SamplerState:
-            return SamplerState(state.cache, jnp.full(state.lengths.shape, filled, jnp.int32), state.next_logits)
+            return dataclasses.replace(state, lengths=jnp.full(state.lengths.shape, filled, jnp.int32))
 
         fill = jax.jit(fill, donate_argnums=(0,), out_shardings=shardings)
         reset = jax.jit(reset, donate_argnums=(0,), out_shardings=shardings)
