@@ -9,6 +9,12 @@ early exit once every row is done), the cache donated so it is updated in place.
 `params` is the model's `nnx.State` (floating weights may be float32 masters): each program casts the
 matrices once to the model's compute dtype before its loop, so decode steps read bf16 weights and a
 new set of weights each RL iteration needs no recompile.
+
+Decode step implementations (`decode_attention`): on one GPU ("auto" -> "step") the step runs
+`decode_step.decode_hidden`, whose weights are laid out once per `generate` call and whose cache write +
+attention is one Pallas kernel (`decode_attention.write_and_attend_grouped`) reading only each row's
+valid cache prefix; on a mesh ("xla") it is the model's own `hidden` under the stage's sharding rules.
+Both are tested against full forwards. Measurements: experiments/results/bench_rollout_notes.md.
 """
 
 from __future__ import annotations
@@ -106,7 +112,7 @@ class Sampler:
             decode_attention = "step" if single and jax.default_backend() == "gpu" else "xla"
         if decode_attention not in ("xla", "pallas", "pallas_interpret", "fused", "fused_interpret", "step",
                                     "step_interpret", "steprope", "steprope_interpret"):
-            raise ValueError(f"Sampler: decode_attention must be auto, xla or pallas, got {decode_attention!r}")
+            raise ValueError(f"Sampler: unknown decode_attention {decode_attention!r}")
         self.decode_attention = decode_attention
         self.length_buckets = tuple(sorted(length_buckets))
         self.cache_buckets = tuple(sorted(cache_buckets))
