@@ -9,7 +9,12 @@ Prints and writes (experiments/results/bench_rollout_<device>.json, and $OUT whe
   - with --profile, a per-kernel time breakdown of one generate call (jax.profiler trace), per step,
     and the optimized HLO of the decode program.
 
-Run: python experiments/bench_rollout.py [--batches 32,128] [--steps-per-check 1,4] [--profile]
+Run: python experiments/bench_rollout.py [--batches 32,128] [--decode-attention step,fused,xla]
+     [--xla-options "default;xla_gpu_enable_triton_gemm=false"] [--profile] [--hlo]
+The numbers in experiments/results/bench_rollout_notes.md came from (one device call each):
+  python3 experiments/bench_rollout.py --decode-attention fused,step,steprope --profile --out $OUT
+  python3 experiments/bench_rollout.py --decode-attention step,steprope \
+      --xla-options "xla_gpu_enable_triton_gemm=false" --tag cublas --out $OUT
 CPU smoke test: python experiments/bench_rollout.py --tiny --batches 4
 The peers (tunix, HF generate) run from ../shared/bench/peer_rollout.py in the same device call.
 """
@@ -123,7 +128,8 @@ def main():
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=256)
     ap.add_argument("--steps-per-check", default="1", help="decode steps per while_loop iteration, list")
-    ap.add_argument("--decode-attention", default="xla,pallas", help="list of Sampler decode_attention")
+    ap.add_argument("--decode-attention", default="auto",
+                    help="comma list of Sampler decode_attention (auto, step, steprope, fused, pallas, xla)")
     ap.add_argument("--xla-options", default="default",
                     help="';'-separated variants of comma-separated XLA options for the sampler's programs, "
                          "e.g. 'default;xla_gpu_enable_triton_gemm=false'")
