@@ -49,7 +49,7 @@ def main(argv=None) -> ProfileTable:
     p.add_argument("--measure-repeats", type=int, default=2)
     p.add_argument("--time-budget", type=float, default=None, help="start no new context row after this many s")
     p.add_argument("--small", action="store_true", help="CPU: tiny model, 8 fake devices, contexts 64..256")
-    p.add_argument("--gpu", action="store_true", help="Qwen2.5-0.5B, contexts 1K,8K,32K, responses 8,32,128, "
+    p.add_argument("--gpu", action="store_true", help="Qwen2.5-0.5B, contexts 1K,32K,8K (that order), responses 8,32,128, "
                    "rollout, 420 s budget")
     p.add_argument("--out", type=Path, default=None, help="table path (default experiments/results/profile_<model>_<dev>.json)")
     p.add_argument("--seed", type=int, default=0)
@@ -62,7 +62,7 @@ def main(argv=None) -> ProfileTable:
         args.decode_steps = args.decode_steps or 8
     if args.gpu:
         args.model = args.model or "qwen2.5-0.5b"
-        args.contexts = args.contexts or fig3._ints("1K,8K,32K")
+        args.contexts = args.contexts or fig3._ints("1K,32K,8K")
         args.responses = args.responses or [8, 32, 128]
         args.stages = "rollout" if "--stages" not in (argv if argv is not None else sys.argv) else args.stages
         args.time_budget = 420.0 if args.time_budget is None else args.time_budget
