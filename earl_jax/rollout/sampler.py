@@ -32,6 +32,7 @@ from flax import nnx
 from jax.sharding import Mesh
 from jaxtyping import Array, Bool, Float, Int
 
+from earl_jax.distributed import host_to_global
 from earl_jax.models.cache import KVCache, LayerCache, cache_shardings, init_cache
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.qwen2 import use_decode_attention
@@ -155,7 +156,7 @@ class Sampler:
         tb = bucket(max(t, 1), self.length_buckets)
         if tb != t:
             tokens = np.pad(tokens, ((0, 0), (0, tb - t)), constant_values=PAD_TOKEN)
-        return self._extend(params, state, tokens, num_new)
+        return self._extend(params, state, self._put(tokens, ("batch", "length")), self._put(num_new, ("batch",)))
 
     def generate(self, params: nnx.State, state: SamplerState, rng: jax.Array, *, max_new_tokens: int,
                  budget, stop_tokens: tuple[int, ...] = (), sampling: SamplingConfig = SamplingConfig()
@@ -163,7 +164,7 @@ class Sampler:
         """Decode up to min(budget[b], max_new_tokens, free cache slots) tokens per row, lock-step, in
         one jitted while_loop. A row ends at a stop token (fed into the cache and counted) or its budget;
         rows with budget 0 and finished rows do not advance. `state` is donated."""
-        budget = jnp.asarray(np.broadcast_to(np.asarray(budget, np.int32), (state.batch_size,)))
+        budget = self._put(np.broadcast_to(np.asarray(budget, np.int32), (state.batch_size,)), ("batch",))
         n_bucket = bucket(max(int(max_new_tokens), 1), self.length_buckets)
         stop_tokens = tuple(int(s) for s in stop_tokens)
         state, gen = self._generate(params, state, rng, budget, n_bucket, stop_tokens, sampling,
@@ -174,6 +175,14 @@ class Sampler:
         return state, gen
 
     # ---- sharding helpers --------------------------------------------------------------------------
+    def _put(self, x: np.ndarray, axes) -> jax.Array:
+        """Host input -> the rollout mesh, rows over its batch axis (each process puts its own devices'
+        rows). Committed inputs also keep jit from reading unspecified input layouts against another
+        input's mesh (JAX converts them with the mesh of the first sharded argument)."""
+        if self.mesh is None:
+            return jnp.asarray(x)
+        return host_to_global(x, logical_sharding(self.mesh, self.rules, axes, x.shape))
+
     def _constrain(self, x, axes):
         if self.mesh is None:
             return x
