@@ -246,7 +246,8 @@ def load_params(path: str | Path, model: Qwen2, shardings: Any) -> nnx.State:
     if isinstance(shardings, Sharding):
         flat_shardings = {_flat_path(p): shardings for p, _ in flat}
     else:
-        flat_shardings = {_flat_path(p): s for p, s in nnx.to_flat_state(shardings)}
+        flat_shardings = {_flat_path(p): (s.get_value() if isinstance(s, nnx.Variable) else s)
+                          for p, s in nnx.to_flat_state(shardings)}
     tied = model.cfg.tie_word_embeddings
     with _open_tensors(path) as handles:
         wanted: dict[str, str] = {}  # module path -> HF name
