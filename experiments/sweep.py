@@ -142,7 +142,7 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
     if not path.exists():
         return {}
     rows = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
-    out: dict[str, Any] = {"steps": max((r.get("step") or 0 for r in rows), default=0)}
+    out: dict[str, Any] = {"final_step": max((r.get("step") or 0 for r in rows), default=0)}
     for key in SUMMARY_METRICS:
         found = [r[key] for r in rows if r.get(key) is not None]
         if found:

@@ -99,7 +99,7 @@ def test_run_sweep_writes_one_folder_per_trial_and_a_summary(tmp_path, capsys):
     assert [r["status"] for r in rows] == ["ok", "failed (3)", "ok"]
     ok = rows[0]
     assert float(ok["eval/win_rate"]) == 0.25 and float(ok["episode/return_mean"]) == 0.25
-    assert float(ok["time/rollout_s_mean"]) == 3.0 and float(ok["time/train_s"]) == 3.0 and ok["steps"] == "2"
+    assert float(ok["time/rollout_s_mean"]) == 3.0 and float(ok["time/train_s"]) == 3.0 and ok["final_step"] == "2"
     assert (out / rows[2]["trial"] / "metrics.jsonl").exists() and len((out / "trials.jsonl").read_text().splitlines()) == 3
     printed = capsys.readouterr().out
     printed = printed[printed.index("summary.csv"):]  # the table (the trial commands come before it)
