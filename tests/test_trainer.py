@@ -113,3 +113,24 @@ def test_policy_learns_a_trivial_game(tmp_path):
     early = np.mean([r["episode/return_mean"] for r in history[:5]])
     late = np.mean([r["episode/return_mean"] for r in history[-5:]])
     assert late > early + 0.5, (early, late)
+
+
+def test_out_of_memory_in_a_stage_reruns_it_on_the_next_mesh(tmp_path, monkeypatch):
+    cfg = dataclasses.replace(SMALL, devices=8, steps=1, eval_every=0, format_warmup_steps=0,
+                              run_dir=str(tmp_path / "run"))
+    trainer = Trainer(cfg, log=False)
+    first = trainer.planner.current.experience.mesh
+    real, seen = Trainer._experience, []
+
+    def flaky(self, arrays, layout):
+        seen.append(layout.mesh)
+        if layout.mesh == first:
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 123 bytes")
+        return real(self, arrays, layout)
+
+    monkeypatch.setattr(Trainer, "_experience", flaky)
+    record = trainer.iteration()
+    assert seen[0] == first and seen[1] != first  # the same batch, rerun on the next candidate
+    assert record["parallel/experience_mesh"] == str(seen[1])
+    assert any(stage == "experience" and mesh == first for stage, mesh, _ in trainer.planner.selector.oom_marks)
+    assert np.isfinite(record["train/loss"])

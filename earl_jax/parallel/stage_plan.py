@@ -64,7 +64,10 @@ class StagePlanner:
         return cls(selector, devices, cfg.batch_size)
 
     def mesh(self, stage: str) -> Mesh:
-        shape = self.current[stage].mesh
+        return self.mesh_of(self.current[stage].mesh)
+
+    def mesh_of(self, shape: MeshShape) -> Mesh:
+        """One Mesh object per shape, so compiled programs keyed on it are reused."""
         if shape not in self._meshes:
             self._meshes[shape] = make_mesh(shape, self.devices)
         return self._meshes[shape]

@@ -36,7 +36,8 @@ from earl_jax.models.init import init_sharded
 from earl_jax.models.tokenizer import game_tokenizer, load_tokenizer, special_ids
 from earl_jax.parallel.context import use_mesh_rules
 from earl_jax.parallel.dispatch import Dispatcher
-from earl_jax.parallel.mesh import STAGE_RULES, MeshShape, make_mesh, state_shardings
+from earl_jax.parallel.mesh import STAGE_RULES, mesh_shape_of, state_shardings
+from earl_jax.parallel.selector import StageLayout, run_with_oom_fallback
 from earl_jax.parallel.stage_plan import StagePlanner
 from earl_jax.rl.checkpoint import Checkpointer
 from earl_jax.rl.config import RLConfig
@@ -120,6 +121,7 @@ class Trainer:
         self.eval_envs = {o: [make_env(dataclasses.replace(env_cfg, opponent=o))
                               for _ in range(cfg.eval_games)] for o in cfg.eval_opponents}
         self._compiled: set[tuple] = set()
+        self._jit_cache: dict[tuple, Any] = {}
 
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep=cfg.keep_checkpoints)
         if cfg.resume:
@@ -166,18 +168,18 @@ class Trainer:
         return {"tokens": _pad_cols(traj.tokens, width), "loss_mask": _pad_cols(traj.loss_mask, width),
                 "rewards": _pad_cols(traj.rewards, width), "group_ids": traj.group_ids}
 
-    def _to_stage(self, arrays: dict[str, np.ndarray], stage: str) -> dict[str, jax.Array]:
+    def _to_stage(self, arrays: dict[str, np.ndarray], stage: str, mesh=None) -> dict[str, jax.Array]:
         """Host arrays (built by the agent loop) onto a stage's mesh, rows over the batch axes."""
-        mesh = self.planner.mesh(stage)
+        mesh = self.planner.mesh(stage) if mesh is None else mesh
         rows = ("data", "fsdp") if stage == "train" else ("data",)
         return {k: host_to_global(v, NamedSharding(mesh, P(rows))) for k, v in arrays.items()}  # all processes
 
-    def _experience(self, arrays: dict[str, np.ndarray]) -> tuple[ExperienceBatch, dict[str, Any]]:
-        mesh, layout = self.planner.mesh("experience"), self.planner.layout("experience")
+    def _experience(self, arrays: dict[str, np.ndarray], layout: StageLayout) -> tuple[ExperienceBatch, dict]:
+        mesh = self.planner.mesh_of(layout.mesh)
         params = self.dispatcher(self.params, state_shardings(self.params, mesh, STAGE_RULES["experience"]))
         ref = None if self.ref_params is None else self.dispatcher(
             self.ref_params, state_shardings(self.ref_params, mesh, STAGE_RULES["experience"]))
-        x = self._to_stage(arrays, "experience")
+        x = self._to_stage(arrays, "experience", mesh)
         fn = self._jit("experience", mesh, partial(
             experience_stage, self.graphdef, num_groups=self.cfg.groups, loss_cfg=self.loss_cfg,
             chunk=min(layout.logprob_chunk, self.cfg.logprob_chunk),
@@ -194,8 +196,8 @@ class Trainer:
                                   is_leaf=lambda x: isinstance(x, nnx.State))
         return params_target, opt_target
 
-    def _train(self, batch: ExperienceBatch) -> dict[str, Any]:
-        mesh, layout = self.planner.mesh("train"), self.planner.layout("train")
+    def _train(self, batch: ExperienceBatch, layout: StageLayout) -> dict[str, Any]:
+        mesh = self.planner.mesh_of(layout.mesh)
         rows_sharding = NamedSharding(mesh, P(("data", "fsdp")))
         t0 = time.perf_counter()
         # The selector may have moved training to another mesh: weights and optimizer state follow.
@@ -212,30 +214,41 @@ class Trainer:
                                               chunk=self.cfg.logprob_chunk), (n, t), donate=(0, 1))
         metrics = {}
         for _ in range(self.cfg.ppo_epochs):
-            self.params, self.opt_state, metrics = fn(self.params, self.opt_state, batch)
+            try:
+                self.params, self.opt_state, metrics = fn(self.params, self.opt_state, batch)
+            except Exception as e:
+                if any(x.is_deleted() for x in jax.tree.leaves(self.params)):  # donated buffers are gone
+                    raise RuntimeError("the train stage failed after donating the weights; resume from the "
+                                       "last checkpoint (--resume)") from e
+                raise
         metrics = global_to_host(metrics)
         metrics["dispatch_s"] = dispatch_s
         return metrics
+
+    def _with_oom_fallback(self, stage: str, fn: Callable[[StageLayout], Any]) -> Any:
+        result, plan = run_with_oom_fallback(stage, fn, self.planner.current, self.planner.selector)
+        self.planner.current = plan
+        return result
 
     def _micro_batches(self, n: int, t: int, selector_rows: int | None) -> int:
         """Micro-batches for n rows of t tokens: within the token budget and the selector's micro-batch."""
         rows = max(1, min(n, self.cfg.micro_batch_tokens // t, selector_rows or n))
         return n // max(d for d in range(1, rows + 1) if n % d == 0)
 
-    def _jit(self, stage: str, mesh, fn, shape, donate=()):
-        """One compiled program per (stage, mesh shape, length bucket); the count is a metric."""
-        key = (stage, str(MeshShape(*[mesh.shape.get(a, 1) for a in ("data", "fsdp", "tensor")])), tuple(shape))
-        self._compiled.add(key)
-        cache = self.__dict__.setdefault("_jit_cache", {})
-        if (stage, id(mesh), fn.keywords.get("micro_batches")) not in cache:
+    def _jit(self, stage: str, mesh, fn: partial, shape, donate=()):
+        """The stage's program traced under its mesh and rules; one jit per (stage, mesh, static settings).
+        Compiled variants are counted per (stage, mesh shape, length bucket): the compile/programs metric."""
+        self._compiled.add((stage, str(mesh_shape_of(mesh)), tuple(shape)))
+        key = (stage, id(mesh), tuple(sorted(fn.keywords.items())))
+        if key not in self._jit_cache:
             rules = STAGE_RULES[stage]
 
             def traced(*args):
                 with use_mesh_rules(mesh, rules):
                     return fn(*args)
 
-            cache[(stage, id(mesh), fn.keywords.get("micro_batches"))] = jax.jit(traced, donate_argnums=donate)
-        return cache[(stage, id(mesh), fn.keywords.get("micro_batches"))]
+            self._jit_cache[key] = jax.jit(traced, donate_argnums=donate)
+        return self._jit_cache[key]
 
     # ---------------------------------------------------------------- warm-up, evaluation
     def format_warmup(self) -> dict[str, float]:
@@ -284,10 +297,14 @@ class Trainer:
         n_dispatch = len(self.dispatcher.history)
         traj = self._rollout(self.envs, seeds, group_ids, rng, self.sampling)
         t0 = time.perf_counter()
-        batch, exp_metrics = self._experience(self._batch_arrays(traj))
-        jax.block_until_ready(batch)
+        arrays = self._batch_arrays(traj)
+        # An out-of-memory error marks that mesh infeasible for this context bucket and reruns the stage
+        # on the next candidate, with the same batch.
+        batch, exp_metrics = self._with_oom_fallback(
+            "experience", lambda layout: jax.block_until_ready(self._experience(arrays, layout)))
         t1 = time.perf_counter()
-        train_metrics = self._train(batch)
+        train_metrics = self._with_oom_fallback("train", lambda layout: self._train(batch, layout))
+        plan = self.planner.current
         t2 = time.perf_counter()
         self.step += 1
         self.planner.observe(traj.stats["turn_context_len_mean"], traj.stats["context_len_max"], traj.num_games)
