@@ -57,6 +57,8 @@ class RealMeasure:
     * experience: `token_logprobs` (vocabulary-chunked, chunk from the memory model's layout) of
       `num_responses` x `context_len` tokens on the mesh (STAGE_RULES["experience"]), micro-batched as the
       layout says; TGS = tokens / seconds / devices.
+    * train: one `train_stage` step (float32 masters, bf16 compute, remat "dots", AdamW, GRPO loss) over
+      `num_responses` x `context_len` random tokens, micro-batched as the layout says (STAGE_RULES["train"]).
     Models are cached per mesh; the first call on a mesh compiles, so each cell does its own warm-up."""
 
     def __init__(self, cfg, *, decode_steps: int = 16, repeats: int = 2, seed: int = 0):
@@ -77,8 +79,9 @@ class RealMeasure:
                 del self._models[k]
             jmesh = make_mesh(mesh, jax.devices()[:mesh.size])
             rules = STAGE_RULES[stage]
-            model = init_sharded(self.cfg, jmesh, rules, seed=self.seed, dtype=jnp.bfloat16,
-                                 param_dtype=jnp.bfloat16)
+            # train holds float32 masters (bf16 compute, per-layer remat as the memory model assumes)
+            kw = dict(param_dtype=jnp.float32, remat="dots") if stage == "train" else dict(param_dtype=jnp.bfloat16)
+            model = init_sharded(self.cfg, jmesh, rules, seed=self.seed, dtype=jnp.bfloat16, **kw)
             graphdef, params = nnx.split(model)
             self._models[key] = (jmesh, rules, graphdef, params)
         return self._models[key]
@@ -88,7 +91,57 @@ class RealMeasure:
             return self.rollout(mesh, context_len, num_responses)
         if stage == "experience":
             return self.experience(mesh, context_len, num_responses, layout)
-        raise NotImplementedError(f"real measurement of stage {stage!r} is not wired (rollout, experience are)")
+        if stage == "train":
+            return self.train(mesh, context_len, num_responses, layout)
+        raise ValueError(f"unknown stage {stage!r}")
+
+    def train(self, mesh: MeshShape, context_len: int, num_responses: int, layout=None) -> float:
+        """One `train_stage` step (GRPO PPO-clip loss, AdamW, micro-batches from the layout) on random data."""
+        import jax
+        import jax.numpy as jnp
+
+        from earl_jax.parallel.context import use_mesh_rules
+        from earl_jax.parallel.mesh import logical_sharding
+        from earl_jax.rl.losses import LossConfig
+        from earl_jax.rl.stages import ExperienceBatch, make_optimizer, train_stage
+
+        jmesh, rules, graphdef, params = self._model("train", mesh)
+        chunk = layout.logprob_chunk if layout is not None else 1024
+        shards = mesh.data * mesh.fsdp
+        rows_per_mb = (layout.micro_batch if layout is not None else -(-num_responses // shards)) * shards
+        micro = max(1, num_responses // max(rows_per_mb, 1))
+        while num_responses % micro or (num_responses // micro) % shards:
+            micro -= 1
+            if micro < 1:
+                raise ValueError(f"train measure: {num_responses} rows do not split over {shards} batch shards")
+        optimizer = make_optimizer(1e-6, 10, 1000, 0.0, 1.0)
+        opt_state = jax.jit(optimizer.init)(params)
+        sh = logical_sharding(jmesh, rules, ("batch", "length"), (num_responses, context_len))
+        keys = jax.random.split(jax.random.key(self.seed), 4)
+        shape = (num_responses, context_len)
+        batch = ExperienceBatch(
+            jax.device_put(jax.random.randint(keys[0], shape, 0, self.cfg.vocab_size), sh),
+            jax.device_put(jnp.ones(shape, bool), sh),
+            jax.device_put(-jax.random.uniform(keys[1], shape, jnp.float32, 5, 15), sh),
+            jax.device_put(-jax.random.uniform(keys[2], shape, jnp.float32, 5, 15), sh),
+            jax.device_put(jax.random.normal(keys[3], shape, jnp.float32), sh))
+        loss_cfg = LossConfig(algorithm="grpo")
+
+        def step(params, opt_state, batch):
+            with use_mesh_rules(jmesh, rules):
+                return train_stage(graphdef, params, opt_state, batch, optimizer=optimizer, loss_cfg=loss_cfg,
+                                   micro_batches=micro, chunk=chunk)
+
+        step = jax.jit(step, donate_argnums=(0, 1))
+        p, o = jax.tree.map(jnp.copy, params), opt_state  # the cached params survive the donation
+        times = []
+        for _ in range(self.repeats + 1):
+            t0 = time.perf_counter()
+            p, o, metrics = step(p, o, batch)
+            jax.block_until_ready(metrics["loss"])
+            times.append(time.perf_counter() - t0)
+        del p, o
+        return num_responses * context_len / statistics.median(times[1:]) / mesh.size
 
     def rollout(self, mesh: MeshShape, context_len: int, num_responses: int) -> float:
         import jax

@@ -37,7 +37,7 @@ from earl_jax.parallel.profile import ProfileTable  # noqa: E402
 def main(argv=None) -> ProfileTable:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="preset (default qwen2.5-0.5b; tiny with --small)")
-    p.add_argument("--stages", default="rollout,experience", help="comma list of rollout, experience")
+    p.add_argument("--stages", default="rollout,experience", help="comma list of rollout, experience, train")
     p.add_argument("--contexts", type=fig3._ints, default=None)
     p.add_argument("--responses", type=fig3._ints, default=None)
     p.add_argument("--tensors", type=lambda s: tuple(int(v) for v in s.split(",")), default=None,
