@@ -28,7 +28,7 @@ import numpy as np
 from jax.sharding import Sharding
 
 __all__ = ["Launch", "resolve", "maybe_initialize", "host_to_global", "global_to_host", "is_main",
-           "process_count"]
+           "process_count", "any_process"]
 
 DEFAULT_PORT = 1234  # for a coordinator given without a port
 
@@ -153,6 +153,17 @@ def process_count() -> int:
 def is_main() -> bool:
     """Process 0: the one that logs, prints and shows progress."""
     return jax.process_index() == 0
+
+
+def any_process(flag: bool) -> bool:
+    """True if `flag` is True on any process (a collective: every process must call it). For decisions
+    that must be the same everywhere, e.g. an out-of-memory retry on another layout: one process
+    changing meshes alone would leave the others waiting in a collective forever."""
+    if jax.process_count() == 1:
+        return bool(flag)
+    from jax.experimental import multihost_utils
+
+    return bool(np.any(multihost_utils.process_allgather(np.asarray([bool(flag)]))))
 
 
 def host_to_global(x: Any, sharding: Sharding) -> jax.Array:

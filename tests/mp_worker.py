@@ -80,6 +80,10 @@ def dispatch_round_trip(out_path: str) -> None:
     y = d(xs, t, sync=True)
     report["host_gather"] = {"routes": d.last.routes, "equal": holds(y, host), "on_target": y.sharding == t}
 
+    # a decision every process must share: True on one process only -> True everywhere
+    report["any_process"] = {"equal": distributed.any_process(jax.process_index() == 1) is True
+                             and distributed.any_process(False) is False}
+
     bad = [k for k, v in report.items() if isinstance(v, dict) and not (v["equal"] and v.get("on_target", True))]
     if distributed.is_main():
         Path(out_path).write_text(json.dumps(report, indent=1))
