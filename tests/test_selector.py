@@ -286,8 +286,6 @@ def test_fig3_synthetic_smoke(tmp_path):
     spec = importlib.util.spec_from_file_location("fig3", ROOT / "experiments" / "fig3_selector_heatmap.py")
     fig3 = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fig3)
-    with pytest.raises(NotImplementedError, match="wired by the sampler"):
-        fig3.default_measure("rollout", MeshShape(8, 1, 1), 1024, 8)
     res = fig3.main(["--synthetic", "--model", "tiny", "--memory-gib", "4", "--tp-a", "1", "--tp-b", "2",
                      "--contexts", "32,64,128", "--responses", "8,16", "--out", str(tmp_path), "--no-progress",
                      "--save-table", str(tmp_path / "table.json"), "--remeasure", "--noise", "0.02"])
