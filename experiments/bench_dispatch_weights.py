@@ -24,6 +24,7 @@ from pathlib import Path
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/timing.py
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -31,6 +32,7 @@ import numpy as np  # noqa: E402
 
 from earl_jax.models.config import ModelConfig, get_config  # noqa: E402
 from earl_jax.parallel.dispatch import Dispatcher  # noqa: E402
+from timing import fresh_copy, median_ms  # noqa: E402
 from earl_jax.parallel.mesh import STAGE_RULES, MeshShape, logical_sharding, make_mesh  # noqa: E402
 
 
@@ -55,28 +57,6 @@ def shardings(specs, shape: MeshShape, stage: str, devices=None):
     return {k: logical_sharding(mesh, STAGE_RULES[stage], ax, s) for k, (s, ax) in specs.items()}
 
 
-def median_ms(fn, repeats: int, setup=lambda: None, warmup: int = 2) -> float:
-    """Median wall time of fn(setup()); setup runs outside the clock. A fresh on-device copy of the
-    input each time matters: jax caches an array's host copy after the first np.asarray, which would
-    let the host-bound baselines skip their device-to-host transfer on every repeat."""
-    ts = []
-    for k in range(warmup + repeats):
-        arg = jax.block_until_ready(setup())
-        t = time.perf_counter()
-        jax.block_until_ready(fn(arg))
-        if k >= warmup:
-            ts.append(time.perf_counter() - t)
-    return float(np.median(ts)) * 1e3
-
-
-_copy = jax.jit(lambda t: jax.tree.map(jnp.copy, t))
-
-
-def fresh_copy(tree):
-    """New device buffers with the same values and shardings (no host involved)."""
-    out = _copy(tree)
-    assert all(a.sharding == b.sharding for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(tree)))
-    return out
 
 
 def main(argv=None) -> dict:

@@ -35,6 +35,7 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     # only affects the CPU platform: on a machine without GPUs the script still has 8 devices
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/timing.py
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -43,6 +44,7 @@ from jaxtyping import Array, Bool, Float, Int  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 from earl_jax.parallel.dispatch import Dispatcher  # noqa: E402
+from timing import fresh_copy, median_ms  # noqa: E402
 
 FIELDS = {"tokens": np.int32, "logprobs": np.float32, "advantages": np.float32, "loss_mask": np.bool_}
 METHODS = ("centralized", "device_put", "earl")
@@ -84,28 +86,6 @@ def crossing_bytes(shape, itemsize, src: NamedSharding, dst: NamedSharding) -> i
     return total * itemsize
 
 
-def median_ms(fn, repeats: int, setup=lambda: None, warmup: int = 2) -> float:
-    """Median wall time of fn(setup()); setup runs outside the clock. A fresh on-device copy of the
-    input each time matters: jax caches an array's host copy after the first np.asarray, which would
-    let the host-bound baselines skip their device-to-host transfer on every repeat."""
-    ts = []
-    for k in range(warmup + repeats):
-        arg = jax.block_until_ready(setup())
-        t = time.perf_counter()
-        jax.block_until_ready(fn(arg))
-        if k >= warmup:
-            ts.append(time.perf_counter() - t)
-    return float(np.median(ts)) * 1e3
-
-
-_copy = jax.jit(lambda t: jax.tree.map(jnp.copy, t))
-
-
-def fresh_copy(tree):
-    """New device buffers with the same values and shardings (no host involved)."""
-    out = _copy(tree)
-    assert all(a.sharding == b.sharding for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(tree)))
-    return out
 
 
 Batch = dict[str, Int[Array, "B T"] | Float[Array, "B T"] | Bool[Array, "B T"]]
