@@ -50,7 +50,7 @@ class RLConfig:
     dual_clip: float | None = _f(3.0, "dual-clip constant for negative advantages (none: off)")
     kl_coef: float = _f(0.0, "KL-to-reference coefficient (0: no reference model)")
     kl_estimator: Literal["k1", "k3"] = _f("k3", "KL estimator")
-    entropy_coef: float = _f(0.01, "entropy bonus (keeps a tiny model from collapsing onto one column)")
+    entropy_coef: float = _f(0.0, "entropy bonus over the whole vocabulary (0.01 pushed the tiny model towards invalid tokens)")
     aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = _f(
         "token_mean", "how token losses are averaged")
     gamma: float = _f(1.0, "discount for REINFORCE++ returns")

@@ -90,6 +90,8 @@ class Trainer:
 
             model, self.tokenizer = from_pretrained(cfg.hf_checkpoint, mesh=train_mesh, rules=STAGE_RULES["train"],
                                                     dtype=self.dtype, param_dtype=jnp.float32)
+            if self.tokenizer is None:
+                raise ValueError(f"--hf-checkpoint {cfg.hf_checkpoint}: no tokenizer.json in the folder")
         else:
             model = init_sharded(self.model_cfg, train_mesh, STAGE_RULES["train"], seed=cfg.seed, dtype=self.dtype)
         self.ids = special_ids(self.tokenizer)
