@@ -20,10 +20,16 @@ def plot_run(metrics_path: str | Path, out_png: str | Path, title: str = "") -> 
         pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
         return ([p[0] for p in pts], [p[1] for p in pts])
 
+    fresh = [r for r in rows if r.get("eval/fresh")] or rows  # evaluation points only (older runs: every row)
+
+    def eval_series(key):
+        pts = [(r["step"], r[key]) for r in fresh if r.get(key) is not None]
+        return ([p[0] for p in pts], [p[1] for p in pts])
+
     ax = axes[0]
     for key, label in (("eval/win_rate", "win"), ("eval/draw_rate", "draw"), ("eval/loss_rate", "loss"),
                        ("eval/invalid_rate", "invalid")):
-        ax.plot(*series(key), label=label, marker=".")
+        ax.plot(*eval_series(key), label=label, marker="o")
     ax.set(title="greedy evaluation vs first opponent", xlabel="iteration", ylim=(-0.02, 1.02))
     ax.legend()
     axes[1].plot(*series("episode/return_mean"), label="return (training games)")

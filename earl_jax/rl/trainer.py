@@ -347,7 +347,8 @@ class Trainer:
                 bar.status("format warm-up (random legal moves)")
                 warm = self.format_warmup()
                 last_eval = self.evaluate()
-                self.logger.log({"step": 0, **{f"warmup/{k}": v for k, v in warm.items()}, **last_eval})
+                self.logger.log({"step": 0, **{f"warmup/{k}": v for k, v in warm.items()}, **last_eval,
+                                 "eval/fresh": True})
             elif self.step == 0:
                 last_eval = self.evaluate()
             bar.advance_to(self.step)
@@ -357,9 +358,11 @@ class Trainer:
                 record = self.iteration()
                 last_step = self.step == cfg.steps
                 out_of_time = cfg.max_minutes and (time.perf_counter() - start) / 60 > cfg.max_minutes
-                if (cfg.eval_every and self.step % cfg.eval_every == 0) or last_step or out_of_time:
+                evaluated = bool((cfg.eval_every and self.step % cfg.eval_every == 0) or last_step or out_of_time)
+                if evaluated:
                     last_eval = self.evaluate()
-                record.update(last_eval)
+                record.update(last_eval)  # carried between evaluations; eval/fresh marks a new one
+                record["eval/fresh"] = evaluated
                 record["time/elapsed_s"] = time.perf_counter() - start
                 self.logger.log(record)
                 history.append(record)
