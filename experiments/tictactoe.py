@@ -12,7 +12,9 @@ from connect4 import main
 
 from earl_jax.rl.config import RLConfig
 
-DEFAULT = RLConfig(game="tic_tac_toe", run_dir="runs/tictactoe", max_turns=9, max_context=512,
+# The board every turn (compact): it is 3 short rows, and in the minimal style the tiny model had to track
+# occupied cells from the move history and forfeited every evaluation game (results/tictactoe_cpu_ablations).
+DEFAULT = RLConfig(game="tic_tac_toe", run_dir="runs/tictactoe", max_turns=9, max_context=512, prompt_style="compact",
                    eval_opponents=("random", "solver"))
 PRESETS = {
     "tiny-cpu": lambda: DEFAULT,
