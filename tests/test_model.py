@@ -34,7 +34,7 @@ def test_every_param_has_logical_axes():
     state = nnx.state(abstract_model(PRESETS["qwen2.5-7b"]()))
     for path, var in nnx.to_flat_state(state):
         axes = var.get_metadata().get("logical_axes")
-        assert axes is not None and len(axes) == var.value.ndim, path
+        assert axes is not None and len(axes) == var.get_value().ndim, path
 
 
 @pytest.mark.parametrize("chunks", [(10,), (6, 3, 1), (1,) * 10])
