@@ -45,8 +45,8 @@ from earl_jax.rl.losses import LossConfig
 from earl_jax.rl.metrics import MetricsLogger
 from earl_jax.rl.stages import ExperienceBatch, experience_stage, make_optimizer, sft_stage, train_stage
 from earl_jax.rollout.agent_loop import RolloutConfig, ScriptedPolicy, Trajectories, play_games
-from earl_jax.rollout.policy import SamplerPolicy, bucket
-from earl_jax.rollout.sampler import Sampler, SamplingConfig
+from earl_jax.rollout.policy import SamplerPolicy
+from earl_jax.rollout.sampler import DEFAULT_LENGTH_BUCKETS, Sampler, SamplingConfig, bucket
 
 _MOVES = re.compile(r"moves:((?: \d+)+)")
 
@@ -166,7 +166,7 @@ class Trainer:
         return traj
 
     def _batch_arrays(self, traj: Trajectories) -> dict[str, np.ndarray]:
-        width = bucket(traj.tokens.shape[1], 64)
+        width = max(64, bucket(traj.tokens.shape[1], DEFAULT_LENGTH_BUCKETS))  # bounded set of train shapes
         return {"tokens": _pad_cols(traj.tokens, width), "loss_mask": _pad_cols(traj.loss_mask, width),
                 "rewards": _pad_cols(traj.rewards, width), "group_ids": traj.group_ids}
 

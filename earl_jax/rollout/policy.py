@@ -12,11 +12,6 @@ from earl_jax.distributed import global_to_host
 from earl_jax.rollout.sampler import Sampler, SamplingConfig
 
 
-def bucket(n: int, minimum: int = 8) -> int:
-    """Next power of two >= n (>= minimum): shapes from a small set keep compilations bounded."""
-    return max(minimum, 1 << max(0, int(n) - 1).bit_length())
-
-
 class SamplerPolicy:
     def __init__(self, sampler: Sampler, params: nnx.State, sampling: SamplingConfig, stop_tokens: Sequence[int],
                  max_new_tokens: int):
@@ -31,8 +26,7 @@ class SamplerPolicy:
         num_new = np.array([len(t) for t in new_tokens], np.int32)
         if not num_new.any():
             return
-        width = bucket(int(num_new.max()))
-        toks = np.zeros((len(new_tokens), width), np.int32)
+        toks = np.zeros((len(new_tokens), int(num_new.max())), np.int32)  # the sampler pads to its bucket
         for i, t in enumerate(new_tokens):
             toks[i, :len(t)] = t
         self.state = self.sampler.ensure_capacity(self.state, int((self.lengths + num_new).max()))
