@@ -290,7 +290,7 @@ class Trainer:
     # ---------------------------------------------------------------- the loop
     def iteration(self) -> dict[str, Any]:
         cfg = self.cfg
-        plan = self.planner.plan()
+        self.planner.plan()  # this iteration's layouts; the OOM fallback may still change them
         rng = jax.random.fold_in(jax.random.key(cfg.seed), self.step)
         seeds = [(cfg.seed * 1_000_003 + self.step * cfg.groups + g) % (2**31) for g in range(cfg.groups)
                  for _ in range(cfg.group_size)]
