@@ -28,7 +28,7 @@ import numpy as np
 from jax.sharding import Sharding
 
 __all__ = ["Launch", "resolve", "maybe_initialize", "host_to_global", "global_to_host", "is_main",
-           "process_count", "any_process"]
+           "process_count", "any_process", "gather_ints"]
 
 DEFAULT_PORT = 1234  # for a coordinator given without a port
 
@@ -159,11 +159,18 @@ def any_process(flag: bool) -> bool:
     """True if `flag` is True on any process (a collective: every process must call it). For decisions
     that must be the same everywhere, e.g. an out-of-memory retry on another layout: one process
     changing meshes alone would leave the others waiting in a collective forever."""
+    return any(v for (v,) in gather_ints(int(bool(flag))))
+
+
+def gather_ints(*values: int) -> list[tuple[int, ...]]:
+    """Every process's `values` (small ints, int32), in process order: one tiny all-gather, a collective
+    (every process must call it with as many values). On one process: no collective, [values]."""
     if jax.process_count() == 1:
-        return bool(flag)
+        return [tuple(int(v) for v in values)]
     from jax.experimental import multihost_utils
 
-    return bool(np.any(multihost_utils.process_allgather(np.asarray([bool(flag)]))))
+    rows = np.asarray(multihost_utils.process_allgather(np.asarray(values, dtype=np.int32)))
+    return [tuple(int(v) for v in row) for row in rows.reshape(jax.process_count(), len(values))]
 
 
 def host_to_global(x: Any, sharding: Sharding) -> jax.Array:

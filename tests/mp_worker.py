@@ -1,9 +1,11 @@
 """One process of the multi-process tests (tests/test_multiprocess.py starts two of these).
 
     python tests/mp_worker.py dispatch OUT.json     # EARL_COORDINATOR / EARL_NUM_PROCESSES / EARL_PROCESS_ID set
+    python tests/mp_worker.py oom_fallback OUT      # each process writes OUT.<process index>.json
 
-Every process checks its own results and exits non-zero on a mismatch; process 0 writes OUT.json
-(the routes each move took, and what was compared).
+dispatch: every process checks its own results and exits non-zero on a mismatch; process 0 writes
+OUT.json (the routes each move took, and what was compared). oom_fallback: every process records what
+the OOM fallback did when only one process fails; the test compares the processes.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -91,7 +94,65 @@ def dispatch_round_trip(out_path: str) -> None:
         raise SystemExit(f"process {jax.process_index()}: values differ after {bad}: {report}")
 
 
+def oom_fallback(out_prefix: str) -> None:
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from earl_jax.distributed import global_to_host, host_to_global
+    from earl_jax.models.config import get_config
+    from earl_jax.parallel.memory import GiB, MemoryConfig
+    from earl_jax.parallel.mesh import make_mesh
+    from earl_jax.parallel.selector import (SMALL_BUCKET_EDGES, ContextStats, ParallelismSelector, SelectorConfig,
+                                            run_with_oom_fallback)
+
+    me = jax.process_index()
+    host = np.arange(256 * 4, dtype=np.float32).reshape(256, 4)
+    local_sum = jax.jit(lambda a: (a * a).sum())
+
+    def scenario(stage: str, fail: dict[tuple[int, int], Callable[[], Exception]], **kw) -> dict:
+        """Run `stage` under the fallback; attempt a on process p raises fail[a, p]()."""
+        sel = ParallelismSelector(get_config("tiny"), jax.device_count(), memory=MemoryConfig(budget_bytes=4 * GiB),
+                                  config=SelectorConfig(bucket_edges=SMALL_BUCKET_EDGES, smoothing="none"))
+        plan = sel.plan(ContextStats(100, 100, 256))
+        tried = []
+
+        def fn(layout):
+            tried.append(layout.describe())
+            if (len(tried) - 1, me) in fail:
+                raise fail[len(tried) - 1, me]()
+            # process-local work only: a cross-process collective here would wait for the failed process
+            return float(local_sum(host[: layout.micro_batch]))
+
+        rec = {"first": plan[stage].describe(), "tried": tried}
+        try:
+            result, plan = run_with_oom_fallback(stage, fn, plan, sel, **kw)
+        except Exception as e:  # noqa: BLE001  (recorded, then the next scenario runs on both processes)
+            return {**rec, "error": f"{type(e).__name__}: {e}"}
+        # the same global program on the final layout on both processes: they agree, or this would hang
+        x = host_to_global(host, NamedSharding(make_mesh(plan[stage].mesh), P(("data", "fsdp"))))
+        state = sel.state_dict()
+        return {**rec, "final": plan[stage].describe(), "result": result, "global_sum": float(global_to_host(
+            local_sum(x))), "oom_marks": state["oom_marks"], "micro_batch_caps": state["micro_batch_caps"]}
+
+    def oom():
+        return RuntimeError("RESOURCE_EXHAUSTED: injected")
+
+    def bug():
+        return ValueError("injected bug")
+
+    report = {
+        "process": me,
+        "oom_on_1": scenario("train", {(0, 1): oom}),  # only process 1 runs out of memory
+        "shrink_1_then_0": scenario("experience", {(0, 1): oom, (1, 0): oom}, shrink_first=True),
+        "no_rerun": scenario("train", {(0, 1): oom}, rerun_after_success=False),  # the trainer's train stage
+        "bug_on_1": scenario("train", {(0, 1): bug}),
+        "bug_on_1_oom_on_0": scenario("train", {(0, 1): bug, (0, 0): oom}),
+    }
+    Path(f"{out_prefix}.{me}.json").write_text(json.dumps(report, indent=1))
+
+
 if __name__ == "__main__":
     mode, out = sys.argv[1], sys.argv[2]
     assert distributed.maybe_initialize(timeout_s=120), "not launched as one of several processes"
-    {"dispatch": dispatch_round_trip}[mode](out)
+    {"dispatch": dispatch_round_trip, "oom_fallback": oom_fallback}[mode](out)

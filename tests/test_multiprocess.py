@@ -4,7 +4,8 @@
     experience -> train layout, and moves whose blocks must cross processes (two_step_global,
     reorder, host_gather): every value arrives, each move names its route;
 (b) Connect Four end to end, two iterations: 2 processes x 4 devices reach the same metrics and
-    parameters as 1 process x 8 devices running the same command.
+    parameters as 1 process x 8 devices running the same command;
+(c) the selector's OOM fallback when only one process fails: both agree on every retry.
 """
 
 from __future__ import annotations
@@ -113,6 +114,39 @@ def test_dispatcher_across_two_processes(tmp_path):
     assert r["cross_set"]["routes"] == {"two_step_global": 1}
     assert r["reorder"]["routes"] == {"reorder": 1}
     assert r["host_gather"]["routes"] == {"host_gather": 1}
+
+
+@pytest.fixture(scope="module")
+def oom_job(tmp_path_factory) -> list[dict]:
+    """Both processes' reports of the OOM fallback scenarios in tests/mp_worker.py (one job, ~5 s)."""
+    tmp = tmp_path_factory.mktemp("oom")
+    proc = _two_processes([sys.executable, str(ROOT / "tests" / "mp_worker.py"), "oom_fallback", str(tmp / "out")],
+                          tmp / "logs", timeout=60)
+    _finish(proc, 90, "oom fallback workers", tmp / "logs")  # a hang in the agreement fails here
+    return [json.loads((tmp / f"out.{i}.json").read_text()) for i in range(2)]
+
+
+def test_oom_on_one_process_moves_both_to_the_same_layout(oom_job):
+    p0, p1 = oom_job
+    for case in ("oom_on_1", "shrink_1_then_0"):
+        assert p0[case] == p1[case], case  # same layouts tried, same marks and caps, same result
+    one = p0["oom_on_1"]  # process 0 succeeded on d8f1t1, dropped that result and moved with process 1
+    assert one["tried"] == [one["first"], one["final"]] and one["final"].startswith("d4f2t1")
+    assert one["oom_marks"] == [["train", "d8f1t1", 128]] and one["micro_batch_caps"] == []
+    shrink = p0["shrink_1_then_0"]  # OOMs on different processes at different attempts: two halvings
+    assert [t.split()[1] for t in shrink["tried"]] == ["mb32", "mb16", "mb8"]
+    assert shrink["oom_marks"] == [] and shrink["micro_batch_caps"] == [["experience", "d8f1t1", 128, 8]]
+    # a stage that changed state where it succeeded (train) is not rerun: both processes stop, same error
+    assert p0["no_rerun"]["error"] == p1["no_rerun"]["error"]
+    assert "out of memory on process [1] after it had completed on process [0]" in p0["no_rerun"]["error"]
+
+
+def test_error_on_one_process_fails_the_other_clearly(oom_job):
+    p0, p1 = oom_job
+    for case in ("bug_on_1", "bug_on_1_oom_on_0"):  # the failure wins over an OOM on the other process
+        assert p1[case]["error"] == "ValueError: injected bug", case
+        assert p0[case]["error"].startswith("OtherProcessFailedError: train: another process failed (process [1])")
+        assert p0[case]["tried"] == p1[case]["tried"] == [p0[case]["first"]]  # no retry anywhere
 
 
 def _restore_numpy(run_dir: Path) -> tuple[int, list[np.ndarray]]:

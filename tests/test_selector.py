@@ -8,14 +8,15 @@ import jax
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from earl_jax import distributed
 from earl_jax.models.config import get_config
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel, candidate_meshes
 from earl_jax.parallel.mesh import STAGES, MeshShape, make_mesh
 from earl_jax.parallel.profile import (INFEASIBLE, OK, OOM, ProfileEntry, ProfileTable, ProfileTableMismatch,
                                        SyntheticThroughput, is_oom_error, run_profile)
 from earl_jax.parallel.selector import (SMALL_BUCKET_EDGES, ContextStats, HysteresisLevel, NoFeasibleLayoutError,
-                                        ParallelismSelector, SelectorConfig, StageLayout, StagePlan,
-                                        run_with_oom_fallback)
+                                        OtherProcessFailedError, OtherProcessOOMError, ParallelismSelector,
+                                        SelectorConfig, StageLayout, StagePlan, run_with_oom_fallback)
 
 H100 = 80 * GiB
 ROOT = Path(__file__).resolve().parents[1]
@@ -263,6 +264,74 @@ def test_run_with_oom_fallback_reruns_same_batch_on_next_candidate():
     with pytest.raises(NoFeasibleLayoutError, match="nothing else fits") as ei:
         run_with_oom_fallback("experience", always_oom, plan, sel)
     assert is_oom_error(ei.value.__cause__)
+
+
+def test_oom_fallback_on_one_process_makes_no_collective(monkeypatch):
+    from jax.experimental import multihost_utils
+
+    monkeypatch.setattr(multihost_utils, "process_allgather", lambda *a, **k: pytest.fail("collective on 1 process"))
+    sel = tiny_selector()
+
+    def step(layout):
+        if layout.mesh == MeshShape(8, 1, 1):
+            raise oom()
+        return str(layout)
+
+    result, plan = run_with_oom_fallback("train", step, sel.plan(stats(100)), sel)
+    assert result == "d4f2t1" and plan.train.mesh == MeshShape(4, 2, 1)
+
+
+def fake_peer(monkeypatch, peer: list[int], same_layout: bool = True) -> list[int]:
+    """A second process whose attempt i ends with peer[i] (0 ok, 1 out of memory, 2 other error; ok after
+    the list); returns this process's outcomes as the all-gather saw them."""
+    sent = []
+
+    def gather_ints(outcome, layout_id):
+        sent.append(outcome)
+        other = peer[len(sent) - 1] if len(sent) <= len(peer) else 0
+        return [(outcome, layout_id), (other, layout_id if same_layout else layout_id + 1)]
+
+    monkeypatch.setattr(distributed, "gather_ints", gather_ints)
+    return sent
+
+
+def test_oom_on_another_process_is_an_oom_here(monkeypatch):
+    sent = fake_peer(monkeypatch, [1])
+    sel = tiny_selector()
+    plan = sel.plan(stats(100))
+    switches = []
+    result, new_plan = run_with_oom_fallback("train", str, plan, sel, on_switch=lambda a, b, e: switches.append(e))
+    assert sent == [0, 0]  # this process's first attempt worked, and was run again anyway
+    assert result == "d4f2t1" and new_plan.train.mesh == MeshShape(4, 2, 1)
+    assert sel.oom_marks == {("train", MeshShape(8, 1, 1), plan.context_bucket)}  # the mesh the peer could not fit
+    assert isinstance(switches[0], OtherProcessOOMError) and is_oom_error(switches[0])
+    assert "process [1]" in str(switches[0])
+    sent = fake_peer(monkeypatch, [1])  # a stage that changed state when it succeeded here: no rerun
+    with pytest.raises(RuntimeError, match=r"out of memory on process \[1\] after it had completed on process \[0\]"):
+        run_with_oom_fallback("train", str, plan, sel, rerun_after_success=False)
+    assert sent == [0]
+
+
+def test_failure_on_another_process_raises_here_after_the_exchange(monkeypatch):
+    sel = tiny_selector()
+    plan = sel.plan(stats(100))
+    sent = fake_peer(monkeypatch, [2])
+    with pytest.raises(OtherProcessFailedError, match=r"another process failed \(process \[1\]\)"):
+        run_with_oom_fallback("train", str, plan, sel)
+    sent = fake_peer(monkeypatch, [2])
+    with pytest.raises(OtherProcessFailedError) as ei:  # a failure elsewhere wins over an OOM here
+        run_with_oom_fallback("train", lambda lay: (_ for _ in ()).throw(oom()), plan, sel)
+    assert sent == [1] and is_oom_error(ei.value.__cause__) and not sel.oom_marks
+    sent = fake_peer(monkeypatch, [0])
+    with pytest.raises(ValueError, match="a bug"):  # its own error, raised after the peers learnt of it
+        run_with_oom_fallback("train", lambda lay: (_ for _ in ()).throw(ValueError("a bug")), plan, sel)
+    assert sent == [2]
+    monkeypatch.setattr(distributed, "gather_ints", lambda *v: (_ for _ in ()).throw(RuntimeError("peer gone")))
+    with pytest.raises(ValueError, match="a bug"):  # a broken exchange does not hide this process's own error
+        run_with_oom_fallback("train", lambda lay: (_ for _ in ()).throw(ValueError("a bug")), plan, sel)
+    fake_peer(monkeypatch, [0], same_layout=False)
+    with pytest.raises(RuntimeError, match="different layouts"):
+        run_with_oom_fallback("train", str, plan, sel)
 
 
 def test_no_feasible_layout_error_is_clear():

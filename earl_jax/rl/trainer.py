@@ -228,7 +228,9 @@ class Trainer:
         return metrics
 
     def _with_oom_fallback(self, stage: str, fn: Callable[[StageLayout], Any]) -> Any:
-        result, plan = run_with_oom_fallback(stage, fn, self.planner.current, self.planner.selector)
+        # train updates (and donates) the weights: never rerun it on a process where it already succeeded
+        result, plan = run_with_oom_fallback(stage, fn, self.planner.current, self.planner.selector,
+                                             rerun_after_success=stage != "train")
         self.planner.current = plan
         return result
 
