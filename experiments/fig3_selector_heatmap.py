@@ -294,6 +294,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "270 s budget allows) x responses 8,32,128, 16 decode steps; --remeasure gets 150 s")
     p.add_argument("--decode-steps", type=int, default=None, help="real rollout measure: new tokens per cell")
     p.add_argument("--measure-repeats", type=int, default=2)
+    p.add_argument("--continue-table", type=Path, default=None,
+                   help="real measure: a profile table an earlier call saved; only its missing context rows are measured")
     p.add_argument("--remeasure-budget", type=float, default=None,
                    help="real measure: like --time-budget, for the --remeasure pass")
     p.add_argument("--time-budget", type=float, default=None,
@@ -329,7 +331,7 @@ def measure_table(memory: MemoryModel, args, n_dev: int, kind: str, stages: tupl
     meshes = {st: [m for m in candidate_meshes(memory.cfg, n_dev, st) if tensors is None or m.tensor in tensors]
               for st in stages}
     start = time.perf_counter()
-    done, cut = [], []
+    done, cut = (list(table.meta.get("contexts_measured", [])) if table is not None else []), []
     for ctx in args.contexts:  # in the given order: put the rows that matter most first
         if time_budget is not None and time.perf_counter() - start > time_budget:
             cut.append(ctx)
@@ -346,6 +348,10 @@ def measure_table(memory: MemoryModel, args, n_dev: int, kind: str, stages: tupl
     if save is not None:
         table.save(save)
     return table
+
+
+def _with(args: argparse.Namespace, **kw) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(args), **kw})
 
 
 def _compile_cache() -> None:
@@ -522,7 +528,12 @@ def main(argv=None) -> dict:
             table.save(args.save_table)
     else:
         _compile_cache()
-        table = measure_table(memory, args, n_dev, kind, (args.stage,), (args.tp_a, args.tp_b),
+        previous = None
+        if args.continue_table is not None:  # rows measured by an earlier call on the same kind of machine
+            previous = ProfileTable.load(args.continue_table, device_count=n_dev, model_name=cfg.name, device_kind=kind)
+        todo = [c for c in args.contexts if previous is None or c not in previous.context_lens(args.stage)]
+        table = measure_table(memory, _with(args, contexts=todo),
+                              n_dev, kind, (args.stage,), (args.tp_a, args.tp_b), table=previous,
                               save=args.save_table, time_budget=args.time_budget)
         table.meta.update(synthetic=False, budget_bytes=budget)
         if args.save_table:

@@ -7,6 +7,6 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 {
   nvidia-smi --query-gpu=name,memory.total --format=csv
-  timeout 560 python3 experiments/fig3_selector_heatmap.py --gpu --remeasure --no-progress --out "$OUT" \
+  timeout 570 python3 experiments/fig3_selector_heatmap.py --gpu --remeasure --no-progress --out "$OUT" "$@" \
     --name fig3_qwen2.5-0.5b_rollout_tp1_tp2_gpu
 } 2>&1 | grep -v -E "IOTA device assignment|not expected as JAX" | tee "$OUT/fig3_gpu.log"
