@@ -16,9 +16,13 @@ import os
 import platform
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import pyspiel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone: no install needed
 
 from earl_jax.envs import EnvBatch, EnvConfig, canonical_action_text, make_opponent, parse_action
 

@@ -13,6 +13,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone: no install needed
+
 from earl_jax.rl.config import RLConfig
 
 DEFAULT = RLConfig(game="connect_four", run_dir="runs/connect4")

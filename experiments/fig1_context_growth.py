@@ -1,103 +1,180 @@
-"""Figure 1 of EARL (arXiv 2510.05943), replayed through the memory model: as training goes on the
-context grows; a static rollout layout runs out of memory (or must truncate), the selector's run goes on.
+"""Figure 1 of EARL (arXiv 2510.05943) as two real training runs: the context grows until a static
+configuration runs out of memory, while the selector's run goes on.
 
-What is measured and what is modelled, plainly:
-- the context-length trace per iteration comes from a real training run's metrics.jsonl
-  (`rollout/context_len_mean` and `_max`), scaled so its largest value reaches --max-context
-  (the tiny CPU run grows to ~10^2 tokens; the paper's runs to 8K-32K);
-- memory per device is the project's memory model (earl_jax/parallel/memory.py) for --model on
-  --devices devices of --device-gib each, with --responses responses: no accelerator runs here, so
-  "out of memory" means the memory model's verdict, not a crash;
-- each iteration, the static layouts (every rollout tensor degree) are checked at that iteration's max
-  context, and the ParallelismSelector, fed the same statistics, picks its layout (with hysteresis).
+Both runs are `experiments/connect4.py` with the same configuration and seed, each in its own process
+(an out-of-memory error ends that process only, and frees its device memory):
 
-    python experiments/fig1_context_growth.py --metrics runs/connect4/metrics.jsonl
+* static   - `--selector-mode static`: the first iteration's layouts (mesh, micro-batch, log-prob chunk)
+             for the whole run and no fallback, as a fixed configuration would run;
+* selector - `--selector-mode auto`: experience and train are planned for each batch's context from the
+             memory model; an OOM halves the micro-batch, then gives up the mesh.
 
-Writes experiments/results/fig1_context_growth.{json,png}.
+What makes the context grow, stated plainly: a per-turn token-budget curriculum (`--turn-tokens-schedule`,
+a length curriculum like DeepScaleR's 8K -> 16K -> 24K). The policy is a random-init model that rarely
+emits its end token, so its answers fill the budget and every game's context grows with the schedule. It is
+not a policy that learned to think longer; the memory story (activations grow with context, a static
+micro-batch does not shrink) is the same.
+
+    # one GPU: Qwen2.5-0.5B shape (random init, game tokenizer), device memory capped so the cap is reached
+    python experiments/fig1_context_growth.py --gpu
+    # CPU smoke test (tiny model; nothing runs out of memory on the host, the figure says so)
+    python experiments/fig1_context_growth.py --small
+
+Writes experiments/results/<name>.{json,png} and keeps each run's metrics.jsonl under <name>_runs/.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from earl_jax.models.config import get_config
-from earl_jax.parallel.memory import MemoryConfig, MemoryModel, candidate_meshes
-from earl_jax.parallel.selector import ContextStats, NoFeasibleLayoutError, ParallelismSelector, SelectorConfig
-from earl_jax.rl.metrics import read_metrics
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
 
-GiB = 2**30
+from earl_jax.rl.metrics import read_metrics  # noqa: E402
+
+RESULTS = ROOT / "experiments" / "results"
+OOM_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory")
+
+COMMON = ["--game", "connect_four", "--format-warmup-steps", "0", "--eval-every", "0", "--checkpoint-every", "0",
+          "--keep-checkpoints", "1", "--wandb-mode", "disabled", "--progress", "false",
+          "--micro-batch-tokens", str(1 << 30)]  # only the selector sizes micro-batches (the static run keeps its first)
+SETTINGS = {
+    "gpu": ["--model", "qwen2.5-0.5b", "--groups", "8", "--group-size", "4", "--steps", "6", "--eval-games", "8",
+            "--turn-tokens-schedule", "0:64,2:512,4:1536", "--max-context", "16384", "--max-turns", "32"],
+    "small": ["--model", "tiny", "--groups", "2", "--group-size", "4", "--steps", "4", "--eval-games", "4",
+              "--turn-tokens-schedule", "0:8,2:48", "--max-context", "1024", "--max-turns", "32"],
+}
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--metrics", required=True, help="metrics.jsonl of a training run (the context trace)")
-    p.add_argument("--model", default="qwen2.5-72b")
-    p.add_argument("--devices", type=int, default=8)
-    p.add_argument("--device-gib", type=float, default=80.0, help="per-device memory (H100: 80)")
-    p.add_argument("--responses", type=int, default=32)
-    p.add_argument("--max-context", type=int, default=32768, help="the scaled trace's largest context")
-    p.add_argument("--out", default="experiments/results/fig1_context_growth")
-    args = p.parse_args(argv)
+def run_one(mode: str, flags: list[str], run_dir: Path, timeout: float, env: dict[str, str]) -> dict:
+    """One training run in a subprocess; how it ended (finished / out of memory / other error / timeout)."""
+    cmd = [sys.executable, str(ROOT / "experiments" / "connect4.py"), *flags, "--run-dir", str(run_dir),
+           "--selector-mode", mode]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        rc, out = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out = None, (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
+    status = ("finished" if rc == 0 else "timeout" if rc is None
+              else "out_of_memory" if any(m in out for m in OOM_MARKERS) else "error")
+    (run_dir / "output.log").write_text(out)
+    metrics = list(read_metrics(run_dir / "metrics.jsonl")) if (run_dir / "metrics.jsonl").exists() else []
+    rows = [r for r in metrics if r.get("step", 0) >= 1 and "rollout/context_len_max" in r]
+    err = next((ln.strip() for ln in reversed(out.splitlines()) if any(m in ln for m in OOM_MARKERS)), None)
+    return {"mode": mode, "status": status, "returncode": rc, "seconds": round(time.perf_counter() - t0, 1),
+            "iterations": len(rows), "error_line": err[:400] if err else None,
+            "tail": out.splitlines()[-15:] if status != "finished" else [], "trace": [
+                {k: r.get(k) for k in ("step", "rollout/context_len_mean", "rollout/context_len_max",
+                                       "rollout/turn_tokens", "parallel/train_micro_batch", "parallel/train_mesh",
+                                       "parallel/experience_micro_batch", "parallel/experience_logprob_chunk",
+                                       "memory/peak_gib", "memory/limit_gib", "time/train_s", "time/rollout_s")}
+                for r in rows]}
 
-    rows = [r for r in read_metrics(args.metrics) if r.get("step", 0) >= 1 and r.get("rollout/context_len_max")]
-    if not rows:
-        raise SystemExit(f"{args.metrics}: no iterations with rollout/context_len_max")
-    scale = args.max_context / max(r["rollout/context_len_max"] for r in rows)
-    cfg = get_config(args.model)
-    mem = MemoryConfig(budget_bytes=int(args.device_gib * GiB))
-    model = MemoryModel(cfg, mem)
-    statics = candidate_meshes(cfg, args.devices, "rollout")
-    selector = ParallelismSelector(cfg, args.devices, memory=model, config=SelectorConfig(stages=("rollout",)))
 
-    trace = []
-    for r in rows:
-        mean, mx = r["rollout/context_len_mean"] * scale, int(r["rollout/context_len_max"] * scale)
-        entry = {"step": r["step"], "context_mean": mean, "context_max": mx,
-                 "static_fits": {str(m): model.fits(model.estimate("rollout", m, mx, args.responses)) for m in statics},
-                 "static_gib": {str(m): model.estimate("rollout", m, mx, args.responses).total / GiB for m in statics}}
-        try:
-            plan = selector.plan(ContextStats(mean, mx, args.responses))
-            entry["selector"] = str(plan.rollout.mesh)
-        except NoFeasibleLayoutError:
-            entry["selector"] = None
-        trace.append(entry)
-
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    first_oom = {s: next((e["step"] for e in trace if not e["static_fits"][s]), None) for s in map(str, statics)}
-    result = {"what": "memory-model replay of a measured context trace (not an accelerator run)",
-              "metrics": str(args.metrics), "scale": scale, "model": args.model, "devices": args.devices,
-              "device_gib": args.device_gib, "responses": args.responses, "first_oom_step": first_oom,
-              "selector_ran_out": [e["step"] for e in trace if e["selector"] is None], "trace": trace}
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-
+def plot(result: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
-    steps = [e["step"] for e in trace]
-    ax1.plot(steps, [e["context_max"] for e in trace], label="max context (scaled)")
-    ax1.plot(steps, [e["context_mean"] for e in trace], label="mean context (scaled)")
-    ax1.set(ylabel="tokens", title=f"{args.model}, {args.devices} x {args.device_gib:.0f} GiB, "
-                                   f"{args.responses} responses (memory-model replay)")
-    ax1.legend()
-    for s in map(str, statics):
-        ax2.plot(steps, [e["static_gib"][s] for e in trace], label=f"static {s}")
-        if first_oom[s] is not None:
-            ax2.axvline(first_oom[s], ls=":", color="gray")
-    ax2.axhline(model.usable_bytes / GiB, color="red", ls="--", label="usable memory")
-    chosen = [next((e["static_gib"][e["selector"]] for _ in [0]), None) if e["selector"] else None for e in trace]
-    ax2.plot(steps, chosen, "k.", label="selector's choice")
-    ax2.set(xlabel="iteration", ylabel="GiB per device (rollout)", yscale="log")
-    ax2.legend(fontsize=8)
+    fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+    colors = {"static": "tab:red", "selector": "tab:blue"}
+    for name, run in result["runs"].items():
+        tr = run["trace"]
+        steps = [e["step"] for e in tr]
+        c = colors[name]
+        axes[0].plot(steps, [e["rollout/context_len_max"] for e in tr], "o-", color=c, label=f"{name}: max context")
+        axes[0].plot(steps, [e["rollout/context_len_mean"] for e in tr], ":", color=c, label=f"{name}: mean context")
+        axes[1].plot(steps, [e["parallel/train_micro_batch"] for e in tr], "o-", color=c, label=name)
+        if any(e.get("memory/peak_gib") is not None for e in tr):
+            axes[2].plot(steps, [e.get("memory/peak_gib") for e in tr], "o-", color=c, label=f"{name}: peak")
+        if run["status"] != "finished":
+            x = (steps[-1] if steps else 0) + 1  # the iteration that did not finish
+            for ax in axes:
+                ax.axvline(x, color=c, ls="--", alpha=0.6)
+            axes[0].annotate(f"{name}: {run['status'].replace('_', ' ')}\nat iteration {x}", (x, 0),
+                             xycoords=("data", "axes fraction"), xytext=(4, 8), textcoords="offset points",
+                             color=c, fontsize=9)
+    limit = next((e.get("memory/limit_gib") for r in result["runs"].values() for e in r["trace"]
+                  if e.get("memory/limit_gib")), None)
+    if limit:
+        axes[2].axhline(limit, color="gray", ls="--", label="device memory limit")
+    axes[0].set(ylabel="tokens per game", title=f"{result['model']} on {result['device']}: context growth")
+    axes[1].set(ylabel="train micro-batch (rows)")
+    axes[2].set(ylabel="peak device GiB", xlabel="iteration")
+    if not limit:
+        axes[2].text(0.5, 0.5, "no device memory statistics on this backend", ha="center", transform=axes[2].transAxes)
+    for ax in axes:
+        ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=110)
-    print(json.dumps({"first_oom_step": first_oom, "selector_ran_out": result["selector_ran_out"]}))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--gpu", action="store_true", help="one GPU, Qwen2.5-0.5B shape, capped device memory")
+    which.add_argument("--small", action="store_true", help="CPU smoke test, tiny model")
+    p.add_argument("--mem-fraction", type=float, default=0.42,
+                   help="GPU: XLA_PYTHON_CLIENT_MEM_FRACTION of each run (both run at once on one GPU)")
+    p.add_argument("--timeout", type=float, default=540.0, help="seconds per run")
+    p.add_argument("--sequential", action="store_true", help="run the two one after the other (default: at once)")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--name", default=None)
+    p.add_argument("extra", nargs="*", help="more connect4.py flags for both runs (after --)")
+    args = p.parse_args(argv)
+
+    setting = "gpu" if args.gpu else "small"
+    name = args.name or f"fig1_context_growth_{setting}"
+    runs_dir = args.out / f"{name}_runs"
+    flags = [*COMMON, *SETTINGS[setting], *args.extra]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if args.gpu:  # each run sees a capped pool: the memory model reads the same cap (bytes_limit)
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(args.mem_fraction)
+    else:
+        env["JAX_PLATFORMS"] = "cpu"
+    for mode in ("static", "selector"):
+        d = runs_dir / mode
+        if d.exists():
+            raise SystemExit(f"{d} exists: remove it or pass --name (runs are never overwritten)")
+        d.parent.mkdir(parents=True, exist_ok=True)
+
+    modes = {"static": "static", "selector": "auto"}
+    if args.sequential:
+        results = {n: run_one(m, flags, runs_dir / n, args.timeout, env) for n, m in modes.items()}
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(2) as pool:
+            futures = {n: pool.submit(run_one, m, flags, runs_dir / n, args.timeout, env) for n, m in modes.items()}
+            results = {n: f.result() for n, f in futures.items()}
+
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # this process only reads the device's name
+    import jax  # after the runs: this process never holds device memory while they run
+
+    device = "CPU (host)" if args.small else f"1 x {jax.devices()[0].device_kind}"
+    model = SETTINGS[setting][SETTINGS[setting].index("--model") + 1]
+    result = {"what": "two real training runs (static layouts vs the Parallelism Selector); the context grows "
+                      "through a per-turn token-budget curriculum", "device": device, "model": model,
+              "flags": flags, "mem_fraction": args.mem_fraction if args.gpu else None, "runs": results}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))
+    plot(result, args.out / f"{name}.png")
+    for n, r in results.items():
+        last = r["trace"][-1] if r["trace"] else {}
+        print(f"{n}: {r['status']} after {r['iterations']} iterations ({r['seconds']} s); last max context "
+              f"{last.get('rollout/context_len_max')}, train micro-batch {last.get('parallel/train_micro_batch')}"
+              + (f"; {r['error_line']}" if r["error_line"] else ""))
+    return result
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

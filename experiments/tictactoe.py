@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 
-from connect4 import main
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone: no install needed
+
+from connect4 import main  # noqa: E402
 
 from earl_jax.rl.config import RLConfig
 

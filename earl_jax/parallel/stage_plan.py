@@ -34,8 +34,9 @@ def parse_thresholds(text: str) -> list[tuple[int, MeshShape]]:
 
 class StagePlanner:
     def __init__(self, selector: ParallelismSelector, devices: list[jax.Device], num_responses: int,
-                 first_context_len: int = 64):
-        self.selector, self.devices = selector, devices
+                 first_context_len: int = 64, static: bool = False):
+        """`static`: keep the first plan for the whole run (the baseline the selector is measured against)."""
+        self.selector, self.devices, self.static = selector, devices, static
         self.num_responses = num_responses
         self._meshes: dict[MeshShape, Mesh] = {}
         self._stats = ContextStats(first_context_len, first_context_len, num_responses)
@@ -43,7 +44,7 @@ class StagePlanner:
         self.current: StagePlan = selector.plan(self._stats)
 
     @classmethod
-    def from_config(cls, cfg, model_cfg: ModelConfig) -> "StagePlanner":
+    def from_config(cls, cfg, model_cfg: ModelConfig, remat: bool = True) -> "StagePlanner":
         devices = jax.devices()[: cfg.devices or None]
         thresholds = {s: parse_thresholds(getattr(cfg, f"{s}_thresholds")) for s in STAGES}
         thresholds = {s: v for s, v in thresholds.items() if v}
@@ -52,7 +53,7 @@ class StagePlanner:
                                  ema_alpha=cfg.selector_ema, thresholds=thresholds or None)
         budget = int(cfg.memory_budget_gib * 2**30) or None
         table = ProfileTable.load(cfg.selector_table) if cfg.selector_table else None
-        selector = ParallelismSelector(model_cfg, len(devices), memory=MemoryConfig(budget_bytes=budget),
+        selector = ParallelismSelector(model_cfg, len(devices), memory=MemoryConfig(budget_bytes=budget, remat=remat),
                                        config=sel_cfg, table=table, device_kind=devices[0].device_kind)
         # Rows shard over data (x fsdp in training): only meshes whose batch axes divide the batch qualify.
         for stage, cands in selector.candidates.items():
@@ -61,7 +62,7 @@ class StagePlanner:
                 raise ValueError(f"--groups x --group-size = {cfg.batch_size} games do not split over any {stage} "
                                  f"mesh of {len(devices)} devices: use a multiple of the device count")
             selector.candidates[stage] = ok
-        return cls(selector, devices, cfg.batch_size)
+        return cls(selector, devices, cfg.batch_size, static=cfg.selector_mode == "static")
 
     def mesh(self, stage: str) -> Mesh:
         return self.mesh_of(self.current[stage].mesh)
@@ -76,6 +77,8 @@ class StagePlanner:
         return self.current[stage]
 
     def plan(self) -> StagePlan:
+        if self.static:
+            return self.current
         self.current = self.selector.plan(self._stats, update=self._fresh)
         self._fresh = False
         return self.current
@@ -92,4 +95,5 @@ class StagePlanner:
         if d:
             self.selector.load_state_dict(d["selector"])
             self._stats = ContextStats(*d["stats"])
-            self.current = self.selector.plan(self._stats, update=False)
+            if not self.static:
+                self.current = self.selector.plan(self._stats, update=False)

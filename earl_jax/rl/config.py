@@ -38,6 +38,8 @@ class RLConfig:
     groups: int = _f(16, "B: groups of games per iteration (each group shares a start seed)")
     group_size: int = _f(4, "G: games per group (GRPO / RLOO baselines compare within a group)")
     max_turn_tokens: int = _f(4, "max tokens the policy may generate per turn")
+    turn_tokens_schedule: str = _f("", "length curriculum: 'ITER:TOKENS,...' sets the per-turn token budget from "
+                                       "iteration ITER on, e.g. '0:16,4:64,8:256' (empty: --max-turn-tokens throughout)")
     max_turns: int = _f(32, "max agent turns per game (then truncated)")
     max_context: int = _f(2048, "max tokens per episode (then truncated, recorded)")
     temperature: float = _f(1.0, "sampling temperature during rollouts")
@@ -66,12 +68,18 @@ class RLConfig:
     grad_clip: float = _f(1.0, "global gradient-norm clip")
     ppo_epochs: int = _f(1, "passes over each iteration's batch")
     micro_batch_tokens: int = _f(32768, "tokens per micro-batch in the train stage (gradient accumulation)")
+    remat: Literal["auto", "none", "full"] = _f(
+        "auto", "per-layer rematerialization in training (the memory model assumes the same): "
+                "auto = full on accelerators, none on CPU")
     logprob_chunk: int = _f(256, "sequence positions per vocabulary chunk in log-prob computation")
     # --- warm start (the tiny model starts from random weights and knows no answer format)
     format_warmup_steps: int = _f(60, "supervised steps on uniformly random LEGAL moves before RL (0: off); "
                                       "teaches the answer format only, no game skill")
     # --- parallelism (EARL's Parallelism Selector; every stage gets its own mesh)
     devices: int = _f(0, "devices to use (0: all)")
+    selector_mode: Literal["auto", "static"] = _f(
+        "auto", "auto: each stage's layout follows the context (selector, OOM fallback); static: the first "
+                "iteration's layouts (mesh, micro-batch, chunk) for the whole run, no fallback (a baseline)")
     selector_edges: tuple[int, ...] = _f((), "context-length bucket edges (empty: 1K..32K, or 32..1K for the tiny model)")
     selector_margin: float = _f(0.10, "hysteresis: pass a bucket edge by this fraction before switching layouts")
     selector_ema: float = _f(0.5, "weight of the newest context length in the moving average")
@@ -115,9 +123,37 @@ class RLConfig:
         need(self.devices >= 0 and self.memory_budget_gib >= 0, "devices", "must be >= 0")
         need(self.agent_player in (None, 0, 1), "agent_player", "must be 0, 1 or none")
         need(self.max_context > self.max_turn_tokens, "max_context", "must exceed --max-turn-tokens")
+        try:
+            schedule = parse_schedule(self.turn_tokens_schedule)
+        except ValueError as e:
+            raise ValueError(f"--turn-tokens-schedule: {e} (got {self.turn_tokens_schedule!r})") from None
+        need(all(t < self.max_context for _, t in schedule), "max_context", "must exceed every scheduled turn budget")
         need(self.group_size > 1 or self.algorithm in ("ppo", "reinforce_pp"), "group_size",
              f"{self.algorithm} compares games within a group: use at least 2")
 
     @property
     def batch_size(self) -> int:
         return self.groups * self.group_size
+
+    def turn_tokens(self, iteration: int) -> int:
+        """The per-turn token budget at `iteration` (the schedule's last entry at or before it)."""
+        budget = self.max_turn_tokens
+        for start, tokens in parse_schedule(self.turn_tokens_schedule):
+            if iteration >= start:
+                budget = tokens
+        return budget
+
+
+def parse_schedule(text: str) -> list[tuple[int, int]]:
+    """'0:16,4:64' -> [(0, 16), (4, 64)]: iterations strictly ascending from 0, budgets positive."""
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        parts = item.split(":")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"{item!r} is not ITER:TOKENS")
+        out.append((int(parts[0]), int(parts[1])))
+    if out and (out[0][0] != 0 or any(b[0] <= a[0] for a, b in zip(out, out[1:]))):
+        raise ValueError("iterations must start at 0 and strictly ascend")
+    if any(t <= 0 for _, t in out):
+        raise ValueError("token budgets must be positive")
+    return out

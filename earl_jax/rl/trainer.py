@@ -62,6 +62,20 @@ def _random_legal_answer(rng: np.random.Generator):
     return answer
 
 
+def _device_memory() -> dict[str, float]:
+    """Largest bytes in use / peak / limit over this process's devices, in GiB (GPU, TPU; {} on CPU)."""
+    try:
+        stats = [d.memory_stats() or {} for d in jax.local_devices()]
+    except Exception:  # some backends raise instead of returning None
+        return {}
+    out = {}
+    for key, name in (("bytes_in_use", "in_use_gib"), ("peak_bytes_in_use", "peak_gib"), ("bytes_limit", "limit_gib")):
+        vals = [st[key] for st in stats if key in st]
+        if vals:
+            out[f"memory/{name}"] = max(vals) / 2**30
+    return out
+
+
 def _pad_cols(x: np.ndarray, width: int) -> np.ndarray:
     return np.pad(x, ((0, 0), (0, width - x.shape[1])))
 
@@ -80,10 +94,12 @@ class Trainer:
         if cfg.hf_checkpoint:
             self.model_cfg = ModelConfig.from_hf_json(Path(cfg.hf_checkpoint) / "config.json")
         else:
+            # A preset without a checkpoint is a random-init model of that shape that speaks the built-in
+            # game tokenizer (its vocabulary replaces the preset's 152K: sampled ids must decode).
             self.tokenizer = game_tokenizer()
-            self.model_cfg = get_config(cfg.model, vocab_size=self.tokenizer.get_vocab_size()) \
-                if cfg.model == "tiny" else get_config(cfg.model)
-        self.planner = StagePlanner.from_config(cfg, self.model_cfg)
+            self.model_cfg = get_config(cfg.model, vocab_size=self.tokenizer.get_vocab_size())
+        self.remat = cfg.remat if cfg.remat != "auto" else ("none" if jax.default_backend() == "cpu" else "full")
+        self.planner = StagePlanner.from_config(cfg, self.model_cfg, remat=self.remat != "none")
         train_mesh = self.planner.mesh("train")
         if cfg.hf_checkpoint:
             from earl_jax.models.loader import from_pretrained
@@ -95,6 +111,7 @@ class Trainer:
         else:
             model = init_sharded(self.model_cfg, train_mesh, STAGE_RULES["train"], seed=cfg.seed, dtype=self.dtype)
         self.ids = special_ids(self.tokenizer)
+        model.remat = self.remat == "full"  # a static attribute: part of the graphdef the stages merge
         self.graphdef, self.params = nnx.split(model)
         self.dispatcher = Dispatcher()
         # A frozen copy: the train stage donates (overwrites) the policy's buffers.
@@ -160,8 +177,10 @@ class Trainer:
         dispatch_s = time.perf_counter() - t0
         if id(mesh) not in self._samplers:
             self._samplers[id(mesh)] = Sampler(self.graphdef, self.model_cfg, mesh=mesh, rules=STAGE_RULES["rollout"])
-        policy = SamplerPolicy(self._samplers[id(mesh)], params, sampling, (self.ids.eos_id,), self.cfg.max_turn_tokens)
-        traj = play_games(policy, envs, self.tokenizer, self.rollout_cfg, rng, seeds, group_ids, bos_id=self.ids.bos_id)
+        turn_tokens = self.cfg.turn_tokens(self.step)
+        policy = SamplerPolicy(self._samplers[id(mesh)], params, sampling, (self.ids.eos_id,), turn_tokens)
+        rollout_cfg = dataclasses.replace(self.rollout_cfg, max_turn_tokens=turn_tokens)
+        traj = play_games(policy, envs, self.tokenizer, rollout_cfg, rng, seeds, group_ids, bos_id=self.ids.bos_id)
         traj.stats["dispatch_s"] = dispatch_s
         return traj
 
@@ -228,9 +247,12 @@ class Trainer:
         return metrics
 
     def _with_oom_fallback(self, stage: str, fn: Callable[[StageLayout], Any]) -> Any:
+        if self.cfg.selector_mode == "static":  # the baseline: an out-of-memory error ends the run
+            return fn(self.planner.layout(stage))
         # train updates (and donates) the weights: never rerun it on a process where it already succeeded
+        # An OOM first halves the micro-batch on the same mesh, then gives the mesh up (for this bucket).
         result, plan = run_with_oom_fallback(stage, fn, self.planner.current, self.planner.selector,
-                                             rerun_after_success=stage != "train")
+                                             shrink_first=True, rerun_after_success=stage != "train")
         self.planner.current = plan
         return result
 
@@ -292,7 +314,7 @@ class Trainer:
     # ---------------------------------------------------------------- the loop
     def iteration(self) -> dict[str, Any]:
         cfg = self.cfg
-        self.planner.plan()  # this iteration's layouts; the OOM fallback may still change them
+        self.planner.plan()  # the rollout's layout, from the last batch's statistics
         rng = jax.random.fold_in(jax.random.key(cfg.seed), self.step)
         seeds = [(cfg.seed * 1_000_003 + self.step * cfg.groups + g) % (2**31) for g in range(cfg.groups)
                  for _ in range(cfg.group_size)]
@@ -300,6 +322,10 @@ class Trainer:
 
         n_dispatch = len(self.dispatcher.history)
         traj = self._rollout(self.envs, seeds, group_ids, rng, self.sampling)
+        # Experience and train are planned for the batch they process (its longest context is known now);
+        # the OOM fallback may still change their layouts.
+        self.planner.observe(traj.stats["turn_context_len_mean"], traj.stats["context_len_max"], traj.num_games)
+        self.planner.plan()
         t0 = time.perf_counter()
         arrays = self._batch_arrays(traj)
         # An out-of-memory error marks that mesh infeasible for this context bucket and reruns the stage
@@ -311,7 +337,6 @@ class Trainer:
         plan = self.planner.current
         t2 = time.perf_counter()
         self.step += 1
-        self.planner.observe(traj.stats["turn_context_len_mean"], traj.stats["context_len_max"], traj.num_games)
 
         s = traj.stats
         record = {
@@ -320,6 +345,7 @@ class Trainer:
             "episode/win_rate": s["win_rate"], "episode/invalid_rate": s["invalid_rate"],
             "episode/turns_mean": s["turns_mean"], "episode/truncated_rate": s["truncated_rate"],
             "rollout/context_len_mean": s["context_len_mean"], "rollout/context_len_max": s["context_len_max"],
+            "rollout/turn_tokens": cfg.turn_tokens(self.step - 1),
             "rollout/turn_context_len_mean": s["turn_context_len_mean"],
             "rollout/tokens": s["tokens"], "rollout/generated_tokens": s["generated_tokens"],
             "rollout/env_frac": s["env_s"] / max(s["rollout_s"], 1e-9),
@@ -331,7 +357,7 @@ class Trainer:
             "train/filtered_frac": float(exp_metrics.get("filtered_frac", 0.0)),
             "dispatch/bytes": sum(h.bytes for h in self.dispatcher.history[n_dispatch:]),
             "compile/programs": len(self._compiled),
-            **plan.log_dict(),
+            **plan.log_dict(), **_device_memory(),
         }
         return record
 
