@@ -15,7 +15,8 @@ emits its end token, so its answers fill the budget and every game's context gro
 not a policy that learned to think longer; the memory story (activations grow with context, a static
 micro-batch does not shrink) is the same.
 
-    # one GPU: Qwen2.5-0.5B shape (random init, game tokenizer), device memory capped so the cap is reached
+    # one GPU: the tiny model, random init, each run's device memory capped at --mem-gib (4 GiB) so that a
+    # short run reaches the cap (a 0.5B model needs the same story at ~10x the tokens: too slow for one call)
     python experiments/fig1_context_growth.py --gpu
     # CPU smoke test (tiny model; nothing runs out of memory on the host, the figure says so)
     python experiments/fig1_context_growth.py --small
@@ -45,8 +46,15 @@ COMMON = ["--game", "connect_four", "--format-warmup-steps", "0", "--eval-every"
           "--keep-checkpoints", "1", "--wandb-mode", "disabled", "--progress", "false",
           "--micro-batch-tokens", str(1 << 30)]  # only the selector sizes micro-batches (the static run keeps its first)
 SETTINGS = {
-    "gpu": ["--model", "qwen2.5-0.5b", "--groups", "8", "--group-size", "4", "--steps", "6", "--eval-games", "8",
-            "--turn-tokens-schedule", "0:64,2:512,4:1536", "--max-context", "16384", "--max-turns", "32"],
+    # learning rate 1e-6: the policy stays near its initialization, so both runs play (almost) the same games
+    # and their contexts match: a paired comparison of the two layouts, not of two learning curves.
+    "gpu": ["--model", "tiny", "--groups", "8", "--group-size", "4", "--steps", "6", "--eval-games", "8",
+            "--turn-tokens-schedule", "0:64,2:1024,4:3072", "--max-context", "32768", "--max-turns", "32",
+            "--learning-rate", "1e-6",
+            # one GPU has one rollout mesh (and waves are off); the memory model's rollout estimate assumes
+            # 256-token prefill chunks against the whole cache, 8x what a game's turns extend by: the
+            # threshold keeps the rollout layout in both runs, the selector sizes experience and train.
+            "--rollout-thresholds", "0:d1f1t1"],
     "small": ["--model", "tiny", "--groups", "2", "--group-size", "4", "--steps", "4", "--eval-games", "4",
               "--turn-tokens-schedule", "0:8,2:48", "--max-context", "1024", "--max-turns", "32"],
 }
@@ -121,10 +129,10 @@ def plot(result: dict, path: Path) -> None:
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--gpu", action="store_true", help="one GPU, Qwen2.5-0.5B shape, capped device memory")
+    which.add_argument("--gpu", action="store_true", help="one GPU, tiny model, capped device memory")
     which.add_argument("--small", action="store_true", help="CPU smoke test, tiny model")
-    p.add_argument("--mem-fraction", type=float, default=0.42,
-                   help="GPU: XLA_PYTHON_CLIENT_MEM_FRACTION of each run (both run at once on one GPU)")
+    p.add_argument("--mem-gib", type=float, default=4.0,
+                   help="GPU: device memory of each run (XLA_PYTHON_CLIENT_MEM_FRACTION of the card; both run at once)")
     p.add_argument("--timeout", type=float, default=540.0, help="seconds per run")
     p.add_argument("--sequential", action="store_true", help="run the two one after the other (default: at once)")
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -137,8 +145,12 @@ def main(argv=None) -> dict:
     runs_dir = args.out / f"{name}_runs"
     flags = [*COMMON, *SETTINGS[setting], *args.extra]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    mem_fraction = None
     if args.gpu:  # each run sees a capped pool: the memory model reads the same cap (bytes_limit)
-        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(args.mem_fraction)
+        total_mib = float(subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                                         capture_output=True, text=True, check=True).stdout.split()[0])
+        mem_fraction = round(args.mem_gib * 1024 / total_mib, 5)
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(mem_fraction)
     else:
         env["JAX_PLATFORMS"] = "cpu"
     for mode in ("static", "selector"):
@@ -164,7 +176,8 @@ def main(argv=None) -> dict:
     model = SETTINGS[setting][SETTINGS[setting].index("--model") + 1]
     result = {"what": "two real training runs (static layouts vs the Parallelism Selector); the context grows "
                       "through a per-turn token-budget curriculum", "device": device, "model": model,
-              "flags": flags, "mem_fraction": args.mem_fraction if args.gpu else None, "runs": results}
+              "flags": flags, "mem_gib": args.mem_gib if args.gpu else None, "mem_fraction": mem_fraction,
+              "runs": results}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))
     plot(result, args.out / f"{name}.png")

@@ -44,6 +44,7 @@ from typing import Iterator, Literal
 
 import jax
 
+from earl_jax.models.attention import Q_BLOCK
 from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.mesh import STAGE_RULES, STAGES, MeshShape, logical_to_spec
 
@@ -177,7 +178,8 @@ class MemoryConfig:
     kv_replication: Literal["replicate", "group"] = "replicate"
     experience_models: int = 2  # reference + old policy resident together
     prefill_len: int = 256  # rollout tokens prefilled per step (prompt chunk / a turn's observation)
-    attn_q_block: int | None = None  # None: full attention scores materialized (current model code)
+    # models/attention.py never materializes [t, t] scores: query blocks of Q_BLOCK (CPU), cuDNN flash (GPU)
+    attn_q_block: int | None = Q_BLOCK  # None: full attention scores materialized
     remat: bool = True  # per-layer activation checkpointing in training
     rollout_waves: bool = False  # rollout may decode a shard's responses in waves (else all resident)
     min_logprob_chunk: int = 128
