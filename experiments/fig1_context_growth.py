@@ -10,12 +10,12 @@ Both runs are `experiments/connect4.py` with the same configuration and seed, ea
              memory model; an OOM halves the micro-batch, then gives up the mesh.
 
 What makes the context grow, stated plainly: a per-turn token-budget curriculum (`--turn-tokens-schedule`,
-a length curriculum like DeepScaleR's 8K -> 16K -> 24K). The policy is a random-init model that rarely
-emits its end token, so its answers fill the budget and every game's context grows with the schedule. It is
-not a policy that learned to think longer; the memory story (activations grow with context, a static
-micro-batch does not shrink) is the same.
+a length curriculum like DeepScaleR's 8K -> 16K -> 24K) with fixed-length answers (`--stop-at-eos false`:
+every answer uses its whole budget, the move is the first number in it), so every game's context grows
+with the schedule. It is not a policy that learned to think longer; the memory story (activations grow
+with context, a static micro-batch does not shrink) is the same.
 
-    # one GPU: the tiny model, random init, each run's device memory capped at --mem-gib (4 GiB) so that a
+    # one GPU: the tiny model, random init, each run's device memory capped at --mem-gib (5 GiB) so that a
     # short run reaches the cap (a 0.5B model needs the same story at ~10x the tokens: too slow for one call)
     python experiments/fig1_context_growth.py --gpu
     # CPU smoke test (tiny model; nothing runs out of memory on the host, the figure says so)
@@ -50,12 +50,13 @@ SETTINGS = {
     # and their contexts match: a paired comparison of the two layouts, not of two learning curves.
     "gpu": ["--model", "tiny", "--groups", "8", "--group-size", "4", "--steps", "6", "--eval-games", "8",
             "--turn-tokens-schedule", "0:64,2:1024,4:3072", "--max-context", "32768", "--max-turns", "32",
-            "--learning-rate", "1e-6",
+            "--learning-rate", "1e-6", "--stop-at-eos", "false",
             # one GPU has one rollout mesh (and waves are off); the memory model's rollout estimate assumes
             # 256-token prefill chunks against the whole cache, 8x what a game's turns extend by: the
             # threshold keeps the rollout layout in both runs, the selector sizes experience and train.
             "--rollout-thresholds", "0:d1f1t1"],
     "small": ["--model", "tiny", "--groups", "2", "--group-size", "4", "--steps", "4", "--eval-games", "4",
+              "--stop-at-eos", "false",
               "--turn-tokens-schedule", "0:8,2:48", "--max-context", "1024", "--max-turns", "32"],
 }
 
@@ -131,7 +132,7 @@ def main(argv=None) -> dict:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--gpu", action="store_true", help="one GPU, tiny model, capped device memory")
     which.add_argument("--small", action="store_true", help="CPU smoke test, tiny model")
-    p.add_argument("--mem-gib", type=float, default=4.0,
+    p.add_argument("--mem-gib", type=float, default=5.0,
                    help="GPU: device memory of each run (XLA_PYTHON_CLIENT_MEM_FRACTION of the card; both run at once)")
     p.add_argument("--timeout", type=float, default=540.0, help="seconds per run")
     p.add_argument("--sequential", action="store_true", help="run the two one after the other (default: at once)")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fig. 1 on one GPU (nvidia-h100-x1), one device call: the static and the selector training runs at once,
-# each capped at 4 GiB of the card. Needs open_spiel, gymnasium (+ farama-notifications, ml_collections) as wheels
+# each capped at 5 GiB of the card. Needs open_spiel, gymnasium (+ farama-notifications, ml_collections) as wheels
 # in .whl_env (carry it). Results land in $OUT and are copied into experiments/results/ by hand.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"

@@ -38,6 +38,8 @@ class RLConfig:
     groups: int = _f(16, "B: groups of games per iteration (each group shares a start seed)")
     group_size: int = _f(4, "G: games per group (GRPO / RLOO baselines compare within a group)")
     max_turn_tokens: int = _f(4, "max tokens the policy may generate per turn")
+    stop_at_eos: bool = _f(True, "a turn ends at the end token; false: every answer uses its whole turn budget "
+                                 "(fixed-length thinking; the move is the first number in it)")
     turn_tokens_schedule: str = _f("", "length curriculum: 'ITER:TOKENS,...' sets the per-turn token budget from "
                                        "iteration ITER on, e.g. '0:16,4:64,8:256' (empty: --max-turn-tokens throughout)")
     max_turns: int = _f(32, "max agent turns per game (then truncated)")

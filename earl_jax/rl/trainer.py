@@ -178,7 +178,8 @@ class Trainer:
         if id(mesh) not in self._samplers:
             self._samplers[id(mesh)] = Sampler(self.graphdef, self.model_cfg, mesh=mesh, rules=STAGE_RULES["rollout"])
         turn_tokens = self.cfg.turn_tokens(self.step)
-        policy = SamplerPolicy(self._samplers[id(mesh)], params, sampling, (self.ids.eos_id,), turn_tokens)
+        stops = (self.ids.eos_id,) if self.cfg.stop_at_eos else ()
+        policy = SamplerPolicy(self._samplers[id(mesh)], params, sampling, stops, turn_tokens)
         rollout_cfg = dataclasses.replace(self.rollout_cfg, max_turn_tokens=turn_tokens)
         traj = play_games(policy, envs, self.tokenizer, rollout_cfg, rng, seeds, group_ids, bos_id=self.ids.bos_id)
         traj.stats["dispatch_s"] = dispatch_s
