@@ -76,10 +76,13 @@ def run_one(mode: str, flags: list[str], run_dir: Path, timeout: float, env: dic
     (run_dir / "output.log").write_text(out)
     metrics = list(read_metrics(run_dir / "metrics.jsonl")) if (run_dir / "metrics.jsonl").exists() else []
     rows = [r for r in metrics if r.get("step", 0) >= 1 and "rollout/context_len_max" in r]
-    err = next((ln.strip() for ln in reversed(out.splitlines()) if any(m in ln for m in OOM_MARKERS)), None)
+    # the trainer names the stage and layout that ran out of memory (the first such line); else the last OOM line
+    lines = out.splitlines()
+    err = next((ln.strip() for ln in lines if "ran out of memory on the static layout" in ln), None) or next(
+        (ln.strip() for ln in reversed(lines) if any(m in ln for m in OOM_MARKERS)), None)
     return {"mode": mode, "status": status, "returncode": rc, "seconds": round(time.perf_counter() - t0, 1),
             "iterations": len(rows), "error_line": err[:400] if err else None,
-            "tail": out.splitlines()[-15:] if status != "finished" else [], "trace": [
+            "tail": out.splitlines()[-40:] if status != "finished" else [], "trace": [
                 {k: r.get(k) for k in ("step", "rollout/context_len_mean", "rollout/context_len_max",
                                        "rollout/turn_tokens", "parallel/train_micro_batch", "parallel/train_mesh",
                                        "parallel/experience_micro_batch", "parallel/experience_logprob_chunk",
@@ -95,15 +98,18 @@ def plot(result: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
     colors = {"static": "tab:red", "selector": "tab:blue"}
-    for name, run in result["runs"].items():
+    # selector first, static on top with hollow squares: both stay visible where they coincide
+    style = {"selector": dict(marker="o", ms=5), "static": dict(marker="s", ms=10, mfc="none", lw=2.5, alpha=0.8)}
+    for name in ("selector", "static"):
+        run = result["runs"][name]
         tr = run["trace"]
         steps = [e["step"] for e in tr]
-        c = colors[name]
-        axes[0].plot(steps, [e["rollout/context_len_max"] for e in tr], "o-", color=c, label=f"{name}: max context")
+        c, st = colors[name], style[name]
+        axes[0].plot(steps, [e["rollout/context_len_max"] for e in tr], color=c, label=f"{name}: max context", **st)
         axes[0].plot(steps, [e["rollout/context_len_mean"] for e in tr], ":", color=c, label=f"{name}: mean context")
-        axes[1].plot(steps, [e["parallel/train_micro_batch"] for e in tr], "o-", color=c, label=name)
+        axes[1].plot(steps, [e["parallel/train_micro_batch"] for e in tr], color=c, label=name, **st)
         if any(e.get("memory/peak_gib") is not None for e in tr):
-            axes[2].plot(steps, [e.get("memory/peak_gib") for e in tr], "o-", color=c, label=f"{name}: peak")
+            axes[2].plot(steps, [e.get("memory/peak_gib") for e in tr], color=c, label=f"{name}: peak", **st)
         if run["status"] != "finished":
             x = (steps[-1] if steps else 0) + 1  # the iteration that did not finish
             for ax in axes:
@@ -138,7 +144,12 @@ def main(argv=None) -> dict:
     p.add_argument("--sequential", action="store_true", help="run the two one after the other (default: at once)")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--name", default=None)
+    p.add_argument("--replot", type=Path, default=None, help="only redraw the PNG of a saved result JSON")
     p.add_argument("extra", nargs="*", help="more connect4.py flags for both runs (after --)")
+    if argv is not None and "--replot" in argv:  # no run: --gpu/--small not needed
+        path = Path(argv[argv.index("--replot") + 1])
+        plot(json.loads(path.read_text()), path.with_suffix(".png"))
+        return {}
     args = p.parse_args(argv)
 
     setting = "gpu" if args.gpu else "small"

@@ -37,6 +37,7 @@ from earl_jax.models.tokenizer import game_tokenizer, load_tokenizer, special_id
 from earl_jax.parallel.context import use_mesh_rules
 from earl_jax.parallel.dispatch import Dispatcher
 from earl_jax.parallel.mesh import STAGE_RULES, mesh_shape_of, state_shardings
+from earl_jax.parallel.profile import is_oom_error
 from earl_jax.parallel.selector import StageLayout, run_with_oom_fallback
 from earl_jax.parallel.stage_plan import StagePlanner
 from earl_jax.rl.checkpoint import Checkpointer
@@ -249,7 +250,14 @@ class Trainer:
 
     def _with_oom_fallback(self, stage: str, fn: Callable[[StageLayout], Any]) -> Any:
         if self.cfg.selector_mode == "static":  # the baseline: an out-of-memory error ends the run
-            return fn(self.planner.layout(stage))
+            layout = self.planner.layout(stage)
+            try:
+                return fn(layout)
+            except Exception as e:
+                if is_oom_error(e):
+                    raise RuntimeError(f"{stage} stage ran out of memory on the static layout {layout.describe()} "
+                                       f"(--selector-mode static keeps the first plan; auto adapts it)") from e
+                raise
         # train updates (and donates) the weights: never rerun it on a process where it already succeeded
         # An OOM first halves the micro-batch on the same mesh, then gives the mesh up (for this bucket).
         result, plan = run_with_oom_fallback(stage, fn, self.planner.current, self.planner.selector,
