@@ -134,3 +134,40 @@ def test_out_of_memory_in_a_stage_reruns_it_on_the_next_mesh(tmp_path, monkeypat
     assert record["parallel/experience_mesh"] == str(seen[1])
     assert any(stage == "experience" and mesh == first for stage, mesh, _ in trainer.planner.selector.oom_marks)
     assert np.isfinite(record["train/loss"])
+
+
+def test_turn_token_schedule_and_fixed_length_answers(tmp_path):
+    cfg = dataclasses.replace(SMALL, turn_tokens_schedule="0:3,2:8", stop_at_eos=False, format_warmup_steps=0,
+                              max_context=512, run_dir=str(tmp_path / "run"))
+    assert [cfg.turn_tokens(i) for i in range(4)] == [3, 3, 8, 8]
+    trainer = Trainer(cfg, log=False)
+    trainer.step = 2  # the schedule's second entry
+    traj = trainer._rollout(trainer.envs, list(range(len(trainer.envs))), None, jax.random.key(0), trainer.sampling)
+    runs = []  # lengths of the generated spans (one per agent answer)
+    for row in traj.loss_mask:
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], row.astype(int), [0]])))
+        runs += list(edges[1::2] - edges[::2])
+    assert runs and set(runs) == {8}, runs  # no answer ended early at the end token
+
+
+@pytest.mark.parametrize("schedule", ["4:8", "0:8,0:16", "0:0", "0-8", "0:8,2:600"])
+def test_bad_turn_token_schedule_names_the_flag(schedule):
+    with pytest.raises(ValueError, match="turn-tokens-schedule|max-context"):
+        dataclasses.replace(SMALL, turn_tokens_schedule=schedule)
+
+
+def test_static_mode_keeps_the_first_plan_and_names_the_stage_that_ran_out_of_memory(tmp_path, monkeypatch):
+    cfg = dataclasses.replace(SMALL, devices=8, steps=1, eval_every=0, format_warmup_steps=0, selector_mode="static",
+                              run_dir=str(tmp_path / "run"))
+    trainer = Trainer(cfg, log=False)
+    first = trainer.planner.current
+    trainer.planner.observe(200_000, 250_000, 8)  # a context the first plan was never made for
+    assert trainer.planner.plan() is first
+
+    def out_of_memory(self, arrays, layout):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 123 bytes")
+
+    monkeypatch.setattr(Trainer, "_experience", out_of_memory)
+    with pytest.raises(RuntimeError, match="experience stage ran out of memory on the static layout d8f1t1"):
+        trainer.iteration()
+    assert not trainer.planner.selector.oom_marks  # static: no fallback, nothing marked

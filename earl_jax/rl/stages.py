@@ -18,6 +18,9 @@ from earl_jax.rl.advantages import compute_advantages, group_filter
 from earl_jax.rl.logprobs import token_logprobs
 from earl_jax.rl.losses import LossConfig, policy_loss
 
+# optax.tree.norm replaces the deprecated optax.global_norm (older optax has only the latter)
+_global_norm = optax.tree.norm if hasattr(getattr(optax, "tree", None), "norm") else optax.global_norm
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
@@ -103,7 +106,7 @@ def _step(loss_fn, graphdef, params, opt_state, batch: ExperienceBatch, optimize
                       jax.eval_shape(lambda: loss_fn(params, graphdef, first, loss_cfg, chunk)[1]))
     zeros = jax.tree.map(jnp.zeros_like, params)
     (grads, loss, metrics), _ = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32), m0), (split, weights))
-    grad_norm = optax.global_norm(grads)
+    grad_norm = _global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, new_opt_state = optimizer.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
