@@ -358,6 +358,8 @@ def _compile_cache() -> None:
     """Persistent compilation cache: the --remeasure pass (and reruns) reuse the first pass's programs."""
     import jax
 
+    if jax.config.jax_compilation_cache_dir:  # the caller (e.g. the test suite) already chose one
+        return
     jax.config.update("jax_compilation_cache_dir", os.environ.get("EARL_JAX_CACHE", "/tmp/earl_jax_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 

@@ -61,8 +61,16 @@ def test_bench_train_tiny(tmp_path):
 @pytest.mark.slow
 def test_fig3_small_real_measure_and_profile_table(tmp_path):
     fig3 = _load("fig3_selector_heatmap")
+    first = fig3.main(["--small", "--contexts", "64", "--responses", "8,16", "--no-progress", "--out", str(tmp_path),
+                       "--save-table", str(tmp_path / "first.json")])
+    assert {c["context_len"] for c in first["cells"]} == {64}
+    # a second call (the GPU runs split over device calls) measures only the rows the saved table lacks
     res = fig3.main(["--small", "--contexts", "64,128", "--responses", "8,16", "--no-progress", "--out", str(tmp_path),
-                     "--save-table", str(tmp_path / "table.json")])
+                     "--continue-table", str(tmp_path / "first.json"), "--save-table", str(tmp_path / "table.json")])
+    before = {(e["mesh"], e["num_responses"]): e["tgs"] for e in json.loads((tmp_path / "first.json").read_text())["entries"]}
+    after = {(e["mesh"], e["num_responses"]): e["tgs"] for e in json.loads((tmp_path / "table.json").read_text())["entries"]
+             if e["context_len"] == 64}
+    assert after == before  # the 64 row was kept, not remeasured
     assert (tmp_path / "fig3_tiny_rollout_tp1_tp2_cpu_small.png").stat().st_size > 0
     assert {(c["context_len"], c["num_responses"]) for c in res["cells"]} == {(64, 8), (64, 16), (128, 8), (128, 16)}
     for c in res["cells"]:
@@ -71,3 +79,15 @@ def test_fig3_small_real_measure_and_profile_table(tmp_path):
     from earl_jax.parallel.profile import ProfileTable
     table = ProfileTable.load(tmp_path / "table.json", device_count=8, model_name="tiny")
     assert table.meta["measure"] == "RealMeasure" and len(table) == 8
+
+
+def test_fig1_small_runs_static_and_selector(tmp_path):
+    fig1 = _load("fig1_context_growth")
+    res = fig1.main(["--small", "--out", str(tmp_path), "--", "--steps", "2"])
+    assert set(res["runs"]) == {"static", "selector"}
+    for name, run in res["runs"].items():
+        assert run["status"] == "finished" and run["iterations"] == 2, (name, run["tail"])
+        assert [e["rollout/turn_tokens"] for e in run["trace"]] == [8, 8]
+    assert (tmp_path / "fig1_context_growth_small.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="exists"):  # runs are never overwritten
+        fig1.main(["--small", "--out", str(tmp_path)])
