@@ -641,3 +641,22 @@ def test_minimal_style_shows_the_board_once_then_only_replies():
     while not done:  # stack column 0: the game ends with a full board shown and a result line
         obs, _, done, _, info = env.step("0")
     assert "result:" in obs or "invalid" in obs
+
+
+def test_minimal_style_lists_the_legal_moves_after_an_invalid_answer():
+    from earl_jax.envs import EnvConfig, OpenSpielTextEnv
+
+    env = OpenSpielTextEnv(EnvConfig.connect_four(prompt_style="minimal", agent_player=0, max_retries=2))
+    env.reset(seed=0)
+    obs, *_ = env.step("9")  # no such column: a retry, with the moves to choose from
+    assert obs == "invalid move\nmoves: 0 1 2 3 4 5 6\n> "
+    for seed in range(100):  # a game where column 0 fills up (the random opponent plays there too) before it ends
+        env.reset(seed=seed)
+        done = False
+        while not done and 0 in env.state.legal_actions():
+            _, _, done, _, _ = env.step("0")
+        if not done:
+            obs, *_ = env.step("0")  # the full column
+            assert obs.startswith("invalid move\nmoves: ") and "0" not in obs.split("moves:")[1], obs
+            return
+    pytest.fail("no seed filled column 0 before the game ended")

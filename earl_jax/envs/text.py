@@ -200,8 +200,11 @@ def format_observation(
     if prompt_style == "minimal" and not first and result is None:
         # The board and legal moves once, then only the opponent's reply: the policy tracks the game
         # from its own context, which stays ~8 tokens a turn instead of ~80 (the CPU default's budget).
-        return ("invalid move\n" if invalid else "") + (
-            f"opp {gt.action_text(opponent_action)}\n" if opponent_action is not None else "") + "> "
+        # After an invalid answer the legal moves again: without them the greedy policy kept repeating a
+        # full column until it forfeited (eval/invalid 0.28 in results/connect4_cpu_default).
+        if invalid:
+            return "invalid move\n" + _moves_line(gt, prompt_style, tuple(legal_actions))
+        return (f"opp {gt.action_text(opponent_action)}\n" if opponent_action is not None else "") + "> "
     if prompt_style in ("compact", "minimal"):
         parts = []
         if invalid:
