@@ -1,9 +1,10 @@
 """The RL loop: rollout -> experience -> train, each a separately jitted stage on its own mesh.
 
 One iteration:
-    plan = selector.plan(context statistics)            mesh and micro-batch per stage
+    plan = selector.plan(last batch's context)          the rollout's mesh
     weights train layout -> rollout layout            (dispatcher, device to device)
     rollout: B groups x G games in lock-step            (agent loop + sampler)
+    plan = selector.plan(this batch's context)          experience / train mesh, micro-batch, chunk
     experience: old/ref log-probs in chunks, advantages (experience mesh)
     batch experience layout -> train layout           (dispatcher)
     train: micro-batched PPO-clip update                 (train mesh)
