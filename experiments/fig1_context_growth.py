@@ -127,7 +127,8 @@ def plot(result: dict, path: Path) -> None:
     if not limit:
         axes[2].text(0.5, 0.5, "no device memory statistics on this backend", ha="center", transform=axes[2].transAxes)
     for ax in axes:
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # the memory panel is empty on CPU
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
