@@ -171,3 +171,17 @@ def test_static_mode_keeps_the_first_plan_and_names_the_stage_that_ran_out_of_me
     with pytest.raises(RuntimeError, match="experience stage ran out of memory on the static layout d8f1t1"):
         trainer.iteration()
     assert not trainer.planner.selector.oom_marks  # static: no fallback, nothing marked
+
+
+@pytest.mark.parametrize("script", ["connect4.py", "tictactoe.py"])
+def test_main_jobs_start_from_a_clone_without_install(tmp_path, script):
+    """The README's command: `python experiments/connect4.py` from a fresh clone, no package install."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, str(root / "experiments" / script), "--help"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "--selector-mode" in out.stdout, out.stderr[-2000:]
