@@ -50,11 +50,7 @@ SETTINGS = {
     # and their contexts match: a paired comparison of the two layouts, not of two learning curves.
     "gpu": ["--model", "tiny", "--groups", "8", "--group-size", "4", "--steps", "6", "--eval-games", "8",
             "--turn-tokens-schedule", "0:64,2:1024,4:3072", "--max-context", "32768", "--max-turns", "32",
-            "--learning-rate", "1e-6", "--stop-at-eos", "false",
-            # one GPU has one rollout mesh (and waves are off); the memory model's rollout estimate assumes
-            # 256-token prefill chunks against the whole cache, 8x what a game's turns extend by: the
-            # threshold keeps the rollout layout in both runs, the selector sizes experience and train.
-            "--rollout-thresholds", "0:d1f1t1"],
+            "--learning-rate", "1e-6", "--stop-at-eos", "false"],
     "small": ["--model", "tiny", "--groups", "2", "--group-size", "4", "--steps", "4", "--eval-games", "4",
               "--stop-at-eos", "false",
               "--turn-tokens-schedule", "0:8,2:48", "--max-context", "1024", "--max-turns", "32"],

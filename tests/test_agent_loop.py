@@ -93,3 +93,17 @@ def test_turn_budget_truncates():
 def test_first_observation_longer_than_the_context_is_an_error():
     with pytest.raises(ValueError, match="max_context"):
         _play(_lowest_legal, n=1, cfg=RolloutConfig(max_context=10))
+
+
+def test_extend_widths_are_recorded_for_the_memory_model():
+    traj = _play(_lowest_legal, n=3, agent_player=0)
+    obs_spans = []  # widths of the observation spans after each answer (the later extends)
+    for row in range(traj.num_games):
+        mask = traj.loss_mask[row, :traj.lengths[row]]
+        edges = np.flatnonzero(np.diff(np.concatenate([[1], mask.astype(int), [1]])))  # runs of False
+        spans = list(edges[1::2] - edges[::2])
+        assert spans[0] <= traj.stats["prompt_tokens"]
+        obs_spans += spans[1:]
+    assert traj.stats["prompt_tokens"] == max(int(np.argmax(m)) for m in traj.loss_mask)  # prompt = first span
+    assert traj.stats["turn_tokens"] == max(obs_spans) > 0
+    assert traj.stats["first_cache_len"] == traj.stats["prompt_tokens"] + 4  # + the default turn budget

@@ -207,3 +207,31 @@ def test_kv_cache_matches_real_cache_shardings(name):
         shape = jax.eval_shape(lambda: init_cache(cfg, n, ctx)).layers[0].k.shape  # abstract: no allocation
         per_layer = sum(math.prod(s.shard_shape(shape)) for s in (layer.k, layer.v)) * 2  # bf16
         assert mm.estimate("rollout", mesh, ctx, n).kv_cache == per_layer * cfg.num_hidden_layers, mesh
+
+
+def test_rollout_estimate_from_measured_extends():
+    """Measured extend widths replace the default 256-token chunk against the whole context: a short turn
+    observation against the context, the prompt against its first cache (hand computation, tiny model)."""
+    from earl_jax.parallel.memory import RolloutExtends
+
+    cfg = get_config("tiny", vocab_size=101)  # 4 heads, 2 kv heads of 32
+    mm = MemoryModel(cfg, MemoryConfig(budget_bytes=8 * GiB))
+    mesh = MeshShape(1, 1, 1)
+    ctx, rows = 32768, 32
+    ext = RolloutExtends(prompt_tokens=100, first_cache_len=3100, turn_tokens=7)  # -> 128 x 4096, 8 x ctx
+    default = mm.estimate("rollout", mesh, ctx, rows)
+    measured = mm.estimate("rollout", mesh, ctx, rows, extends=ext)
+    assert measured.kv_cache == default.kv_cache and measured.params == default.params
+    scores = lambda q, k: 2 * rows * cfg.num_attention_heads * q * k * 4  # noqa: E731 (f32 scores + probs)
+    workspace = lambda tok: tok * 2 * (3 * 128 + 2 * 128 + 2 * 64 + 3 * 384)  # noqa: E731
+    assert measured.activations == max(workspace(rows * 128) + scores(128, 4096), workspace(rows * 8) + scores(8, ctx))
+    assert default.activations == workspace(rows * 256) + scores(256, ctx)  # the extend is not query-blocked
+    assert measured.total < default.total / 2
+    # the selector reads them from ContextStats
+    from earl_jax.parallel.selector import ContextStats, ParallelismSelector, SelectorConfig
+
+    sel = ParallelismSelector(cfg, 1, memory=MemoryModel(cfg, MemoryConfig(budget_bytes=int(2.5 * GiB))),
+                              config=SelectorConfig(stages=("rollout",)))
+    with pytest.raises(Exception, match="no rollout layout"):
+        sel.plan(ContextStats(ctx, ctx, rows))
+    assert sel.plan(ContextStats(ctx, ctx, rows, 100, 3100, 7)).rollout.mesh == mesh

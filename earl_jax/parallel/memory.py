@@ -192,6 +192,28 @@ class MemoryConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class RolloutExtends:
+    """What a rollout's extends looked like (the agent loop measures it): the prompt's width and the cache
+    it was written into, and the widest later extend (a turn's observation). Widths are rounded up to the
+    sampler's power-of-two length buckets here."""
+
+    prompt_tokens: int
+    first_cache_len: int
+    turn_tokens: int  # 0: no later extend seen
+
+    def attention(self, context_len: int) -> list[tuple[int, int]]:
+        """(query width, key length) of the largest extend attentions at `context_len`."""
+        out = [(_pow2_up(self.prompt_tokens), _pow2_up(self.first_cache_len))]
+        if self.turn_tokens:
+            out.append((_pow2_up(self.turn_tokens), context_len))
+        return out
+
+
+def _pow2_up(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+@dataclasses.dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes per device, by component."""
 
@@ -275,8 +297,9 @@ class MemoryModel:
         mlp = self._div(c.intermediate_size, tensor)
         return tokens * b * (3 * c.hidden_size + 2 * q + 2 * kv + 3 * mlp)
 
-    def _attn_scores(self, seqs: int, q_len: int, kv_len: int, tensor: int) -> float:
-        q_len = q_len if self.mem.attn_q_block is None else min(q_len, self.mem.attn_q_block)
+    def _attn_scores(self, seqs: int, q_len: int, kv_len: int, tensor: int, blocked: bool = True) -> float:
+        # the cached attention of a rollout extend is not query-blocked (models/qwen2.cached_attention)
+        q_len = q_len if self.mem.attn_q_block is None or not blocked else min(q_len, self.mem.attn_q_block)
         # scores + probabilities, float32
         return 2 * seqs * self._div(self.cfg.num_attention_heads, tensor) * q_len * kv_len * 4
 
@@ -297,11 +320,13 @@ class MemoryModel:
 
     # -- the estimate ------------------------------------------------------------------------------
     def estimate(self, stage: str, mesh: MeshShape, context_len: int, num_responses: int,
-                 micro_batch: int | None = None, logprob_chunk: int | None = None) -> MemoryEstimate:
+                 micro_batch: int | None = None, logprob_chunk: int | None = None,
+                 extends: RolloutExtends | None = None) -> MemoryEstimate:
         """Bytes per device of `stage` on `mesh` for `num_responses` sequences of `context_len` tokens.
         `micro_batch` is the sequences one batch shard processes at once (rollout: decoded
         concurrently, default all of the shard's; experience / train: per forward(-backward), default 1);
-        `logprob_chunk` the sequence chunk whose logits are materialized at once."""
+        `logprob_chunk` the sequence chunk whose logits are materialized at once. `extends`: the rollout's
+        measured extend widths (default: `prefill_len` tokens against the whole context)."""
         if stage not in STAGES:
             raise ValueError(f"unknown stage {stage!r}")
         c, m = self.cfg, self.mem
@@ -314,8 +339,12 @@ class MemoryModel:
             chunk = 1
             params = params_per_device(c, stage, mesh) * m.param_bytes_inference
             kv = mb * ctx * self.kv_bytes_per_token_per_device(t)
-            pre = min(m.prefill_len, ctx)
-            acts = self._layer_workspace(mb * pre, t) + self._attn_scores(mb, pre, ctx, t)
+            if extends is None:
+                pre = min(m.prefill_len, ctx)
+                acts = self._layer_workspace(mb * pre, t) + self._attn_scores(mb, pre, ctx, t, blocked=False)
+            else:  # the prompt against its first cache, then each turn's observation against the whole context
+                acts = max(self._layer_workspace(mb * w, t) + self._attn_scores(mb, w, min(kv, ctx), t, blocked=False)
+                           for w, kv in extends.attention(ctx))
             logits = mb * (self._vocab_dev(t) + c.vocab_size) * 4  # last-token logits + gathered for sampling
         elif stage == "experience":
             mb = micro_batch or 1
@@ -347,7 +376,7 @@ class MemoryModel:
         return est.total <= self.usable_bytes
 
     def choose(self, stage: str, mesh: MeshShape, context_len: int, num_responses: int,
-               max_micro_batch: int | None = None) -> Fit | None:
+               max_micro_batch: int | None = None, extends: RolloutExtends | None = None) -> Fit | None:
         """The largest micro-batch (then the largest log-prob chunk) that fits; None when nothing does.
 
         rollout: all of a shard's responses at once (micro_batch = ceil(N / data)); with
@@ -360,7 +389,7 @@ class MemoryModel:
         if stage == "rollout":
             options = _pow2_down(cap) if (self.mem.rollout_waves or cap < per_shard) else [cap]
             for mb in options:
-                est = self.estimate(stage, mesh, ctx, num_responses, mb)
+                est = self.estimate(stage, mesh, ctx, num_responses, mb, extends=extends)
                 if self.fits(est):
                     return Fit(mb, 1, est)
             return None

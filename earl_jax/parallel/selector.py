@@ -46,7 +46,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 from earl_jax import distributed
 from earl_jax.models.config import ModelConfig
-from earl_jax.parallel.memory import MemoryConfig, MemoryModel, candidate_meshes
+from earl_jax.parallel.memory import MemoryConfig, MemoryModel, RolloutExtends, candidate_meshes
 from earl_jax.parallel.mesh import STAGES, MeshShape
 from earl_jax.parallel.profile import OK, OOM, ProfileTable, is_oom_error
 
@@ -115,6 +115,14 @@ class ContextStats:
     mean_context_len: float  # mean generated context length (prompt + turns) this iteration
     max_context_len: int  # longest sequence this iteration (memory is checked against it)
     num_responses: int  # sequences per iteration (games x samples)
+    # the rollout's extends (0: not measured; the memory model then assumes `prefill_len`-token chunks)
+    prompt_tokens: int = 0  # widest first extend (the prompt)
+    first_cache_len: int = 0  # the cache it was written into
+    turn_tokens: int = 0  # widest later extend (a turn's observation)
+
+    @property
+    def extends(self) -> RolloutExtends | None:
+        return RolloutExtends(self.prompt_tokens, self.first_cache_len, self.turn_tokens) if self.prompt_tokens else None
 
 
 Thresholds = Mapping[str, Sequence[tuple[int, MeshShape]]]
@@ -313,7 +321,8 @@ class ParallelismSelector:
                 if e is not None and e.status == OOM:
                     continue  # measured out of memory at this bucket
                 tgs = e.tgs if e is not None and e.status == OK else None
-            fit = self.memory.choose(stage, mesh, ctx, n, self.micro_batch_caps.get((stage, mesh, bucket)))
+            fit = self.memory.choose(stage, mesh, ctx, n, self.micro_batch_caps.get((stage, mesh, bucket)),
+                                     extends=stats.extends)
             if fit is None:
                 continue
             layout = StageLayout(mesh, fit.micro_batch, fit.logprob_chunk)
@@ -329,7 +338,7 @@ class ParallelismSelector:
         if (stage, mesh, bucket) in self.oom_marks:
             return None
         fit = self.memory.choose(stage, mesh, self._check_len(bucket, stats), stats.num_responses,
-                                 self.micro_batch_caps.get((stage, mesh, bucket)))
+                                 self.micro_batch_caps.get((stage, mesh, bucket)), extends=stats.extends)
         if fit is None:
             ctx = self._check_len(bucket, stats)
             mb = -(-stats.num_responses // mesh.data) if stage == "rollout" else 1
@@ -357,7 +366,8 @@ class ParallelismSelector:
             if (stage, mesh, bucket) in self.oom_marks:
                 lines.append(f"  {mesh}: ran out of memory at bucket {bucket}")
             else:
-                lines.append("  " + self.memory.estimate(stage, mesh, ctx, stats.num_responses).describe())
+                lines.append("  " + self.memory.estimate(stage, mesh, ctx, stats.num_responses,
+                                                         extends=stats.extends).describe())
         lines.append("Shorten the context, use fewer responses per iteration, or add devices.")
         return "\n".join(lines)
 

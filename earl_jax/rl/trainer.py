@@ -334,7 +334,9 @@ class Trainer:
         traj = self._rollout(self.envs, seeds, group_ids, rng, self.sampling)
         # Experience and train are planned for the batch they process (its longest context is known now);
         # the OOM fallback may still change their layouts.
-        self.planner.observe(traj.stats["turn_context_len_mean"], traj.stats["context_len_max"], traj.num_games)
+        s = traj.stats
+        self.planner.observe(s["turn_context_len_mean"], s["context_len_max"], traj.num_games,
+                             s["prompt_tokens"], s["first_cache_len"], s["turn_tokens"])
         self.planner.plan()
         t0 = time.perf_counter()
         arrays = self._batch_arrays(traj)
@@ -348,7 +350,6 @@ class Trainer:
         t2 = time.perf_counter()
         self.step += 1
 
-        s = traj.stats
         record = {
             "step": self.step,
             "episode/return_mean": float(traj.returns.mean()),

@@ -113,7 +113,10 @@ def play_games(policy: Policy, envs: Sequence[OpenSpielTextEnv], tokenizer: toke
         if len(toks) + 1 > cfg.max_context:
             raise ValueError(f"the first observation is {len(toks)} tokens: more than max_context={cfg.max_context}")
         append(i, toks, False)
-    policy.reset(n, min(cfg.max_context, max(len(t) for t in new_tokens) + cfg.max_turn_tokens))
+    prompt_tokens = max(len(t) for t in new_tokens)
+    first_cache_len = min(cfg.max_context, prompt_tokens + cfg.max_turn_tokens)
+    turn_tokens = 0  # widest later extend: with the prompt's, what the selector's rollout memory estimate needs
+    policy.reset(n, first_cache_len)
     policy.extend(new_tokens)
 
     for turn in range(cfg.max_turns):
@@ -154,6 +157,7 @@ def play_games(policy: Policy, envs: Sequence[OpenSpielTextEnv], tokenizer: toke
             progress(turn + 1, int(live.sum()))
         if not live.any():
             break
+        turn_tokens = max(turn_tokens, max(len(t) for t in new_tokens))
         policy.extend(new_tokens)
     truncated |= live  # still playing after max_turns
 
@@ -174,6 +178,9 @@ def play_games(policy: Policy, envs: Sequence[OpenSpielTextEnv], tokenizer: toke
         "tokens": float(lengths.sum()),
         "env_s": env_s,
         "rollout_s": total_s,
+        "prompt_tokens": float(prompt_tokens),
+        "first_cache_len": float(first_cache_len),
+        "turn_tokens": float(turn_tokens),
     }
     return Trajectories(
         tokens=pad(seq, np.int32), loss_mask=pad(mask, bool), logprobs=pad(logp, np.float32), rewards=rewards,
