@@ -57,6 +57,13 @@ SETTINGS = {
 }
 
 
+def error_line(lines: list[str]) -> str | None:
+    """The trainer's message naming the stage and layout that ran out of memory, else the last OOM line."""
+    named = [ln.strip() for ln in lines if ln.startswith("RuntimeError:") and "static layout" in ln]
+    return named[-1] if named else next((ln.strip() for ln in reversed(lines) if any(m in ln for m in OOM_MARKERS)),
+                                        None)
+
+
 def run_one(mode: str, flags: list[str], run_dir: Path, timeout: float, env: dict[str, str]) -> dict:
     """One training run in a subprocess; how it ended (finished / out of memory / other error / timeout)."""
     cmd = [sys.executable, str(ROOT / "experiments" / "connect4.py"), *flags, "--run-dir", str(run_dir),
@@ -72,10 +79,7 @@ def run_one(mode: str, flags: list[str], run_dir: Path, timeout: float, env: dic
     (run_dir / "output.log").write_text(out)
     metrics = list(read_metrics(run_dir / "metrics.jsonl")) if (run_dir / "metrics.jsonl").exists() else []
     rows = [r for r in metrics if r.get("step", 0) >= 1 and "rollout/context_len_max" in r]
-    # the trainer names the stage and layout that ran out of memory (the first such line); else the last OOM line
-    lines = out.splitlines()
-    err = next((ln.strip() for ln in lines if "ran out of memory on the static layout" in ln), None) or next(
-        (ln.strip() for ln in reversed(lines) if any(m in ln for m in OOM_MARKERS)), None)
+    err = error_line(out.splitlines())
     return {"mode": mode, "status": status, "returncode": rc, "seconds": round(time.perf_counter() - t0, 1),
             "iterations": len(rows), "error_line": err[:400] if err else None,
             "tail": out.splitlines()[-40:] if status != "finished" else [], "trace": [
