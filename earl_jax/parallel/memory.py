@@ -345,6 +345,9 @@ class MemoryModel:
             else:  # the prompt against its first cache, then each turn's observation against the whole context
                 acts = max(self._layer_workspace(mb * w, t) + self._attn_scores(mb, w, min(kv, ctx), t, blocked=False)
                            for w, kv in extends.attention(ctx))
+            # Growing the cache to its next bucket copies it: the old one (at most 3/4 of the new, the cache
+            # buckets' largest ratio) lives beside the new one, in a call of its own (no extend beside it).
+            acts = max(acts, 0.75 * kv)
             logits = mb * (self._vocab_dev(t) + c.vocab_size) * 4  # last-token logits + gathered for sampling
         elif stage == "experience":
             mb = micro_batch or 1
