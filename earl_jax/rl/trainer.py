@@ -259,8 +259,8 @@ class Trainer:
                     raise RuntimeError(f"{stage} stage ran out of memory on the static layout {layout.describe()} "
                                        f"(--selector-mode static keeps the first plan; auto adapts it)") from e
                 raise
-        # train updates (and donates) the weights: never rerun it on a process where it already succeeded
-        # An OOM first halves the micro-batch on the same mesh, then gives the mesh up (for this bucket).
+        # An OOM first halves the micro-batch on the same mesh, then gives the mesh up (for this bucket);
+        # train updates (and donates) the weights, so it is never rerun on a process where it succeeded.
         result, plan = run_with_oom_fallback(stage, fn, self.planner.current, self.planner.selector,
                                              shrink_first=True, rerun_after_success=stage != "train")
         self.planner.current = plan
