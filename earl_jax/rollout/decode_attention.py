@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -18,34 +19,42 @@ from jax.experimental import pallas as pl
 from jaxtyping import Array, Float, Int
 
 
-def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, *, block_k: int, scale: float):
-    length = len_ref[()]  # this row attends to cache slots [0, length)
-    q = q_ref[...].astype(jnp.float32) * scale  # [G, h]
-    g, h = q.shape
-    q = q.astype(k_ref.dtype)
+def _attend_blocks(scores, v_ref, length, block_k: int, carry):
+    """Flash-decoding online softmax over cache blocks [0, length): `scores(sl)` -> [G, block_k] float32
+    for the block at slice `sl`; `carry` = (o, m, l) to start from. Returns the normalized output [G, h]."""
     idx = jnp.arange(block_k)
 
     def body(i, carry):
         o, m, l = carry
         sl = pl.ds(i * block_k, block_k)
-        k = k_ref[sl, :]
-        s = jnp.dot(q, k.T, preferred_element_type=jnp.float32)  # [G, block_k]
-        s = jnp.where((i * block_k + idx)[None, :] < length, s, -1e30)
-        m_new = jnp.maximum(m, s.max(axis=-1))
+        sc = jnp.where((i * block_k + idx)[None, :] < length, scores(sl), -1e30)
+        m_new = jnp.maximum(m, sc.max(axis=-1))
         corr = jnp.exp(m - m_new)
-        p = jnp.exp(s - m_new[:, None])
+        p = jnp.exp(sc - m_new[:, None])
         l = l * corr + p.sum(axis=-1)
         v = v_ref[sl, :]
         o = o * corr[:, None] + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
         return o, m_new, l
 
+    o, _, l = jax.lax.fori_loop(0, pl.cdiv(length, block_k), body, carry)
+    return o / l[:, None]
+
+
+def _dot_scores(q, k_ref, sl):
+    return jnp.dot(q, k_ref[sl, :].T, preferred_element_type=jnp.float32)  # [G, block_k]
+
+
+def _kernel(len_ref, q_ref, k_ref, v_ref, o_ref, *, block_k: int, scale: float):
+    length = len_ref[()]  # this row attends to cache slots [0, length)
+    q = q_ref[...].astype(jnp.float32) * scale  # [G, h]
+    g, h = q.shape
+    q = q.astype(k_ref.dtype)
     init = (jnp.zeros((g, h), jnp.float32), jnp.full((g,), -1e30, jnp.float32), jnp.zeros((g,), jnp.float32))
-    o, _, l = jax.lax.fori_loop(0, pl.cdiv(length, block_k), body, init)
-    o_ref[...] = (o / l[:, None]).astype(o_ref.dtype)
+    o_ref[...] = _attend_blocks(functools.partial(_dot_scores, q, k_ref), v_ref, length, block_k,
+                                init).astype(o_ref.dtype)
 
 
 # Kernel launch parameters (overridable for tuning sweeps: EARL_DECODE_{BLOCK_K,WARPS,STAGES}).
-import os  # noqa: E402
 KERNEL_BLOCK_K = int(os.environ.get("EARL_DECODE_BLOCK_K", 128))
 KERNEL_WARPS = int(os.environ.get("EARL_DECODE_WARPS", 4))
 KERNEL_STAGES = int(os.environ.get("EARL_DECODE_STAGES", 2))
@@ -110,25 +119,9 @@ def _fused_kernel(pos_ref, q_ref, kn_ref, vn_ref, k_ref, v_ref, o_ref, k_out_ref
     s_new = jnp.sum(q.astype(jnp.float32) * k_new.astype(jnp.float32), axis=-1)  # [G]
     g, h = q.shape
     o = jnp.broadcast_to(v_new.astype(jnp.float32), (g, h))
-    m, l = s_new, jnp.ones((g,), jnp.float32)
-    length = jnp.minimum(pos, s)
-    idx = jnp.arange(block_k)
-
-    def body(i, carry):
-        o, m, l = carry
-        sl = pl.ds(i * block_k, block_k)
-        sc = jnp.dot(q, k_ref[sl, :].T, preferred_element_type=jnp.float32)
-        sc = jnp.where((i * block_k + idx)[None, :] < length, sc, -1e30)
-        m_new = jnp.maximum(m, sc.max(axis=-1))
-        corr = jnp.exp(m - m_new)
-        p = jnp.exp(sc - m_new[:, None])
-        l = l * corr + p.sum(axis=-1)
-        v = v_ref[sl, :]
-        o = o * corr[:, None] + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-        return o, m_new, l
-
-    o, _, l = jax.lax.fori_loop(0, pl.cdiv(length, block_k), body, (o, m, l))
-    o_ref[...] = (o / l[:, None]).astype(o_ref.dtype)
+    carry = (o, s_new, jnp.ones((g,), jnp.float32))
+    o_ref[...] = _attend_blocks(functools.partial(_dot_scores, q, k_ref), v_ref, jnp.minimum(pos, s), block_k,
+                                carry).astype(o_ref.dtype)
 
 
 def _rope_kernel(pos_ref, q_ref, kn_ref, vn_ref, k_ref, v_ref, o_ref, k_out_ref, v_out_ref, *, block_k: int,
@@ -161,26 +154,13 @@ def _rope_kernel(pos_ref, q_ref, kn_ref, vn_ref, k_ref, v_ref, o_ref, k_out_ref,
     q1s, q2s = (q1 * scale).astype(k_ref.dtype), (q2 * scale).astype(k_ref.dtype)
     s_new = (jnp.sum(q1 * k1.astype(jnp.float32), axis=-1) + jnp.sum(q2 * k2.astype(jnp.float32), axis=-1)) * scale
     o = jnp.broadcast_to(vn_ref[...].astype(jnp.float32), (g, h))
-    m, l = s_new, jnp.ones((g,), jnp.float32)
-    length = jnp.minimum(pos, s)
-    idx = jnp.arange(block_k)
 
-    def body(i, carry):
-        o, m, l = carry
-        sl = pl.ds(i * block_k, block_k)
-        sc = (jnp.dot(q1s, k_ref[sl, lo].T, preferred_element_type=jnp.float32)
-              + jnp.dot(q2s, k_ref[sl, hi].T, preferred_element_type=jnp.float32))
-        sc = jnp.where((i * block_k + idx)[None, :] < length, sc, -1e30)
-        m_new = jnp.maximum(m, sc.max(axis=-1))
-        corr = jnp.exp(m - m_new)
-        p = jnp.exp(sc - m_new[:, None])
-        l = l * corr + p.sum(axis=-1)
-        v = v_ref[sl, :]
-        o = o * corr[:, None] + jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-        return o, m_new, l
+    def scores(sl):  # q . k as two half-dot products: the rotated halves never get concatenated
+        return (jnp.dot(q1s, k_ref[sl, lo].T, preferred_element_type=jnp.float32)
+                + jnp.dot(q2s, k_ref[sl, hi].T, preferred_element_type=jnp.float32))
 
-    o, _, l = jax.lax.fori_loop(0, pl.cdiv(length, block_k), body, (o, m, l))
-    o_ref[...] = (o / l[:, None]).astype(o_ref.dtype)
+    carry = (o, s_new, jnp.ones((g,), jnp.float32))
+    o_ref[...] = _attend_blocks(scores, v_ref, jnp.minimum(pos, s), block_k, carry).astype(o_ref.dtype)
 
 
 def write_and_attend_grouped(qg: Float[Array, "b k G h"], k_new: Float[Array, "b k h"], v_new: Float[Array, "b k h"],
