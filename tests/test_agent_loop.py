@@ -105,5 +105,5 @@ def test_extend_widths_are_recorded_for_the_memory_model():
         assert spans[0] <= traj.stats["prompt_tokens"]
         obs_spans += spans[1:]
     assert traj.stats["prompt_tokens"] == max(int(np.argmax(m)) for m in traj.loss_mask)  # prompt = first span
-    assert traj.stats["turn_tokens"] == max(obs_spans) > 0
+    assert traj.stats["observation_tokens"] == max(obs_spans) > 0
     assert traj.stats["first_cache_len"] == traj.stats["prompt_tokens"] + 4  # + the default turn budget

@@ -218,7 +218,7 @@ def test_rollout_estimate_from_measured_extends():
     mm = MemoryModel(cfg, MemoryConfig(budget_bytes=8 * GiB))
     mesh = MeshShape(1, 1, 1)
     ctx, rows = 32768, 32
-    ext = RolloutExtends(prompt_tokens=100, first_cache_len=3100, turn_tokens=7)  # -> 128 x 4096, 8 x ctx
+    ext = RolloutExtends(prompt_tokens=100, first_cache_len=3100, observation_tokens=7)  # -> 128 x 4096, 8 x ctx
     default = mm.estimate("rollout", mesh, ctx, rows)
     measured = mm.estimate("rollout", mesh, ctx, rows, extends=ext)
     assert measured.kv_cache == default.kv_cache and measured.params == default.params

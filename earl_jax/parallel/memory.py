@@ -199,13 +199,13 @@ class RolloutExtends:
 
     prompt_tokens: int
     first_cache_len: int
-    turn_tokens: int  # 0: no later extend seen
+    observation_tokens: int  # 0: no later extend seen
 
     def attention(self, context_len: int) -> list[tuple[int, int]]:
         """(query width, key length) of the largest extend attentions at `context_len`."""
         out = [(_pow2_up(self.prompt_tokens), _pow2_up(self.first_cache_len))]
-        if self.turn_tokens:
-            out.append((_pow2_up(self.turn_tokens), context_len))
+        if self.observation_tokens:
+            out.append((_pow2_up(self.observation_tokens), context_len))
         return out
 
 

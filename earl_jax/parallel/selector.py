@@ -118,11 +118,11 @@ class ContextStats:
     # the rollout's extends (0: not measured; the memory model then assumes `prefill_len`-token chunks)
     prompt_tokens: int = 0  # widest first extend (the prompt)
     first_cache_len: int = 0  # the cache it was written into
-    turn_tokens: int = 0  # widest later extend (a turn's observation)
+    observation_tokens: int = 0  # widest later extend (a turn's observation)
 
     @property
     def extends(self) -> RolloutExtends | None:
-        return RolloutExtends(self.prompt_tokens, self.first_cache_len, self.turn_tokens) if self.prompt_tokens else None
+        return RolloutExtends(self.prompt_tokens, self.first_cache_len, self.observation_tokens) if self.prompt_tokens else None
 
 
 Thresholds = Mapping[str, Sequence[tuple[int, MeshShape]]]

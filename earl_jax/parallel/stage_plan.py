@@ -84,11 +84,11 @@ class StagePlanner:
         return self.current
 
     def observe(self, mean_context_len: float, max_context_len: float, num_responses: int,
-                prompt_tokens: int = 0, first_cache_len: int = 0, turn_tokens: int = 0) -> None:
+                prompt_tokens: int = 0, first_cache_len: int = 0, observation_tokens: int = 0) -> None:
         """The statistics the next plan() reacts to (smoothed inside the selector); the rollout's extend
         widths (agent-loop stats) tighten its memory estimate."""
         self._stats = ContextStats(float(mean_context_len), int(max_context_len), int(num_responses),
-                                   int(prompt_tokens), int(first_cache_len), int(turn_tokens))
+                                   int(prompt_tokens), int(first_cache_len), int(observation_tokens))
         self._fresh = True
 
     def state_dict(self) -> dict[str, Any]:

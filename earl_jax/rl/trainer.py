@@ -336,7 +336,7 @@ class Trainer:
         # the OOM fallback may still change their layouts.
         s = traj.stats
         self.planner.observe(s["turn_context_len_mean"], s["context_len_max"], traj.num_games,
-                             s["prompt_tokens"], s["first_cache_len"], s["turn_tokens"])
+                             s["prompt_tokens"], s["first_cache_len"], s["observation_tokens"])
         self.planner.plan()
         t0 = time.perf_counter()
         arrays = self._batch_arrays(traj)

@@ -115,7 +115,7 @@ def play_games(policy: Policy, envs: Sequence[OpenSpielTextEnv], tokenizer: toke
         append(i, toks, False)
     prompt_tokens = max(len(t) for t in new_tokens)
     first_cache_len = min(cfg.max_context, prompt_tokens + cfg.max_turn_tokens)
-    turn_tokens = 0  # widest later extend: with the prompt's, what the selector's rollout memory estimate needs
+    observation_tokens = 0  # widest later extend: with the prompt's, what the selector's rollout memory estimate needs
     policy.reset(n, first_cache_len)
     policy.extend(new_tokens)
 
@@ -157,7 +157,7 @@ def play_games(policy: Policy, envs: Sequence[OpenSpielTextEnv], tokenizer: toke
             progress(turn + 1, int(live.sum()))
         if not live.any():
             break
-        turn_tokens = max(turn_tokens, max(len(t) for t in new_tokens))
+        observation_tokens = max(observation_tokens, max(len(t) for t in new_tokens))
         policy.extend(new_tokens)
     truncated |= live  # still playing after max_turns
 
@@ -180,7 +180,7 @@ def play_games(policy: Policy, envs: Sequence[OpenSpielTextEnv], tokenizer: toke
         "rollout_s": total_s,
         "prompt_tokens": float(prompt_tokens),
         "first_cache_len": float(first_cache_len),
-        "turn_tokens": float(turn_tokens),
+        "observation_tokens": float(observation_tokens),
     }
     return Trajectories(
         tokens=pad(seq, np.int32), loss_mask=pad(mask, bool), logprobs=pad(logp, np.float32), rewards=rewards,
