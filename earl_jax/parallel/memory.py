@@ -52,15 +52,19 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_CPU_BUDGET = 4 * GiB
 
 
+def device_memory_stats(device: jax.Device) -> dict:
+    """`device.memory_stats()`, or {} where the backend reports nothing (CPU)."""
+    try:
+        return device.memory_stats() or {}
+    except Exception:  # some backends raise instead of returning None
+        return {}
+
+
 def device_memory_budget(device: jax.Device | None = None, default_bytes: int = DEFAULT_CPU_BUDGET) -> int:
     """Bytes one device may use: `memory_stats()["bytes_limit"]` where the backend reports it (GPU,
     TPU), else `default_bytes` (CPU reports nothing)."""
-    device = device if device is not None else jax.local_devices()[0]
-    try:
-        stats = device.memory_stats()
-    except Exception:  # some backends raise instead of returning None
-        stats = None
-    if stats and stats.get("bytes_limit"):
+    stats = device_memory_stats(device if device is not None else jax.local_devices()[0])
+    if stats.get("bytes_limit"):
         return int(stats["bytes_limit"])
     return int(default_bytes)
 

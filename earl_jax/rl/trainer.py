@@ -37,6 +37,7 @@ from earl_jax.models.init import init_sharded
 from earl_jax.models.tokenizer import game_tokenizer, load_tokenizer, special_ids
 from earl_jax.parallel.context import use_mesh_rules
 from earl_jax.parallel.dispatch import Dispatcher
+from earl_jax.parallel.memory import device_memory_stats
 from earl_jax.parallel.mesh import STAGE_RULES, mesh_shape_of, state_shardings
 from earl_jax.parallel.profile import is_oom_error
 from earl_jax.parallel.selector import StageLayout, run_with_oom_fallback
@@ -66,10 +67,7 @@ def _random_legal_answer(rng: np.random.Generator):
 
 def _device_memory() -> dict[str, float]:
     """Largest bytes in use / peak / limit over this process's devices, in GiB (GPU, TPU; {} on CPU)."""
-    try:
-        stats = [d.memory_stats() or {} for d in jax.local_devices()]
-    except Exception:  # some backends raise instead of returning None
-        return {}
+    stats = [device_memory_stats(d) for d in jax.local_devices()]
     out = {}
     for key, name in (("bytes_in_use", "in_use_gib"), ("peak_bytes_in_use", "peak_gib"), ("bytes_limit", "limit_gib")):
         vals = [st[key] for st in stats if key in st]
