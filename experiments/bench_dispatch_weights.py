@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 from earl_jax.models.config import ModelConfig, get_config  # noqa: E402
 from earl_jax.parallel.dispatch import Dispatcher  # noqa: E402
 from timing import fresh_copy, median_ms  # noqa: E402
-from earl_jax.parallel.mesh import STAGE_RULES, MeshShape, logical_sharding, make_mesh  # noqa: E402
+from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, logical_sharding, make_mesh  # noqa: E402
 
 
 def param_specs(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:

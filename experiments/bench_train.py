@@ -104,7 +104,7 @@ def run_case(case: dict) -> dict:
                                 jnp.asarray(rng.normal(size=(b, t)), jnp.float32))
 
         def step(params, opt_state, batch):
-            return train_stage(graphdef, params, opt_state, batch, optimizer=optimizer, loss_cfg=loss_cfg,
+            return train_stage(params, opt_state, batch, graphdef=graphdef, optimizer=optimizer, loss_cfg=loss_cfg,
                                micro_batches=mb, chunk=chunk)
 
         fn = jax.jit(step, donate_argnums=(0, 1))
@@ -115,8 +115,9 @@ def run_case(case: dict) -> dict:
         group_ids = jnp.asarray(np.arange(b) % groups, jnp.int32)
 
         def step(params, tokens, mask, rewards, group_ids):
-            out, _ = experience_stage(graphdef, params, None, tokens, mask, rewards, group_ids, num_groups=groups,
-                                      loss_cfg=loss_cfg, chunk=chunk, filter_constant_groups=False)
+            out, _ = experience_stage(params, None, tokens, mask, rewards, group_ids, graphdef=graphdef,
+                                      num_groups=groups, loss_cfg=loss_cfg, micro_batches=1, shards=1, chunk=chunk,
+                                      filter_constant_groups=False)
             return out.old_logp, out.advantages
 
         fn = jax.jit(step)

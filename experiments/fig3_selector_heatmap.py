@@ -8,8 +8,8 @@ configuration (one mesh for the whole grid).
     python experiments/fig3_selector_heatmap.py --synthetic
     # from a saved profile table:
     python experiments/fig3_selector_heatmap.py --table experiments/results/profile_72b.json
-    # measuring (needs default_measure wired to the real sampler):
-    python experiments/fig3_selector_heatmap.py --model qwen2.5-72b --save-table profile.json
+    # measuring on this machine's devices (earl_jax.parallel.measure.RealMeasure):
+    python experiments/fig3_selector_heatmap.py --gpu --remeasure
 
 Writes experiments/results/<name>.json and <name>.png.
 """
@@ -22,7 +22,6 @@ import json
 import math
 import os
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -38,215 +37,14 @@ if "--small" in sys.argv or os.environ.get("JAX_PLATFORMS", "") == "cpu":
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from earl_jax.models.config import get_config
+from earl_jax.parallel.measure import RealMeasure, profile_rows
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel, candidate_meshes
-from earl_jax.parallel.mesh import MeshShape
+from earl_jax.sharding.mesh import MeshShape
 from earl_jax.parallel.profile import ProfileTable, SyntheticThroughput, run_profile
-from earl_jax.parallel.selector import ContextStats, NoFeasibleLayoutError, ParallelismSelector, SelectorConfig
+from earl_jax.parallel.plan import ContextStats
+from earl_jax.parallel.selector import NoFeasibleLayoutError, ParallelismSelector, SelectorConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-class RealMeasure:
-    """Measures TGS (tokens per device per second) on the real code, random weights in bf16:
-
-    * rollout: a `Sampler` on the candidate mesh (model from `init_sharded` with STAGE_RULES["rollout"]);
-      the state's KV cache is filled directly with random keys/values for `context_len - decode_steps` tokens
-      in each of `num_responses` rows (no prefill), then `generate` of `decode_steps` new tokens (ending at
-      `context_len`, so the cache is `context_len`'s bucket), stop tokens ignored;
-      TGS = rows x decode_steps / seconds / devices (median of `repeats` after a warm-up compile).
-    * experience: `token_logprobs` (vocabulary-chunked, chunk from the memory model's layout) of
-      `num_responses` x `context_len` tokens on the mesh (STAGE_RULES["experience"]), micro-batched as the
-      layout says; TGS = tokens / seconds / devices.
-    * train: one `train_stage` step (float32 masters, bf16 compute, remat "dots", AdamW, GRPO loss) over
-      `num_responses` x `context_len` random tokens, micro-batched as the layout says (STAGE_RULES["train"]).
-    Models are cached per mesh; the first call on a mesh compiles, so each cell does its own warm-up."""
-
-    def __init__(self, cfg, *, decode_steps: int = 16, repeats: int = 2, seed: int = 0):
-        self.cfg, self.decode_steps, self.repeats, self.seed = cfg, decode_steps, repeats, seed
-        self._models: dict = {}
-
-    def _model(self, stage: str, mesh: MeshShape):
-        import jax
-        import jax.numpy as jnp
-        from flax import nnx
-
-        from earl_jax.models.init import init_sharded
-        from earl_jax.parallel.mesh import STAGE_RULES, make_mesh
-
-        key = (stage, mesh)
-        if key not in self._models:
-            for k in [k for k in self._models if k[0] != stage]:  # one stage's models at a time
-                del self._models[k]
-            jmesh = make_mesh(mesh, jax.devices()[:mesh.size])
-            rules = STAGE_RULES[stage]
-            # train holds float32 masters (bf16 compute, per-layer remat as the memory model assumes)
-            kw = dict(param_dtype=jnp.float32, remat="dots") if stage == "train" else dict(param_dtype=jnp.bfloat16)
-            model = init_sharded(self.cfg, jmesh, rules, seed=self.seed, dtype=jnp.bfloat16, **kw)
-            graphdef, params = nnx.split(model)
-            self._models[key] = (jmesh, rules, graphdef, params)
-        return self._models[key]
-
-    def __call__(self, stage: str, mesh: MeshShape, context_len: int, num_responses: int, layout=None) -> float:
-        if stage == "rollout":
-            return self.rollout(mesh, context_len, num_responses)
-        if stage == "experience":
-            return self.experience(mesh, context_len, num_responses, layout)
-        if stage == "train":
-            return self.train(mesh, context_len, num_responses, layout)
-        raise ValueError(f"unknown stage {stage!r}")
-
-    def train(self, mesh: MeshShape, context_len: int, num_responses: int, layout=None) -> float:
-        """One `train_stage` step (GRPO PPO-clip loss, AdamW, micro-batches from the layout) on random data."""
-        import jax
-        import jax.numpy as jnp
-
-        from earl_jax.parallel.context import use_mesh_rules
-        from earl_jax.parallel.mesh import logical_sharding
-        from earl_jax.rl.losses import LossConfig
-        from earl_jax.rl.stages import ExperienceBatch, make_optimizer, train_stage
-
-        jmesh, rules, graphdef, params = self._model("train", mesh)
-        chunk = layout.logprob_chunk if layout is not None else 1024
-        shards = mesh.data * mesh.fsdp
-        rows_per_mb = (layout.micro_batch if layout is not None else -(-num_responses // shards)) * shards
-        micro = max(1, num_responses // max(rows_per_mb, 1))
-        while num_responses % micro or (num_responses // micro) % shards:
-            micro -= 1
-            if micro < 1:
-                raise ValueError(f"train measure: {num_responses} rows do not split over {shards} batch shards")
-        optimizer = make_optimizer(1e-6, 10, 1000, 0.0, 1.0)
-        opt_state = jax.jit(optimizer.init)(params)
-        sh = logical_sharding(jmesh, rules, ("batch", "length"), (num_responses, context_len))
-        keys = jax.random.split(jax.random.key(self.seed), 4)
-        shape = (num_responses, context_len)
-        batch = ExperienceBatch(
-            jax.device_put(jax.random.randint(keys[0], shape, 0, self.cfg.vocab_size), sh),
-            jax.device_put(jnp.ones(shape, bool), sh),
-            jax.device_put(-jax.random.uniform(keys[1], shape, jnp.float32, 5, 15), sh),
-            jax.device_put(-jax.random.uniform(keys[2], shape, jnp.float32, 5, 15), sh),
-            jax.device_put(jax.random.normal(keys[3], shape, jnp.float32), sh))
-        loss_cfg = LossConfig(algorithm="grpo")
-
-        def step(params, opt_state, batch):
-            with use_mesh_rules(jmesh, rules):
-                return train_stage(graphdef, params, opt_state, batch, optimizer=optimizer, loss_cfg=loss_cfg,
-                                   micro_batches=micro, chunk=chunk)
-
-        step = jax.jit(step, donate_argnums=(0, 1))
-        p, o = jax.tree.map(jnp.copy, params), opt_state  # the cached params survive the donation
-        times = []
-        for _ in range(self.repeats + 1):
-            t0 = time.perf_counter()
-            p, o, metrics = step(p, o, batch)
-            jax.block_until_ready(metrics["loss"])
-            times.append(time.perf_counter() - t0)
-        del p, o
-        return num_responses * context_len / statistics.median(times[1:]) / mesh.size
-
-    def rollout(self, mesh: MeshShape, context_len: int, num_responses: int) -> float:
-        import jax
-        import jax.numpy as jnp
-
-        from earl_jax.rollout.sampler import Sampler, SamplerState
-
-        jmesh, rules, graphdef, params = self._model("rollout", mesh)
-        sampler = Sampler(graphdef, self.cfg, mesh=jmesh, rules=rules)
-        # Rows hold context_len - steps tokens and end at context_len, so the cache stays in context_len's
-        # bucket (1K + 16 would round a 1K cache up to 1.5K; 32K + 16 to 64K).
-        steps = min(self.decode_steps, max(1, context_len // 2))
-        filled = context_len - steps
-        state = sampler.init_state(num_responses, context_len)
-        shardings = jax.tree.map(lambda x: x.sharding, state)
-
-        def random_like(key, x):
-            # Random keys/values (never zeros: see .library/device/METHOD.md), drawn for one short block of
-            # slots and tiled over rows and slots: a full-size draw per leaf (48 x 24 GiB at 32K x 128 rows)
-            # made XLA's compile of this fill take minutes; attention cost does not depend on the values.
-            b, k, s, h = x.shape
-            block = jax.random.normal(key, (1, k, min(s, 256), h), x.dtype)
-            return jnp.broadcast_to(jnp.tile(block, (1, 1, -(-s // block.shape[2]), 1))[:, :, :s], x.shape)
-
-        def fill(state: SamplerState, key) -> SamplerState:
-            leaves, treedef = jax.tree.flatten(state.cache)
-            keys = jax.random.split(key, len(leaves) + 1)
-            cache = jax.tree.unflatten(treedef, [random_like(k, x) if jnp.issubdtype(x.dtype, jnp.floating) else x
-                                                 for k, x in zip(keys, leaves)])
-            lengths = jnp.full(state.lengths.shape, filled, jnp.int32)
-            logits = jax.random.normal(keys[-1], state.next_logits.shape, jnp.float32)
-            return dataclasses.replace(state, cache=cache, lengths=lengths, next_logits=logits)
-
-        def reset(state: SamplerState) -> SamplerState:
-            return dataclasses.replace(state, lengths=jnp.full(state.lengths.shape, filled, jnp.int32))
-
-        fill = jax.jit(fill, donate_argnums=(0,), out_shardings=shardings)
-        reset = jax.jit(reset, donate_argnums=(0,), out_shardings=shardings)
-        state = fill(state, jax.random.key(self.seed))
-        rng = jax.random.key(self.seed + 1)
-        times = []
-        for i in range(self.repeats + 1):  # the first call compiles
-            jax.block_until_ready(state)
-            t0 = time.perf_counter()
-            state, gen = sampler.generate(params, state, jax.random.fold_in(rng, i), max_new_tokens=steps,
-                                          budget=steps, stop_tokens=())
-            jax.block_until_ready(gen.tokens)
-            times.append(time.perf_counter() - t0)
-            if int(gen.num_tokens.min()) != steps:
-                raise RuntimeError(f"rollout measure: expected {steps} tokens per row, got {gen.num_tokens}")
-            state = reset(state)
-        del state
-        return num_responses * steps / statistics.median(times[1:]) / mesh.size
-
-    def experience(self, mesh: MeshShape, context_len: int, num_responses: int, layout=None) -> float:
-        import jax
-        import jax.numpy as jnp
-        from flax import nnx
-
-        from earl_jax.parallel.context import use_mesh_rules
-        from earl_jax.parallel.mesh import logical_sharding
-        from earl_jax.rl.logprobs import token_logprobs
-
-        jmesh, rules, graphdef, params = self._model("experience", mesh)
-        chunk = layout.logprob_chunk if layout is not None else 1024
-        mb = layout.micro_batch if layout is not None else num_responses
-        per = max(1, min(mb * mesh.data, num_responses))  # rows per forward over the whole mesh
-        per = per - per % mesh.data if per >= mesh.data else per
-        tok_sharding = logical_sharding(jmesh, rules, ("batch", "length"), (per, context_len))
-
-        @jax.jit
-        def forward(params, tokens):
-            with use_mesh_rules(jmesh, rules):
-                tokens = jax.lax.with_sharding_constraint(tokens, tok_sharding)
-                lp, _ = token_logprobs(nnx.merge(graphdef, params), tokens, chunk=chunk)
-                return lp
-
-        rows = [jax.device_put(jax.random.randint(jax.random.key(i), (per, context_len), 0, self.cfg.vocab_size),
-                               tok_sharding) for i in range(2)]
-        steps = -(-num_responses // per)
-        times = []
-        for r in range(self.repeats + 1):
-            t0 = time.perf_counter()
-            outs = [forward(params, rows[i % 2]) for i in range(steps)]
-            jax.block_until_ready(outs)
-            times.append(time.perf_counter() - t0)
-        return steps * per * context_len / statistics.median(times[1:]) / mesh.size
-
-
-_MEASURE: RealMeasure | None = None
-
-
-def default_measure(stage: str, mesh: MeshShape, context_len: int, num_responses: int, layout=None) -> float:
-    """Tokens per device per second of one `stage` step on `mesh` (see earl_jax/parallel/profile.py), measured
-    by `RealMeasure` for the model `configure_measure` set (default: Qwen2.5-0.5B)."""
-    global _MEASURE
-    if _MEASURE is None:
-        _MEASURE = RealMeasure(get_config("qwen2.5-0.5b"))
-    return _MEASURE(stage, mesh, context_len, num_responses, layout=layout)
-
-
-def configure_measure(cfg, **kw) -> RealMeasure:
-    global _MEASURE
-    _MEASURE = RealMeasure(cfg, **kw)
-    return _MEASURE
 
 
 def _ints(s: str) -> list[int]:
@@ -274,9 +72,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device-kind", default=None, help="name in the title / table (default: the device's kind)")
     p.add_argument("--memory-gib", type=float, default=None, help="per-device budget (default: the device's; 80 synthetic)")
     p.add_argument("--safety", type=float, default=0.9)
-    p.add_argument("--rollout-waves", action=argparse.BooleanOptionalAction, default=None,
-                   help="rollout may decode a shard's responses in waves (default: on with --synthetic)")
-    p.add_argument("--kv-replication", default="replicate", choices=("replicate", "group"))
     p.add_argument("--table", type=Path, default=None, help="use this profile table instead of measuring")
     p.add_argument("--save-table", type=Path, default=None, help="save the measured profile table here")
     p.add_argument("--synthetic", action="store_true", help="measure with the analytic throughput model")
@@ -325,29 +120,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 def measure_table(memory: MemoryModel, args, n_dev: int, kind: str, stages: tuple[str, ...],
                   tensors: tuple[int, ...] | None = None, table: ProfileTable | None = None,
                   save: Path | None = None, time_budget: float | None = None) -> ProfileTable:
-    """Profile with the real measure (`RealMeasure`), one context row at a time (in the given order), the table
-    saved after each row; rows not started within `time_budget` seconds are left out (meta.contexts_cut)."""
-    configure_measure(memory.cfg, decode_steps=args.decode_steps, repeats=args.measure_repeats, seed=args.seed)
-    meshes = {st: [m for m in candidate_meshes(memory.cfg, n_dev, st) if tensors is None or m.tensor in tensors]
-              for st in stages}
-    start = time.perf_counter()
-    done, cut = (list(table.meta.get("contexts_measured", [])) if table is not None else []), []
-    for ctx in args.contexts:  # in the given order: put the rows that matter most first
-        if time_budget is not None and time.perf_counter() - start > time_budget:
-            cut.append(ctx)
-            continue
-        table = run_profile(memory, default_measure, num_devices=n_dev, context_lens=[ctx],
-                            response_counts=args.responses, stages=stages, meshes=meshes, device_kind=kind,
-                            table=table, progress=not args.no_progress)
-        done.append(ctx)
-        table.meta.update(measure="RealMeasure", decode_steps=args.decode_steps, contexts_measured=done,
-                          contexts_cut=cut, seconds=round(time.perf_counter() - start, 1))
-        if save is not None:
-            table.save(save)
-    table.meta.update(contexts_cut=cut)
-    if save is not None:
-        table.save(save)
-    return table
+    """Profile with the library's `RealMeasure`, one context row at a time (`profile_rows`)."""
+    measure = RealMeasure(memory.cfg, decode_steps=args.decode_steps, repeats=args.measure_repeats, seed=args.seed)
+    return profile_rows(memory, measure, contexts=args.contexts, responses=args.responses, stages=stages,
+                        num_devices=n_dev, device_kind=kind, tensors=tensors, table=table, save=save,
+                        time_budget=time_budget, progress=not args.no_progress)
 
 
 def _with(args: argparse.Namespace, **kw) -> argparse.Namespace:
@@ -510,9 +287,7 @@ def main(argv=None) -> dict:
         n_dev = args.devices or jax.device_count()
         kind = args.device_kind or jax.devices()[0].device_kind
         budget = int(args.memory_gib * GiB) if args.memory_gib else device_memory_budget()
-    waves = args.rollout_waves if args.rollout_waves is not None else synthetic
-    memory = MemoryModel(cfg, MemoryConfig(budget_bytes=budget, safety_fraction=args.safety,
-                                           rollout_waves=waves, kv_replication=args.kv_replication))
+    memory = MemoryModel(cfg, MemoryConfig(budget_bytes=budget, safety_fraction=args.safety))
     for t in (args.tp_a, args.tp_b):
         if not any(m.tensor == t for m in candidate_meshes(cfg, n_dev, args.stage)):
             raise SystemExit(f"tensor degree {t} is not a valid {args.stage} mesh for {cfg.name} on {n_dev} devices")

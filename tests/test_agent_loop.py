@@ -27,7 +27,7 @@ def _lowest_legal(context: str) -> str:
 
 def test_invalid_answers_end_every_game_at_once():
     traj = _play(lambda ctx: "zz")
-    assert traj.stats["invalid_rate"] == 1.0 and traj.stats["loss_rate"] == 1.0
+    assert traj.stats.invalid_rate == 1.0 and traj.stats.loss_rate == 1.0
     np.testing.assert_array_equal(traj.num_turns, 1)
     np.testing.assert_array_equal(traj.returns, -1.0)
     for row in range(traj.num_games):
@@ -102,8 +102,8 @@ def test_extend_widths_are_recorded_for_the_memory_model():
         mask = traj.loss_mask[row, :traj.lengths[row]]
         edges = np.flatnonzero(np.diff(np.concatenate([[1], mask.astype(int), [1]])))  # runs of False
         spans = list(edges[1::2] - edges[::2])
-        assert spans[0] <= traj.stats["prompt_tokens"]
+        assert spans[0] <= traj.stats.prompt_tokens
         obs_spans += spans[1:]
-    assert traj.stats["prompt_tokens"] == max(int(np.argmax(m)) for m in traj.loss_mask)  # prompt = first span
-    assert traj.stats["observation_tokens"] == max(obs_spans) > 0
-    assert traj.stats["first_cache_len"] == traj.stats["prompt_tokens"] + 4  # + the default turn budget
+    assert traj.stats.prompt_tokens == max(int(np.argmax(m)) for m in traj.loss_mask)  # prompt = first span
+    assert traj.stats.observation_tokens == max(obs_spans) > 0
+    assert traj.stats.first_cache_len == traj.stats.prompt_tokens + 4  # + the default turn budget

@@ -10,8 +10,8 @@ from earl_jax.models.cache import cache_shardings, init_cache
 from earl_jax.models.config import PRESETS, ModelConfig
 from earl_jax.models.init import abstract_model, init_sharded
 from earl_jax.models.qwen2 import Qwen2
-from earl_jax.parallel.context import use_mesh_rules
-from earl_jax.parallel.mesh import INFERENCE_RULES, TRAIN_RULES, MeshShape, make_mesh
+from earl_jax.sharding.context import use_mesh_rules
+from earl_jax.sharding.mesh import INFERENCE_RULES, TRAIN_RULES, MeshShape, make_mesh
 
 CFG = ModelConfig.tiny(vocab_size=64).replace(num_attention_heads=8, num_key_value_heads=4, head_dim=16)
 

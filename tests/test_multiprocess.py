@@ -88,7 +88,7 @@ def test_host_global_round_trip_on_one_process():
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from earl_jax.parallel.mesh import MeshShape, make_mesh
+    from earl_jax.sharding.mesh import MeshShape, make_mesh
 
     x = np.arange(64, dtype=np.float32).reshape(8, 8)
     y = distributed.host_to_global(x, NamedSharding(make_mesh(MeshShape(4, 1, 2)), P("data", "tensor")))

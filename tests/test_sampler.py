@@ -10,7 +10,7 @@ from flax import nnx
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import init_sharded
 from earl_jax.models.qwen2 import Qwen2
-from earl_jax.parallel.mesh import INFERENCE_RULES, MeshShape, make_mesh
+from earl_jax.sharding.mesh import INFERENCE_RULES, MeshShape, make_mesh
 from earl_jax.rollout.sampler import Sampler
 from earl_jax.rollout.sampling import SamplingConfig, sample_logits
 

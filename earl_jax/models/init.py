@@ -11,7 +11,7 @@ from jax.sharding import Mesh
 
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.qwen2 import Qwen2
-from earl_jax.parallel.mesh import Rules, state_shardings
+from earl_jax.sharding.mesh import Rules, state_shardings
 
 
 def abstract_model(cfg: ModelConfig, **kw: Any) -> Qwen2:

@@ -27,11 +27,12 @@ from jax.sharding import Mesh, Sharding, SingleDeviceSharding
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from earl_jax.errors import CheckpointError
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import abstract_model
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.models.tokenizer import load_tokenizer
-from earl_jax.parallel.mesh import INFERENCE_RULES, Rules, state_shardings
+from earl_jax.sharding.mesh import INFERENCE_RULES, Rules, state_shardings
 
 # (Hugging Face name, module path, layout "hf axes -> our axes"); {i} is the layer index.
 _L = "model.layers.{i}."
@@ -154,10 +155,6 @@ def config_to_hf(cfg: ModelConfig, dtype: str = "float32") -> dict[str, Any]:
 
 
 # ---- safetensors ----------------------------------------------------------------------------------
-class CheckpointError(ValueError):
-    """A checkpoint folder that does not match the model: names the tensor or file at fault."""
-
-
 def _checkpoint_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.exists():

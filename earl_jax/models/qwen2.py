@@ -23,7 +23,7 @@ from jaxtyping import Array, Float, Int
 from earl_jax.models.attention import causal_attention
 from earl_jax.models.cache import KVCache, LayerCache
 from earl_jax.models.config import ModelConfig
-from earl_jax.parallel.context import constrain
+from earl_jax.sharding.context import constrain
 
 _INIT_STD = 0.02
 

@@ -31,7 +31,8 @@ import jax
 
 from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.memory import MemoryModel, candidate_meshes
-from earl_jax.parallel.mesh import STAGES, MeshShape
+from earl_jax.parallel.plan import StageLayout
+from earl_jax.sharding.mesh import STAGES, MeshShape
 
 SCHEMA_VERSION = 1
 OK, OOM, INFEASIBLE = "ok", "oom", "infeasible"
@@ -178,8 +179,6 @@ def run_profile(memory: MemoryModel, measure: Measure, *, num_devices: int | Non
     """Measure every stage x candidate x context x response count; skip (record "infeasible") what the
     memory model rejects, record "oom" when `measure` runs out of memory. Entries already present in
     `table` (a resumed profile) are not measured again. Returns the (new or extended) table."""
-    from earl_jax.parallel.selector import StageLayout  # cycle-free at import time
-
     num_devices = num_devices or jax.device_count()
     cfg: ModelConfig = memory.cfg
     if table is None:

@@ -69,11 +69,13 @@ class RLConfig:
     weight_decay: float = _f(0.0, "AdamW weight decay")
     grad_clip: float = _f(1.0, "global gradient-norm clip")
     ppo_epochs: int = _f(1, "passes over each iteration's batch")
-    micro_batch_tokens: int = _f(32768, "tokens per micro-batch in the train stage (gradient accumulation)")
+    micro_batch_tokens: int = _f(32768, "cap on tokens per batch shard in one experience / train micro-batch; the "
+                                        "selector picks the micro-batch (rows per shard) below it from the memory model")
     remat: Literal["auto", "none", "full"] = _f(
         "auto", "per-layer rematerialization in training (the memory model assumes the same): "
                 "auto = full on accelerators, none on CPU")
-    logprob_chunk: int = _f(256, "sequence positions per vocabulary chunk in log-prob computation")
+    logprob_chunk: int = _f(256, "cap on the sequence positions per vocabulary chunk of the log-probs; the selector "
+                                 "picks the chunk below it from the memory model")
     # --- warm start (the tiny model starts from random weights and knows no answer format)
     format_warmup_steps: int = _f(60, "supervised steps on uniformly random LEGAL moves before RL (0: off); "
                                       "teaches the answer format only, no game skill")
@@ -130,7 +132,7 @@ class RLConfig:
         except ValueError as e:
             raise ValueError(f"--turn-tokens-schedule: {e} (got {self.turn_tokens_schedule!r})") from None
         need(all(t < self.max_context for _, t in schedule), "max_context", "must exceed every scheduled turn budget")
-        need(self.group_size > 1 or self.algorithm in ("ppo", "reinforce_pp"), "group_size",
+        need(self.group_size > 1 or self.algorithm == "reinforce_pp", "group_size",
              f"{self.algorithm} compares games within a group: use at least 2")
 
     @property

@@ -1,11 +1,14 @@
 """The experience and train stages as pure functions over pytrees (graphdef static, params and batch traced).
 
-Each is jitted by the trainer under its own stage mesh; nothing here knows which mesh that is.
+Each is compiled by `planner.StageRun.jit` under its own stage mesh; nothing here knows which mesh that is.
+What the plan decides arrives as arguments: `micro_batches` and `shards` (how rows split, from
+`StageRun.micro_batches`) and `chunk` (the layout's log-prob chunk).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from typing import Any
 
 import jax
@@ -17,6 +20,7 @@ from jaxtyping import Array, Bool, Float, Int
 from earl_jax.rl.advantages import compute_advantages, group_filter
 from earl_jax.rl.logprobs import token_logprobs
 from earl_jax.rl.losses import LossConfig, policy_loss
+from earl_jax.sharding.context import constrain
 
 # optax.tree.norm replaces the deprecated optax.global_norm (older optax has only the latter)
 _global_norm = optax.tree.norm if hasattr(getattr(optax, "tree", None), "norm") else optax.global_norm
@@ -43,17 +47,45 @@ def make_optimizer(learning_rate: float, warmup_steps: int, total_steps: int, we
                        optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=weight_decay))
 
 
-def experience_stage(graphdef: nnx.GraphDef, params: nnx.State, ref_params: nnx.State | None,
-                     tokens: Int[Array, "n t"], loss_mask: Bool[Array, "n t"], rewards: Float[Array, "n t"],
-                     group_ids: Int[Array, " n"], *, num_groups: int, loss_cfg: LossConfig, chunk: int,
-                     filter_constant_groups: bool) -> tuple[ExperienceBatch, dict[str, Array]]:
-    """Old-policy (and reference) log-probs in vocabulary chunks, rewards -> advantages."""
+def split_rows(x: Array, micro_batches: int, shards: int) -> Array:
+    """[n, ...] -> [micro_batches, n / micro_batches, ...], micro-batch j taking rows j*m..(j+1)*m-1 of every
+    batch shard's block (m = n / (shards * micro_batches)): with rows sharded in blocks over `shards`
+    devices, every device keeps computing its own rows (a plain reshape would put micro-batch j on 1/k of
+    the devices and make XLA move or replicate it)."""
+    n = x.shape[0]
+    if n % (shards * micro_batches):
+        raise ValueError(f"{n} rows do not split into {micro_batches} micro-batches over {shards} shards")
+    y = x.reshape(shards, micro_batches, n // (shards * micro_batches), *x.shape[1:]).swapaxes(0, 1)
+    y = y.reshape(micro_batches, n // micro_batches, *x.shape[1:])
+    return constrain(y, (None, "batch") + (None,) * (x.ndim - 1))
+
+
+def merge_rows(y: Array, shards: int) -> Array:
+    """The inverse of `split_rows`: [micro_batches, n / micro_batches, ...] -> [n, ...] in the original order."""
+    k, m = y.shape[:2]
+    x = y.reshape(k, shards, m // shards, *y.shape[2:]).swapaxes(0, 1).reshape(k * m, *y.shape[2:])
+    return constrain(x, ("batch",) + (None,) * (y.ndim - 2))
+
+
+def micro_batched_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens: Int[Array, "n t"], *,
+                           micro_batches: int, shards: int, chunk: int) -> Float[Array, "n t"]:
+    """log p of every token, one micro-batch of rows at a time (forward only)."""
     model = nnx.merge(graphdef, params)
-    old_logp, _ = token_logprobs(model, tokens, chunk=chunk)
-    if ref_params is not None:
-        ref_logp, _ = token_logprobs(nnx.merge(graphdef, ref_params), tokens, chunk=chunk)
-    else:
-        ref_logp = old_logp
+    split = split_rows(tokens, micro_batches, shards)
+    logp = jax.lax.map(lambda tok: token_logprobs(model, tok, chunk=chunk)[0], split)
+    return merge_rows(logp, shards)
+
+
+def experience_stage(params: nnx.State, ref_params: nnx.State | None, tokens: Int[Array, "n t"],
+                     loss_mask: Bool[Array, "n t"], rewards: Float[Array, "n t"], group_ids: Int[Array, " n"], *,
+                     graphdef: nnx.GraphDef, num_groups: int, loss_cfg: LossConfig, micro_batches: int, shards: int,
+                     chunk: int, filter_constant_groups: bool) -> tuple[ExperienceBatch, dict[str, Array]]:
+    """Old-policy (and reference) log-probs, micro-batched over rows and chunked over the vocabulary as the
+    plan says; rewards -> advantages over the whole batch (groups span micro-batches)."""
+    logprobs = partial(micro_batched_logprobs, graphdef, tokens=tokens, micro_batches=micro_batches, shards=shards,
+                       chunk=chunk)
+    old_logp = logprobs(params)
+    ref_logp = logprobs(ref_params) if ref_params is not None else old_logp
     old_logp, ref_logp = jax.lax.stop_gradient(old_logp), jax.lax.stop_gradient(ref_logp)
     adv = compute_advantages(rewards, loss_mask, group_ids, num_groups, loss_cfg, old_logp=old_logp,
                              ref_logp=ref_logp)
@@ -80,12 +112,9 @@ def _sft_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: None, chunk: int)
 
 
 def _step(loss_fn, graphdef, params, opt_state, batch: ExperienceBatch, optimizer, loss_cfg, micro_batches: int,
-          chunk: int, token_weighted: bool):
+          shards: int, chunk: int, token_weighted: bool):
     """Accumulate gradients over micro-batches (lax.scan), then one optimizer update, skipped if not finite."""
-    n = batch.tokens.shape[0]
-    if n % micro_batches:
-        raise ValueError(f"batch of {n} rows does not split into {micro_batches} micro-batches")
-    split = jax.tree.map(lambda x: x.reshape(micro_batches, n // micro_batches, *x.shape[1:]), batch)
+    split = jax.tree.map(lambda x: split_rows(x, micro_batches, shards), batch)
     # Each micro-batch's loss is weighted by its share of the tokens so a token mean matches one big batch.
     tokens_per_mb = split.loss_mask.sum(axis=(1, 2)).astype(jnp.float32)
     weights = tokens_per_mb / jnp.maximum(tokens_per_mb.sum(), 1.0)
@@ -115,23 +144,24 @@ def _step(loss_fn, graphdef, params, opt_state, batch: ExperienceBatch, optimize
     return keep(new_params, params), keep(new_opt_state, opt_state), metrics
 
 
-def train_stage(graphdef: nnx.GraphDef, params: nnx.State, opt_state: Any, batch: ExperienceBatch, *,
-                optimizer: optax.GradientTransformation, loss_cfg: LossConfig, micro_batches: int,
+def train_stage(params: nnx.State, opt_state: Any, batch: ExperienceBatch, *, graphdef: nnx.GraphDef,
+                optimizer: optax.GradientTransformation, loss_cfg: LossConfig, micro_batches: int, shards: int = 1,
                 chunk: int) -> tuple[nnx.State, Any, dict[str, Array]]:
-    """One optimizer step of the policy loss over `micro_batches` accumulated micro-batches.
+    """One optimizer step of the policy loss over `micro_batches` accumulated micro-batches (rows split as
+    `split_rows` does over `shards` batch shards).
 
     A non-finite loss or gradient skips the update (params and optimizer state unchanged) and sets
     metrics["skipped"] = 1: NaN never reaches the weights.
     """
-    return _step(_policy_loss, graphdef, params, opt_state, batch, optimizer, loss_cfg, micro_batches, chunk,
-                 token_weighted=loss_cfg.aggregation == "token_mean")
+    return _step(_policy_loss, graphdef, params, opt_state, batch, optimizer, loss_cfg, micro_batches, shards,
+                 chunk, token_weighted=loss_cfg.aggregation == "token_mean")
 
 
-def sft_stage(graphdef: nnx.GraphDef, params: nnx.State, opt_state: Any, tokens: Int[Array, "n t"],
-              loss_mask: Bool[Array, "n t"], *, optimizer: optax.GradientTransformation, micro_batches: int,
+def sft_stage(params: nnx.State, opt_state: Any, tokens: Int[Array, "n t"], loss_mask: Bool[Array, "n t"], *,
+              graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, micro_batches: int, shards: int = 1,
               chunk: int) -> tuple[nnx.State, Any, dict[str, Array]]:
     """Cross-entropy on the masked tokens (the format warm-up): maximise log p of the demonstrated answers."""
     zeros = jnp.zeros(tokens.shape, jnp.float32)
     batch = ExperienceBatch(tokens, loss_mask, zeros, zeros, zeros)
-    return _step(_sft_loss, graphdef, params, opt_state, batch, optimizer, None, micro_batches, chunk,
+    return _step(_sft_loss, graphdef, params, opt_state, batch, optimizer, None, micro_batches, shards, chunk,
                  token_weighted=True)

@@ -43,6 +43,28 @@ class Policy(Protocol):
         ...
 
 
+@dataclasses.dataclass(frozen=True)
+class RolloutStats:
+    """What one `play_games` call measured: outcomes, context lengths (what the selector reacts to), timing."""
+
+    win_rate: float
+    draw_rate: float
+    loss_rate: float
+    invalid_rate: float  # games ended by an invalid answer
+    context_len_mean: float  # final episode lengths
+    context_len_max: int
+    turn_context_len_mean: float  # context length when each turn's decoding started
+    turns_mean: float
+    truncated_rate: float
+    generated_tokens: int
+    tokens: int
+    env_s: float  # host time stepping games, parsing and tokenizing
+    rollout_s: float
+    prompt_tokens: int  # widest first extend (the prompt)
+    first_cache_len: int  # the cache the prompt was written into
+    observation_tokens: int  # widest later extend (a turn's observation); 0 if none
+
+
 @dataclasses.dataclass
 class Trajectories:
     """A batch of finished episodes, right-padded to a common length T."""
@@ -59,7 +81,7 @@ class Trajectories:
     winners: list[str | None]  # "agent" | "opponent" | "draw" | None (truncated)
     invalid: Bool[np.ndarray, " n"]  # ended by an invalid move
     turn_context_lens: list[list[int]]  # context length when each turn's decoding started
-    stats: dict[str, float]
+    stats: RolloutStats
 
     @property
     def num_games(self) -> int:
@@ -167,21 +189,13 @@ def play_games(policy: Policy, envs: Sequence[OpenSpielTextEnv], tokenizer: toke
     rewards = pad(rew, np.float32)
     all_ctx = [c for row in turn_ctx for c in row] or [0]
     total_s = time.perf_counter() - t_start
-    stats = {
+    stats = RolloutStats(
         **_outcome_stats(winners, invalid),
-        "context_len_mean": float(np.mean(lengths)),
-        "context_len_max": float(np.max(lengths)),
-        "turn_context_len_mean": float(np.mean(all_ctx)),
-        "turns_mean": float(np.mean(turns)),
-        "truncated_rate": float(np.mean(truncated)),
-        "generated_tokens": float(sum(sum(m) for m in mask)),
-        "tokens": float(lengths.sum()),
-        "env_s": env_s,
-        "rollout_s": total_s,
-        "prompt_tokens": float(prompt_tokens),
-        "first_cache_len": float(first_cache_len),
-        "observation_tokens": float(observation_tokens),
-    }
+        context_len_mean=float(np.mean(lengths)), context_len_max=int(np.max(lengths)),
+        turn_context_len_mean=float(np.mean(all_ctx)), turns_mean=float(np.mean(turns)),
+        truncated_rate=float(np.mean(truncated)), generated_tokens=int(sum(sum(m) for m in mask)),
+        tokens=int(lengths.sum()), env_s=env_s, rollout_s=total_s, prompt_tokens=int(prompt_tokens),
+        first_cache_len=int(first_cache_len), observation_tokens=int(observation_tokens))
     return Trajectories(
         tokens=pad(seq, np.int32), loss_mask=pad(mask, bool), logprobs=pad(logp, np.float32), rewards=rewards,
         lengths=lengths, returns=rewards.sum(1), num_turns=turns, truncated=truncated,

@@ -36,8 +36,8 @@ from earl_jax.distributed import host_to_global
 from earl_jax.models.cache import KVCache, LayerCache, cache_shardings, init_cache
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.qwen2 import use_decode_attention
-from earl_jax.parallel.context import use_mesh_rules
-from earl_jax.parallel.mesh import Rules, logical_sharding
+from earl_jax.sharding.context import use_mesh_rules
+from earl_jax.sharding.mesh import Rules, logical_sharding
 from earl_jax.rollout import decode_step
 from earl_jax.rollout.decode_attention import block_size, decode_attention, write_and_attend
 from earl_jax.rollout.sampling import SamplingConfig, sample_logits

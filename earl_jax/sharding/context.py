@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 import jax
 from jax.sharding import Mesh
 
-from earl_jax.parallel.mesh import Rules, logical_sharding
+from earl_jax.sharding.mesh import Rules, logical_sharding
 
 _CURRENT: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar("earl_mesh_rules", default=None)
 
