@@ -104,7 +104,9 @@ def main(argv=None) -> dict:
     res = {"device_kind": devs[0].device_kind, "platform": devs[0].platform, "n_devices": n, "jax": jax.__version__,
            "model": cfg.name, "dtype": "bfloat16", "repeats": repeats, "small": small, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"bench_dispatch_weights_{res['platform']}{'_small' if small else ''}.json"
+    from earl_jax.parallel.profile import device_slug
+
+    path = args.out / f"bench_dispatch_weights_{device_slug(res['device_kind'], res['n_devices'])}.json"
     path.write_text(json.dumps(res, indent=1))
 
     from rich.console import Console

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -251,8 +250,9 @@ def print_table(results: list[dict], title: str) -> None:
 
 
 def _write(results: list[dict], args, dev, jax_version: str, device_count: int) -> Path:
-    kind = dev.device_kind if not args.tiny else f"{dev.device_kind}_tiny"
-    slug = re.sub(r"[^a-z0-9]+", "_", kind.lower()).strip("_")
+    from earl_jax.parallel.profile import device_slug
+
+    slug = device_slug(dev.device_kind)
     best = {}
     for r in results:
         if r.get("status") == "ok":

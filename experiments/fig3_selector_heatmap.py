@@ -40,7 +40,7 @@ from earl_jax.models.config import get_config
 from earl_jax.parallel.measure import RealMeasure, profile_rows
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel, candidate_meshes
 from earl_jax.sharding.mesh import MeshShape
-from earl_jax.parallel.profile import ProfileTable, SyntheticThroughput, run_profile
+from earl_jax.parallel.profile import ProfileTable, SyntheticThroughput, device_slug, run_profile
 from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.selector import NoFeasibleLayoutError, ParallelismSelector, SelectorConfig
 
@@ -271,9 +271,17 @@ def plot_heatmap(result: dict, path: Path) -> Path:
     return path
 
 
+def load_table(path: Path, **check) -> ProfileTable:
+    """A profile table JSON, or a figure JSON of this script (which holds the table it was drawn from)."""
+    d = json.loads(Path(path).read_text())
+    table = ProfileTable.from_json(d.get("profile_table", d))
+    table.check_compatible(**check, source=f"profile table in {path}")
+    return table
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    model = args.model or (args.table and json.loads(args.table.read_text())["model_name"]) or "qwen2.5-72b"
+    model = args.model or (args.table and load_table(args.table).model_name) or "qwen2.5-72b"
     cfg = get_config(model)
     synthetic = args.synthetic
     if synthetic:
@@ -293,8 +301,8 @@ def main(argv=None) -> dict:
             raise SystemExit(f"tensor degree {t} is not a valid {args.stage} mesh for {cfg.name} on {n_dev} devices")
 
     if args.table is not None:
-        table = ProfileTable.load(args.table, device_count=n_dev, model_name=cfg.name,
-                                  device_kind=None if args.device_kind is None and synthetic else kind)
+        table = load_table(args.table, device_count=n_dev, model_name=cfg.name,
+                           device_kind=None if args.device_kind is None and synthetic else kind)
     elif synthetic:
         measure = _noisy(SyntheticThroughput(memory), args.noise, args.seed)
         table = run_profile(memory, measure, num_devices=n_dev, context_lens=args.contexts,
@@ -307,7 +315,7 @@ def main(argv=None) -> dict:
         _compile_cache()
         previous = None
         if args.continue_table is not None:  # rows measured by an earlier call on the same kind of machine
-            previous = ProfileTable.load(args.continue_table, device_count=n_dev, model_name=cfg.name, device_kind=kind)
+            previous = load_table(args.continue_table, device_count=n_dev, model_name=cfg.name, device_kind=kind)
         todo = [c for c in args.contexts if previous is None or c not in previous.context_lens(args.stage)]
         table = measure_table(memory, _with(args, contexts=todo),
                               n_dev, kind, (args.stage,), (args.tp_a, args.tp_b), table=previous,
@@ -332,16 +340,16 @@ def main(argv=None) -> dict:
                              contexts=sorted(args.contexts), responses=args.responses, eval_table=eval_table)
     result.update(synthetic=synthetic, remeasured=args.remeasure, noise=args.noise,
                   memory=dataclasses.asdict(memory.mem) | {"budget_bytes": budget})
-    stem = args.name or f"fig3_{cfg.name}_{args.stage}_tp{args.tp_a}_tp{args.tp_b}" + (
-        "_synthetic" if synthetic else "_cpu_small" if args.small else "")
+    stem = args.name or f"fig3_{cfg.name}_{args.stage}_tp{args.tp_a}_tp{args.tp_b}_" + (
+        "synthetic" if synthetic else device_slug(kind, n_dev))
     args.out.mkdir(parents=True, exist_ok=True)
     jpath, ppath = args.out / f"{stem}.json", args.out / f"{stem}.png"
-    result["paths"] = {"json": str(jpath), "png": str(ppath)}
-    if args.table is None:  # keep what was measured next to the figure, reusable with --table
-        result["paths"]["profile_table"] = str(table.save(args.out / f"{stem}_profile.json"))
-        if eval_table is not None:
-            result["paths"]["remeasure_table"] = str(eval_table.save(args.out / f"{stem}_profile_remeasure.json"))
+    # what the figure was drawn from, reusable with --table / --continue-table (one JSON per figure)
+    result["profile_table"] = table.to_json()
+    if eval_table is not None:
+        result["remeasure_table"] = eval_table.to_json()
     jpath.write_text(json.dumps(result, indent=1))
+    result["paths"] = {"json": str(jpath), "png": str(ppath)}  # returned only, not saved
     plot_heatmap(result, ppath)
     s = result["summary"]
     print(f"wrote {jpath} and {ppath}; static best {s['static_mesh']}, selector within 3% of best in "

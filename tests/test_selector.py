@@ -372,6 +372,11 @@ def test_fig3_synthetic_smoke(tmp_path):
                       "--responses", "8,16", "--table", str(tmp_path / "table.json"), "--out", str(tmp_path),
                       "--name", "again", "--memory-gib", "4"])
     assert (tmp_path / "again.png").exists() and len(res2["cells"]) == 6
+    # the figure's own JSON holds its profile table: it serves as --table too
+    res3 = fig3.main(["--synthetic", "--model", "tiny", "--tp-a", "1", "--tp-b", "2", "--contexts", "32,64,128",
+                      "--responses", "8,16", "--table", res["paths"]["json"], "--out", str(tmp_path),
+                      "--name", "from_figure", "--memory-gib", "4"])
+    assert [c["tgs_a"] for c in res3["cells"]] == [c["tgs_a"] for c in res["cells"]]
 
 
 def test_shrink_micro_batch_before_switching_mesh():

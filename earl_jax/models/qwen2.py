@@ -11,9 +11,7 @@ per kv head, h head dim, f mlp, v vocab.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,22 +24,6 @@ from earl_jax.models.config import ModelConfig
 from earl_jax.sharding.context import constrain
 
 _INIT_STD = 0.02
-
-# Decode step's cache write + attention (one new token per row), swappable for fused kernels at trace
-# time: fn(q, k_new, v_new, cache, positions) -> (out, cache), the result of `LayerCache.write` then
-# `cached_attention`. None: those two.
-_DECODE_ATTENTION: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("decode_attention", default=None)
-
-
-@contextlib.contextmanager
-def use_decode_attention(fn: Callable | None) -> Iterator[None]:
-    """Trace decode steps (t == 1 with a cache) inside this to attend with `fn` instead of XLA ops."""
-    token = _DECODE_ATTENTION.set(fn)
-    try:
-        yield
-    finally:
-        _DECODE_ATTENTION.reset(token)
-
 
 def _param(rngs: nnx.Rngs, shape, axes, dtype, init: str = "normal") -> nnx.Param:
     if init == "normal":
@@ -108,12 +90,8 @@ class Attention(nnx.Module):
         if cache is None:
             out = causal_attention(q, k, v)
         else:
-            decode = _DECODE_ATTENTION.get() if q.shape[1] == 1 else None
-            if decode is not None:
-                out, cache = decode(q, k, v, cache, positions)
-            else:
-                cache = cache.write(k, v, positions)
-                out = cached_attention(q, cache.k, cache.v, positions)
+            cache = cache.write(k, v, positions)
+            out = cached_attention(q, cache.k, cache.v, positions)
         out = constrain(out, ("batch", "length", "act_heads", None))
         y = jnp.einsum("btnh,nhd->btd", out, self.o_nhd[...].astype(self.dtype))
         return y, cache

@@ -24,6 +24,7 @@ import gc
 import inspect
 import json
 import math
+import re
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -161,6 +162,15 @@ class ProfileTable:
 
 def current_device_kind() -> str:
     return jax.devices()[0].device_kind
+
+
+def device_slug(kind: str | None = None, count: int = 1) -> str:
+    """The one spelling of a device in result file names: "NVIDIA H100 80GB HBM3" -> "nvidia_h100", with
+    "x<count>" for several accelerators ("nvidia_h200x2"); the host CPU (fake devices or not) is "cpu"."""
+    kind = current_device_kind() if kind is None else kind
+    words = re.findall(r"[a-z0-9]+", kind.lower())
+    slug = "cpu" if words[:1] == ["cpu"] else "_".join(words[:2]) or "device"
+    return f"{slug}x{count}" if count > 1 and slug != "cpu" else slug
 
 
 def _accepts_layout(fn) -> bool:

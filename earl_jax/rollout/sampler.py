@@ -14,7 +14,8 @@ Decode step implementations (`decode_attention`): on one GPU ("auto" -> "step") 
 `decode_step.decode_hidden`, whose weights are laid out once per `generate` call and whose cache write +
 attention is one Pallas kernel (`decode_attention.write_and_attend_grouped`) reading only each row's
 valid cache prefix; on a mesh ("xla") it is the model's own `hidden` under the stage's sharding rules.
-Both are tested against full forwards. Measurements: experiments/results/bench_rollout_notes.md.
+Both are tested against each other and against full forwards ("step_interpret" runs the kernel on CPU).
+Measurements: experiments/results/bench_rollout_notes.md.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
-import functools
 from typing import Any, Sequence
 
 import jax
@@ -35,11 +35,10 @@ from jaxtyping import Array, Bool, Float, Int
 from earl_jax.distributed import host_to_global
 from earl_jax.models.cache import KVCache, LayerCache, cache_shardings, init_cache
 from earl_jax.models.config import ModelConfig
-from earl_jax.models.qwen2 import use_decode_attention
 from earl_jax.sharding.context import use_mesh_rules
 from earl_jax.sharding.mesh import Rules, logical_sharding
 from earl_jax.rollout import decode_step
-from earl_jax.rollout.decode_attention import block_size, decode_attention, write_and_attend
+from earl_jax.rollout.decode_attention import block_size
 from earl_jax.rollout.sampling import SamplingConfig, sample_logits
 
 DEFAULT_LENGTH_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -103,16 +102,12 @@ class Sampler:
         self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, rules
         self.cache_dtype = cache_dtype
         self.steps_per_check = steps_per_check  # decode steps per while_loop iteration (early-exit check)
-        # "pallas": flash-decoding kernel after XLA's cache write; "fused": one kernel writes the new k/v in
-        # place and attends (one device; GPU, or CPU with the *_interpret variants for tests);
-        # "step": the fused kernel inside decode_step.decode_hidden (weights laid out once per call);
-        # "steprope": the same with RoPE applied inside the kernel;
-        # "xla": plain XLA ops (any mesh); "auto": step on a single GPU, else xla.
+        # "step": decode_step.decode_hidden with the fused write+attend kernel (one device; "step_interpret"
+        # runs it on CPU for tests); "xla": the model's own forward (any mesh); "auto": step on one GPU, else xla.
         if decode_attention == "auto":
             single = mesh is None or mesh.devices.size == 1
             decode_attention = "step" if single and jax.default_backend() == "gpu" else "xla"
-        if decode_attention not in ("xla", "pallas", "pallas_interpret", "fused", "fused_interpret", "step",
-                                    "step_interpret", "steprope", "steprope_interpret"):
+        if decode_attention not in ("xla", "step", "step_interpret"):
             raise ValueError(f"Sampler: unknown decode_attention {decode_attention!r}")
         self.decode_attention = decode_attention
         self.length_buckets = tuple(sorted(length_buckets))
@@ -203,19 +198,6 @@ class Sampler:
     def _ctx(self):
         return contextlib.nullcontext() if self.mesh is None else use_mesh_rules(self.mesh, self.rules)
 
-    def _attention_ctx(self, cache_len: int):
-        if self.decode_attention == "xla" or self.decode_attention.startswith("step") or block_size(cache_len) is None:
-            return contextlib.nullcontext()
-        interpret = self.decode_attention.endswith("_interpret")
-        if self.decode_attention.startswith("fused"):
-            return use_decode_attention(functools.partial(write_and_attend, interpret=interpret))
-        attend = functools.partial(decode_attention, interpret=interpret)
-
-        def write_then_attend(q, k, v, cache, positions):
-            cache = cache.write(k, v, positions)
-            return attend(q, cache.k, cache.v, positions), cache
-        return use_decode_attention(write_then_attend)
-
     # ---- traced programs ---------------------------------------------------------------------------
     def _init_impl(self, batch: int, max_len: int) -> SamplerState:
         self._traces += 1
@@ -253,7 +235,7 @@ class Sampler:
     def _generate_impl(self, params, state: SamplerState, rng, budget, n: int, stop_tokens: tuple[int, ...],
                        sampling: SamplingConfig, max_new_tokens):
         self._traces += 1
-        with self._ctx(), self._attention_ctx(state.cache.max_len):
+        with self._ctx():
             model = self._model(params)
             b = state.lengths.shape[0]
             s = state.cache.max_len
@@ -266,8 +248,7 @@ class Sampler:
             def hidden(tok, positions, cache):  # [b], [b] -> h [b, 1, d]
                 if use_step:
                     h, cache = decode_step.decode_hidden(
-                        model, weights, tok, positions, cache, interpret=self.decode_attention.endswith("_interpret"),
-                        rope_in_kernel=self.decode_attention.startswith("steprope"))
+                        model, weights, tok, positions, cache, interpret=self.decode_attention.endswith("_interpret"))
                     return h[:, None], cache
                 return model.hidden(self._constrain(tok[:, None], ("batch", "length")), positions[:, None], cache)
 
