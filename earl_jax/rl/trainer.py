@@ -295,6 +295,7 @@ class Trainer:
         group_ids = np.repeat(np.arange(cfg.groups), cfg.group_size)
 
         n_dispatch = len(self.dispatcher.history)
+        t_start = time.perf_counter()
         traj, rollout_dispatch_s = self._rollout(self.envs, seeds, group_ids, rng, self.sampling)
         s = traj.stats
         arrays = self._batch_arrays(traj)
@@ -308,6 +309,8 @@ class Trainer:
         train_metrics = self.planner.run("train", lambda run: self._train(run, batch), rerun_after_success=False)
         t2 = time.perf_counter()
         self.step += 1
+        dispatch_s = rollout_dispatch_s + train_metrics.pop("dispatch_s")
+        iteration_s, n_dev = t2 - t_start, len(self.planner.devices)
 
         return {
             "step": self.step,
@@ -320,7 +323,14 @@ class Trainer:
             "rollout/tokens": s.tokens, "rollout/generated_tokens": s.generated_tokens,
             "rollout/env_frac": s.env_s / max(s.rollout_s, 1e-9),
             "time/rollout_s": s.rollout_s, "time/experience_s": t1 - t0, "time/train_s": t2 - t1,
-            "time/dispatch_s": rollout_dispatch_s + train_metrics.pop("dispatch_s"),
+            "time/dispatch_s": dispatch_s, "time/iteration_s": iteration_s,
+            # tokens per device per second (EARL's TGS): generated tokens in the rollout, the batch's real
+            # (unpadded) tokens in experience, train and the whole iteration
+            "throughput/rollout_tgs": s.generated_tokens / max(s.rollout_s, 1e-9) / n_dev,
+            "throughput/experience_tgs": s.tokens / max(t1 - t0, 1e-9) / n_dev,
+            "throughput/train_tgs": s.tokens * cfg.ppo_epochs / max(t2 - t1, 1e-9) / n_dev,
+            "throughput/iteration_tgs": s.tokens / max(iteration_s, 1e-9) / n_dev,
+            "dispatch/share": dispatch_s / max(iteration_s, 1e-9),
             "train/loss": train_metrics["loss"], "train/kl": train_metrics.get("kl", 0.0),
             "train/entropy": train_metrics.get("entropy", 0.0), "train/grad_norm": train_metrics["grad_norm"],
             "train/clip_frac": train_metrics.get("clip_frac", 0.0), "train/skipped": train_metrics["skipped"],
