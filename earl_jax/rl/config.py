@@ -43,6 +43,9 @@ class RLConfig:
     turn_tokens_schedule: str = _f("", "length curriculum: 'ITER:TOKENS,...' sets the per-turn token budget from "
                                        "iteration ITER on, e.g. '0:16,4:64,8:256' (empty: --max-turn-tokens throughout)")
     max_turns: int = _f(32, "max agent turns per game (then truncated)")
+    rollout_groups: int = _f(0, "groups of games that take turns on the device, so the host steps one group's games "
+                                "while the device decodes another's (0: auto = 2 on accelerators, 1 on CPU)")
+    compact_finished: bool = _f(True, "finished games leave the decode batch (gathered into a smaller batch bucket)")
     max_context: int = _f(2048, "max tokens per episode (then truncated, recorded)")
     temperature: float = _f(1.0, "sampling temperature during rollouts")
     top_k: int = _f(0, "top-k sampling (0: off)")
@@ -115,7 +118,7 @@ class RLConfig:
                      "ppo_epochs", "micro_batch_tokens", "logprob_chunk", "eval_games", "keep_checkpoints"):
             need(getattr(self, name) > 0, name, "must be positive")
         for name in ("warmup_steps", "format_warmup_steps", "eval_every", "checkpoint_every", "invalid_retries",
-                     "top_k", "max_minutes", "kl_coef", "entropy_coef", "weight_decay"):
+                     "rollout_groups", "top_k", "max_minutes", "kl_coef", "entropy_coef", "weight_decay"):
             need(getattr(self, name) >= 0, name, "must be >= 0")
         need(self.temperature > 0, "temperature", "must be > 0")
         need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")

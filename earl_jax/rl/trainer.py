@@ -30,7 +30,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from earl_jax.distributed import global_to_host, host_to_global
-from earl_jax.envs import EnvConfig, OpenSpielTextEnv
+from earl_jax.envs import EnvConfig
+from earl_jax.envs.vector import ObservationCodec, make_vector_env
 from earl_jax.models.config import ModelConfig, get_config
 from earl_jax.models.init import init_sharded
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
@@ -119,16 +120,18 @@ class Trainer:
         self.step = 0
         self._samplers: dict[MeshShape, Sampler] = {}  # one per rollout mesh: each keeps its compiled programs
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
-        self.rollout_cfg = RolloutConfig(cfg.max_turn_tokens, cfg.max_turns, cfg.max_context)
+        self.rollout_cfg = RolloutConfig(cfg.max_turn_tokens, cfg.max_turns, cfg.max_context,
+                                         compact=cfg.compact_finished)
         env_cfg = EnvConfig(game=cfg.game, opponent=cfg.opponent, agent_player=cfg.agent_player,
                             prompt_style=cfg.prompt_style, max_retries=cfg.invalid_retries,
                             win_reward=cfg.win_reward, loss_reward=cfg.loss_reward, draw_reward=cfg.draw_reward,
                             invalid_reward=cfg.invalid_reward, retry_reward=cfg.retry_reward)
         self.env_cfg = env_cfg
-        make_env = env_factory or OpenSpielTextEnv
-        self.envs = [make_env(env_cfg) for _ in range(cfg.batch_size)]
-        self.eval_envs = {o: [make_env(dataclasses.replace(env_cfg, opponent=o))
-                              for _ in range(cfg.eval_games)] for o in cfg.eval_opponents}
+        # every game of a batch stepped in one call (batched rules for Connect Four / Tic-Tac-Toe)
+        self.env = make_vector_env(env_cfg, cfg.batch_size, env_factory)
+        self.eval_envs = {o: make_vector_env(dataclasses.replace(env_cfg, opponent=o), cfg.eval_games, env_factory)
+                          for o in cfg.eval_opponents}
+        self.codec = ObservationCodec(self.tokenizer)
 
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep=cfg.keep_checkpoints)
         if cfg.resume:
@@ -172,11 +175,11 @@ class Trainer:
         return self.dispatcher(params, run.shardings(params))
 
     # ---------------------------------------------------------------- stages
-    def _rollout(self, envs, seeds, group_ids, rng, sampling: SamplingConfig) -> tuple[Trajectories, float]:
-        """Play one game per env on the planned rollout layout; returns the episodes and the weights' dispatch time."""
+    def _rollout(self, env, seeds, group_ids, rng, sampling: SamplingConfig) -> tuple[Trajectories, float]:
+        """Play one game per row of `env` on the planned rollout layout; returns the episodes and the weights'
+        dispatch time."""
         turn_tokens = self.cfg.turn_tokens(self.step)
         stops = (self.ids.eos_id,) if self.cfg.stop_at_eos else ()
-        rollout_cfg = dataclasses.replace(self.rollout_cfg, max_turn_tokens=turn_tokens)
 
         def rollout(run: StageRun) -> tuple[Trajectories, float]:
             t0 = time.perf_counter()
@@ -187,11 +190,24 @@ class Trainer:
             if sampler is None:
                 sampler = self._samplers[run.layout.mesh] = Sampler(self.graphdef, self.model_cfg, mesh=run.mesh,
                                                                      rules=run.rules)
-            policy = SamplerPolicy(sampler, params, sampling, stops, turn_tokens)
-            traj = play_games(policy, envs, self.tokenizer, rollout_cfg, rng, seeds, group_ids, bos_id=self.ids.bos_id)
+            groups = self._pipeline_groups(len(seeds), run.batch_shards)
+            policies = [SamplerPolicy(sampler, params, sampling, stops, turn_tokens) for _ in range(groups)]
+            rollout_cfg = dataclasses.replace(self.rollout_cfg, max_turn_tokens=turn_tokens, pipeline_groups=groups,
+                                              min_batch=run.batch_shards)
+            traj = play_games(policies, env, self.tokenizer, rollout_cfg, rng, seeds, group_ids, bos_id=self.ids.bos_id,
+                              codec=self.codec)
             return traj, dispatch_s
 
         return self.planner.run("rollout", rollout)
+
+    def _pipeline_groups(self, games: int, shards: int) -> int:
+        """Groups of games that take turns on the device (each a multiple of the data shards), so the host
+        steps one group while the device decodes another. auto (0): 2 on accelerators, 1 on CPU, where the
+        host and the 'device' share the cores."""
+        want = self.cfg.rollout_groups or (1 if jax.default_backend() == "cpu" else 2)
+        while want > 1 and games % (want * shards):
+            want -= 1
+        return want
 
     def _batch_arrays(self, traj: Trajectories) -> dict[str, np.ndarray]:
         width = _batch_width(traj.tokens.shape[1])
@@ -250,9 +266,10 @@ class Trainer:
         opt_state = None
         metrics = {}
         for i in range(cfg.format_warmup_steps):
-            seeds = [10_000_000 + i * len(self.envs) + j for j in range(len(self.envs))]
-            tokens, mask = random_legal_games(self.envs, self.tokenizer, seeds, rng, eos_id=self.ids.eos_id,
-                                              bos_id=self.ids.bos_id, max_context=cfg.max_context)
+            seeds = [10_000_000 + i * cfg.batch_size + j for j in range(cfg.batch_size)]
+            tokens, mask = random_legal_games(self.env, self.tokenizer, seeds, rng, eos_id=self.ids.eos_id,
+                                              bos_id=self.ids.bos_id, max_context=cfg.max_context,
+                                              max_turns=cfg.max_turns, codec=self.codec)
             width = _batch_width(tokens.shape[1])
             arrays = {"tokens": _pad_cols(tokens, width), "loss_mask": _pad_cols(mask, width)}
             if i == 0:  # one plan for the warm-up (its games are all alike), not fed to the selector's smoothing
@@ -277,9 +294,9 @@ class Trainer:
         """Greedy games against each evaluation opponent (fixed seeds, so evaluations are comparable)."""
         out: dict[str, float] = {}
         greedy = SamplingConfig(greedy=True)
-        for name, envs in self.eval_envs.items():
-            seeds = [20_000_000 + i for i in range(len(envs))]
-            traj, _ = self._rollout(envs, seeds, None, jax.random.key(0), greedy)
+        for name, env in self.eval_envs.items():
+            seeds = [20_000_000 + i for i in range(env.num_games)]
+            traj, _ = self._rollout(env, seeds, None, jax.random.key(0), greedy)
             prefix = "eval" if name == self.cfg.eval_opponents[0] else f"eval_{name}"
             for k in ("win_rate", "draw_rate", "loss_rate", "invalid_rate"):
                 out[f"{prefix}/{k}"] = getattr(traj.stats, k)
@@ -296,7 +313,7 @@ class Trainer:
 
         n_dispatch = len(self.dispatcher.history)
         t_start = time.perf_counter()
-        traj, rollout_dispatch_s = self._rollout(self.envs, seeds, group_ids, rng, self.sampling)
+        traj, rollout_dispatch_s = self._rollout(self.env, seeds, group_ids, rng, self.sampling)
         s = traj.stats
         arrays = self._batch_arrays(traj)
         # Experience and train are planned for the batch they process; the OOM fallback may still change them.
@@ -322,6 +339,8 @@ class Trainer:
             "rollout/turn_context_len_mean": s.turn_context_len_mean,
             "rollout/tokens": s.tokens, "rollout/generated_tokens": s.generated_tokens,
             "rollout/env_frac": s.env_s / max(s.rollout_s, 1e-9),
+            "rollout/wait_frac": s.wait_s / max(s.rollout_s, 1e-9),
+            "rollout/decode_rows": s.decode_rows,
             "time/rollout_s": s.rollout_s, "time/experience_s": t1 - t0, "time/train_s": t2 - t1,
             "time/dispatch_s": dispatch_s, "time/iteration_s": iteration_s,
             # tokens per device per second (EARL's TGS): generated tokens in the rollout, the batch's real

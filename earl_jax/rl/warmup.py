@@ -1,9 +1,10 @@
 """The format warm-up's data: games of uniformly random legal moves, generated straight from the rules.
 
-Each game is played by reading the environment's own `info["legal_actions"]` (never by parsing the prompt
-text) and answering with the move's canonical text and the end token, exactly as the agent loop would
-tokenize a policy's answers. No model and no sampling loop run, so a warm-up batch costs only the game
-steps. The warm-up teaches the answer format (a legal move number, then the end token), not the game.
+Each game is played by reading the environment's own legal moves (`VectorStep.legal`, or the per-game
+envs' `info["legal_actions"]`; never by parsing the prompt text) and answering with the move's text and
+the end token, exactly as the agent loop tokenizes a policy's answers. No model and no sampling loop run,
+so a warm-up batch costs only the batched game steps. The warm-up teaches the answer format (a legal move
+number, then the end token), not the game.
 """
 
 from __future__ import annotations
@@ -14,39 +15,68 @@ import numpy as np
 import tokenizers
 from jaxtyping import Bool, Int
 
+from earl_jax.envs.vector import ObservationCodec
+from earl_jax.rollout.agent_loop import _Episodes
 
-def random_legal_games(envs: Sequence[Any], tokenizer: tokenizers.Tokenizer, seeds: Sequence[int],
-                       rng: np.random.Generator, *, eos_id: int, bos_id: int | None, max_context: int
-                       ) -> tuple[Int[np.ndarray, "n t"], Bool[np.ndarray, "n t"]]:
-    """One game per env: token ids (right-padded with 0) and a mask on the answer tokens."""
-    rows, masks = [], []
-    for env, seed in zip(envs, seeds):
-        obs, info = env.reset(seed=int(seed))
-        toks = ([bos_id] if bos_id is not None else []) + tokenizer.encode(obs).ids
-        mask = [False] * len(toks)
-        while True:
-            legal = info.get("legal_actions")
-            if not legal:
-                raise ValueError(f"format warm-up: {type(env).__name__} gives no info['legal_actions'] to draw "
-                                 "random legal moves from; pass --format-warmup-steps 0 for such environments")
-            move = legal[int(rng.integers(len(legal)))]
-            text = env.canonical_action_text(move) if hasattr(env, "canonical_action_text") else str(move)
-            answer = tokenizer.encode(text, add_special_tokens=False).ids + [eos_id]
-            if len(toks) + len(answer) > max_context:
-                break
-            toks += answer
-            mask += [True] * len(answer)
-            obs, _, terminated, truncated, info = env.step(text)
-            if terminated or truncated:
-                break
-            obs_ids = tokenizer.encode(obs).ids
-            if len(toks) + len(obs_ids) + 1 > max_context:  # no room for another answer
-                break
-            toks += obs_ids
-            mask += [False] * len(obs_ids)
-        rows.append(toks)
-        masks.append(mask)
-    width = max(len(r) for r in rows)
-    tokens = np.array([r + [0] * (width - len(r)) for r in rows], np.int32)
-    loss_mask = np.array([m + [False] * (width - len(m)) for m in masks], bool)
-    return tokens, loss_mask
+
+def _legal_moves(step) -> list[list[int]]:
+    if step.legal is not None:
+        return [np.flatnonzero(row).tolist() for row in step.legal]
+    return [info.get("legal_actions") or [] for info in step.infos()]
+
+
+def random_legal_games(env: Any, tokenizer: tokenizers.Tokenizer, seeds: Sequence[int], rng: np.random.Generator, *,
+                       eos_id: int, bos_id: int | None, max_context: int, max_turns: int = 64,
+                       codec: ObservationCodec | None = None) -> tuple[Int[np.ndarray, "n t"], Bool[np.ndarray, "n t"]]:
+    """One game per row of the vector env `env`: token ids (right-padded with 0) and a mask on the answers."""
+    codec = codec or ObservationCodec(tokenizer)
+    n = len(seeds)
+    ep = _Episodes(n, max_context, max_turns)
+    step = env.reset(list(map(int, seeds)))
+    ids, counts = codec.encode_padded(step.obs)
+    if bos_id is not None:
+        ids, counts = np.concatenate([np.full((n, 1), bos_id, np.int32), ids], 1), counts + 1
+    ep.append(np.arange(n), ids, counts, False)
+    live = ~(step.terminated | step.truncated)
+    for _ in range(max_turns):
+        rows = np.flatnonzero(live)
+        if not len(rows):
+            break
+        legal = _legal_moves(step) if len(step.rows) == len(rows) else None
+        if legal is None or any(not m for m in legal):
+            raise ValueError(f"format warm-up: {type(env).__name__} gives no legal moves to draw from; pass "
+                             "--format-warmup-steps 0 for such environments")
+        moves = np.array([m[int(rng.integers(len(m)))] for m in legal], np.int64)
+        texts = [str(m) for m in moves.tolist()]
+        answers = [e.ids + [eos_id] for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+        width = max(map(len, answers))
+        fits = ep.length[rows] + np.array([len(a) for a in answers]) <= max_context
+        live[rows[~fits]] = False
+        rows, answers, moves, texts = rows[fits], [a for a, f in zip(answers, fits) if f], moves[fits], \
+            [t for t, f in zip(texts, fits) if f]
+        if not len(rows):
+            break
+        padded = np.array([a + [0] * (width - len(a)) for a in answers], np.int32)
+        ep.append(rows, padded, [len(a) for a in answers], True)
+        step = env.step(rows, moves=moves) if getattr(env, "accepts_moves", False) else env.step(rows, texts)
+        going = ~(step.terminated | step.truncated)
+        live[rows[~going]] = False
+        step = _subset(step, going)
+        ids, counts = codec.encode_padded(step.obs) if going.any() else (np.zeros((0, 0), np.int32), np.zeros(0))
+        room = ep.length[rows[going]] + counts + 1 <= max_context  # room for another answer
+        live[rows[going][~room]] = False
+        ep.append(rows[going][room], ids[room], counts[room], False)
+        step = _subset(step, room)
+    width = int(ep.length.max())
+    return ep.tokens[:, :width], ep.mask[:, :width]
+
+
+def _subset(step, keep: np.ndarray):
+    """The entries of a VectorStep where `keep` is True (what the next turn reads: obs, legal moves)."""
+    import dataclasses
+
+    infos = step._infos
+    return dataclasses.replace(
+        step, rows=step.rows[keep], obs=[o for o, k in zip(step.obs, keep.tolist()) if k],
+        legal=None if step.legal is None else step.legal[keep],
+        _infos=None if infos is None else [i for i, k in zip(infos, keep.tolist()) if k])

@@ -115,6 +115,7 @@ class Sampler:
         self._traces = 0
         self._init = jax.jit(self._init_impl, static_argnums=(0, 1))
         self._grow = jax.jit(self._grow_impl, static_argnums=(1,))
+        self._take = jax.jit(self._take_impl, static_argnums=(2,), donate_argnums=(0,))
         # XLA options for the extend / generate programs only (e.g. {"xla_gpu_enable_triton_gemm": False}).
         opts = dict(compiler_options) if compiler_options else None
         self._extend = jax.jit(self._extend_impl, donate_argnums=(1,), compiler_options=opts)
@@ -137,6 +138,17 @@ class Sampler:
             return state
         return self._grow(state, bucket(needed_len, self.cache_buckets))
 
+    def take_rows(self, state: SamplerState, rows, batch: int) -> SamplerState:
+        """A state of `batch` rows holding `state`'s rows `rows` in that order (then empty rows): finished
+        games leave the decode batch. `state` is donated."""
+        rows = np.asarray(rows, np.int32)
+        if len(rows) > batch:
+            raise ValueError(f"take_rows: {len(rows)} rows do not fit a batch of {batch}")
+        idx = np.zeros(batch, np.int32)
+        idx[:len(rows)] = rows
+        valid = np.arange(batch) < len(rows)
+        return self._take(state, self._put(idx, ("batch",)), batch, self._put(valid, ("batch",)))
+
     def extend(self, params: nnx.State, state: SamplerState, tokens, num_new) -> SamplerState:
         """Append row b's first num_new[b] tokens at positions lengths[b]...; rows with num_new == 0 are
         unchanged. Updates next_logits of the extended rows. Prefill == extend on an empty state.
@@ -154,16 +166,23 @@ class Sampler:
         return self._extend(params, state, self._put(tokens, ("batch", "length")), self._put(num_new, ("batch",)))
 
     def generate(self, params: nnx.State, state: SamplerState, rng: jax.Array, *, max_new_tokens: int,
-                 budget, stop_tokens: tuple[int, ...] = (), sampling: SamplingConfig = SamplingConfig()
-                 ) -> tuple[SamplerState, Generation]:
+                 budget, stop_tokens: tuple[int, ...] = (), sampling: SamplingConfig = SamplingConfig(),
+                 row_ids=None) -> tuple[SamplerState, Generation]:
         """Decode up to min(budget[b], max_new_tokens, free cache slots) tokens per row, lock-step, in
         one jitted while_loop. A row ends at a stop token (fed into the cache and counted) or its budget;
-        rows with budget 0 and finished rows do not advance. `state` is donated."""
+        rows with budget 0 and finished rows do not advance. `state` is donated.
+
+        With `row_ids` ([b] ints, e.g. game ids) row r draws its tokens from fold_in(rng, row_ids[r]) alone,
+        so what a row samples does not depend on which rows share its batch, or where it sits in it
+        (compaction, pipelined halves); without, the batch draws from `rng` as a whole. Asynchronous: the
+        returned arrays are device arrays still being computed."""
         budget = self._put(np.broadcast_to(np.asarray(budget, np.int32), (state.batch_size,)), ("batch",))
         n_bucket = bucket(max(int(max_new_tokens), 1), self.length_buckets)
         stop_tokens = tuple(int(s) for s in stop_tokens)
+        if row_ids is not None:
+            row_ids = self._put(np.asarray(row_ids, np.int32), ("batch",))
         state, gen = self._generate(params, state, rng, budget, n_bucket, stop_tokens, sampling,
-                                    jnp.int32(max_new_tokens))
+                                    jnp.int32(max_new_tokens), row_ids)
         if n_bucket != max_new_tokens:
             gen = Generation(gen.tokens[:, :max_new_tokens], gen.logprobs[:, :max_new_tokens],
                              gen.num_tokens, gen.stopped)
@@ -215,6 +234,14 @@ class Sampler:
             cache = KVCache(tuple(LayerCache(grow(l.k), grow(l.v)) for l in state.cache.layers))
             return self._constrain_state(SamplerState(cache, state.lengths, state.next_logits))
 
+    def _take_impl(self, state: SamplerState, idx, batch: int, valid) -> SamplerState:
+        self._traces += 1
+        with self._ctx():
+            cache = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), state.cache)
+            lengths = jnp.where(valid, jnp.take(state.lengths, idx), 0)
+            logits = jnp.where(valid[:, None], jnp.take(state.next_logits, idx, axis=0), 0.0)
+            return self._constrain_state(SamplerState(cache, lengths, logits))
+
     def _extend_impl(self, params, state: SamplerState, tokens, num_new) -> SamplerState:
         self._traces += 1
         with self._ctx():
@@ -233,7 +260,7 @@ class Sampler:
             return self._constrain_state(SamplerState(cache, state.lengths + num_new, next_logits))
 
     def _generate_impl(self, params, state: SamplerState, rng, budget, n: int, stop_tokens: tuple[int, ...],
-                       sampling: SamplingConfig, max_new_tokens):
+                       sampling: SamplingConfig, max_new_tokens, row_ids):
         self._traces += 1
         with self._ctx():
             model = self._model(params)
@@ -244,6 +271,15 @@ class Sampler:
             stops = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
             use_step = self.decode_attention.startswith("step") and block_size(s) is not None
             weights = decode_step.prepare(model) if use_step else None
+            if row_ids is not None:  # each row's own stream: draw i of row r is fold_in(fold_in(rng, id_r), i)
+                row_keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(row_ids)
+
+            def draw(rng, i):
+                """(the key(s) for draw i, the carried rng)."""
+                if row_ids is None:
+                    rng, key = jax.random.split(rng)
+                    return key, rng
+                return jax.vmap(lambda k: jax.random.fold_in(k, i))(row_keys), rng
 
             def hidden(tok, positions, cache):  # [b], [b] -> h [b, 1, d]
                 if use_step:
@@ -268,7 +304,7 @@ class Sampler:
                 hit = active & jnp.any(tok[:, None] == stops[None], axis=-1) & bool(stop_tokens)
                 stopped = stopped | hit
                 done = done | hit | (num >= limit)
-                rng, key = jax.random.split(rng)
+                key, rng = draw(rng, step + 1)
                 tok, lp = sample_logits(key, model.logits(h)[:, 0], sampling)
                 return step + 1, cache, lengths, h_last, rng, tok, lp, toks, lps, num, stopped, done
 
@@ -281,7 +317,7 @@ class Sampler:
                     c = step_fn(c)
                 return c
 
-            rng, key = jax.random.split(rng)
+            key, rng = draw(rng, 0)
             tok, lp = sample_logits(key, state.next_logits, sampling)
             width = n + k_steps - 1  # room for the unrolled steps past n (sliced off below)
             toks = self._constrain(jnp.full((b, width), PAD_TOKEN, jnp.int32), ("batch", None))
