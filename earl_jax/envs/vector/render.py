@@ -1,0 +1,110 @@
+"""Observation text for a batch of preset-game boards: the strings `text.format_observation` writes.
+
+Boards are rendered for the whole batch in one pass over a byte array (cell -> 'X'/'O'/'.' by the
+agent's seat, newlines and chat-style spaces from a fixed template), then cut into one string per
+game. The common observation (the opponent's reply, the board, the legal moves) is assembled here
+from cached pieces; every rarer text (first observations, results, retries, forfeits) comes from
+`format_observation` itself, so the vector env cannot drift from the reference in those.
+"""
+from __future__ import annotations
+
+import numpy as np
+from jaxtyping import Bool, Int, Int8, UInt8
+
+from earl_jax.envs.text import AGENT, EMPTY, OPPONENT, GameText, _moves_line, format_observation
+
+# [agent_player, cell code] -> what the agent sees: cell codes are 0 empty, 1 player 0, 2 player 1.
+_CHARS = np.array([[ord(EMPTY), ord(AGENT), ord(OPPONENT)], [ord(EMPTY), ord(OPPONENT), ord(AGENT)]], np.uint8)
+_VALUES = np.array([[0, 1, -1], [0, -1, 1]], np.int8)
+
+
+class BoardRenderer:
+    """Text and int8 views of n boards of one preset game, in one prompt style."""
+
+    def __init__(self, gt: GameText, prompt_style: str):
+        if not gt.is_preset:
+            raise ValueError(f"{gt.name!r} is not a preset game: its text is OpenSpiel's str(state)")
+        self.gt, self.style = gt, prompt_style
+        self.rows, self.cols = gt.board_shape
+        codes = np.arange(1 << gt.num_actions)
+        legal_sets = [tuple(int(a) for a in np.flatnonzero((c >> np.arange(gt.num_actions)) & 1)) for c in codes]
+        chat = prompt_style == "chat"
+        # What follows the board in a normal turn, per legal set (bit a of the code: action a legal).
+        self.moves_lines = [_moves_line(gt, "chat" if chat else "compact", legal) for legal in legal_sets]
+        # After an invalid answer with retries left: the whole observation, per legal set.
+        self.retry_texts = [
+            format_observation(gt, prompt_style, board=None, legal_actions=list(legal), invalid=True)
+            for legal in legal_sets
+        ]
+        self.forfeit_text = format_observation(gt, prompt_style, board=None, legal_actions=None, invalid=True,
+                                               result="loss")
+        noun = gt.move_noun
+        self.opponent_lines = [
+            f"Your opponent played {noun} {gt.action_text(a)}.\n" if chat else f"opp {gt.action_text(a)}\n"
+            for a in range(gt.num_actions)
+        ]
+        self._row_width = 2 * self.cols if chat else self.cols + 1  # "X . O\n" or "X.O\n"
+        self._labels = (gt.cell_labels + "\n") if chat and gt.cell_labels else ""
+
+    # ---- boards --------------------------------------------------------------------------------
+    def values(self, cells: UInt8[np.ndarray, "n c"], agent_player: Int[np.ndarray, " n"]) -> Int8[np.ndarray, "n h w"]:
+        """info["board"]: +1 agent, -1 opponent, 0 empty, top row first."""
+        return _VALUES[agent_player[:, None], cells].reshape(-1, self.rows, self.cols)
+
+    def board_texts(self, cells: UInt8[np.ndarray, "n c"], agent_player: Int[np.ndarray, " n"]) -> list[str]:
+        """`GameText.board_text`: rows joined by newlines, no trailing newline (compact form)."""
+        width = self.cols + 1
+        return [s[:-1] for s in self._cut(self._compact_bytes(cells, agent_player), width * self.rows)]
+
+    def blocks(self, cells: UInt8[np.ndarray, "n c"], agent_player: Int[np.ndarray, " n"]) -> list[str]:
+        """The board as an observation prints it in this style, with its closing newline."""
+        if self.style != "chat":
+            return self._cut(self._compact_bytes(cells, agent_player), (self.cols + 1) * self.rows)
+        n = len(cells)
+        out = np.full((n, self.rows, 2 * self.cols), ord(" "), np.uint8)
+        out[:, :, 0::2] = _CHARS[agent_player[:, None], cells].reshape(n, self.rows, self.cols)
+        out[:, :, -1] = ord("\n")
+        boards = self._cut(out, 2 * self.cols * self.rows)
+        return [b + self._labels for b in boards] if self._labels else boards
+
+    def _compact_bytes(self, cells, agent_player) -> UInt8[np.ndarray, "n h w1"]:
+        n = len(cells)
+        out = np.empty((n, self.rows, self.cols + 1), np.uint8)
+        out[:, :, :-1] = _CHARS[agent_player[:, None], cells].reshape(n, self.rows, self.cols)
+        out[:, :, -1] = ord("\n")
+        return out
+
+    @staticmethod
+    def _cut(buffer: np.ndarray, width: int) -> list[str]:
+        """One decode for the batch, then fixed-width slices: cheaper than n small decodes."""
+        text = buffer.tobytes().decode("ascii")
+        return [text[i:i + width] for i in range(0, len(text), width)]
+
+    # ---- observations ---------------------------------------------------------------------------
+    def turn_texts(self, cells, agent_player, opponent_action: Int[np.ndarray, " n"],
+                   legal_code: Int[np.ndarray, " n"]) -> list[str]:
+        """Observations of games still running after a valid move and the opponent's reply."""
+        opp = [self.opponent_lines[a] for a in opponent_action.tolist()]
+        if self.style == "minimal":  # the board once at the start, then only the reply
+            return [line + "> " for line in opp]
+        boards = self.blocks(cells, agent_player)
+        moves = self.moves_lines
+        return [o + b + moves[c] for o, b, c in zip(opp, boards, legal_code.tolist())]
+
+    def retry_obs(self, legal_code: Int[np.ndarray, " n"]) -> list[str]:
+        return [self.retry_texts[c] for c in legal_code.tolist()]
+
+    def texts(self, cells, agent_player, legal: Bool[np.ndarray, "n a"], opponent_action: Int[np.ndarray, " n"],
+              results: list[str | None], first: bool) -> list[str]:
+        """Any observation through `format_observation` (first observations, results): one call a game."""
+        boards = self.board_texts(cells, agent_player)
+        out = []
+        for k, board in enumerate(boards):
+            opp = int(opponent_action[k])
+            out.append(format_observation(
+                self.gt, self.style, board=board,
+                legal_actions=None if results[k] is not None else np.flatnonzero(legal[k]).tolist(),
+                opponent_action=None if opp < 0 else opp, result=results[k], first=first,
+                agent_player=int(agent_player[k]),
+            ))
+        return out
