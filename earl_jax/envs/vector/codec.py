@@ -1,11 +1,11 @@
 """Observation text -> token ids and answer token ids -> moves, for a whole batch.
 
 With the built-in character-level game tokenizer (`models.tokenizer.game_tokenizer`: one token per
-character, nothing added, Fuse decoder) a token id is a table lookup per byte, so encoding 512
-observations is one `join`, one `frombuffer` and one gather instead of 512 tokenizer calls (~50 us
-each). The fast path is taken only when the tokenizer's own definition says it is that tokenizer
+character, nothing added, Fuse decoder) a token id is a table lookup per byte: `bytes.translate`
+turns a whole observation into its ids in C, instead of a tokenizer call (~50 us per observation).
+The fast path is taken only when the tokenizer's own definition says it is that kind of tokenizer
 and a probe of every character round-trips; a text it cannot vouch for (non-ASCII, a character
-outside the vocabulary, the first character of a special token such as "<eos>") goes through the
+outside the vocabulary, the first character of an added token such as "<eos>") goes through the
 tokenizer itself. Any other tokenizer: `encode_batch` / `decode_batch` throughout.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ from earl_jax.envs.parser import parse_action
 from earl_jax.envs.vector.parser import _pad, parse_actions, parse_bytes
 
 _SKIP, _OTHER = -1, -2  # id -> byte table: a special token (decode drops it), anything else not one byte
+_NOT_FAST = 255  # byte -> id table: a character the table does not vouch for (no character's id is 255)
 
 
 class ObservationCodec:
@@ -31,22 +32,33 @@ class ObservationCodec:
     def __init__(self, tokenizer: tokenizers.Tokenizer):
         self.tokenizer = tokenizer
         tables = _char_tables(tokenizer)
-        self.fast = tables is not None
-        self._char_ids, self._id_bytes = tables if tables is not None else (None, None)
+        self.fast = tables is not None  # the character-level game tokenizer: table lookups
+        if self.fast:
+            char_ids, self._id_bytes = tables
+            self._byte_table = bytes(np.where(char_ids >= 0, char_ids, _NOT_FAST).tolist())  # for bytes.translate
 
     # ---- observations -> ids -------------------------------------------------------------------
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        ids, starts, lengths, slow = self._encode_flat(texts)
-        flat = ids.tolist()
-        out = [flat[s:s + n] for s, n in zip(starts.tolist(), lengths.tolist())]
+        if not self.fast:
+            return self._tokenizer_encode(list(texts))
+        table = self._byte_table
+        if self._all_fast(texts):  # the common case: one C-level translate per text, no checks
+            return [list(t.encode("ascii").translate(table)) for t in texts]
+        slow = self._slow_rows(texts)
+        out = [list(t.encode("ascii", "replace").translate(table)) for t in texts]
         for k, enc in zip(slow, self._tokenizer_encode([texts[k] for k in slow])):
             out[k] = enc
         return out
 
     def encode_padded(self, texts: Sequence[str], pad_id: int = 0) -> tuple[Int[np.ndarray, "n t"], Int[np.ndarray, " n"]]:
         """Right-padded ids (int32) and each row's length: no Python list per row."""
-        ids, _, lengths, slow = self._encode_flat(texts)
+        lengths = _text_lengths(texts)
+        if not self.fast:
+            slow = list(range(len(texts)))
+        else:
+            slow = [] if self._all_fast(texts) else self._slow_rows(texts)
         slow_ids = self._tokenizer_encode([texts[k] for k in slow])
+        char_lengths = lengths.copy()
         for k, enc in zip(slow, slow_ids):
             lengths[k] = len(enc)
         width = int(lengths.max(initial=0))
@@ -54,30 +66,24 @@ class ObservationCodec:
         if self.fast:
             fast = np.ones(len(texts), bool)
             fast[slow] = False
-            out[(np.arange(width) < lengths[:, None]) & fast[:, None]] = ids[np.repeat(fast, _text_lengths(texts))]
+            data = "".join(texts).encode("ascii", "replace").translate(self._byte_table)
+            ids = np.frombuffer(data, np.uint8)[np.repeat(fast, char_lengths)]
+            out[(np.arange(width) < lengths[:, None]) & fast[:, None]] = ids
         for k, enc in zip(slow, slow_ids):
             out[k, :len(enc)] = enc
         return out, lengths
 
-    def _encode_flat(self, texts):
-        """(ids of all fast texts back to back, start of each text, lengths, indices of texts to tokenize)."""
-        lengths = _text_lengths(texts)
-        starts = np.cumsum(lengths) - lengths
-        if not self.fast:
-            return np.zeros(0, np.int32), starts, lengths, list(range(len(texts)))
+    def _all_fast(self, texts) -> bool:
         joined = "".join(texts)
-        ascii_ok = np.ones(len(texts), bool) if joined.isascii() else np.array([t.isascii() for t in texts], bool)
-        data = joined.encode("ascii", "replace")  # '?' per non-ASCII char keeps offsets; those rows are redone
-        ids = self._char_ids[np.frombuffer(data, np.uint8)]
-        bad = np.flatnonzero(ids < 0)
-        if len(bad):  # a character the table cannot vouch for: its text goes to the tokenizer
-            ascii_ok[np.searchsorted(starts + lengths, bad, side="right")] = False
-        return ids, starts, lengths, np.flatnonzero(~ascii_ok).tolist()
+        return joined.isascii() and _NOT_FAST not in joined.encode("ascii").translate(self._byte_table)
+
+    def _slow_rows(self, texts) -> list[int]:
+        """Texts the table cannot vouch for (non-ASCII, a character outside it): they go to the tokenizer."""
+        table = self._byte_table
+        return [k for k, t in enumerate(texts) if not t.isascii() or _NOT_FAST in t.encode("ascii").translate(table)]
 
     def _tokenizer_encode(self, texts: list[str]) -> list[list[int]]:
-        if not texts:
-            return []
-        return [e.ids for e in self.tokenizer.encode_batch(texts)]
+        return [e.ids for e in self.tokenizer.encode_batch(texts)] if texts else []
 
     # ---- answer ids -> text, moves ----------------------------------------------------------------
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
@@ -103,17 +109,22 @@ class ObservationCodec:
         return moves
 
     def _answer_bytes(self, ids):
-        """(bytes of every fast row's kept tokens back to back, kept count per row, rows to decode slowly)."""
+        """(characters of the fast rows' tokens back to back, specials dropped; count per row; slow rows)."""
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
         flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum()))
-        row = np.repeat(np.arange(len(ids)), lengths)
-        known = (flat >= 0) & (flat < len(self._id_bytes))
-        byte = np.where(known, self._id_bytes[np.where(known, flat, 0)], _OTHER)
-        slow_rows = np.unique(row[byte == _OTHER])
+        table = self._id_bytes
+        known = (flat >= 0) & (flat < len(table))
+        byte = table[np.where(known, flat, 0)]
+        other = ~known | (byte == _OTHER)
         keep = byte >= 0
-        keep[np.isin(row, slow_rows)] = False
+        if keep.all():  # no special token, nothing unknown: every row as it is
+            return byte.astype(np.uint8), lengths, []
+        row = np.repeat(np.arange(len(ids)), lengths)
+        slow = np.zeros(len(ids), bool)
+        slow[row[other]] = True  # an id the table cannot vouch for: decode that row with the tokenizer
+        keep &= ~slow[row]
         kept = np.bincount(row[keep], minlength=len(ids))
-        return byte[keep].astype(np.uint8), kept, slow_rows.tolist()
+        return byte[keep].astype(np.uint8), kept, np.flatnonzero(slow).tolist()
 
 
 def _text_lengths(texts) -> Int[np.ndarray, " n"]:
@@ -135,20 +146,19 @@ def _char_tables(tok: tokenizers.Tokenizer):
     char_ids = np.full(256, -1, np.int64)
     id_bytes = np.full(max(vocab.values()) + 1, _OTHER, np.int64)
     for token, i in vocab.items():
-        if len(token) == 1 and token.isascii():
+        if len(token) == 1 and token.isascii() and i < _NOT_FAST:  # ids must fit the bytes.translate table
             char_ids[ord(token)] = i
             id_bytes[i] = ord(token)
     for a in added:
-        if a.get("content"):
-            char_ids[ord(a["content"][0])] = -1  # "<eos>" in a text is the special token: let the tokenizer see it
-        if a.get("special"):
-            id_bytes[a["id"]] = _SKIP
-        elif len(a.get("content", "")) != 1:
-            id_bytes[a["id"]] = _OTHER
+        content = a.get("content") or ""
+        if content[:1].isascii() and content:
+            char_ids[ord(content[0])] = -1  # "<eos>" in a text is the special token: let the tokenizer see it
+        id_bytes[a["id"]] = _SKIP if a.get("special") else (ord(content) if len(content) == 1 and content.isascii()
+                                                             and a["id"] < _NOT_FAST else _OTHER)
     # Trust, but check: every table entry must round-trip through the tokenizer itself.
     chars = "".join(chr(c) for c in np.flatnonzero(char_ids >= 0))
     probe = chars + chars[::-1]
-    if tok.encode(probe).ids != char_ids[np.frombuffer(probe.encode("ascii"), np.uint8)].tolist():
+    if not chars or tok.encode(probe).ids != char_ids[np.frombuffer(probe.encode("ascii"), np.uint8)].tolist():
         return None
     byte_ids = np.flatnonzero(id_bytes >= 0).tolist()
     if tok.decode(byte_ids, skip_special_tokens=True) != "".join(chr(id_bytes[i]) for i in byte_ids):

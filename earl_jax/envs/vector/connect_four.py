@@ -60,6 +60,12 @@ def is_full(stones: UInt64[np.ndarray, "n 2"]) -> Bool[np.ndarray, " n"]:
     return (stones[:, 0] | stones[:, 1]) == BOARD
 
 
+def print_index(bits: UInt64[np.ndarray, " n"]) -> Int[np.ndarray, " n"]:
+    """Where single-stone bitboards sit on the printed board (top row first): the inverse of PRINT_BITS."""
+    i = np.bitwise_count(bits - _U(1)).astype(np.int64)  # the bit's index
+    return (ROWS - 1 - i % H1) * COLS + i // H1
+
+
 def cells(stones: UInt64[np.ndarray, "n 2"]) -> UInt8[np.ndarray, "n 42"]:
     """The printed board, top row first: 0 empty, 1 player 0 ('x'), 2 player 1 ('o')."""
     p0 = (stones[:, 0, None] >> PRINT_BITS) & _U(1)

@@ -72,7 +72,11 @@ class VectorTextEnv:
         self.renderer = BoardRenderer(self.text, cfg.prompt_style)
         self._pyspiel_game = reference.game
         self._draw_agent = cfg.agent_player is None
+        # Indexed by winner code: agent, opponent, draw, then NO_WINNER (-1): a game that goes on.
+        self._rewards = np.array([cfg.win_reward, cfg.loss_reward, cfg.draw_reward, 0.0], np.float64)
         self.stones = np.zeros((n, 2), np.uint64)  # [:, p]: player p's stones (connect_four / tic_tac_toe layout)
+        # The printed board (rules.cells of stones), kept up to date move by move: rendering reads it as is.
+        self.cells = np.zeros((n, self.renderer.rows * self.renderer.cols), np.uint8)
         self.agent_player = np.full(n, cfg.agent_player or 0, np.int64)
         self.turn = np.zeros(n, np.int64)
         self.retries_left = np.full(n, cfg.max_retries, np.int64)
@@ -101,6 +105,7 @@ class VectorTextEnv:
             self.agent_player[rows] = [d[0] for d in draws]
         self.opponent.reset(rows.tolist(), [d[1] for d in draws])
         self.stones[rows] = 0
+        self.cells[rows] = 0
         self.turn[rows] = 0
         self.retries_left[rows] = cfg.max_retries
         if histories is not None:
@@ -115,7 +120,7 @@ class VectorTextEnv:
         ended = winner != NO_WINNER
         self.live[rows] = ~ended
         self.legal[rows] = self.rules.legal_mask(self.stones[rows]) & ~ended[:, None]
-        cells = self.rules.cells(self.stones[rows])
+        cells = self.cells[rows]
         agent = self.agent_player[rows]
         results = [_RESULTS.get(w) for w in winner.tolist()]
         obs = self.renderer.texts(cells, agent, self.legal[rows], opponent_action, results, first=True)
@@ -180,32 +185,37 @@ class VectorTextEnv:
         retry = ~ok & (self.retries_left[rows] > 0)
         forfeit = ~ok & ~retry
 
-        reward = np.zeros(r)
         winner = np.full(r, NO_WINNER, np.int8)
-        opponent_action = np.full(r, -1, np.int64)
-        reward[retry] = cfg.retry_reward
-        reward[forfeit] = cfg.invalid_reward
         winner[forfeit] = OPPONENT_WINS
+        opponent_action = np.full(r, -1, np.int64)
         self.retries_left[rows[retry]] -= 1
 
         valid = np.flatnonzero(ok)
         if len(valid):
             v = rows[valid]
+            agent = self.agent_player[v]
             self.retries_left[v] = cfg.max_retries
-            self._play(v, moves[valid], self.agent_player[v])
+            self._play(v, moves[valid], agent)
             self.turn[v] += 1
-            won = self._winner(v)
+            # Only the player who just moved can have won.
+            won = np.where(self.rules.is_win(self.stones[v, agent]), AGENT_WINS,
+                           np.where(self.rules.is_full(self.stones[v]), DRAW, NO_WINNER)).astype(np.int8)
             going = np.flatnonzero(won == NO_WINNER)
-            opponent_action[valid[going]] = self._opponent_moves(v[going])
-            won[going] = self._winner(v[going])
+            if len(going):
+                g = v[going]
+                opponent_action[valid[going]] = self._opponent_moves(g)
+                won[going] = np.where(self.rules.is_win(self.stones[g, 1 - agent[going]]), OPPONENT_WINS,
+                                      np.where(self.rules.is_full(self.stones[g]), DRAW, NO_WINNER))
             winner[valid] = won
-            reward[valid] = np.select([won == AGENT_WINS, won == OPPONENT_WINS, won == DRAW],
-                                      [cfg.win_reward, cfg.loss_reward, cfg.draw_reward], 0.0)
+        # The reward by outcome; invalid answers get theirs (a forfeit's winner is the opponent, its reward not).
+        reward = self._rewards[winner]
+        reward[retry] = cfg.retry_reward
+        reward[forfeit] = cfg.invalid_reward
 
         terminated = winner != NO_WINNER
         self.live[rows] = ~terminated
         self.legal[rows] = self.rules.legal_mask(self.stones[rows]) & ~terminated[:, None]
-        cells = self.rules.cells(self.stones[rows])
+        cells = self.cells[rows]
         obs = self._observations(rows, ok, retry, forfeit, terminated, winner, opponent_action, cells)
         return self._result(rows, obs, reward, terminated, ~ok, winner, np.where(ok, moves, -1), opponent_action, cells)
 
@@ -234,6 +244,7 @@ class VectorTextEnv:
     def _play(self, rows, actions, players) -> None:
         bits = self.rules.drop(self.stones[rows], actions)
         self.stones[rows, players] |= bits
+        self.cells[rows, self.rules.print_index(bits)] = players + 1
 
     def _opponent_moves(self, rows) -> Int[np.ndarray, " r"]:
         """The opponent's replies in `rows` (the opponent is to move there), played on the boards."""
@@ -264,5 +275,5 @@ class VectorTextEnv:
             rows=rows, obs=obs, reward=reward.astype(np.float64), terminated=terminated,
             truncated=np.zeros(len(rows), bool), invalid=invalid, winner=winner, action=action,
             opponent_action=opponent_action, turn=self.turn[rows], retries_left=self.retries_left[rows],
-            agent_player=agent.copy(), legal=self.legal[rows], board=self.renderer.values(cells, agent),
+            agent_player=agent, legal=self.legal[rows], _board=lambda: self.renderer.values(cells, agent),
         )

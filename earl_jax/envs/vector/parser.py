@@ -23,7 +23,10 @@ _DIGIT[ord("0"):ord("9") + 1] = True
 _ALNUM = _DIGIT.copy()
 _ALNUM[ord("A"):ord("Z") + 1] = True
 _ALNUM[ord("a"):ord("z") + 1] = True
-_POW10 = 10 ** np.arange(MAX_DIGITS, dtype=np.int64)
+# _WEIGHTS[d, j]: the weight of digit j in a run of d digits (d <= MAX_DIGITS); the last row is zeros.
+_WEIGHTS = np.array([[10 ** (d - 1 - j) if j < d else 0 for j in range(MAX_DIGITS)]
+                     for d in range(MAX_DIGITS + 2)], np.int64)
+_WINDOW = 2 + MAX_DIGITS + 3  # two before the run, the run, one more digit (too long), '.', a digit
 
 
 def parse_actions(texts: Sequence[object]) -> Int[np.ndarray, " n"]:
@@ -38,7 +41,7 @@ def parse_actions(texts: Sequence[object]) -> Int[np.ndarray, " n"]:
                 out[k] = -1 if move is None else move
     if batched:
         short = [texts[k] for k in batched] if len(batched) < n else texts
-        out[batched] = parse_bytes(*pad_texts(short))
+        out[batched] = parse_bytes(pad_texts(short)[0])
     return out
 
 
@@ -56,29 +59,29 @@ def _pad(flat: UInt8[np.ndarray, " total"], lengths: Int[np.ndarray, " n"]) -> U
     return out
 
 
-def parse_bytes(text: UInt8[np.ndarray, "n t"], lengths: Int[np.ndarray, " n"] | None = None) -> Int[np.ndarray, " n"]:
-    """The rule on NUL-padded byte rows: the move per row, -1 for none. `lengths` is not needed (NUL
-    is "anything else") and is accepted for symmetry with `pad_texts`."""
+def parse_bytes(text: UInt8[np.ndarray, "n t"]) -> Int[np.ndarray, " n"]:
+    """The rule on NUL-padded byte rows: the move per row, -1 for none.
+
+    Only the first digit run matters, so after one pass to find it the rest looks at a window of
+    11 bytes per row: two before it (the sign test) and nine from it (six digits, one more, '.', a
+    digit). Lookups use `take` on flat arrays: fancy indexing costs several times more at this size.
+    """
     n, width = text.shape
-    # Two NUL columns on the right: the fraction test may look two characters past the run.
-    b = np.zeros((n, width + 2), np.uint8)
-    b[:, :width] = text
-    digit = _DIGIT[b]
-    has = digit.any(1)
-    first = digit.argmax(1)
-    pos = np.arange(width + 2)
-    after = pos >= first[:, None]
-    end = (~digit & after).argmax(1)  # the padding guarantees a non-digit after every run
-    rows = np.arange(n)
-    before = b[rows, np.maximum(first - 1, 0)]
-    before2 = b[rows, np.maximum(first - 2, 0)]
-    sign = (first >= 1) & (before == ord("-")) & ~((first >= 2) & _ALNUM[before2])
-    fraction = (b[rows, end] == ord(".")) & digit[rows, end + 1]
-    ndigits = end - first
-    ok = has & ~sign & ~fraction & (ndigits <= MAX_DIGITS)
-    # Value of the run: digit at position p weighs 10 ** (end - 1 - p); only rows that are moves.
-    place = end[:, None] - 1 - pos
-    run = ok[:, None] & after & (place >= 0)
-    weights = np.where(run, _POW10[np.clip(place, 0, MAX_DIGITS - 1)], 0)
-    value = ((b.astype(np.int64) - ord("0")) * weights).sum(1)
+    if width == 0:  # every answer empty
+        return np.full(n, -1, np.int64)
+    first = _DIGIT.take(text).argmax(1)  # 0 when there is no digit: then window[:, 2] is no digit either
+    stride = width + _WINDOW
+    padded = np.zeros((n, stride), np.uint8)  # NUL around the text: the start and end of it
+    padded[:, 2:width + 2] = text
+    window = padded.ravel().take((np.arange(n) * stride + first)[:, None] + np.arange(_WINDOW))  # [:, 2]: first digit
+    wdigit = _DIGIT.take(window)
+    run = wdigit[:, 2:]
+    ndigits = np.where(run.all(1), _WINDOW - 2, (~run).argmax(1))  # all nine digits: too long anyway
+    after = np.minimum(ndigits, MAX_DIGITS + 1) + 2 + np.arange(n) * _WINDOW  # the byte after the run, flat
+    fraction = (window.ravel().take(after) == ord(".")) & wdigit.ravel().take(after + 1)
+    sign = (window[:, 1] == ord("-")) & ~_ALNUM.take(window[:, 0])
+    ok = wdigit[:, 2] & ~sign & ~fraction & (ndigits <= MAX_DIGITS)
+    # Digit j of a run of d digits weighs 10 ** (d - 1 - j); row MAX_DIGITS + 1 of the table is zeros.
+    weights = _WEIGHTS.take(np.where(ok, ndigits, MAX_DIGITS + 1), axis=0)
+    value = ((window[:, 2:2 + MAX_DIGITS].astype(np.int64) - ord("0")) * weights).sum(1)
     return np.where(ok, value, -1)

@@ -1,9 +1,9 @@
 """Observation text for a batch of preset-game boards: the strings `text.format_observation` writes.
 
 Boards are rendered for the whole batch in one pass over a byte array (cell -> 'X'/'O'/'.' by the
-agent's seat, newlines and chat-style spaces from a fixed template), then cut into one string per
-game. The common observation (the opponent's reply, the board, the legal moves) is assembled here
-from cached pieces; every rarer text (first observations, results, retries, forfeits) comes from
+agent's seat, newlines and chat-style spaces from a fixed template), decoded once and cut into one
+string per game. The common observation (the opponent's reply, the board, the legal moves) is glued
+here from cached pieces; every rarer text (first observations, results, retries, forfeits) comes from
 `format_observation` itself, so the vector env cannot drift from the reference in those.
 """
 from __future__ import annotations
@@ -13,9 +13,9 @@ from jaxtyping import Bool, Int, Int8, UInt8
 
 from earl_jax.envs.text import AGENT, EMPTY, OPPONENT, GameText, _moves_line, format_observation
 
-# [agent_player, cell code] -> what the agent sees: cell codes are 0 empty, 1 player 0, 2 player 1.
-_CHARS = np.array([[ord(EMPTY), ord(AGENT), ord(OPPONENT)], [ord(EMPTY), ord(OPPONENT), ord(AGENT)]], np.uint8)
-_VALUES = np.array([[0, 1, -1], [0, -1, 1]], np.int8)
+# [agent_player * 3 + cell code] -> what the agent sees; cell codes: 0 empty, 1 player 0, 2 player 1.
+_CHARS = np.array([ord(EMPTY), ord(AGENT), ord(OPPONENT), ord(EMPTY), ord(OPPONENT), ord(AGENT)], np.uint8)
+_VALUES = np.array([0, 1, -1, 0, -1, 1], np.int8)
 
 
 class BoardRenderer:
@@ -26,8 +26,8 @@ class BoardRenderer:
             raise ValueError(f"{gt.name!r} is not a preset game: its text is OpenSpiel's str(state)")
         self.gt, self.style = gt, prompt_style
         self.rows, self.cols = gt.board_shape
-        codes = np.arange(1 << gt.num_actions)
-        legal_sets = [tuple(int(a) for a in np.flatnonzero((c >> np.arange(gt.num_actions)) & 1)) for c in codes]
+        a = gt.num_actions
+        legal_sets = [tuple(int(x) for x in np.flatnonzero((c >> np.arange(a)) & 1)) for c in range(1 << a)]
         chat = prompt_style == "chat"
         # What follows the board in a normal turn, per legal set (bit a of the code: action a legal).
         self.moves_lines = [_moves_line(gt, "chat" if chat else "compact", legal) for legal in legal_sets]
@@ -38,58 +38,53 @@ class BoardRenderer:
         ]
         self.forfeit_text = format_observation(gt, prompt_style, board=None, legal_actions=None, invalid=True,
                                                result="loss")
-        noun = gt.move_noun
         self.opponent_lines = [
-            f"Your opponent played {noun} {gt.action_text(a)}.\n" if chat else f"opp {gt.action_text(a)}\n"
-            for a in range(gt.num_actions)
+            f"Your opponent played {gt.move_noun} {gt.action_text(x)}.\n" if chat else f"opp {gt.action_text(x)}\n"
+            for x in range(a)
         ]
-        self._row_width = 2 * self.cols if chat else self.cols + 1  # "X . O\n" or "X.O\n"
         self._labels = (gt.cell_labels + "\n") if chat and gt.cell_labels else ""
 
     # ---- boards --------------------------------------------------------------------------------
     def values(self, cells: UInt8[np.ndarray, "n c"], agent_player: Int[np.ndarray, " n"]) -> Int8[np.ndarray, "n h w"]:
         """info["board"]: +1 agent, -1 opponent, 0 empty, top row first."""
-        return _VALUES[agent_player[:, None], cells].reshape(-1, self.rows, self.cols)
+        return _VALUES.take(agent_player[:, None] * 3 + cells).reshape(-1, self.rows, self.cols)
 
     def board_texts(self, cells: UInt8[np.ndarray, "n c"], agent_player: Int[np.ndarray, " n"]) -> list[str]:
-        """`GameText.board_text`: rows joined by newlines, no trailing newline (compact form)."""
-        width = self.cols + 1
-        return [s[:-1] for s in self._cut(self._compact_bytes(cells, agent_player), width * self.rows)]
+        """`GameText.board_text` per game: rows joined by newlines, no trailing newline (compact form)."""
+        text, width = self._compact(cells, agent_player)
+        return [text[i:i + width - 1] for i in range(0, len(text), width)]
 
-    def blocks(self, cells: UInt8[np.ndarray, "n c"], agent_player: Int[np.ndarray, " n"]) -> list[str]:
-        """The board as an observation prints it in this style, with its closing newline."""
+    def blocks(self, cells: UInt8[np.ndarray, "n c"], agent_player: Int[np.ndarray, " n"]) -> tuple[str, int]:
+        """The boards as this style prints them, each with its closing newline, back to back: (text, width)."""
         if self.style != "chat":
-            return self._cut(self._compact_bytes(cells, agent_player), (self.cols + 1) * self.rows)
+            return self._compact(cells, agent_player)
         n = len(cells)
         out = np.full((n, self.rows, 2 * self.cols), ord(" "), np.uint8)
-        out[:, :, 0::2] = _CHARS[agent_player[:, None], cells].reshape(n, self.rows, self.cols)
+        out[:, :, 0::2] = _CHARS.take(agent_player[:, None] * 3 + cells).reshape(n, self.rows, self.cols)
         out[:, :, -1] = ord("\n")
-        boards = self._cut(out, 2 * self.cols * self.rows)
-        return [b + self._labels for b in boards] if self._labels else boards
+        if self._labels:  # Connect Four's column numbers under every board
+            labels = np.frombuffer(self._labels.encode("ascii"), np.uint8)
+            out = np.concatenate([out.reshape(n, self.rows * 2 * self.cols), np.broadcast_to(labels, (n, len(labels)))], 1)
+        return out.tobytes().decode("ascii"), out[0].size if n else 0
 
-    def _compact_bytes(self, cells, agent_player) -> UInt8[np.ndarray, "n h w1"]:
+    def _compact(self, cells, agent_player) -> tuple[str, int]:
         n = len(cells)
         out = np.empty((n, self.rows, self.cols + 1), np.uint8)
-        out[:, :, :-1] = _CHARS[agent_player[:, None], cells].reshape(n, self.rows, self.cols)
+        out[:, :, :-1] = _CHARS.take(agent_player[:, None] * 3 + cells).reshape(n, self.rows, self.cols)
         out[:, :, -1] = ord("\n")
-        return out
-
-    @staticmethod
-    def _cut(buffer: np.ndarray, width: int) -> list[str]:
-        """One decode for the batch, then fixed-width slices: cheaper than n small decodes."""
-        text = buffer.tobytes().decode("ascii")
-        return [text[i:i + width] for i in range(0, len(text), width)]
+        return out.tobytes().decode("ascii"), self.rows * (self.cols + 1)
 
     # ---- observations ---------------------------------------------------------------------------
     def turn_texts(self, cells, agent_player, opponent_action: Int[np.ndarray, " n"],
                    legal_code: Int[np.ndarray, " n"]) -> list[str]:
         """Observations of games still running after a valid move and the opponent's reply."""
-        opp = [self.opponent_lines[a] for a in opponent_action.tolist()]
+        opp = self.opponent_lines
         if self.style == "minimal":  # the board once at the start, then only the reply
-            return [line + "> " for line in opp]
-        boards = self.blocks(cells, agent_player)
+            return [opp[x] + "> " for x in opponent_action.tolist()]
+        text, w = self.blocks(cells, agent_player)
         moves = self.moves_lines
-        return [o + b + moves[c] for o, b, c in zip(opp, boards, legal_code.tolist())]
+        return [opp[x] + text[k * w:k * w + w] + moves[c]
+                for k, (x, c) in enumerate(zip(opponent_action.tolist(), legal_code.tolist()))]
 
     def retry_obs(self, legal_code: Int[np.ndarray, " n"]) -> list[str]:
         return [self.retry_texts[c] for c in legal_code.tolist()]
@@ -97,9 +92,8 @@ class BoardRenderer:
     def texts(self, cells, agent_player, legal: Bool[np.ndarray, "n a"], opponent_action: Int[np.ndarray, " n"],
               results: list[str | None], first: bool) -> list[str]:
         """Any observation through `format_observation` (first observations, results): one call a game."""
-        boards = self.board_texts(cells, agent_player)
         out = []
-        for k, board in enumerate(boards):
+        for k, board in enumerate(self.board_texts(cells, agent_player)):
             opp = int(opponent_action[k])
             out.append(format_observation(
                 self.gt, self.style, board=board,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from jaxtyping import Bool, Float, Int, Int8
@@ -33,8 +33,15 @@ class VectorStep:
     retries_left: Int[np.ndarray, " r"] | None = None
     agent_player: Int[np.ndarray, " r"] | None = None
     legal: Bool[np.ndarray, "r a"] | None = None  # the agent's legal moves now (all False once over)
-    board: Int8[np.ndarray, "r h w"] | None = None  # +1 agent, -1 opponent, 0 empty, top row first
     _infos: list[dict[str, Any]] | None = dataclasses.field(default=None, repr=False)
+    _board: Callable[[], Int8[np.ndarray, "r h w"]] | np.ndarray | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def board(self) -> Int8[np.ndarray, "r h w"] | None:
+        """+1 agent, -1 opponent, 0 empty, top row first. Built on first use: the loop never reads it."""
+        if callable(self._board):
+            self._board = self._board()
+        return self._board
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -73,7 +80,9 @@ def check_rows(rows, num_games: int, live: np.ndarray, check_live: bool) -> Int[
     rows = rows.astype(np.int64)
     if len(rows) and (rows.min() < 0 or rows.max() >= num_games):
         raise ValueError(f"rows must be in [0, {num_games}), got {rows[(rows < 0) | (rows >= num_games)].tolist()}")
-    if len(np.unique(rows)) != len(rows):
+    seen = np.zeros(num_games, bool)
+    seen[rows] = True
+    if np.count_nonzero(seen) != len(rows):  # cheaper than np.unique: no sort
         raise ValueError("rows must be unique: one answer per game per step")
     if check_live and not live[rows].all():
         raise RuntimeError(f"step() on finished (or never reset) games {rows[~live[rows]].tolist()}; reset them first")

@@ -44,6 +44,11 @@ def is_full(stones: UInt64[np.ndarray, "n 2"]) -> Bool[np.ndarray, " n"]:
     return (stones[:, 0] | stones[:, 1]) == BOARD
 
 
+def print_index(bits: UInt64[np.ndarray, " n"]) -> Int[np.ndarray, " n"]:
+    """Where single-cell bitboards sit on the printed board: the cell number."""
+    return np.bitwise_count(bits - _U(1)).astype(np.int64)
+
+
 def cells(stones: UInt64[np.ndarray, "n 2"]) -> UInt8[np.ndarray, "n 9"]:
     """The printed board: 0 empty, 1 player 0 ('x'), 2 player 1 ('o')."""
     shifts = np.arange(9, dtype=_U)
