@@ -53,69 +53,79 @@ def _random_legal(legal: np.ndarray, rng: np.random.Generator) -> list[int]:
     return (np.cumsum(legal, 1) > k[:, None]).argmax(1).tolist()
 
 
-def lockstep(game: str, style: str, batch: int, path: str, rounds: int, seed: int = 0) -> dict:
-    """Per-turn host time of one lock-step turn of `batch` games, and per-reset time, for one path."""
+def lockstep(game: str, style: str, batch: int, path: str, rounds: int, group: int = 1, seed: int = 0) -> dict:
+    """Per-turn host time of one lock-step turn of `batch` games, and per-reset time, for one path.
+
+    `group` games share a seed, as a GRPO group does (1: every game its own seed, as in evaluation).
+    Wall time and this thread's CPU time are both kept: on a shared machine the CPU time is the
+    steadier number.
+    """
     tok = game_tokenizer()
     cfg = EnvConfig(game=game, opponent="random", prompt_style=style)
     rng = np.random.default_rng(seed)
-    turn_s, reset_s, turns_per_round, live_rows = [], [], [], []
+    wall, cpu, reset_wall, turns_per_round, live_rows = [], [], [], [], []
     num_actions = 7 if game == "connect_four" else 9
-    if path == "vector":
+    if path == "per_game":
+        envs = [OpenSpielTextEnv(cfg) for _ in range(batch)]
+    else:
         env, codec = make_vector_env(cfg, batch), ObservationCodec(tok)
         assert codec.fast
-    else:
-        envs = [OpenSpielTextEnv(cfg) for _ in range(batch)]
     for r in range(rounds):
-        seeds = list(range(seed + r * batch, seed + (r + 1) * batch))
+        seeds = [seed + r * batch + i // group for i in range(batch)]
         t0 = time.perf_counter()
-        if path == "vector":
-            first = env.reset(seeds)
-            codec.encode(first.obs)
-            legal = first.legal.copy()
-        else:
+        if path == "per_game":
             firsts = [e.reset(seed=s) for e, s in zip(envs, seeds)]
             [tok.encode(o).ids for o, _ in firsts]
             legal = np.zeros((batch, num_actions), bool)
             for i, (_, info) in enumerate(firsts):
                 legal[i, info["legal_actions"]] = True
             live = np.ones(batch, bool)
-        reset_s.append(time.perf_counter() - t0)
+        else:
+            first = env.reset(seeds)
+            codec.encode(first.obs)
+            legal = first.legal.copy()
+        reset_wall.append(time.perf_counter() - t0)
         turns = 0
         while True:
-            rows = np.flatnonzero(env.live if path == "vector" else live)
+            rows = np.flatnonzero(live if path == "per_game" else env.live)
             if not len(rows):
                 break
             ids = _answer_ids(tok, _random_legal(legal[rows], rng))
-            t0 = time.perf_counter()
-            if path == "vector":
-                step = env.step(rows, moves=codec.answers_to_moves(ids))
-                codec.encode(step.obs)
-            else:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            if path == "per_game":
                 for k, i in enumerate(rows.tolist()):
                     obs, _, term, trunc, info = envs[i].step(tok.decode(ids[k], skip_special_tokens=True))
                     if term or trunc:
                         live[i] = False
                     else:
                         tok.encode(obs).ids
-            turn_s.append(time.perf_counter() - t0)
+            elif path == "vector":
+                step = env.step(rows, moves=codec.answers_to_moves(ids))
+                codec.encode(step.obs)
+            else:  # vector_text: answers decoded to text and parsed by the env, as a user env would need
+                step = env.step(rows, codec.decode(ids))
+                codec.encode(step.obs)
+            cpu.append(time.thread_time() - c0)
+            wall.append(time.perf_counter() - t0)
             live_rows.append(len(rows))
-            if path == "vector":
-                legal[rows] = step.legal
-            else:
+            if path == "per_game":
                 for i in rows.tolist():
                     legal[i] = False
                     legal[i, envs[i]._legal] = True
+            else:
+                legal[rows] = step.legal
             turns += 1
         turns_per_round.append(turns)
-    full = [t for t, n in zip(turn_s, live_rows) if n == batch]  # turns where every game was still playing
+    full = [t for t, n in zip(wall, live_rows) if n == batch]  # turns where every game was still playing
     return {
-        "game": game, "prompt_style": style, "batch": batch, "path": path, "rounds": rounds,
-        "turns": len(turn_s), "turns_per_round_mean": statistics.mean(turns_per_round),
-        "ms_per_turn_mean": 1e3 * statistics.mean(turn_s),
-        "ms_per_turn_median": 1e3 * statistics.median(turn_s),
+        "game": game, "prompt_style": style, "batch": batch, "path": path, "rounds": rounds, "seed_group": group,
+        "turns": len(wall), "turns_per_round_mean": statistics.mean(turns_per_round),
+        "ms_per_turn_median": 1e3 * statistics.median(wall),
+        "ms_per_turn_mean": 1e3 * statistics.mean(wall),
+        "cpu_ms_per_turn_median": 1e3 * statistics.median(cpu),
         "ms_per_full_turn_median": 1e3 * statistics.median(full) if full else None,
-        "us_per_game_step": 1e6 * sum(turn_s) / sum(live_rows),
-        "ms_per_reset_median": 1e3 * statistics.median(reset_s),
+        "us_per_game_step": 1e6 * sum(wall) / sum(live_rows),
+        "ms_per_reset_median": 1e3 * statistics.median(reset_wall),
     }
 
 
@@ -212,17 +222,22 @@ def main(argv=None):
         for game in ("connect_four", "tic_tac_toe"):
             for style in styles:
                 pair = {}
-                for path in ("per_game", "vector"):  # back to back: the same machine load for both
+                paths = ("per_game", "vector") if args.quick or style != "compact" else ("per_game", "vector",
+                                                                                       "vector_text")
+                for path in paths:  # back to back: the same machine load for all
                     # The per-game path costs ~0.1 s a turn at 2048: one round is plenty there.
                     row = lockstep(game, style, batch, path, 1 if path == "per_game" and batch > 512 else rounds)
                     results["lockstep"].append(row)
                     pair[path] = row
-                print(f"{game:13s} {style:8s} batch {batch:5d}: per turn "
-                      f"per-game {pair['per_game']['ms_per_turn_median']:8.2f} ms, "
-                      f"vector {pair['vector']['ms_per_turn_median']:6.2f} ms (median), "
-                      f"x{pair['per_game']['ms_per_turn_median'] / pair['vector']['ms_per_turn_median']:.0f}; "
-                      f"reset {pair['per_game']['ms_per_reset_median']:.1f} vs "
-                      f"{pair['vector']['ms_per_reset_median']:.1f} ms", flush=True)
+                p, v = pair["per_game"], pair["vector"]
+                print(f"{game:13s} {style:8s} batch {batch:5d}: per turn (median) per-game "
+                      f"{p['ms_per_turn_median']:7.2f} ms, vector {v['ms_per_turn_median']:6.2f} ms wall / "
+                      f"{v['cpu_ms_per_turn_median']:5.2f} ms cpu, x{p['ms_per_turn_median'] / v['ms_per_turn_median']:.0f}"
+                      f"; reset {p['ms_per_reset_median']:.1f} vs {v['ms_per_reset_median']:.1f} ms", flush=True)
+    # Resets as training does them (groups of 8 games share a seed) against evaluation (every game its own).
+    results["reset_512"] = [lockstep("connect_four", "compact", 512, "vector", rounds, group=g) for g in (1, 8)]
+    for row in results["reset_512"]:
+        print(f"vector reset of 512 games, {512 // row['seed_group']} distinct seeds: {row['ms_per_reset_median']:.1f} ms")
     results["alphabeta_512"] = alphabeta_depths(depths=(1, 2, 3) if args.quick else (1, 2, 3, 4))
     for row in results["alphabeta_512"]:
         print(f"alphabeta depth {row['depth']}, 512 positions: vector {row['vector_ms']:8.1f} ms, "

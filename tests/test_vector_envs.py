@@ -27,6 +27,7 @@ from earl_jax.envs.vector import (
 from earl_jax.envs.vector import connect_four as c4
 from earl_jax.envs.vector import tic_tac_toe as ttt
 from earl_jax.envs.vector.opponents import StreamBank
+from earl_jax.envs.vector.parser import MoveCache
 from earl_jax.models.tokenizer import game_tokenizer
 
 RULES = {"connect_four": c4, "tic_tac_toe": ttt}
@@ -549,6 +550,19 @@ answer_text = st.one_of(
 def test_parse_actions_is_parse_action(texts):
     want = [-1 if (m := parse_action(t)) is None else m for t in texts]
     assert parse_actions(texts).tolist() == want
+
+
+def test_move_cache_gives_what_it_was_given_even_when_full():
+    cache, calls = MoveCache(limit=3), []
+
+    def parse(miss):
+        calls.append(len(miss))
+        return parse_actions([texts[k] for k in miss])
+
+    texts = ["3", "x4", "3", "no", "12", "3", "x4"]
+    assert cache(texts, parse).tolist() == [3, 4, 3, -1, 12, 3, 4]
+    assert cache(texts[:2], parse).tolist() == [3, 4] and len(cache.moves) <= 3
+    assert calls[0] == 7  # misses are read in one batch, repeats included
 
 
 def observations_of_every_kind():

@@ -19,7 +19,7 @@ import tokenizers
 from jaxtyping import Int
 
 from earl_jax.envs.parser import parse_action
-from earl_jax.envs.vector.parser import _pad, parse_actions, parse_bytes
+from earl_jax.envs.vector.parser import MoveCache, pad_rows, parse_actions, parse_bytes
 
 _SKIP, _OTHER = -1, -2  # id -> byte table: a special token (decode drops it), anything else not one byte
 _NOT_FAST = 255  # byte -> id table: a character the table does not vouch for (no character's id is 255)
@@ -33,6 +33,7 @@ class ObservationCodec:
         self.tokenizer = tokenizer
         tables = _char_tables(tokenizer)
         self.fast = tables is not None  # the character-level game tokenizer: table lookups
+        self._moves = MoveCache()  # answer ids -> move: answers repeat, a lookup beats decoding
         if self.fast:
             char_ids, self._id_bytes = tables
             self._byte_table = bytes(np.where(char_ids >= 0, char_ids, _NOT_FAST).tolist())  # for bytes.translate
@@ -99,10 +100,13 @@ class ObservationCodec:
 
     def answers_to_moves(self, ids: Sequence[Sequence[int]]) -> Int[np.ndarray, " n"]:
         """The move each answer names (parser.parse_action semantics), -1 where it names none."""
+        return self._moves(list(map(tuple, ids)), lambda miss: self._read_moves([ids[k] for k in miss]))
+
+    def _read_moves(self, ids: Sequence[Sequence[int]]) -> Int[np.ndarray, " n"]:
         if not self.fast:
             return parse_actions(self.decode(ids))
         chars, kept, slow = self._answer_bytes(ids)
-        moves = parse_bytes(_pad(chars, kept))
+        moves = parse_bytes(pad_rows(chars, kept))
         for k in slow:
             move = parse_action(self.tokenizer.decode(list(ids[k]), skip_special_tokens=True))
             moves[k] = -1 if move is None else move

@@ -29,8 +29,39 @@ _WEIGHTS = np.array([[10 ** (d - 1 - j) if j < d else 0 for j in range(MAX_DIGIT
 _WINDOW = 2 + MAX_DIGITS + 3  # two before the run, the run, one more digit (too long), '.', a digit
 
 
+class MoveCache:
+    """Answers already read, and their moves: a policy repeats itself ("3\n", "4\n"), and a dict lookup
+    costs a fraction of the batched parse. Never more than `limit` entries: emptied when a batch of
+    new answers would pass it."""
+
+    def __init__(self, limit: int = 1 << 16):
+        self.limit, self.moves = limit, {}
+
+    def __call__(self, keys: list, parse) -> Int[np.ndarray, " n"]:
+        """The moves of `keys` (hashable answers), `parse(indices of misses)` reading the ones not seen yet."""
+        moves = list(map(self.moves.get, keys))
+        if None in moves:
+            miss = [k for k, m in enumerate(moves) if m is None]
+            if len(self.moves) + len(miss) > self.limit:
+                self.moves.clear()
+            for k, m in zip(miss, parse(miss).tolist()):
+                moves[k] = m
+                if len(self.moves) < self.limit:
+                    self.moves[keys[k]] = m
+        return np.array(moves, np.int64).reshape(len(keys))
+
+
+_TEXT_MOVES = MoveCache()
+
+
 def parse_actions(texts: Sequence[object]) -> Int[np.ndarray, " n"]:
     """parse_action for each answer: the move, or -1 where it names none."""
+    if all(type(t) is str for t in texts):  # hashable, and str caches its hash: a lookup is cheap
+        return _TEXT_MOVES(list(texts), lambda miss: _parse_actions([texts[k] for k in miss]))
+    return _parse_actions(texts)
+
+
+def _parse_actions(texts: Sequence[object]) -> Int[np.ndarray, " n"]:
     n = len(texts)
     out = np.full(n, -1, np.int64)
     batched = [k for k, t in enumerate(texts) if type(t) is str and len(t) <= MAX_BATCHED_CHARS]
@@ -49,10 +80,10 @@ def pad_texts(texts: Sequence[str]) -> tuple[UInt8[np.ndarray, "n t"], Int[np.nd
     """Texts as NUL-padded ASCII bytes (non-ASCII characters as '?'), and their lengths."""
     lengths = np.fromiter(map(len, texts), np.int64, len(texts))
     flat = np.frombuffer("".join(texts).encode("ascii", "replace"), np.uint8)
-    return _pad(flat, lengths), lengths
+    return pad_rows(flat, lengths), lengths
 
 
-def _pad(flat: UInt8[np.ndarray, " total"], lengths: Int[np.ndarray, " n"]) -> UInt8[np.ndarray, "n t"]:
+def pad_rows(flat: UInt8[np.ndarray, " total"], lengths: Int[np.ndarray, " n"]) -> UInt8[np.ndarray, "n t"]:
     width = int(lengths.max(initial=0))
     out = np.zeros((len(lengths), width), np.uint8)
     out[np.arange(width) < lengths[:, None]] = flat  # row-major fill = the texts in order

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from jaxtyping import Bool, Int, Int8, UInt8
 
-from earl_jax.envs.text import AGENT, EMPTY, OPPONENT, GameText, _moves_line, format_observation
+from earl_jax.envs.text import AGENT, EMPTY, OPPONENT, GameText, format_observation
 
 # [agent_player * 3 + cell code] -> what the agent sees; cell codes: 0 empty, 1 player 0, 2 player 1.
 _CHARS = np.array([ord(EMPTY), ord(AGENT), ord(OPPONENT), ord(EMPTY), ord(OPPONENT), ord(AGENT)], np.uint8)
@@ -29,8 +29,10 @@ class BoardRenderer:
         a = gt.num_actions
         legal_sets = [tuple(int(x) for x in np.flatnonzero((c >> np.arange(a)) & 1)) for c in range(1 << a)]
         chat = prompt_style == "chat"
-        # What follows the board in a normal turn, per legal set (bit a of the code: action a legal).
-        self.moves_lines = [_moves_line(gt, "chat" if chat else "compact", legal) for legal in legal_sets]
+        # What follows the board in a normal turn, per legal set (bit a of the code: action a legal): the
+        # reference's text with nothing else in it is exactly that line.
+        self.moves_lines = [format_observation(gt, "chat" if chat else "compact", board=None, legal_actions=list(legal))
+                            for legal in legal_sets]
         # After an invalid answer with retries left: the whole observation, per legal set.
         self.retry_texts = [
             format_observation(gt, prompt_style, board=None, legal_actions=list(legal), invalid=True)
@@ -43,6 +45,7 @@ class BoardRenderer:
             for x in range(a)
         ]
         self._labels = (gt.cell_labels + "\n") if chat and gt.cell_labels else ""
+        self.minimal_texts = [line + "> " for line in self.opponent_lines]  # a minimal-style turn, whole
 
     # ---- boards --------------------------------------------------------------------------------
     def values(self, cells: UInt8[np.ndarray, "n c"], agent_player: Int[np.ndarray, " n"]) -> Int8[np.ndarray, "n h w"]:
@@ -78,9 +81,10 @@ class BoardRenderer:
     def turn_texts(self, cells, agent_player, opponent_action: Int[np.ndarray, " n"],
                    legal_code: Int[np.ndarray, " n"]) -> list[str]:
         """Observations of games still running after a valid move and the opponent's reply."""
-        opp = self.opponent_lines
         if self.style == "minimal":  # the board once at the start, then only the reply
-            return [opp[x] + "> " for x in opponent_action.tolist()]
+            texts = self.minimal_texts
+            return [texts[x] for x in opponent_action.tolist()]
+        opp = self.opponent_lines
         text, w = self.blocks(cells, agent_player)
         moves = self.moves_lines
         return [opp[x] + text[k * w:k * w + w] + moves[c]
