@@ -432,8 +432,13 @@ def test_vector_env_plays_from_a_drawn_position_like_the_reference():
     assert_same_step(step, 0, want, step.infos()[0])
     assert step.obs[0] == ".......\n.......\n...X...\n..XO...\n.XOO...\nXOOX..X\nresult: win\n"
     assert step.winners == ["agent"] and step.reward.tolist() == [1.0]
+    before = env.stones.copy(), env.live.copy()
     with pytest.raises(ValueError, match="not legal"):
         env.reset([0], rows=[1], histories=[[3] * 7])  # column 3 holds six
+    with pytest.raises(ValueError, match="seeds"):
+        env.reset([-1], rows=[1])
+    assert np.array_equal(env.stones, before[0]) and np.array_equal(env.live, before[1])  # nothing changed
+    assert not env.step([1], ["3"]).invalid[0]  # game 1 plays on
 
 
 # ---- per-game path ----------------------------------------------------------------------------------------

@@ -93,26 +93,29 @@ class VectorTextEnv:
 
         A seed None continues that game's own stream, as gymnasium does. `histories[k]`: moves to
         start from, as the reference's `options={"history": ...}`. Returns the first observations.
+        Everything is checked before anything changes: a bad seed or history leaves the batch as it was.
         """
         rows = check_rows(np.arange(self.num_games) if rows is None else rows, self.num_games, self.live, False)
-        if len(seeds) != len(rows):
+        if isinstance(seeds, (str, bytes)) or len(seeds) != len(rows):
             raise ValueError(f"{len(seeds)} seeds for {len(rows)} games")
+        for seed in seeds:
+            if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0):
+                raise ValueError(f"seeds must be non-negative integers or None, got {seed!r}")
         if histories is not None and len(histories) != len(rows):
             raise ValueError(f"{len(histories)} histories for {len(rows)} games")
+        start = self._positions(histories) if histories is not None else None
         cfg = self.config
-        draws = [self._draws(int(i), seed) for i, seed in zip(rows.tolist(), seeds)]
+        draws = [self._draws(i, seed) for i, seed in zip(rows.tolist(), seeds)]
         if self._draw_agent:
             self.agent_player[rows] = [d[0] for d in draws]
         self.opponent.reset(rows.tolist(), [d[1] for d in draws])
-        self.stones[rows] = 0
-        self.cells[rows] = 0
+        self.stones[rows], self.cells[rows] = start if start is not None else (0, 0)
         self.turn[rows] = 0
         self.retries_left[rows] = cfg.max_retries
-        if histories is not None:
-            self._play_histories(rows, histories)
         # The opponent opens where it is to move (the agent is player 1, or a history left it to move).
-        over = self._over(rows)
-        to_move = np.bitwise_count(self.stones[rows, 0] | self.stones[rows, 1]).astype(np.int64) & 1
+        s = self.stones[rows]
+        over = self.rules.is_win(s[:, 0]) | self.rules.is_win(s[:, 1]) | self.rules.is_full(s)
+        to_move = np.bitwise_count(s[:, 0] | s[:, 1]).astype(np.int64) & 1
         waiting = ~over & (to_move != self.agent_player[rows])
         opponent_action = np.full(len(rows), -1, np.int64)
         opponent_action[waiting] = self._opponent_moves(rows[waiting])
@@ -128,36 +131,41 @@ class VectorTextEnv:
                             np.full(len(rows), -1, np.int64), opponent_action, cells)
 
     def _draws(self, i: int, seed: int | None) -> tuple[int | None, int, int]:
-        if seed is None:  # gymnasium: keep the current Generator (a fresh random one if there is none)
-            state = self._np_random[i]
-            if state is None:
-                state = seeding.np_random(None)[0]
-            elif not isinstance(state, np.random.Generator):  # rebuild it: the seed, then the last reset's draws
-                state = seeding.np_random(state)[0]
-                if self._draw_agent:
-                    state.integers(2)
-                state.integers(1 << 31), state.integers(1 << 31)
-            self._np_random[i] = state
-            agent = int(state.integers(2)) if self._draw_agent else None
-            return agent, int(state.integers(1 << 31)), int(state.integers(1 << 31))
-        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
-            raise ValueError(f"seeds must be non-negative integers or None, got {seed!r}")
-        self._np_random[i] = int(seed)
-        return _seed_draws(int(seed), self._draw_agent)
+        """Game i's (agent_player or None, opponent seed, chance seed), as the reference draws them."""
+        if seed is not None:
+            self._np_random[i] = int(seed)
+            return _seed_draws(int(seed), self._draw_agent)
+        state = self._np_random[i]  # gymnasium: keep the current Generator (a fresh random one if none)
+        if state is None:
+            state = seeding.np_random(None)[0]
+        elif not isinstance(state, np.random.Generator):  # rebuild it: the seed, then the last reset's draws
+            state = seeding.np_random(state)[0]
+            if self._draw_agent:
+                state.integers(2)
+            state.integers(1 << 31), state.integers(1 << 31)
+        self._np_random[i] = state
+        agent = int(state.integers(2)) if self._draw_agent else None
+        return agent, int(state.integers(1 << 31)), int(state.integers(1 << 31))
 
-    def _play_histories(self, rows, histories) -> None:
-        """Moves before the game starts, checked like the reference: each legal, none after the end."""
-        for i, history in zip(rows.tolist(), histories):
-            state = self._pyspiel_game.new_initial_state()  # reference rules for the error message only
+    def _positions(self, histories) -> tuple[np.ndarray, np.ndarray]:
+        """(stones, cells) after each history, checked like the reference: every move legal, none after
+        the end (ValueError naming the move and the position)."""
+        k = len(histories)
+        stones = np.zeros((k, 2), np.uint64)
+        cells = np.zeros((k, self.cells.shape[1]), np.uint8)
+        for j, history in enumerate(histories):
+            state = self._pyspiel_game.new_initial_state()  # for the error message only
+            one = np.array([j])
             for a in history:
-                one = np.array([i])
-                over = bool(self._over(one)[0])
-                legal = (not over and isinstance(a, (int, np.integer)) and 0 <= a < self.num_actions
-                         and bool(self.rules.legal_mask(self.stones[one])[0, a]))
+                s = stones[one]
+                over = self.rules.is_win(s[:, 0]) | self.rules.is_win(s[:, 1]) | self.rules.is_full(s)
+                legal = (not over[0] and isinstance(a, (int, np.integer)) and 0 <= a < self.num_actions
+                         and bool(self.rules.legal_mask(s)[0, a]))
                 if not legal:
-                    raise ValueError(f"histories: {a!r} is not legal in\n{state}")
-                self._play(one, np.array([a]), np.bitwise_count(self.stones[one, 0] | self.stones[one, 1]).astype(np.int64) & 1)
+                    raise ValueError(f"histories[{j}]: {a!r} is not legal in\n{state}")
+                _play(self.rules, stones, cells, one, np.array([a]), np.bitwise_count(s[:, 0] | s[:, 1]) & 1)
                 state.apply_action(int(a))
+        return stones, cells
 
     # ---- step ---------------------------------------------------------------------------------
     def step(self, rows: Sequence[int], answers: Sequence[str] | None = None, *,
@@ -242,9 +250,7 @@ class VectorTextEnv:
 
     # ---- helpers ----------------------------------------------------------------------------
     def _play(self, rows, actions, players) -> None:
-        bits = self.rules.drop(self.stones[rows], actions)
-        self.stones[rows, players] |= bits
-        self.cells[rows, self.rules.print_index(bits)] = players + 1
+        _play(self.rules, self.stones, self.cells, rows, actions, players)
 
     def _opponent_moves(self, rows) -> Int[np.ndarray, " r"]:
         """The opponent's replies in `rows` (the opponent is to move there), played on the boards."""
@@ -255,10 +261,6 @@ class VectorTextEnv:
         actions = self.opponent.act(rows, me, opp, self.rules.legal_mask(self.stones[rows]))
         self._play(rows, actions, 1 - agent)
         return actions
-
-    def _over(self, rows):
-        s = self.stones[rows]
-        return self.rules.is_win(s[:, 0]) | self.rules.is_win(s[:, 1]) | self.rules.is_full(s)
 
     def _winner(self, rows) -> np.ndarray:
         """WINNERS index from the agent's side, NO_WINNER while the game runs."""
@@ -277,3 +279,10 @@ class VectorTextEnv:
             opponent_action=opponent_action, turn=self.turn[rows], retries_left=self.retries_left[rows],
             agent_player=agent, legal=self.legal[rows], _board=lambda: self.renderer.values(cells, agent),
         )
+
+
+def _play(rules, stones, cells, rows, actions, players) -> None:
+    """Drop each row's stone: the bitboards and the printed board, in place."""
+    bits = rules.drop(stones[rows], actions)
+    stones[rows, players] |= bits
+    cells[rows, rules.print_index(bits)] = players + 1

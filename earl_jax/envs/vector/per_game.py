@@ -37,6 +37,7 @@ class PerGameVectorEnv:
         if histories is not None and len(histories) != len(rows):
             raise ValueError(f"{len(histories)} histories for {len(rows)} games")
         obs, infos = [], []
+        self.live[rows] = False  # until each env's reset has returned: a failing one is not stepped half-reset
         for k, (i, seed) in enumerate(zip(rows.tolist(), seeds)):
             kwargs = {"options": {"history": list(histories[k])}} if histories is not None else {}
             o, info = self.envs[i].reset(seed=None if seed is None else int(seed), **kwargs)
