@@ -235,7 +235,9 @@ def main(argv=None):
                       f"{v['cpu_ms_per_turn_median']:5.2f} ms cpu, x{p['ms_per_turn_median'] / v['ms_per_turn_median']:.0f}"
                       f"; reset {p['ms_per_reset_median']:.1f} vs {v['ms_per_reset_median']:.1f} ms", flush=True)
     # Resets as training does them (groups of 8 games share a seed) against evaluation (every game its own).
-    results["reset_512"] = [lockstep("connect_four", "compact", 512, "vector", rounds, group=g) for g in (1, 8)]
+    # Seeds no earlier run used: the env caches what it drew per seed (a GRPO group's games share one).
+    results["reset_512"] = [lockstep("connect_four", "compact", 512, "vector", rounds, group=g, seed=(1 + g) * 10**6)
+                            for g in (1, 8)]
     for row in results["reset_512"]:
         print(f"vector reset of 512 games, {512 // row['seed_group']} distinct seeds: {row['ms_per_reset_median']:.1f} ms")
     results["alphabeta_512"] = alphabeta_depths(depths=(1, 2, 3) if args.quick else (1, 2, 3, 4))

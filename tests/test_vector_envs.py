@@ -612,6 +612,16 @@ _TOK = game_tokenizer()
 _CODEC = ObservationCodec(_TOK)
 
 
+def test_codec_reads_long_answers_and_repeats_alike():
+    three, eos, bos = (_TOK.token_to_id(t) for t in ("3", "<eos>", "<bos>"))
+    minus, dot = _TOK.token_to_id("-"), _TOK.token_to_id(".")
+    ids = [[three] * 70 + [eos], [bos] * 80 + [three, eos], [minus, eos, three], [three, dot, three], [three, eos]] * 2
+    want = [-1 if (m := parse_action(_TOK.decode(row, skip_special_tokens=True))) is None else m for row in ids]
+    assert want[:5] == [-1, 3, -1, -1, 3]  # too long; specials are dropped ("-" "3" joins into "-3")
+    assert _CODEC.answers_to_moves(ids).tolist() == want  # long rows: the uncached path
+    assert _CODEC.answers_to_moves(ids[2:5] * 3).tolist() == want[2:5] * 3  # short rows: cached, twice
+
+
 def test_codec_falls_back_to_the_tokenizer_for_any_other_tokenizer():
     # Same vocabulary, but whole words: a table per character would be wrong, so the codec must notice.
     vocab = json.loads(_TOK.to_str())["model"]["vocab"]

@@ -19,7 +19,7 @@ import tokenizers
 from jaxtyping import Int
 
 from earl_jax.envs.parser import parse_action
-from earl_jax.envs.vector.parser import MoveCache, pad_rows, parse_actions, parse_bytes
+from earl_jax.envs.vector.parser import MAX_BATCHED_CHARS, MoveCache, pad_rows, parse_actions, parse_bytes
 
 _SKIP, _OTHER = -1, -2  # id -> byte table: a special token (decode drops it), anything else not one byte
 _NOT_FAST = 255  # byte -> id table: a character the table does not vouch for (no character's id is 255)
@@ -100,7 +100,10 @@ class ObservationCodec:
 
     def answers_to_moves(self, ids: Sequence[Sequence[int]]) -> Int[np.ndarray, " n"]:
         """The move each answer names (parser.parse_action semantics), -1 where it names none."""
-        return self._moves(list(map(tuple, ids)), lambda miss: self._read_moves([ids[k] for k in miss]))
+        keys = list(map(tuple, ids))
+        if max(map(len, keys), default=0) > MAX_BATCHED_CHARS:  # long answers are rare: not worth keeping
+            return self._read_moves(ids)
+        return self._moves(keys, lambda miss: self._read_moves([ids[k] for k in miss]))
 
     def _read_moves(self, ids: Sequence[Sequence[int]]) -> Int[np.ndarray, " n"]:
         if not self.fast:

@@ -56,7 +56,8 @@ _TEXT_MOVES = MoveCache()
 
 def parse_actions(texts: Sequence[object]) -> Int[np.ndarray, " n"]:
     """parse_action for each answer: the move, or -1 where it names none."""
-    if all(type(t) is str for t in texts):  # hashable, and str caches its hash: a lookup is cheap
+    # Short texts only as keys: the cache must not keep a 200 kB junk answer alive.
+    if all(type(t) is str and len(t) <= MAX_BATCHED_CHARS for t in texts):
         return _TEXT_MOVES(list(texts), lambda miss: _parse_actions([texts[k] for k in miss]))
     return _parse_actions(texts)
 
