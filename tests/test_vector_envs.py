@@ -345,8 +345,10 @@ def random_positions(count: int, seed: int, max_moves: int = 30) -> list[list[in
     return out
 
 
-@pytest.mark.parametrize("depth", [1, 2, 3])
-def test_batched_alphabeta_finds_the_reference_best_moves(depth):
+@pytest.mark.parametrize("depth, chunked", [(1, False), (2, False), (2, True), (3, False)])
+def test_batched_alphabeta_finds_the_reference_best_moves(depth, chunked, monkeypatch):
+    if chunked:  # a slice of 7 positions at a time, as deep searches of big batches go
+        monkeypatch.setattr(c4, "MAX_LEAVES", 7 * 7**depth)
     histories = random_positions(150 if depth < 3 else 40, seed=depth)
     sides = [connect_four_search.bitboards_from_history(h) for h in histories]
     me = np.array([s[len(h) % 2] for s, h in zip(sides, histories)], np.uint64)

@@ -27,6 +27,7 @@ BOTTOM_ROW = _U(sum(_ref.BOTTOM))
 CENTER = _U(_ref.CENTER)
 ORDER = np.array(_ref.ORDER)  # the reference's search order: its first immediate win is the one it plays
 WIN = _ref.WIN
+MAX_LEAVES = 1 << 22  # positions searched at once, at most (x 8 bytes, a few arrays): ~100 MB at depth 5
 DIRECTIONS = tuple(_U(d) for d in (1, H1, H1 - 1, H1 + 1))  # vertical, horizontal, two diagonals
 # Cell k of the printed board (top row first, left to right) is bit PRINT_BITS[k].
 PRINT_BITS: UInt64[np.ndarray, " 42"] = np.array(
@@ -163,6 +164,10 @@ def best_moves(me: UInt64[np.ndarray, " n"], opp: UInt64[np.ndarray, " n"], dept
     if depth < 1:
         raise ValueError(f"depth must be >= 1, got {depth}")
     n = len(me)
+    chunk = max(1, MAX_LEAVES // COLS ** depth)
+    if n > chunk:  # bounded memory: deep searches go a slice of the batch at a time
+        parts = [best_moves(me[i:i + chunk], opp[i:i + chunk], depth) for i in range(0, n, chunk)]
+        return np.concatenate([b for b, _ in parts]), np.concatenate([s for _, s in parts])
     mask = me | opp
     moves = (mask + BOTTOM_ROW) & BOARD
     if np.any(moves == 0):
