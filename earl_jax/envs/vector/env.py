@@ -23,7 +23,7 @@ from earl_jax.envs.vector import connect_four, tic_tac_toe
 from earl_jax.envs.vector.opponents import make_vector_opponent
 from earl_jax.envs.vector.parser import parse_actions
 from earl_jax.envs.vector.render import BoardRenderer
-from earl_jax.envs.vector.step import NO_WINNER, VectorStep, check_rows
+from earl_jax.envs.vector.step import NO_WINNER, VectorStep, check_answers, check_reset, check_rows
 
 RULES = {"connect_four": connect_four, "tic_tac_toe": tic_tac_toe}
 AGENT_WINS, OPPONENT_WINS, DRAW = (WINNERS.index(w) for w in ("agent", "opponent", "draw"))
@@ -96,13 +96,7 @@ class VectorTextEnv:
         Everything is checked before anything changes: a bad seed or history leaves the batch as it was.
         """
         rows = check_rows(np.arange(self.num_games) if rows is None else rows, self.num_games, self.live, False)
-        if isinstance(seeds, (str, bytes)) or len(seeds) != len(rows):
-            raise ValueError(f"{len(seeds)} seeds for {len(rows)} games")
-        for seed in seeds:
-            if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0):
-                raise ValueError(f"seeds must be non-negative integers or None, got {seed!r}")
-        if histories is not None and len(histories) != len(rows):
-            raise ValueError(f"{len(histories)} histories for {len(rows)} games")
+        check_reset(rows, seeds, histories)
         start = self._positions(histories) if histories is not None else None
         cfg = self.config
         draws = [self._draws(i, seed) for i, seed in zip(rows.tolist(), seeds)]
@@ -114,9 +108,7 @@ class VectorTextEnv:
         self.retries_left[rows] = cfg.max_retries
         # The opponent opens where it is to move (the agent is player 1, or a history left it to move).
         s = self.stones[rows]
-        over = self.rules.is_win(s[:, 0]) | self.rules.is_win(s[:, 1]) | self.rules.is_full(s)
-        to_move = np.bitwise_count(s[:, 0] | s[:, 1]).astype(np.int64) & 1
-        waiting = ~over & (to_move != self.agent_player[rows])
+        waiting = ~_over(self.rules, s) & (_to_move(s) != self.agent_player[rows])
         opponent_action = np.full(len(rows), -1, np.int64)
         opponent_action[waiting] = self._opponent_moves(rows[waiting])
         winner = self._winner(rows)
@@ -158,12 +150,11 @@ class VectorTextEnv:
             one = np.array([j])
             for a in history:
                 s = stones[one]
-                over = self.rules.is_win(s[:, 0]) | self.rules.is_win(s[:, 1]) | self.rules.is_full(s)
-                legal = (not over[0] and isinstance(a, (int, np.integer)) and 0 <= a < self.num_actions
+                legal = (not _over(self.rules, s)[0] and isinstance(a, (int, np.integer)) and 0 <= a < self.num_actions
                          and bool(self.rules.legal_mask(s)[0, a]))
                 if not legal:
                     raise ValueError(f"histories[{j}]: {a!r} is not legal in\n{state}")
-                _play(self.rules, stones, cells, one, np.array([a]), np.bitwise_count(s[:, 0] | s[:, 1]) & 1)
+                _play(self.rules, stones, cells, one, np.array([a]), _to_move(s))
                 state.apply_action(int(a))
         return stones, cells
 
@@ -176,17 +167,9 @@ class VectorTextEnv:
         `moves[k]` its parsed move (-1: none). Rows must be unique games that are still running.
         """
         rows = check_rows(rows, self.num_games, self.live, True)
-        if (answers is None) == (moves is None):
-            raise ValueError("give exactly one of answers (texts) or moves (parsed moves)")
+        answers, moves = check_answers(rows, answers, moves)
         if answers is not None:
-            if isinstance(answers, str) or len(answers) != len(rows):
-                raise ValueError(f"{1 if isinstance(answers, str) else len(answers)} answers for {len(rows)} games")
             moves = parse_actions(answers)
-        else:
-            moves = np.asarray(moves)
-            if moves.shape != rows.shape or not np.issubdtype(moves.dtype, np.integer):
-                raise ValueError(f"moves must be {len(rows)} integers, got {moves.dtype} {moves.shape}")
-            moves = moves.astype(np.int64)
         cfg, r = self.config, len(rows)
         in_range = (moves >= 0) & (moves < self.num_actions)
         ok = in_range & self.legal[rows, np.where(in_range, moves, 0)]
@@ -286,3 +269,12 @@ def _play(rules, stones, cells, rows, actions, players) -> None:
     bits = rules.drop(stones[rows], actions)
     stones[rows, players] |= bits
     cells[rows, rules.print_index(bits)] = players + 1
+
+
+def _over(rules, stones) -> np.ndarray:
+    return rules.is_win(stones[:, 0]) | rules.is_win(stones[:, 1]) | rules.is_full(stones)
+
+
+def _to_move(stones) -> np.ndarray:
+    """The player to move (0 or 1): stones alternate, player 0 first."""
+    return np.bitwise_count(stones[:, 0] | stones[:, 1]).astype(np.int64) & 1

@@ -14,7 +14,7 @@ from jaxtyping import Int
 from earl_jax.envs.openspiel_env import WINNERS, EnvConfig, OpenSpielTextEnv
 from earl_jax.envs.vector.env import VectorTextEnv
 from earl_jax.envs.vector.opponents import make_vector_opponent
-from earl_jax.envs.vector.step import NO_WINNER, VectorStep, check_rows
+from earl_jax.envs.vector.step import NO_WINNER, VectorStep, check_answers, check_reset, check_rows
 
 
 class PerGameVectorEnv:
@@ -32,10 +32,7 @@ class PerGameVectorEnv:
     def reset(self, seeds: Sequence[int | None], rows: Sequence[int] | None = None,
               histories: Sequence[Sequence[int]] | None = None) -> VectorStep:
         rows = check_rows(np.arange(self.num_games) if rows is None else rows, self.num_games, self.live, False)
-        if len(seeds) != len(rows):
-            raise ValueError(f"{len(seeds)} seeds for {len(rows)} games")
-        if histories is not None and len(histories) != len(rows):
-            raise ValueError(f"{len(histories)} histories for {len(rows)} games")
+        check_reset(rows, seeds, histories)
         obs, infos = [], []
         self.live[rows] = False  # until each env's reset has returned: a failing one is not stepped half-reset
         for k, (i, seed) in enumerate(zip(rows.tolist(), seeds)):
@@ -50,17 +47,11 @@ class PerGameVectorEnv:
     def step(self, rows: Sequence[int], answers: Sequence[str] | None = None, *,
              moves: Int[np.ndarray, " r"] | None = None) -> VectorStep:
         rows = check_rows(rows, self.num_games, self.live, True)
-        if (answers is None) == (moves is None):
-            raise ValueError("give exactly one of answers (texts) or moves (parsed moves)")
+        answers, moves = check_answers(rows, answers, moves)
         if moves is not None:
             if not self.accepts_moves:
                 raise ValueError("these envs read their own answer texts: step(rows, answers=...)")
-            moves = np.asarray(moves)
-            if moves.shape != rows.shape or not np.issubdtype(moves.dtype, np.integer):
-                raise ValueError(f"moves must be {len(rows)} integers, got {moves.dtype} {moves.shape}")
             answers = [str(m) if m >= 0 else "" for m in moves.tolist()]  # parse_action(str(m)) == m; "" is no move
-        if isinstance(answers, str) or len(answers) != len(rows):
-            raise ValueError(f"{1 if isinstance(answers, str) else len(answers)} answers for {len(rows)} games")
         obs, reward, terminated, truncated, infos = [], [], [], [], []
         for i, answer in zip(rows.tolist(), answers):
             o, r, term, trunc, info = self.envs[i].step(answer)

@@ -87,3 +87,28 @@ def check_rows(rows, num_games: int, live: np.ndarray, check_live: bool) -> Int[
     if check_live and not live[rows].all():
         raise RuntimeError(f"step() on finished (or never reset) games {rows[~live[rows]].tolist()}; reset them first")
     return rows
+
+
+def check_answers(rows: Int[np.ndarray, " r"], answers, moves) -> tuple[list | None, Int[np.ndarray, " r"] | None]:
+    """Exactly one of answers (one per row, not a bare string) or moves (one integer per row, -1: none)."""
+    if (answers is None) == (moves is None):
+        raise ValueError("give exactly one of answers (texts) or moves (parsed moves)")
+    if answers is not None:
+        if isinstance(answers, str) or len(answers) != len(rows):
+            raise ValueError(f"{1 if isinstance(answers, str) else len(answers)} answers for {len(rows)} games")
+        return answers, None
+    moves = np.asarray(moves)
+    if moves.shape != rows.shape or not np.issubdtype(moves.dtype, np.integer):
+        raise ValueError(f"moves must be {len(rows)} integers, got {moves.dtype} {moves.shape}")
+    return None, moves.astype(np.int64)
+
+
+def check_reset(rows: Int[np.ndarray, " r"], seeds, histories) -> None:
+    """A seed per row (a non-negative integer, or None: continue the game's stream), a history per row if any."""
+    if isinstance(seeds, (str, bytes)) or len(seeds) != len(rows):
+        raise ValueError(f"{len(seeds)} seeds for {len(rows)} games")
+    for seed in seeds:
+        if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0):
+            raise ValueError(f"seeds must be non-negative integers or None, got {seed!r}")
+    if histories is not None and len(histories) != len(rows):
+        raise ValueError(f"{len(histories)} histories for {len(rows)} games")
