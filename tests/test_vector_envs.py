@@ -444,20 +444,23 @@ def test_vector_env_plays_from_a_drawn_position_like_the_reference():
 
 
 # ---- per-game path ----------------------------------------------------------------------------------------
-class SayDigitEnv:
-    """A one-turn game (as tests/test_trainer.py's): 7 wins, another digit draws, anything else loses."""
+class ParrotEnv:
+    """A user env that reads answers its own way: repeat the word it shows, twice, to win."""
 
     def __init__(self, cfg):
-        pass
+        self.word, self.left = None, 0
 
     def reset(self, seed=None, options=None):
-        return "say\n> ", {}
+        self.word, self.left = ("cat", "dog")[seed % 2], 2
+        return f"say {self.word}\n> ", {}
 
     def step(self, text):
-        t = text.strip()
-        winner = "agent" if t.startswith("7") else ("draw" if t[:1].isdigit() else "opponent")
-        return "", {"agent": 1.0, "draw": 0.0, "opponent": -1.0}[winner], True, False, {
-            "winner": winner, "invalid": not t[:1].isdigit()}
+        if text.strip() != self.word:
+            return "", -1.0, True, False, {"winner": "opponent", "invalid": True}
+        self.left -= 1
+        if self.left:
+            return "again\n> ", 0.0, False, False, {"winner": None, "invalid": False}
+        return "", 1.0, True, False, {"winner": "agent", "invalid": False}
 
 
 @pytest.mark.parametrize("cfg, batched", [
@@ -501,13 +504,15 @@ def test_per_game_wrapper_matches_its_envs(cfg):
 
 
 def test_per_game_wrapper_over_a_user_env():
-    env = make_vector_env(EnvConfig(), 3, env_factory=SayDigitEnv)
+    env = make_vector_env(EnvConfig(), 3, env_factory=ParrotEnv)
     assert isinstance(env, PerGameVectorEnv) and not env.accepts_moves
-    assert env.reset([0, 1, 2]).obs == ["say\n> "] * 3
-    step = env.step([0, 1, 2], ["7", "3", "seven"])
-    assert step.reward.tolist() == [1.0, 0.0, -1.0] and step.terminated.all()
-    assert step.winners == ["agent", "draw", "opponent"] and step.invalid.tolist() == [False, False, True]
-    assert not env.live.any()
+    assert env.reset([0, 1, 2]).obs == ["say cat\n> ", "say dog\n> ", "say cat\n> "]
+    step = env.step([0, 1, 2], ["cat", "dog\n", "3"])
+    assert step.obs == ["again\n> ", "again\n> ", ""] and step.reward.tolist() == [0.0, 0.0, -1.0]
+    assert step.terminated.tolist() == [False, False, True] and step.winners == [None, None, "opponent"]
+    assert step.invalid.tolist() == [False, False, True] and env.live.tolist() == [True, True, False]
+    step = env.step([0, 1], ["cat", "cat"])
+    assert step.winners == ["agent", "opponent"] and step.reward.tolist() == [1.0, -1.0] and not env.live.any()
     env.reset([0], rows=[0])
     with pytest.raises(ValueError, match="texts"):  # its envs read text their own way: no moves route
         env.step([0], moves=np.array([7]))
