@@ -26,7 +26,7 @@ from jaxtyping import Bool, Int, UInt32, UInt64
 from earl_jax.envs.opponents import DEFAULT_ALPHABETA_DEPTH
 from earl_jax.envs.vector import connect_four, tic_tac_toe
 
-BLOCK = 64  # words fetched per generator call: more than any game of these two ever draws
+BLOCK = 64  # words fetched per generator call: a move draws one or two, so most games never fetch a second
 
 
 @functools.lru_cache(maxsize=1 << 14)
