@@ -7,6 +7,8 @@ Importing this package registers three Gymnasium ids:
     gymnasium.make("earl_jax/OpenSpiel-v0", game="breakthrough(rows=6,columns=6)")
 
 Keywords are `EnvConfig` fields. See text.py for the observation format and alphabet.
+`earl_jax.envs.vector` steps a whole batch of games in one call (make_vector_env), with the same
+observations, rewards and infos as these per-game envs.
 """
 import gymnasium
 
