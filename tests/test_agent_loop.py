@@ -8,6 +8,7 @@ import pyspiel
 import pytest
 
 from earl_jax.envs import EnvConfig, OpenSpielTextEnv
+from earl_jax.envs.vector import make_vector_env
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
 from earl_jax.rollout.agent_loop import RolloutConfig, ScriptedPolicy, play_games
 
@@ -16,9 +17,9 @@ IDS = special_ids(TOK)
 
 
 def _play(answer, n=4, game="connect_four", cfg=RolloutConfig(), **env_kw):
-    envs = [OpenSpielTextEnv(EnvConfig(game=game, **env_kw)) for _ in range(n)]
+    env = make_vector_env(EnvConfig(game=game, **env_kw), n)
     policy = ScriptedPolicy(answer, TOK, IDS.eos_id)
-    return play_games(policy, envs, TOK, cfg, jax.random.key(0), seeds=list(range(n)), bos_id=IDS.bos_id)
+    return play_games(policy, env, TOK, cfg, jax.random.key(0), seeds=list(range(n)), bos_id=IDS.bos_id)
 
 
 def _lowest_legal(context: str) -> str:

@@ -160,7 +160,7 @@ def test_turn_token_schedule_and_fixed_length_answers(tmp_path):
     assert [cfg.turn_tokens(i) for i in range(4)] == [3, 3, 8, 8]
     trainer = Trainer(cfg, log=False)
     trainer.step = 2  # the schedule's second entry
-    traj, _ = trainer._rollout(trainer.envs, list(range(len(trainer.envs))), None, jax.random.key(0), trainer.sampling)
+    traj, _ = trainer._rollout(trainer.env, list(range(trainer.env.num_games)), None, jax.random.key(0), trainer.sampling)
     runs = []  # lengths of the generated spans (one per agent answer)
     for row in traj.loss_mask:
         edges = np.flatnonzero(np.diff(np.concatenate([[0], row.astype(int), [0]])))
