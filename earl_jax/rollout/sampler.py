@@ -115,7 +115,7 @@ class Sampler:
         self._traces = 0
         self._init = jax.jit(self._init_impl, static_argnums=(0, 1))
         self._grow = jax.jit(self._grow_impl, static_argnums=(1,))
-        self._take = jax.jit(self._take_impl, static_argnums=(2,), donate_argnums=(0,))
+        self._take = jax.jit(self._take_impl, static_argnums=(2,))  # a new batch size: nothing to donate into
         # XLA options for the extend / generate programs only (e.g. {"xla_gpu_enable_triton_gemm": False}).
         opts = dict(compiler_options) if compiler_options else None
         self._extend = jax.jit(self._extend_impl, donate_argnums=(1,), compiler_options=opts)
