@@ -43,14 +43,24 @@ def use_decode_attention(fn: Callable | None) -> Iterator[None]:
         _DECODE_ATTENTION.reset(token)
 
 
+def _normal(key, shape, dtype):
+    return _INIT_STD * jax.random.normal(key, shape, dtype)
+
+
+# Every parameter's initializer, by the name `_param` records in its metadata ("init"): `init_sharded`
+# reads it back from the abstract model, so fast sharded init and eager construction share one definition.
+INITIALIZERS: dict[str, Callable[[jax.Array | None, tuple[int, ...], Any], jax.Array]] = {
+    "normal": _normal,
+    "zeros": lambda key, shape, dtype: jnp.zeros(shape, dtype),
+    "ones": lambda key, shape, dtype: jnp.ones(shape, dtype),
+}
+
+
 def _param(rngs: nnx.Rngs, shape, axes, dtype, init: str = "normal") -> nnx.Param:
-    if init == "normal":
-        value = _INIT_STD * jax.random.normal(rngs.params(), shape, dtype)
-    elif init == "zeros":
-        value = jnp.zeros(shape, dtype)
-    else:
-        value = jnp.ones(shape, dtype)
-    return nnx.Param(value, logical_axes=axes)
+    if init not in INITIALIZERS:
+        raise ValueError(f"unknown initializer {init!r}; choose one of {sorted(INITIALIZERS)}")
+    key = rngs.params() if init == "normal" else None  # only random inits draw keys (the eager sequence)
+    return nnx.Param(INITIALIZERS[init](key, shape, dtype), logical_axes=axes, init=init)
 
 
 class RMSNorm(nnx.Module):
