@@ -29,14 +29,18 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from earl_jax.models.config import ModelConfig
-from earl_jax.models.qwen2 import INITIALIZERS, Qwen2
+from earl_jax.models.qwen2 import INITIALIZERS, Qwen2, shapes_only
 from earl_jax.parallel.mesh import DATA, FSDP, TENSOR, Rules, mesh_shape_of, state_shardings
 from earl_jax.progress import phase
 
 
 def abstract_model(cfg: ModelConfig, **kw: Any) -> Qwen2:
-    """Shapes and logical axes only: a 72B model costs no memory."""
-    return nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0), **kw))
+    """Shapes, dtypes and metadata (logical axes, initializer) only: a 72B model costs no memory."""
+    def build():
+        with shapes_only():
+            return Qwen2(cfg, rngs=nnx.Rngs(0), **kw)
+
+    return nnx.eval_shape(build)
 
 
 def param_shardings(cfg: ModelConfig, mesh: Mesh, rules: Rules, **kw: Any) -> nnx.State:

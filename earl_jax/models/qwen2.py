@@ -56,11 +56,30 @@ INITIALIZERS: dict[str, Callable[[jax.Array | None, tuple[int, ...], Any], jax.A
 }
 
 
+# Set by `shapes_only()`: parameters are placeholders of the right shape (for nnx.eval_shape).
+_SHAPES_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("shapes_only", default=False)
+
+
+@contextlib.contextmanager
+def shapes_only() -> Iterator[None]:
+    """Build modules inside nnx.eval_shape without tracing the random draws: tracing nnx.Rngs' counter
+    updates and jax.random.normal took 3.2 of 3.4 s of eval_shape for Qwen2.5-0.5B (CPU)."""
+    token = _SHAPES_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _SHAPES_ONLY.reset(token)
+
+
 def _param(rngs: nnx.Rngs, shape, axes, dtype, init: str = "normal") -> nnx.Param:
     if init not in INITIALIZERS:
         raise ValueError(f"unknown initializer {init!r}; choose one of {sorted(INITIALIZERS)}")
-    key = rngs.params() if init == "normal" else None  # only random inits draw keys (the eager sequence)
-    return nnx.Param(INITIALIZERS[init](key, shape, dtype), logical_axes=axes, init=init)
+    if _SHAPES_ONLY.get():
+        value = jnp.zeros(shape, dtype)
+    else:
+        key = rngs.params() if init == "normal" else None  # only random inits draw keys (the eager sequence)
+        value = INITIALIZERS[init](key, shape, dtype)
+    return nnx.Param(value, logical_axes=axes, init=init)
 
 
 class RMSNorm(nnx.Module):
