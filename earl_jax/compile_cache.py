@@ -60,16 +60,21 @@ def enable_compile_cache(path: str | None = None) -> str | None:
 
 # ---- counting compiles -----------------------------------------------------------------------------
 _LOWER = "/jax/core/compile/jaxpr_to_mlir_module_duration"  # every new program (cache hit or not)
-_COMPILE = "/jax/core/compile/backend_compile_duration"  # XLA compiles (persistent-cache misses)
+_BACKEND = "/jax/core/compile/backend_compile_duration"  # XLA compile *or* persistent-cache load
 _HIT = "/jax/compilation_cache/cache_hits"
 
 
 @dataclasses.dataclass
 class CompileCount:
     lowered: int = 0  # programs built (new jit signatures): the number of distinct programs
-    compiled: int = 0  # of those, compiled by XLA
-    cache_hits: int = 0  # of those, loaded from the persistent cache instead
-    compile_s: float = 0.0  # seconds in XLA compiles
+    backend: int = 0  # executables obtained: compiled by XLA or loaded from the persistent cache
+    cache_hits: int = 0  # of those, loaded from the persistent cache
+    backend_s: float = 0.0  # seconds spent getting them (compiling or loading)
+
+    @property
+    def compiled(self) -> int:
+        """Executables XLA really compiled (persistent-cache misses)."""
+        return self.backend - self.cache_hits
 
     def __str__(self) -> str:
         hits = f", {self.cache_hits} from cache" if self.cache_hits else ""
@@ -82,15 +87,15 @@ _registered = False
 
 
 def _on_duration(event: str, secs: float, **_) -> None:
-    if not _active or event not in (_LOWER, _COMPILE):
+    if not _active or event not in (_LOWER, _BACKEND):
         return
     with _lock:
         for c in _active:
             if event == _LOWER:
                 c.lowered += 1
             else:
-                c.compiled += 1
-                c.compile_s += secs
+                c.backend += 1
+                c.backend_s += secs
 
 
 def _on_event(event: str, **_) -> None:

@@ -53,6 +53,19 @@ def phase(name: str, *, compiles: bool = False, logger: logging.Logger = log) ->
     logger.info("%s%s: %.1f s", name, f" ({', '.join(notes)})" if notes else "", p.elapsed)
 
 
+def params_str(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+def mesh_str(mesh) -> str:
+    """'d1f4t1' for the stage meshes (data, fsdp, tensor), else the axis sizes ('x2y4')."""
+    from earl_jax.parallel.mesh import DATA, FSDP, TENSOR, mesh_shape_of
+
+    if set(mesh.axis_names) <= {DATA, FSDP, TENSOR}:
+        return str(mesh_shape_of(mesh))
+    return "".join(f"{a}{n}" for a, n in mesh.shape.items())
+
+
 def track(items: Iterable[T], total: int, description: str) -> Iterable[T]:
     """`items` with a rich progress bar when stderr is a terminal and INFO lines are shown; else as is."""
     if not (sys.stderr.isatty() and log.isEnabledFor(logging.INFO)):

@@ -2,7 +2,8 @@
 
 Phases of the per-parameter init (`--impl fast`, earl_jax/models/init.py): abstract model (nnx.eval_shape),
 shardings (logical axes -> NamedSharding), plan (initializer and salt per parameter), compile (one program
-per distinct initializer x shape x dtype x sharding; `programs` counts them, `compile_s` sums XLA's time),
+per distinct initializer x shape x dtype x sharding; `distinct_programs` counts them, `backend_s` sums the
+seconds XLA spent compiling them, or loading them from a persistent cache, over all threads),
 fill (run every parameter's program, until the arrays are ready). `--impl legacy` times the previous
 init: one jitted program that builds the whole model with out_shardings (phases: abstract + shardings,
 compile, run). `--abstract` only counts the programs a model would need (no device memory), e.g. 72B.
@@ -55,7 +56,12 @@ def run_case(model: str, mesh_name: str, impl: str, rules_name: str, abstract: b
            "platform": jax.devices()[0].platform, "workers": workers}
     t0 = time.perf_counter()
     with count_compiles() as count:
-        graphdef, abstract_state = nnx.split(init.abstract_model(cfg))
+        if impl == "fast":
+            graphdef, abstract_state = nnx.split(init.abstract_model(cfg))
+        else:  # the previous abstract_model: eval_shape traced every random draw
+            from earl_jax.models.qwen2 import Qwen2
+
+            graphdef, abstract_state = nnx.split(nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0))))
         t_abstract = time.perf_counter()
         shardings = state_shardings(abstract_state, mesh, rules)
         t_shard = time.perf_counter()
@@ -72,15 +78,13 @@ def run_case(model: str, mesh_name: str, impl: str, rules_name: str, abstract: b
             state = jax.block_until_ready(init.fill_state(abstract_state, plan, seed=0))
             out.update(compile_wall_s=t_compile - t_plan, fill_s=time.perf_counter() - t_compile)
         else:
-            from earl_jax.models.qwen2 import Qwen2
-
             lowered = jax.jit(lambda: nnx.state(Qwen2(cfg, rngs=nnx.Rngs(0))), out_shardings=shardings).lower()
             compiled = lowered.compile()
             t_compile = time.perf_counter()
             state = jax.block_until_ready(compiled())
             out.update(compile_wall_s=t_compile - t_shard, fill_s=time.perf_counter() - t_compile)
     out.update(total_s=time.perf_counter() - t0, lowered=count.lowered, xla_compiles=count.compiled,
-               xla_compile_s=count.compile_s, cache_hits=count.cache_hits)
+               cache_hits=count.cache_hits, backend_s=count.backend_s)
     leaf = nnx.to_flat_state(state)[0][1].get_value()
     out["per_device_bytes"] = sum(s.data.nbytes for v in jax.tree.leaves(state)
                                   for s in v.addressable_shards if s.device == leaf.addressable_shards[0].device)
@@ -89,21 +93,19 @@ def run_case(model: str, mesh_name: str, impl: str, rules_name: str, abstract: b
 
 def _spawn(args, model, mesh, impl) -> dict:
     cmd = [sys.executable, __file__, "--case", model, mesh, impl, "--rules", args.rules, "--workers",
-           str(args.workers)] + (["--abstract"] if args.abstract else [])
+           str(args.workers), "--compile-cache", args.compile_cache or "off"] + (["--abstract"] if args.abstract else [])
     env = dict(os.environ)
     if args.cpu_devices:
         env["JAX_PLATFORMS"] = "cpu"
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.cpu_devices}")
-    if args.compile_cache:
-        env["JAX_COMPILATION_CACHE_DIR"] = args.compile_cache
-        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     t = time.perf_counter()
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
         return {"model": model, "mesh": mesh, "impl": impl, "error": f"timed out after {args.timeout} s"}
     if p.returncode:
-        return {"model": model, "mesh": mesh, "impl": impl, "error": p.stderr.strip().splitlines()[-1:]}
+        return {"model": model, "mesh": mesh, "impl": impl, "returncode": p.returncode,  # -9: killed (memory?)
+                "error": p.stderr.strip().splitlines()[-1:]}
     res = json.loads(p.stdout.strip().splitlines()[-1])
     res["process_s"] = time.perf_counter() - t  # includes python + jax import and device start
     return res
@@ -124,6 +126,9 @@ def main(argv=None) -> None:
     ap.add_argument("--case", nargs=3, metavar=("MODEL", "MESH", "IMPL"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.case:
+        from earl_jax.compile_cache import enable_compile_cache
+
+        enable_compile_cache(args.compile_cache or "off")  # off unless asked: cold compiles are the measure
         print(json.dumps(run_case(*args.case, args.rules, args.abstract, args.workers)))
         return
 

@@ -1,6 +1,10 @@
 """Sharded random init: every parameter in its target sharding, the right distribution, deterministic per
 seed, and a bounded number of compiled programs that does not grow with depth."""
 
+import logging
+import re
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -144,3 +148,17 @@ def test_bf16_params_and_inference_rules():
     q = model.layers[0].attn.q_dnh[...]
     assert q.dtype == jnp.bfloat16 and q.sharding.shard_shape(q.shape)[1] == CFG.num_attention_heads // 4
     assert abs(float(q.astype(jnp.float32).std()) - 0.02) < 0.003
+
+
+def test_init_and_loading_log_what_they_do_and_how_long_it_took(caplog):
+    from earl_jax.models.loader import from_pretrained
+
+    caplog.set_level(logging.INFO, logger="earl_jax")
+    init.init_sharded(CFG, make_mesh(MeshShape.parse("d2f2t2")), TRAIN_RULES)
+    folder = Path(__file__).parent / "fixtures" / "qwen2_gqa_tied"
+    from_pretrained(folder, mesh=make_mesh(MeshShape.parse("d2f1t4")))
+    lines = [r.getMessage() for r in caplog.records if r.name == "earl_jax"]
+    assert lines[0] == "model: tiny, 0.5M params, init on mesh d2f2t2 ..."
+    assert re.fullmatch(r"model: tiny, 0.5M params, init on mesh d2f2t2 \(\d+ programs\): \d+\.\d s", lines[1])
+    assert lines[2].startswith("model: qwen2_gqa_tied, ") and lines[2].endswith(f"loading {folder} onto mesh d2f1t4 ...")
+    assert re.fullmatch(re.escape(lines[2][:-4]) + r": \d+\.\d s", lines[3])

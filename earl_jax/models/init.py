@@ -30,8 +30,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.qwen2 import INITIALIZERS, Qwen2, shapes_only
-from earl_jax.parallel.mesh import DATA, FSDP, TENSOR, Rules, mesh_shape_of, state_shardings
-from earl_jax.progress import phase
+from earl_jax.parallel.mesh import Rules, state_shardings
+from earl_jax.progress import mesh_str, params_str, phase
 
 
 def abstract_model(cfg: ModelConfig, **kw: Any) -> Qwen2:
@@ -142,16 +142,7 @@ def init_sharded(cfg: ModelConfig, mesh: Mesh, rules: Rules, seed: int = 0, **kw
                compiles=True):
         graphdef, abstract_state = nnx.split(abstract_model(cfg, **kw))
         plan = init_plan(abstract_state, state_shardings(abstract_state, mesh, rules))
-        state = fill_state(abstract_state, plan, seed)
+        # Wait for the values, so the logged time is the real one (dispatch is asynchronous).
+        state = jax.block_until_ready(fill_state(abstract_state, plan, seed))
     return nnx.merge(graphdef, state)
 
-
-def params_str(n: int) -> str:
-    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
-
-
-def mesh_str(mesh: Mesh) -> str:
-    """'d1f4t1' for the stage meshes, else the axis sizes."""
-    if set(mesh.axis_names) <= {DATA, FSDP, TENSOR}:
-        return str(mesh_shape_of(mesh))
-    return "x".join(f"{a}{n}" for a, n in mesh.shape.items())
