@@ -60,10 +60,6 @@ class ParamInit:
     salt: int
 
     @property
-    def name(self) -> str:
-        return ".".join(str(p) for p in self.path)
-
-    @property
     def key(self) -> tuple:
         return (self.kind, self.shape, np.dtype(self.dtype).name, self.sharding)
 
@@ -104,7 +100,10 @@ def _lower(p: ParamInit):
 
     scalar = NamedSharding(p.sharding.mesh, P())  # (seed, salt): the same on every device and process
     u32 = jax.ShapeDtypeStruct((), jnp.uint32)
-    return jax.jit(make, in_shardings=(scalar, scalar), out_shardings=p.sharding).lower(u32, u32)
+    # Partitionable threefry (jax's default since 0.5, pinned here): each device draws only its shard, and
+    # the values do not depend on the sharding; the other scheme may materialize the whole array per device.
+    with jax.threefry_partitionable(True):
+        return jax.jit(make, in_shardings=(scalar, scalar), out_shardings=p.sharding).lower(u32, u32)
 
 
 def compile_programs(plan: list[ParamInit], workers: int = 8) -> int:
