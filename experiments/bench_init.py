@@ -93,7 +93,8 @@ def run_case(model: str, mesh_name: str, impl: str, rules_name: str, abstract: b
 
 def _spawn(args, model, mesh, impl) -> dict:
     cmd = [sys.executable, __file__, "--case", model, mesh, impl, "--rules", args.rules, "--workers",
-           str(args.workers), "--compile-cache", args.compile_cache or "off"] + (["--abstract"] if args.abstract else [])
+           str(args.workers), "--compile-cache", args.compile_cache or "off"]
+    cmd += ["--abstract"] if args.abstract else []
     env = dict(os.environ)
     if args.cpu_devices:
         env["JAX_PLATFORMS"] = "cpu"
