@@ -120,6 +120,7 @@ def main(argv=None) -> None:
     ap.add_argument("--rules", choices=["train", "inference"], default="train")
     ap.add_argument("--abstract", action="store_true", help="only count programs (no device memory)")
     ap.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="compile threads")
+    ap.add_argument("--repeats", type=int, default=1, help="fresh processes per case; the fastest is reported")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per case")
     ap.add_argument("--cpu-devices", type=int, default=0, help="run on N fake CPU devices")
     ap.add_argument("--compile-cache", default="", help="persistent compile cache folder (default: off)")
@@ -137,17 +138,22 @@ def main(argv=None) -> None:
     for model in args.model or ["tiny", "qwen2.5-0.5b"]:
         for mesh in args.mesh or ["d1f8t1", "d8f1t1"]:
             for impl in args.impl or ["fast"]:
-                r = _spawn(args, model, mesh, impl)
+                runs = [_spawn(args, model, mesh, impl) for _ in range(args.repeats)]
+                ok = [r for r in runs if "error" not in r]
+                # the fastest run's phases (shared machines only add noise), with every run's total
+                r = min(ok, key=lambda r: r["total_s"]) if ok else runs[-1]
+                r["totals_s"] = [round(x["total_s"], 2) for x in ok]
                 rows.append(r)
                 keys = ("abstract_s", "shardings_s", "compile_wall_s", "fill_s", "total_s", "process_s")
                 print(f"{model:14s} {mesh:8s} {impl:6s} " + ("ERROR " + str(r["error"]) if "error" in r else
                       " ".join(f"{k[:-2]} {r[k]:6.2f}" for k in keys if k in r)
-                      + f"  programs {r.get('distinct_programs', r.get('xla_compiles'))}"), flush=True)
+                      + f"  programs {r.get('distinct_programs', r.get('xla_compiles'))}  totals {r['totals_s']}"),
+                      flush=True)
     device = next((r["device"] for r in rows if "device" in r), "unknown")
     tag = re.sub(r"[^a-z0-9]+", "_", device.lower()).strip("_")
     path = Path(args.out) if args.out else RESULTS / f"bench_init_{tag}{'_abstract' if args.abstract else ''}.json"
     result = {"device": device, "cpu_devices": args.cpu_devices or None, "rows": rows,
-              "note": "seconds of wall time; each case in a fresh process; compile cache "
+              "note": "seconds of wall time; each case in fresh processes (--repeats, fastest reported); compile cache "
                       + (args.compile_cache or "off")}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))
