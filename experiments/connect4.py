@@ -34,12 +34,16 @@ PRESETS = {
 def main(argv: list[str] | None = None, default: RLConfig = DEFAULT, presets=PRESETS, name: str = "connect4") -> None:
     from earl_jax import distributed
     from earl_jax.cli import parse_config
+    from earl_jax.compile_cache import enable_compile_cache
+    from earl_jax.progress import show_progress_logs
     from earl_jax.rl.plots import plot_run
     from earl_jax.rl.trainer import Trainer
 
     cfg = parse_config(RLConfig, argv, description=__doc__, presets=presets, base=default)
     # Before anything touches a device: join the multi-process job, if this process is part of one.
     distributed.maybe_initialize(cfg.coordinator, cfg.num_processes, cfg.process_id)
+    show_progress_logs(distributed.is_main())  # model creation / loading / cache lines, process 0 only
+    enable_compile_cache(cfg.compile_cache or None)  # before the first compile: restarts reuse the programs
     trainer = Trainer(cfg)
     history = trainer.run()
     if distributed.is_main():  # only process 0 writes metrics.jsonl, plots and prints

@@ -132,13 +132,11 @@ def _with(args: argparse.Namespace, **kw) -> argparse.Namespace:
 
 
 def _compile_cache() -> None:
-    """Persistent compilation cache: the --remeasure pass (and reruns) reuse the first pass's programs."""
-    import jax
+    """Persistent compilation cache: the --remeasure pass (and reruns) reuse the first pass's programs.
+    A cache the caller already configured (e.g. the test suite's) wins; $EARL_JAX_CACHE still names one."""
+    from earl_jax.compile_cache import enable_compile_cache
 
-    if jax.config.jax_compilation_cache_dir:  # the caller (e.g. the test suite) already chose one
-        return
-    jax.config.update("jax_compilation_cache_dir", os.environ.get("EARL_JAX_CACHE", "/tmp/earl_jax_cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    enable_compile_cache(os.environ.get("EARL_JAX_CACHE") or None)
 
 
 def _noisy(measure, noise: float, seed: int):

@@ -28,7 +28,8 @@ LAUNCH = [sys.executable, str(ROOT / "launch" / "local.py")]
 def _env(devices: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EARL_", "SLURM_"))}
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), WANDB_MODE="disabled")
+               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), WANDB_MODE="disabled",
+               EARL_COMPILE_CACHE="off")  # the jobs would otherwise cache programs in the user's home
     return env
 
 

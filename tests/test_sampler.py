@@ -276,11 +276,13 @@ def mesh_reference(setup):
 
 
 @pytest.mark.parametrize("shape", ["1x8", "2x4", "4x2"])
-def test_same_outputs_on_every_mesh(mesh_reference, shape):
+def test_same_outputs_on_every_mesh(setup, mesh_reference, shape):
     ref = mesh_reference
     mesh = make_mesh(MeshShape.parse(shape))
-    sharded_graphdef, sharded = nnx.split(init_sharded(CFG, mesh, INFERENCE_RULES, seed=0, dtype=jnp.float32))
-    sharded = _sharpen(sharded)
+    _, params, _ = setup
+    sharded_graphdef, layout = nnx.split(init_sharded(CFG, mesh, INFERENCE_RULES, seed=0, dtype=jnp.float32))
+    # The reference's weights in init_sharded's shardings (init_sharded draws other values than Qwen2(Rngs(0))).
+    sharded = jax.tree.map(lambda w, x: jax.device_put(w, x.sharding), params, layout)
     got = _mesh_run(Sampler(sharded_graphdef, CFG, mesh=mesh, rules=INFERENCE_RULES, cache_dtype=jnp.float32), sharded)
     for a, b in zip(ref[:2], got[:2]):
         np.testing.assert_array_equal(a.tokens, b.tokens)

@@ -20,6 +20,8 @@ class RLConfig:
     run_dir: str = _f("runs/connect4", "folder for config, metrics, checkpoints and plots")
     resume: bool = _f(False, "continue from the newest checkpoint in --run-dir")
     max_minutes: float = _f(0.0, "stop after this many minutes of wall time (0: no limit); a checkpoint is written")
+    compile_cache: str = _f("", "persistent JAX compilation cache folder (\"\" = default under the user's cache dir, "
+                                "$XDG_CACHE_HOME/earl_jax/jax_compile; \"off\" to disable; $EARL_COMPILE_CACHE if unset)")
     # --- model
     model: str = _f("tiny", "model preset: tiny, qwen2.5-0.5b, ... qwen2.5-72b")
     hf_checkpoint: str | None = _f(None, "local Hugging Face folder (config.json, *.safetensors, tokenizer.json)")
