@@ -86,3 +86,17 @@ def show_progress_logs(enabled: bool = True, level: int = logging.INFO) -> None:
     log.addHandler(handler)
     log.setLevel(level)
     log.propagate = False  # a root handler (absl's, a notebook's) would print every line twice
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux /proc), e.g. "command to first iteration"; None elsewhere."""
+    try:
+        import os
+
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: starttime, clock ticks after boot
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None

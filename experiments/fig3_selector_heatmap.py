@@ -66,6 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--stage", default="rollout", choices=("rollout", "experience", "train"))
     p.add_argument("--tp-a", type=int, default=4, help="baseline tensor degree (a in Speedup%%(a->b))")
     p.add_argument("--tp-b", type=int, default=8)
+    p.add_argument("--tp-c", type=int, default=None, help="a third tensor degree: also Speedup%% TP b -> c")
     p.add_argument("--contexts", type=_ints, default=_ints("1K,2K,4K,8K,16K,32K"))
     p.add_argument("--responses", type=_ints, default=_ints("8,16,32,64,128"))
     p.add_argument("--devices", type=int, default=None, help="device count (default: jax.device_count(); 8 synthetic)")
@@ -87,6 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gpu", action="store_true",
                    help="1-2 GPUs: Qwen2.5-0.5B, TP1 vs TP2, contexts 1K,32K,8K,4K,16K,2K (that order, as the "
                         "270 s budget allows) x responses 8,32,128, 16 decode steps; --remeasure gets 150 s")
+    p.add_argument("--gpu4", action="store_true",
+                   help="4 GPUs: Qwen2.5-7B, TP1 / TP2 / TP4 (d4t1, d2t2, d1t4), contexts 1K,32K,8K (that order, as "
+                        "the 330 s budget allows) x responses 8,128; --remeasure gets 150 s")
     p.add_argument("--decode-steps", type=int, default=None, help="real rollout measure: new tokens per cell")
     p.add_argument("--measure-repeats", type=int, default=2)
     p.add_argument("--continue-table", type=Path, default=None,
@@ -113,7 +117,17 @@ def parse_args(argv=None) -> argparse.Namespace:
             args.responses = [8, 32, 128]
         args.time_budget = args.time_budget if args.time_budget is not None else 270.0
         args.remeasure_budget = args.remeasure_budget if args.remeasure_budget is not None else 150.0
+    elif args.gpu4:
+        args.model = args.model or "qwen2.5-7b"
+        args.tp_a, args.tp_b, args.tp_c = 1, 2, 4
+        if "--contexts" not in (argv or sys.argv):
+            args.contexts = _ints("1K,32K,8K")
+        if "--responses" not in (argv or sys.argv):
+            args.responses = [8, 128]
+        args.time_budget = args.time_budget if args.time_budget is not None else 330.0
+        args.remeasure_budget = args.remeasure_budget if args.remeasure_budget is not None else 150.0
     args.decode_steps = args.decode_steps or 16
+    args.tps = tuple(t for t in (args.tp_a, args.tp_b, args.tp_c) if t is not None)
     return args
 
 
@@ -211,6 +225,26 @@ def compute_heatmap(table: ProfileTable, memory: MemoryModel, *, stage: str, tp_
 
 
 def plot_heatmap(result: dict, path: Path) -> Path:
+    """One row of panels per tensor-degree pair (result, then result["next_pair"] when a third TP was measured)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pairs = [result] + ([result["next_pair"]] if result.get("next_pair") else [])
+    ress, rows = result["responses"], result["contexts"]
+    fig, grid = plt.subplots(len(pairs), 2, figsize=(4 + 2.4 * len(ress), (1.2 + 0.7 * len(rows)) * len(pairs)),
+                             gridspec_kw={"width_ratios": [1.25, 1]}, squeeze=False)
+    for axes, res in zip(grid, pairs):
+        _draw_pair(fig, axes, res)
+    fig.suptitle(f"{result['model']} on {result['device_count']} x {result['device_kind']}", fontsize=11)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _draw_pair(fig, axes, result: dict) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -229,8 +263,6 @@ def plot_heatmap(result: dict, path: Path) -> Path:
             if c["gap_to_best_pct"] is not None:
                 gap[i, j] = c["gap_to_best_pct"]
     a, b = result["tp_a"], result["tp_b"]
-    fig, axes = plt.subplots(1, 2, figsize=(4 + 2.4 * len(ress), 1.2 + 0.7 * len(rows)),
-                             gridspec_kw={"width_ratios": [1.25, 1]})
     lim = max(1.0, float(np.nanmax(np.abs(sp)))) if np.isfinite(sp).any() else 1.0
     cmap = matplotlib.colormaps["RdBu"].with_extremes(bad="#bbbbbb")
     im = axes[0].imshow(np.ma.masked_invalid(sp), cmap=cmap, vmin=-lim, vmax=lim, aspect="auto")
@@ -261,12 +293,6 @@ def plot_heatmap(result: dict, path: Path) -> Path:
         ax.set_xlabel("number of responses")
         ax.set_ylabel("context length")
         ax.set_title(t, fontsize=10)
-    fig.suptitle(f"{result['model']} on {result['device_count']} x {result['device_kind']}", fontsize=11)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def load_table(path: Path, **check) -> ProfileTable:
@@ -294,7 +320,7 @@ def main(argv=None) -> dict:
         kind = args.device_kind or jax.devices()[0].device_kind
         budget = int(args.memory_gib * GiB) if args.memory_gib else device_memory_budget()
     memory = MemoryModel(cfg, MemoryConfig(budget_bytes=budget, safety_fraction=args.safety))
-    for t in (args.tp_a, args.tp_b):
+    for t in args.tps:
         if not any(m.tensor == t for m in candidate_meshes(cfg, n_dev, args.stage)):
             raise SystemExit(f"tensor degree {t} is not a valid {args.stage} mesh for {cfg.name} on {n_dev} devices")
 
@@ -316,7 +342,7 @@ def main(argv=None) -> dict:
             previous = load_table(args.continue_table, device_count=n_dev, model_name=cfg.name, device_kind=kind)
         todo = [c for c in args.contexts if previous is None or c not in previous.context_lens(args.stage)]
         table = measure_table(memory, _with(args, contexts=todo),
-                              n_dev, kind, (args.stage,), (args.tp_a, args.tp_b), table=previous,
+                              n_dev, kind, (args.stage,), args.tps, table=previous,
                               save=args.save_table, time_budget=args.time_budget)
         table.meta.update(synthetic=False, budget_bytes=budget)
         if args.save_table:
@@ -332,13 +358,17 @@ def main(argv=None) -> dict:
                                      progress=not args.no_progress)
         else:
             # Same order as the first pass; rows the budget cuts here stay in the figure but are not scored.
-            eval_table = measure_table(memory, args, n_dev, table.device_kind, (args.stage,), (args.tp_a, args.tp_b),
+            eval_table = measure_table(memory, args, n_dev, table.device_kind, (args.stage,), args.tps,
                                        time_budget=args.remeasure_budget)
     result = compute_heatmap(table, memory, stage=args.stage, tp_a=args.tp_a, tp_b=args.tp_b,
                              contexts=sorted(args.contexts), responses=args.responses, eval_table=eval_table)
+    if args.tp_c is not None:  # the same measurements, the next pair of tensor degrees
+        result["next_pair"] = compute_heatmap(table, memory, stage=args.stage, tp_a=args.tp_b, tp_b=args.tp_c,
+                                              contexts=sorted(args.contexts), responses=args.responses,
+                                              eval_table=eval_table)
     result.update(synthetic=synthetic, remeasured=args.remeasure, noise=args.noise,
                   memory=dataclasses.asdict(memory.mem) | {"budget_bytes": budget})
-    stem = args.name or f"fig3_{cfg.name}_{args.stage}_tp{args.tp_a}_tp{args.tp_b}_" + (
+    stem = args.name or f"fig3_{cfg.name}_{args.stage}_" + "_".join(f"tp{t}" for t in args.tps) + "_" + (
         "synthetic" if synthetic else device_slug(kind, n_dev))
     args.out.mkdir(parents=True, exist_ok=True)
     jpath, ppath = args.out / f"{stem}.json", args.out / f"{stem}.png"

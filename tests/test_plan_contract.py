@@ -60,9 +60,11 @@ class Spy:
             program = real_jit(run, name, fn, **kw)
 
             def call(*args):
-                spy._stage = run.stage
-                tokens = args[2] if run.stage == "experience" else (args[2].tokens if name == "train" else args[2])
-                spy.inputs.append((run.stage, dict(run.mesh.shape), tokens.sharding))
+                # the programs that compute a micro-batch's log-probs (not e.g. the accumulator's shapes)
+                spy._stage = run.stage if name in ("logprobs", "policy_grad") else None
+                tokens = args[2] if name == "logprobs" else args[2].tokens if name.endswith("_grad") else None
+                if tokens is not None:
+                    spy.inputs.append((run.stage, dict(run.mesh.shape), tokens.sharding))
                 return program(*args)
             return call
 

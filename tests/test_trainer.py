@@ -140,11 +140,11 @@ def test_out_of_memory_in_a_stage_reruns_it_on_the_next_mesh(tmp_path, monkeypat
     first = trainer.planner.current.experience.mesh
     real, seen = Trainer._experience, []
 
-    def flaky(self, run, arrays):
+    def flaky(self, run, *args):
         seen.append(run.layout.mesh)
         if run.layout.mesh == first:
             raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 123 bytes")
-        return real(self, run, arrays)
+        return real(self, run, *args)
 
     monkeypatch.setattr(Trainer, "_experience", flaky)
     record = trainer.iteration()
@@ -182,7 +182,7 @@ def test_static_mode_keeps_the_first_plan_and_names_the_stage_that_ran_out_of_me
     trainer.planner.observe(ContextStats(200_000, 250_000, 8))  # a context the first plan was never made for
     assert trainer.planner.plan() is first
 
-    def out_of_memory(self, run, arrays):
+    def out_of_memory(self, run, *args):
         raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 123 bytes")
 
     monkeypatch.setattr(Trainer, "_experience", out_of_memory)

@@ -154,14 +154,15 @@ class ProgramCache:
 
             def call(*args):
                 shapes = tuple(tuple(x.shape) for x in jax.tree.leaves(args) if hasattr(x, "shape") and x.ndim >= 2)
-                sig = (run.stage, name, str(run.layout.mesh), shapes)
+                sig = (run.stage, name, str(run.layout.mesh), key[3], shapes)
                 if sig in self.seen:
                     return jitted(*args)
                 t0 = time.perf_counter()
                 out = jitted(*args)
                 self.seen.add(sig)
-                log.info("%s/%s on %s, batch %s: first call (compile or cache load) %.1f s", run.stage, name,
-                         run.layout.mesh, shapes[0] if shapes else "-", time.perf_counter() - t0)
+                width = f", width {static['width']}" if "width" in static else ""
+                log.info("%s/%s on %s, batch %s%s: first call (compile or cache load) %.1f s", run.stage, name,
+                         run.layout.mesh, shapes[0] if shapes else "-", width, time.perf_counter() - t0)
                 return out
 
             self._jits[key] = call

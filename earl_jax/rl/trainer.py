@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -43,11 +44,12 @@ from earl_jax.rl.checkpoint import Checkpointer
 from earl_jax.rl.config import RLConfig
 from earl_jax.rl.losses import LossConfig
 from earl_jax.rl.metrics import MetricsLogger
-from earl_jax.rl.stages import ExperienceBatch, experience_stage, make_optimizer, sft_stage, train_stage
+from earl_jax.rl.packing import batch_width, grouped_logprobs, grouped_update, length_order, micro_batch_widths, rearrange
+from earl_jax.rl.stages import ExperienceBatch, advantage_step, make_optimizer, sft_batch
 from earl_jax.rl.warmup import random_legal_games
 from earl_jax.rollout.agent_loop import RolloutConfig, Trajectories, play_games
 from earl_jax.rollout.policy import SamplerPolicy
-from earl_jax.rollout.sampler import DEFAULT_LENGTH_BUCKETS, Sampler, SamplingConfig, bucket
+from earl_jax.rollout.sampler import Sampler, SamplingConfig
 from earl_jax.sharding.mesh import MeshShape
 
 log = logging.getLogger(__name__)
@@ -66,10 +68,6 @@ def _device_memory() -> dict[str, float]:
 
 def _pad_cols(x: np.ndarray, width: int) -> np.ndarray:
     return np.pad(x, ((0, 0), (0, width - x.shape[1])))
-
-
-def _batch_width(t: int) -> int:
-    return max(64, bucket(t, DEFAULT_LENGTH_BUCKETS))  # a bounded set of experience / train shapes
 
 
 class Trainer:
@@ -210,37 +208,49 @@ class Trainer:
         return want
 
     def _batch_arrays(self, traj: Trajectories) -> dict[str, np.ndarray]:
-        width = _batch_width(traj.tokens.shape[1])
+        width = batch_width(traj.tokens.shape[1])
         return {"tokens": _pad_cols(traj.tokens, width), "loss_mask": _pad_cols(traj.loss_mask, width),
                 "rewards": _pad_cols(traj.rewards, width), "group_ids": traj.group_ids}
 
-    def _experience(self, run: StageRun, arrays: dict[str, np.ndarray]) -> tuple[ExperienceBatch, dict]:
+    def _experience(self, run: StageRun, arrays: dict[str, np.ndarray], lengths: np.ndarray
+                    ) -> tuple[ExperienceBatch, dict, np.ndarray]:
+        """Old (and reference) log-probs by length-grouped micro-batches, then advantages. Returns the batch
+        with its rows arranged by `packing.length_order` (the arrangement is returned too)."""
         params = self._params_for(run)
         ref = None if self.ref_params is None else self._params_for(run, self.ref_params)
-        x = run.put_rows(arrays)
-        micro = run.micro_batches(x["tokens"].shape[0])
-        fn = run.jit("experience", experience_stage, graphdef=self.graphdef, num_groups=self.cfg.groups,
-                     loss_cfg=self.loss_cfg, micro_batches=micro.count, shards=micro.shards,
-                     chunk=run.layout.logprob_chunk, filter_constant_groups=self.cfg.filter_constant_groups)
-        out = fn(params, ref, x["tokens"], x["loss_mask"], x["rewards"], x["group_ids"])
-        return jax.block_until_ready(out)  # an OOM must surface inside the planner's fallback
+        perm = length_order(lengths, run.batch_shards)
+        x = run.put_rows({k: v[perm] for k, v in arrays.items()})
+        n, t = x["tokens"].shape
+        micro = run.micro_batches(n)
+        widths = micro_batch_widths(lengths[perm], micro, t)
+        old = grouped_logprobs(run, params, x["tokens"], widths, micro, graphdef=self.graphdef)
+        ref_logp = old if ref is None else grouped_logprobs(run, ref, x["tokens"], widths, micro, graphdef=self.graphdef)
+        fn = run.jit("advantages", advantage_step, num_groups=self.cfg.groups, loss_cfg=self.loss_cfg,
+                     filter_constant_groups=self.cfg.filter_constant_groups)
+        out = fn(old, ref_logp, x["tokens"], x["loss_mask"], x["rewards"], x["group_ids"])
+        return (*jax.block_until_ready(out), perm)  # an OOM must surface inside the planner's fallback
 
-    def _train(self, run: StageRun, batch: ExperienceBatch) -> dict[str, Any]:
+    def _train(self, run: StageRun, batch: ExperienceBatch, lengths: np.ndarray, arranged: np.ndarray
+               ) -> dict[str, Any]:
+        """PPO epochs of length-grouped updates. `batch` rows are `lengths`' rows in the order `arranged`."""
         t0 = time.perf_counter()
         # The selector may have moved training to another mesh: weights and optimizer state follow.
         self.params = self._params_for(run)
         self.opt_state = self._place_opt_state(run, self.opt_state)
         batch = self.dispatcher(batch, jax.tree.map(lambda x: run.row_sharding(x.ndim), batch))
+        perm = length_order(lengths, run.batch_shards)
+        batch = rearrange(run, batch, np.argsort(arranged)[perm])  # this layout's arrangement (as many shards)
         jax.block_until_ready(batch)
         dispatch_s = time.perf_counter() - t0
         micro = run.micro_batches(batch.tokens.shape[0])
-        fn = run.jit("train", train_stage, donate=(0, 1), graphdef=self.graphdef, optimizer=self.optimizer,
-                     loss_cfg=self.loss_cfg, micro_batches=micro.count, shards=micro.shards,
-                     chunk=run.layout.logprob_chunk)
+        widths = micro_batch_widths(lengths[perm], micro, batch.tokens.shape[1])
         metrics = {}
         for _ in range(self.cfg.ppo_epochs):
             try:
-                self.params, self.opt_state, metrics = fn(self.params, self.opt_state, batch)
+                self.params, self.opt_state, metrics = grouped_update(
+                    run, self.params, self.opt_state, batch, widths, micro, graphdef=self.graphdef, loss="policy",
+                    loss_cfg=self.loss_cfg, optimizer=self.optimizer,
+                    token_weighted=self.loss_cfg.aggregation == "token_mean")
                 jax.block_until_ready(metrics)
             except Exception as e:
                 if any(x.is_deleted() for x in jax.tree.leaves(self.params)):  # donated buffers are gone
@@ -267,28 +277,40 @@ class Trainer:
         metrics = {}
         for i in range(cfg.format_warmup_steps):
             seeds = [10_000_000 + i * cfg.batch_size + j for j in range(cfg.batch_size)]
-            tokens, mask = random_legal_games(self.env, self.tokenizer, seeds, rng, eos_id=self.ids.eos_id,
-                                              bos_id=self.ids.bos_id, max_context=cfg.max_context,
-                                              max_turns=cfg.max_turns, codec=self.codec)
-            width = _batch_width(tokens.shape[1])
+            tokens, mask, lengths = random_legal_games(self.env, self.tokenizer, seeds, rng, eos_id=self.ids.eos_id,
+                                                       bos_id=self.ids.bos_id, max_context=cfg.max_context,
+                                                       max_turns=cfg.max_turns, codec=self.codec)
+            width = batch_width(tokens.shape[1])
             arrays = {"tokens": _pad_cols(tokens, width), "loss_mask": _pad_cols(mask, width)}
             if i == 0:  # one plan for the warm-up (its games are all alike), not fed to the selector's smoothing
-                self._plan_batch(arrays, float((tokens > 0).sum(1).mean()))
+                self._plan_batch(arrays, float(lengths.mean()))
 
             def sft(run: StageRun):
                 nonlocal opt_state
                 self.params = self._params_for(run)
                 opt_state = self._place_opt_state(run, jax.jit(self.sft_optimizer.init)(self.params)
                                                   if opt_state is None else opt_state)
-                x = run.put_rows(arrays)
-                micro = run.micro_batches(x["tokens"].shape[0])
-                fn = run.jit("sft", sft_stage, donate=(0, 1), graphdef=self.graphdef, optimizer=self.sft_optimizer,
-                             micro_batches=micro.count, shards=micro.shards, chunk=run.layout.logprob_chunk)
-                self.params, opt_state, out = fn(self.params, opt_state, x["tokens"], x["loss_mask"])
+                perm = length_order(lengths, run.batch_shards)
+                x = run.put_rows({k: v[perm] for k, v in arrays.items()})
+                micro = run.micro_batches(len(perm))
+                widths = micro_batch_widths(lengths[perm], micro, width)
+                batch = run.jit("sft_batch", sft_batch)(x["tokens"], x["loss_mask"])
+                self.params, opt_state, out = grouped_update(
+                    run, self.params, opt_state, batch, widths, micro, graphdef=self.graphdef, loss="sft",
+                    loss_cfg=None, optimizer=self.sft_optimizer, token_weighted=True)
                 return jax.block_until_ready(out)
 
             metrics = self.planner.run("train", sft, rerun_after_success=False)
         return {k: float(v) for k, v in global_to_host(metrics).items()}
+
+    def _evaluate_logged(self, bar) -> dict[str, float]:
+        from earl_jax.progress import phase
+
+        bar.status(f"evaluation vs {', '.join(self.cfg.eval_opponents)}")
+        with phase(f"evaluation: {self.cfg.eval_games} greedy games vs {', '.join(self.cfg.eval_opponents)}") as p:
+            out = self.evaluate()
+            p.note(", ".join(f"{k} {v:.2f}" for k, v in out.items() if k.endswith("win_rate")))
+        return out
 
     def evaluate(self) -> dict[str, float]:
         """Greedy games against each evaluation opponent (fixed seeds, so evaluations are comparable)."""
@@ -320,10 +342,12 @@ class Trainer:
         self._plan_batch(arrays, s.turn_context_len_mean, prompt_tokens=s.prompt_tokens,
                          first_cache_len=s.first_cache_len, observation_tokens=s.observation_tokens)
         t0 = time.perf_counter()
-        batch, exp_metrics = self.planner.run("experience", lambda run: self._experience(run, arrays))
+        batch, exp_metrics, arranged = self.planner.run("experience",
+                                                        lambda run: self._experience(run, arrays, traj.lengths))
         t1 = time.perf_counter()
         # train updates (and donates) the weights: never rerun on a process where it already succeeded
-        train_metrics = self.planner.run("train", lambda run: self._train(run, batch), rerun_after_success=False)
+        train_metrics = self.planner.run("train", lambda run: self._train(run, batch, traj.lengths, arranged),
+                                         rerun_after_success=False)
         t2 = time.perf_counter()
         self.step += 1
         dispatch_s = rollout_dispatch_s + train_metrics.pop("dispatch_s")
@@ -362,37 +386,54 @@ class Trainer:
     def run(self, stop_after: int | None = None) -> list[dict[str, Any]]:
         """Train to cfg.steps (or cfg.max_minutes). `stop_after` ends the process's work after that many
         iterations without the end-of-run evaluation or checkpoint, as a kill would (resume tests)."""
+        from earl_jax.progress import phase, process_age_s
         from earl_jax.rl.progress import Progress
 
         cfg = self.cfg
         start = time.perf_counter()
         history = []
         last_eval: dict[str, float] = {}
-        with Progress(cfg.steps, enabled=cfg.progress and self.is_main) as bar:
+        # a live bar in a terminal; elsewhere (logs, CI) one plain line per phase and iteration instead
+        with Progress(cfg.steps, enabled=cfg.progress and self.is_main and sys.stderr.isatty()) as bar:
             if self.step == 0 and cfg.format_warmup_steps:
                 bar.status("format warm-up (random legal moves)")
-                warm = self.format_warmup()
-                last_eval = self.evaluate()
+                with phase(f"format warm-up: {cfg.format_warmup_steps} supervised steps on random legal games"):
+                    warm = self.format_warmup()
+                last_eval = self._evaluate_logged(bar)
                 self.logger.log({"step": 0, **{f"warmup/{k}": v for k, v in warm.items()}, **last_eval,
                                  "eval/fresh": True})
             elif self.step == 0:
-                last_eval = self.evaluate()
+                last_eval = self._evaluate_logged(bar)
             bar.advance_to(self.step)
             while self.step < cfg.steps:
                 if stop_after is not None and len(history) >= stop_after:
                     return history
+                bar.status(f"iteration {self.step + 1}")
                 record = self.iteration()
+                if not history:  # what a user waits for: the command to the first finished iteration
+                    age = process_age_s()
+                    record["time/command_to_first_iteration_s"] = age
+                    log.info("first RL iteration finished %.1f s after the command (rollout %.1f s, experience "
+                             "%.1f s, train %.1f s, compiles included)", age or float("nan"), record["time/rollout_s"],
+                             record["time/experience_s"], record["time/train_s"])
                 last_step = self.step == cfg.steps
                 out_of_time = cfg.max_minutes and (time.perf_counter() - start) / 60 > cfg.max_minutes
                 evaluated = bool((cfg.eval_every and self.step % cfg.eval_every == 0) or last_step or out_of_time)
                 if evaluated:
-                    last_eval = self.evaluate()
+                    last_eval = self._evaluate_logged(bar)
                 record.update(last_eval)  # carried between evaluations; eval/fresh marks a new one
                 record["eval/fresh"] = evaluated
                 record["time/elapsed_s"] = time.perf_counter() - start
                 self.logger.log(record)
                 history.append(record)
                 bar.update(self.step, record)
+                if not bar.enabled:  # no live display (not a terminal, or --progress false): one line per iteration
+                    log.info("iteration %d/%d: return %+.2f, win %.2f, context %.0f, %.2f s (rollout %.2f, "
+                             "experience %.2f, train %.2f), meshes %s / %s / %s", self.step, cfg.steps,
+                             record["episode/return_mean"], record["episode/win_rate"],
+                             record["rollout/context_len_mean"], record["time/iteration_s"], record["time/rollout_s"],
+                             record["time/experience_s"], record["time/train_s"], record["parallel/rollout_mesh"],
+                             record["parallel/experience_mesh"], record["parallel/train_mesh"])
                 if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or last_step or out_of_time:
                     self.save()
                 if out_of_time:

@@ -27,8 +27,10 @@ def _legal_moves(step) -> list[list[int]]:
 
 def random_legal_games(env: Any, tokenizer: tokenizers.Tokenizer, seeds: Sequence[int], rng: np.random.Generator, *,
                        eos_id: int, bos_id: int | None, max_context: int, max_turns: int = 64,
-                       codec: ObservationCodec | None = None) -> tuple[Int[np.ndarray, "n t"], Bool[np.ndarray, "n t"]]:
-    """One game per row of the vector env `env`: token ids (right-padded with 0) and a mask on the answers."""
+                       codec: ObservationCodec | None = None
+                       ) -> tuple[Int[np.ndarray, "n t"], Bool[np.ndarray, "n t"], Int[np.ndarray, " n"]]:
+    """One game per row of the vector env `env`: token ids (right-padded with 0), a mask on the answers, and
+    each game's length."""
     codec = codec or ObservationCodec(tokenizer)
     n = len(seeds)
     ep = _Episodes(n, max_context, max_turns)
@@ -68,7 +70,7 @@ def random_legal_games(env: Any, tokenizer: tokenizers.Tokenizer, seeds: Sequenc
         ep.append(rows[going][room], ids[room], counts[room], False)
         step = _subset(step, room)
     width = int(ep.length.max())
-    return ep.tokens[:, :width], ep.mask[:, :width]
+    return ep.tokens[:, :width], ep.mask[:, :width], ep.length.copy()
 
 
 def _subset(step, keep: np.ndarray):
