@@ -35,7 +35,7 @@ COMMON = ["--format-warmup-steps", "0", "--eval-every", "0", "--eval-games", "8"
 CASES = {
     "cpu": {"cpu64": ["--groups", "16", "--group-size", "4", "--steps", "5"]},
     "gpu": {"gpu512": ["--groups", "64", "--group-size", "8", "--steps", "6", "--prompt-style", "compact"],
-            "gpu2048": ["--groups", "256", "--group-size", "8", "--steps", "5", "--prompt-style", "compact"]},
+            "gpu2048": ["--groups", "256", "--group-size", "8", "--steps", "4", "--prompt-style", "compact"]},
 }
 TIMES = ("time/rollout_s", "time/experience_s", "time/train_s", "time/dispatch_s")
 
