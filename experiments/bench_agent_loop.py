@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
 RESULTS = ROOT / "experiments" / "results"
 BASELINE = ROOT / ".baseline"
 

@@ -46,7 +46,7 @@ class RLConfig:
                                        "iteration ITER on, e.g. '0:16,4:64,8:256' (empty: --max-turn-tokens throughout)")
     max_turns: int = _f(32, "max agent turns per game (then truncated)")
     rollout_groups: int = _f(0, "groups of games that take turns on the device, so the host steps one group's games "
-                                "while the device decodes another's (0: auto = 2 on accelerators, 1 on CPU)")
+                                "while the device decodes another's (0: auto = 1; see Trainer._pipeline_groups)")
     compact_finished: bool = _f(True, "finished games leave the decode batch (gathered into a smaller batch bucket)")
     max_context: int = _f(2048, "max tokens per episode (then truncated, recorded)")
     temperature: float = _f(1.0, "sampling temperature during rollouts")

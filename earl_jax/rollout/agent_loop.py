@@ -167,6 +167,7 @@ class _Group:
 
     policy: Policy
     games: np.ndarray
+    first_batch: int = 0
     turn: int = 0
     fetch: Callable[[], Decoded] | None = None
     budgets: np.ndarray | None = None
@@ -213,7 +214,7 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         games = np.arange(k * size, (k + 1) * size)
         pol.reset(size, first_cache_len)
         pol.extend(ids[games], counts[games])
-        groups.append(_Group(pol, games))
+        groups.append(_Group(pol, games, first_batch=len(games)))
 
     def issue(g: _Group) -> None:
         """Start the group's next decode, or retire it when none of its games can go on."""
@@ -329,14 +330,18 @@ def _finish(ep: _Episodes, live: np.ndarray, games: np.ndarray, step) -> None:
     ep.truncated[ended] |= step.truncated[done] & ~step.terminated[done]
 
 
+COMPACT_FACTOR = 4  # a batch shrinks by 4x at a time...
+COMPACT_LEVELS = 2  # ...at most twice (B -> B/4 -> B/16): each level compiles its own decode / extend programs
+
+
 def _compact(g: _Group, live: np.ndarray, min_batch: int) -> None:
-    """Gather the live games into the next smaller batch bucket once half of the batch has finished."""
+    """Gather the live games into a 4x smaller batch once three quarters of the batch has finished. Decode
+    programs are compiled per batch size, so the sizes are few: B, B/4, B/16 (B the group's first batch)."""
     slots = np.flatnonzero((g.games >= 0) & live[np.maximum(g.games, 0)])
     batch = len(g.games)
-    target = min_batch
-    while target < len(slots):
-        target *= 2
-    if target >= batch or len(slots) > batch // 2 or not len(slots):
+    floor = max(min_batch, g.first_batch // COMPACT_FACTOR ** COMPACT_LEVELS)
+    target = batch // COMPACT_FACTOR
+    if not len(slots) or len(slots) > target or target < floor or target % min_batch:
         return
     g.policy.take_rows(slots, target)
     games = np.full(target, -1, np.int64)
