@@ -141,33 +141,36 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             "dispatch": dispatch_share(auto["trace"]) if auto else {}, "oom": oom_report(result)}
 
 
-def auto_profile_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+def auto_profile_rows(result: dict[str, Any], bucket_edges: Sequence[int]) -> list[dict[str, Any]]:
     """Rollout throughput the static runs measured per phase, as profile-table entries for the auto run
     (EARL's start-up profile: each rollout layout's TGS per context range; here the static runs paid for it).
 
-    One context per phase for all layouts (the table looks entries up by exact context): the mean over the
-    static runs of their mean turn context (what the selector smooths). A static run that ran out of memory
-    in its rollout stage marks its layout "oom" at the phase where it died."""
+    A phase's entries sit at the selector's context bucket of the phase's mean context at a turn's start
+    (what the selector smooths; the mean over the static runs): the selector looks the table up at its
+    current bucket's upper edge, so a phase is found exactly there, and between phases by the nearest
+    bucket. Two phases in one bucket: the later (longer) one is kept. A static run that ran out of memory in
+    its rollout stage marks its layout "oom" at the phase where it died."""
     n_dev = result["num_devices"]
     statics = {n: r for n, r in result["runs"].items() if n != "auto"}
-    out = []
-    for k, (_, turn_tokens) in enumerate(result["schedule"]):
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    for _, turn_tokens in result["schedule"]:
         ctx = [r.get("rollout/turn_context_len_mean") for run in statics.values() for r in run["trace"]
                if r.get("rollout/turn_tokens") == turn_tokens and r.get("rollout/turn_context_len_mean")]
-        died_here = {n: run for n, run in statics.items() if run["status"] == "out_of_memory"
-                     and run.get("oom_stage") == "rollout" and run.get("failed_turn_tokens") == turn_tokens}
-        if not ctx and not died_here:
+        if not ctx:
             continue
-        context = int(round(sum(ctx) / len(ctx))) if ctx else None
+        mean = sum(ctx) / len(ctx)
+        bucket = next((e for e in bucket_edges if mean <= e), bucket_edges[-1])
         for name, run in statics.items():
             mine = [(r, c) for r, c in zip(run["trace"], mark_compiles(run["trace"]))
                     if r.get("rollout/turn_tokens") == turn_tokens]
             steady = [r for r, c in mine if not c] or [r for r, _ in mine]
             tgs = _rate(steady, "rollout/generated_tokens", "time/rollout_s", n_dev)
-            if context is None:
-                continue
-            if name in died_here:
-                out.append({"mesh": run["rollout_mesh"], "context_len": context, "status": "oom", "tgs": None})
+            died_here = (run["status"] == "out_of_memory" and run.get("oom_stage") == "rollout"
+                         and run.get("failed_turn_tokens") == turn_tokens)
+            if died_here:
+                rows[run["rollout_mesh"], bucket] = {"mesh": run["rollout_mesh"], "context_len": bucket,
+                                                     "status": "oom", "tgs": None, "phase_context": round(mean)}
             elif tgs:
-                out.append({"mesh": run["rollout_mesh"], "context_len": context, "status": "ok", "tgs": tgs})
-    return out
+                rows[run["rollout_mesh"], bucket] = {"mesh": run["rollout_mesh"], "context_len": bucket,
+                                                     "status": "ok", "tgs": tgs, "phase_context": round(mean)}
+    return list(rows.values())

@@ -48,7 +48,6 @@ Writes experiments/results/<name>.{json,png}; run folders go to a temporary fold
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -167,7 +166,13 @@ def auto_table(result: dict, path: Path) -> Path:
     from earl_jax.parallel.profile import ProfileEntry, ProfileTable
     from earl_jax.sharding.mesh import MeshShape
 
-    rows = adaptivity_summary.auto_profile_rows(result)
+    from earl_jax.parallel.selector import DEFAULT_BUCKET_EDGES, SMALL_BUCKET_EDGES
+
+    # the trainer's edges (StagePlanner.from_config): --selector-edges, else small ones for the tiny model
+    flags = result["flags"]
+    edges = (tuple(int(v) for v in flags[flags.index("--selector-edges") + 1].split(","))
+             if "--selector-edges" in flags else SMALL_BUCKET_EDGES if result["model"] == "tiny" else DEFAULT_BUCKET_EDGES)
+    rows = adaptivity_summary.auto_profile_rows(result, edges)
     if not rows:
         raise SystemExit("the auto run's table comes from the static runs' rollouts, and none has a finished "
                          "iteration here: run them first (--runs static_...), or pass --auto-table none")
@@ -303,8 +308,9 @@ def run_env(setting: dict, mem_fraction: float | None) -> dict[str, str]:
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(mem_fraction)
     # EARL_COMPILE_CACHE passes through to the runs; where connect4.py does not read it yet, point JAX at it
     cache = env.get("EARL_COMPILE_CACHE", "")
-    if cache and cache.lower() != "off" and importlib.util.find_spec("earl_jax.compile_cache") is None:
+    if cache and cache.lower() != "off" and not (ROOT / "earl_jax" / "compile_cache.py").exists():
         env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.abspath(cache))
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # every program, however quick
     return env
 
 
@@ -363,7 +369,8 @@ def main(argv=None) -> dict:
     info = {"kind": "cpu", "bytes_limit": None} if args.small else probe_devices(env, n_dev)
     from earl_jax.parallel.profile import device_slug
 
-    name = args.name or f"fig_e2e_adaptivity_{setting['model']}_{device_slug(info['kind'], n_dev)}"
+    custom = "_custom" if any(getattr(args, k) is not None for k in ("schedule", "steps", "model")) else ""
+    name = args.name or f"fig_e2e_adaptivity_{setting['model']}_{device_slug(info['kind'], n_dev)}{custom}"
     json_path = args.out / f"{name}.json"
     result = {"what": "one Connect Four job, context grown by a turn-token schedule, run with the selector (auto) "
                       "and with a static plan per rollout layout", "setting": "small" if args.small else "gpu4",

@@ -79,13 +79,18 @@ def test_dispatch_share_and_oom_report():
 def test_the_auto_table_holds_each_static_layout_per_phase_at_one_context():
     res = _result()
     res["runs"]["static_b"]["trace"][1]["rollout/turn_context_len_mean"] = 140.0  # contexts differ a little
-    rows = summary.auto_profile_rows(res)
-    by_phase = {}
+    res["runs"]["static_a"]["trace"][2]["rollout/turn_context_len_mean"] = 300.0  # phase 2: (300+100+100)/3
+    rows = summary.auto_profile_rows(res, bucket_edges=(64, 128, 256, 512))
+    by_bucket = {}
     for r in rows:
-        by_phase.setdefault(r["context_len"], []).append((r["mesh"], r["status"]))
-    assert by_phase == {110: [("d2f1t1", "ok"), ("d1f1t2", "ok")], 100: [("d2f1t1", "ok"), ("d1f1t2", "oom")]}
+        by_bucket.setdefault(r["context_len"], []).append((r["mesh"], r["status"], r["phase_context"]))
+    # phase 1: mean context 110 -> bucket 128; phase 2: 167 -> 256, where static_b's rollout ran out of memory
+    assert by_bucket == {128: [("d2f1t1", "ok", 110), ("d1f1t2", "ok", 110)],
+                         256: [("d2f1t1", "ok", 167), ("d1f1t2", "oom", 167)]}
     ok = {(r["mesh"], r["context_len"]): r["tgs"] for r in rows if r["status"] == "ok"}
-    assert ok[("d2f1t1", 110)] == 200 / 1.0 / 2  # generated tokens / rollout s / devices, compile-free iteration 2
+    assert ok[("d2f1t1", 128)] == 200 / 1.0 / 2  # generated tokens / rollout s / devices, compile-free iteration 2
+    one = summary.auto_profile_rows(res, bucket_edges=(1024,))  # both phases in one bucket: the later one stays
+    assert {(r["mesh"], r["status"], r["phase_context"]) for r in one} == {("d2f1t1", "ok", 167), ("d1f1t2", "oom", 167)}
 
 
 def test_small_figure_runs_merge_into_one_json_and_refuse_other_settings(tmp_path, monkeypatch):
@@ -107,8 +112,8 @@ def test_small_figure_runs_merge_into_one_json_and_refuse_other_settings(tmp_pat
     assert [r["mesh"] for r in res["auto_table"]] == ["d4f1t1", "d4f1t1"]
     assert [row["turn_tokens"] for row in res["summary"]["phases"]] == [40, 60]
     assert res["summary"]["phases"][0]["best_static"] == "static_d4f1t1"
-    saved = json.loads((tmp_path / "fig_e2e_adaptivity_tiny_cpu.json").read_text())
-    assert set(saved["runs"]) == {"static_d4f1t1", "auto"} and (tmp_path / "fig_e2e_adaptivity_tiny_cpu.png").stat().st_size
+    saved = json.loads((tmp_path / "fig_e2e_adaptivity_tiny_cpu_custom.json").read_text())
+    assert set(saved["runs"]) == {"static_d4f1t1", "auto"} and (tmp_path / "fig_e2e_adaptivity_tiny_cpu_custom.png").stat().st_size
     with pytest.raises(SystemExit, match="exists with other"):  # one figure, one setting
         fig.main(["--small", "--steps", "3", "--schedule", "0:40,1:60", "--out", str(tmp_path), "--runs", "auto"])
     with pytest.raises(SystemExit, match="unknown"):
