@@ -6,7 +6,8 @@ out-of-memory error ends that process only and frees its devices), each capped b
 
 * static_<mesh>  one per rollout layout of the model on the devices (4 GPUs: d4f1t1, d2f1t2, d1f1t4), via
                  `--rollout-thresholds 0:<mesh> --selector-mode static`: the first plan for the whole run, so
-                 experience / train keep the layouts the selector picks at the first context, no fallback;
+                 experience / train keep the layouts the selector plans before any batch, for the first
+                 context bucket (up to 1K tokens on GPU), with no OOM fallback;
 * auto           `--selector-mode auto`: every stage planned for the context, OOM fallback. Its rollout
                  ranks layouts by a profile table (`--auto-table`): by default the rollout throughput the static
                  runs measured per phase (EARL's start-up profile, paid here by the static runs and not
@@ -24,23 +25,27 @@ trainer names the stage that ran out of memory); the summary (adaptivity_summary
 best static run per phase and over the whole run, against the issue's targets. The PNG shows iteration
 throughput per run with the context length, auto's mesh switches and every OOM.
 
-    # CPU (tiny model, 4 of the fake devices, 4 iterations per run, ~1-2 min for all four runs)
+    # CPU (tiny model, 4 of the fake devices, 4 iterations per run; 4m44s for all four runs on a busy 2-core CPU)
     python experiments/fig_e2e_adaptivity.py --small
-    # 4 GPUs, Qwen2.5-3B shape (random init, game tokenizer), 8 games, schedule 480 -> 3968 -> 16000 tokens a turn
+    # 4 GPUs, Qwen2.5-3B shape (random init, game tokenizer), 8 games, 480 -> 3968 -> 16000 tokens a turn
+    # (contexts ~1.1K, ~8.1K, ~32.2K; 2 + 2 + 1 iterations), one run per device call, all merging into one JSON:
     EARL_COMPILE_CACHE=$PWD/.jax_cache python experiments/fig_e2e_adaptivity.py --gpu4 --runs static_d4f1t1
-    ... --runs static_d2f1t2 / --runs static_d1f1t4 / --runs auto       (same command: results merge into one JSON)
+    ...  --runs static_d2f1t2,   then --runs static_d1f1t4,   then --runs auto      (the same command otherwise)
     python experiments/fig_e2e_adaptivity.py --replot experiments/results/<name>.json
 
-Cost of `--gpu4` (ESTIMATES, nothing measured yet): about 8 minutes of device time per run, cold: ~30 s start
-and 3B init; ~13 rollout programs at ~8 s each (0.5B's extend + generate compiled in 10-14 s on one H100,
-bench_rollout) plus experience / train programs at three widths; decoding ~4.5 ms a step (Fig. 3's 0.5B
-steps scaled to 3B's weight reads), i.e. ~9 s, ~70 s and ~160 s for the 1K, 8K and 32K iterations (5
-iterations: 2 + 2 + 1). So the four runs need about four device calls of up to 10 minutes (one run each;
-`--budget-s` 560 stops a run before the call's limit; a run cut there keeps its finished iterations), not
-one; runs after the first load their experience / train programs from the compile cache when the machine
-stays warm. The lead may trim: `--steps 4` (1K and 8K only, ~4 min a run, two runs per call), or
-`--model qwen2.5-1.5b` (about half the decode time); the JSON records the settings, and runs of one figure
-must share them (a mismatch is refused).
+Cost of `--gpu4` (ESTIMATES, nothing measured yet): about 8 minutes of device time per run, cold: ~30 s to
+start and initialize 3B; ~13 rollout programs at ~8 s each (0.5B's extend + generate compiled in 10-14 s on
+one H100, bench_rollout) plus experience and train at three widths; decoding ~4.5 ms a step (Fig. 3's 0.5B
+steps scaled to 3B's weight reads), i.e. ~9 s, ~70 s and ~160 s for a 1K, 8K and 32K iteration. So the four
+runs take four device calls of up to 10 minutes, not one (`--budget-s` 560 stops a run before the call's
+limit; a run cut there keeps its finished iterations, marked "budget"); runs after the first load the
+experience and train programs from the compile cache if the machine stays warm. The lead may trim:
+`--steps 4` (the 1K and 8K phases only, ~4 min a run: `--runs static_d4f1t1,static_d2f1t2 --budget-s 280`, then
+the other two), or `--model qwen2.5-1.5b` (about half the decoding); a trimmed figure gets its own JSON
+(`..._custom`), since the runs of one figure must share their settings (a mismatch is refused).
+Memory, by the memory model at --mem-fraction 0.92 (72.8 GiB of an 80 GB card): the static plans keep train
+on d4f1t1 with 2 rows per shard (planned for the first bucket), 66.5 GiB at 32K, above the 65.5 GiB the model
+allows itself: they may run out of memory in their 32K iteration; auto plans 1 row there.
 
 Writes experiments/results/<name>.{json,png}; run folders go to a temporary folder (or --keep-runs DIR).
 """
@@ -164,9 +169,8 @@ def auto_table(result: dict, path: Path) -> Path:
     """The static runs' rollout throughput per phase as a ProfileTable for the auto run (`--selector-table`)."""
     from earl_jax.models.config import get_config
     from earl_jax.parallel.profile import ProfileEntry, ProfileTable
-    from earl_jax.sharding.mesh import MeshShape
-
     from earl_jax.parallel.selector import DEFAULT_BUCKET_EDGES, SMALL_BUCKET_EDGES
+    from earl_jax.sharding.mesh import MeshShape
 
     # the trainer's edges (StagePlanner.from_config): --selector-edges, else small ones for the tiny model
     flags = result["flags"]

@@ -93,6 +93,23 @@ def test_the_auto_table_holds_each_static_layout_per_phase_at_one_context():
     assert {(r["mesh"], r["status"], r["phase_context"]) for r in one} == {("d2f1t1", "ok", 167), ("d1f1t2", "oom", 167)}
 
 
+def test_how_a_run_ended_is_read_from_its_output():
+    import importlib
+
+    fig = importlib.import_module("fig_e2e_adaptivity")
+    static = ("Traceback ...\njaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory allocating\n\n"
+              "During handling ...\nRuntimeError: train stage ran out of memory on the static layout d4f1t1 mb2 "
+              "chunk64 (--selector-mode static keeps the first plan; auto adapts it)\n")
+    assert fig.oom_stage(static) == "train" and fig.error_line(static).startswith("RuntimeError: train stage ran out")
+    auto = ("earl_jax.parallel.selector.NoFeasibleLayoutError: rollout: out of memory on d1f1t4, and nothing else "
+            "fits:\nno rollout layout ...\n")
+    assert fig.oom_stage(auto) == "rollout" and "NoFeasibleLayoutError: rollout" in fig.error_line(auto)
+    assert fig.oom_stage("ValueError: something else\n") is None
+    assert fig.error_line("x\nValueError: something else\ny\n") == "ValueError: something else"
+    with pytest.raises(SystemExit, match="run them first"):  # auto's table needs a static run's iterations
+        fig.auto_table({**_result(), "runs": {}, "flags": [], "model": "tiny"}, Path("unused.json"))
+
+
 def test_small_figure_runs_merge_into_one_json_and_refuse_other_settings(tmp_path, monkeypatch):
     import importlib
 
