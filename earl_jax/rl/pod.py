@@ -16,10 +16,11 @@ Decisions (each one a guess to revisit with measurements, not a tuned setting):
   micro-batches above one row. With 80 GiB per device this picks 1.5B on one device, 3B on two, 7B on four;
   with 8 x 141 GiB, 32B.
 * Batch: 16 games per device in groups of 8 (GRPO compares within a group): a multiple of the device
-  count, so every mesh's batch axes divide it, and enough rows per device that decoding is not only
-  weight reads.
+  count, so every mesh's batch axes divide it; decoding a few rows is bound by weight reads, so more rows
+  per device cost little time each.
 * Prompts: compact (the board every turn, ~80 tokens) for a random-init model, answers of up to 8 tokens
-  ending at EOS, context 4096; chat (English) for a pretrained checkpoint, answers of up to 128 tokens,
+  ending at EOS, context 4096, learning rate 1e-4 (the tiny model's 1e-3 scaled down for a larger model; not
+  tuned), the format warm-up of the base preset; chat (English) for a pretrained checkpoint, answers of up to 128 tokens,
   context 8192, a small learning rate with a KL term and no format warm-up (the qwen0.5b preset's choices).
 * bfloat16 compute (float32 master weights in training).
 
