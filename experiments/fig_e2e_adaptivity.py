@@ -29,7 +29,7 @@ throughput per run with the context length, auto's mesh switches and every OOM.
     python experiments/fig_e2e_adaptivity.py --small
     # 4 GPUs, Qwen2.5-3B shape (random init, game tokenizer), 8 games, 480 -> 3968 -> 16000 tokens a turn
     # (contexts ~1.1K, ~8.1K, ~32.2K; 2 + 2 + 1 iterations), one run per device call, all merging into one JSON:
-    EARL_COMPILE_CACHE=$PWD/.jax_cache python experiments/fig_e2e_adaptivity.py --gpu4 --runs static_d4f1t1
+    EARL_COMPILE_CACHE=$PWD/runs/jax_cache python experiments/fig_e2e_adaptivity.py --gpu4 --runs static_d4f1t1
     ...  --runs static_d2f1t2,   then --runs static_d1f1t4,   then --runs auto      (the same command otherwise)
     python experiments/fig_e2e_adaptivity.py --replot experiments/results/<name>.json
 
@@ -37,7 +37,7 @@ Cost of `--gpu4` (ESTIMATES, nothing measured yet): about 8 minutes of device ti
 start and initialize 3B; ~13 rollout programs at ~8 s each (0.5B's extend + generate compiled in 10-14 s on
 one H100, bench_rollout) plus experience and train at three widths; decoding ~4.5 ms a step (Fig. 3's 0.5B
 steps scaled to 3B's weight reads), i.e. ~9 s, ~70 s and ~160 s for a 1K, 8K and 32K iteration. So the four
-runs take four device calls of up to 10 minutes, not one (`--budget-s` 560 stops a run before the call's
+runs take four device calls of up to 10 minutes, not one (`--budget-s` 540 stops a run before the call's
 limit; a run cut there keeps its finished iterations, marked "budget"); runs after the first load the
 experience and train programs from the compile cache if the machine stays warm. The lead may trim:
 `--steps 4` (the 1K and 8K phases only, ~4 min a run: `--runs static_d4f1t1,static_d2f1t2 --budget-s 280`, then
@@ -81,7 +81,7 @@ SETTINGS = {
     "small": dict(model="tiny", devices=4, schedule="0:16,2:96", steps=4, budget_s=240.0, mem_fraction=None,
                   flags=["--groups", "2", "--group-size", "2", "--max-context", "512"]),
     # 8 games (2 per data shard of d4f1t1); two turns of 480 / 3968 / 16000 tokens: contexts ~1.1K, ~8.1K, ~32.2K
-    "gpu4": dict(model="qwen2.5-3b", devices=4, schedule="0:480,2:3968,4:16000", steps=5, budget_s=560.0,
+    "gpu4": dict(model="qwen2.5-3b", devices=4, schedule="0:480,2:3968,4:16000", steps=5, budget_s=540.0,
                  mem_fraction=0.92, flags=["--groups", "4", "--group-size", "2", "--max-context", "32768",
                                            "--dtype", "bfloat16"]),
 }
