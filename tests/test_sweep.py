@@ -38,8 +38,9 @@ def test_selector_sweep_maximizes_throughput_over_the_selector_knobs_with_learni
     assert spec["metric"] == {"name": "throughput/iteration_tgs_mean", "goal": "maximize"}
     assert _varying(spec) == SELECTOR_KNOBS
     assert {"learning-rate", "kl-coef"} <= set(spec["parameters"]) - _varying(spec)  # fixed, not swept
-    # every combination is a valid connect4 command line, and every mesh a valid layout of its model and batch
-    for params in sweep.grid(spec["parameters"]):
+    # every value is a valid connect4 flag value, and every mesh a valid layout of the model and the batch
+    first = {k: p["value"] if "value" in p else p["values"][0] for k, p in spec["parameters"].items()}
+    for params in ({**first, k: v} for k in _varying(spec) for v in spec["parameters"][k]["values"]):
         cfg = parse_config(RLConfig, sweep.trial_command("x", params, "r")[3:])
         model = get_config(cfg.model, vocab_size=101)
         for stage in ("rollout", "experience", "train"):
