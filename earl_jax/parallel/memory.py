@@ -81,6 +81,23 @@ def valid_tensor_degree(cfg: ModelConfig, tensor: int) -> bool:
     return tensor >= 1 and q % tensor == 0 and (kv % tensor == 0 or tensor % kv == 0)
 
 
+def mesh_problem(cfg: ModelConfig, num_devices: int, stage: str, mesh: MeshShape) -> str | None:
+    """Why `mesh` is not a valid `stage` mesh of `cfg` over `num_devices` (None: it is one of
+    `candidate_meshes`). A vocabulary the tensor degree does not divide is no problem: it is replicated
+    (the game tokenizer's 101 tokens always are), and the memory model counts it so."""
+    q, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    if mesh.size != num_devices:
+        return f"uses {mesh.size} devices; the job has {num_devices}"
+    if stage != "train" and mesh.fsdp != 1:
+        return f"has fsdp={mesh.fsdp}; only train meshes have an fsdp axis (rollout and experience: dAf1tC)"
+    if q % mesh.tensor:
+        return f"has tensor={mesh.tensor}, which does not divide {cfg.name}'s {q} attention heads"
+    if not valid_tensor_degree(cfg, mesh.tensor):
+        return (f"has tensor={mesh.tensor}, which neither divides {cfg.name}'s {kv} key/value heads nor is a "
+                "multiple of them")
+    return None
+
+
 def candidate_meshes(cfg: ModelConfig, num_devices: int, stage: str) -> list[MeshShape]:
     """All mesh shapes over exactly `num_devices` valid for `cfg` and `stage`: rollout / experience are
     data x tensor (fsdp = 1); train is data x fsdp x tensor. Sorted by (tensor, fsdp)."""

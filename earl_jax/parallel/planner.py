@@ -33,7 +33,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from earl_jax import distributed
 from earl_jax.models.config import ModelConfig
-from earl_jax.parallel.memory import MemoryConfig
+from earl_jax.parallel.memory import MemoryConfig, candidate_meshes, mesh_problem
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
 from earl_jax.parallel.profile import ProfileTable, is_oom_error
 from earl_jax.parallel.selector import (SMALL_BUCKET_EDGES, NoFeasibleLayoutError, ParallelismSelector,
@@ -55,6 +55,26 @@ def parse_thresholds(text: str) -> list[tuple[int, MeshShape]]:
         except ValueError as e:
             raise ValueError(f"threshold {item!r}: expected CONTEXT:MESH such as 1024:d4f1t2 ({e})") from e
     return out
+
+
+def _checked_thresholds(cfg, model_cfg: ModelConfig, num_devices: int, stage: str) -> list[tuple[int, MeshShape]]:
+    """`--<stage>-thresholds` parsed and checked against the model and the job before anything compiles; an
+    error names the flag, the mesh and what is wrong with it (devices, heads, fsdp, the batch)."""
+    flag = f"--{stage}-thresholds"
+    try:
+        entries = parse_thresholds(getattr(cfg, f"{stage}_thresholds"))
+    except ValueError as e:
+        raise ValueError(f"{flag}: {e}") from None
+    for _, mesh in entries:
+        why = mesh_problem(model_cfg, num_devices, stage, mesh)
+        if why is None and cfg.batch_size % (mesh.data * mesh.fsdp):
+            why = (f"splits rows over {mesh.data * mesh.fsdp} batch shards (data x fsdp), which --groups x "
+                   f"--group-size = {cfg.batch_size} games do not divide")
+        if why is not None:
+            valid = [str(m) for m in candidate_meshes(model_cfg, num_devices, stage)
+                     if cfg.batch_size % (m.data * m.fsdp) == 0]
+            raise ValueError(f"{flag}: {mesh} {why}; valid {stage} meshes here: {', '.join(valid) or 'none'}")
+    return entries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,8 +208,7 @@ class StagePlanner:
     @classmethod
     def from_config(cls, cfg, model_cfg: ModelConfig, remat: bool = True) -> "StagePlanner":
         devices = jax.devices()[: cfg.devices or None]
-        thresholds = {s: parse_thresholds(getattr(cfg, f"{s}_thresholds")) for s in STAGES}
-        thresholds = {s: v for s, v in thresholds.items() if v}
+        thresholds = {s: v for s in STAGES if (v := _checked_thresholds(cfg, model_cfg, len(devices), s))}
         edges = cfg.selector_edges or (SMALL_BUCKET_EDGES if cfg.model == "tiny" else None)
         sel_cfg = SelectorConfig(**({"bucket_edges": edges} if edges else {}), margin=cfg.selector_margin,
                                  ema_alpha=cfg.selector_ema, thresholds=thresholds or None)

@@ -36,7 +36,7 @@ import math
 from typing import Any, Literal, Mapping, Sequence
 
 from earl_jax.models.config import ModelConfig
-from earl_jax.parallel.memory import MemoryConfig, MemoryModel, candidate_meshes
+from earl_jax.parallel.memory import MemoryConfig, MemoryModel, candidate_meshes, mesh_problem
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
 from earl_jax.parallel.profile import OK, OOM, ProfileTable
 from earl_jax.sharding.mesh import STAGES, MeshShape
@@ -196,8 +196,8 @@ class ParallelismSelector:
             for _, m in entries:
                 if m not in candidate_meshes(cfg, self.num_devices, s):
                     raise ValueError(f"thresholds[{s!r}]: {m} is not a valid {s} mesh of {cfg.name} on "
-                                     f"{self.num_devices} devices; valid: "
-                                     f"{[str(c) for c in candidate_meshes(cfg, self.num_devices, s)]}")
+                                     f"{self.num_devices} devices (it {mesh_problem(cfg, self.num_devices, s, m)}); "
+                                     f"valid: {[str(c) for c in candidate_meshes(cfg, self.num_devices, s)]}")
         self._thr = {s: HysteresisLevel([c for c, _ in e], self.config.margin)
                      for s, e in (self.config.thresholds or {}).items()}
         self._smoother = _Smoother(self.config.smoothing, self.config.ema_alpha, self.config.window)

@@ -101,7 +101,8 @@ class RLConfig:
     eval_every: int = _f(10, "iterations between greedy evaluations (0: only at the end)")
     eval_games: int = _f(64, "games per evaluation opponent")
     checkpoint_every: int = _f(25, "iterations between checkpoints (and one at the end)")
-    keep_checkpoints: int = _f(3, "checkpoints kept")
+    keep_checkpoints: int = _f(3, "checkpoints kept (0: none are written, e.g. benchmark runs thrown away after; "
+                                  "a 3B model's checkpoint is ~45 GB)")
     wandb_mode: Literal["auto", "online", "offline", "disabled"] = _f(
         "auto", "auto = online with WANDB_API_KEY set, else offline")
     wandb_project: str = _f("earl-jax", "wandb project")
@@ -117,10 +118,11 @@ class RLConfig:
                 raise ValueError(f"--{name.replace('_', '-')}: {msg} (got {getattr(self, name)!r})")
 
         for name in ("steps", "groups", "group_size", "max_turn_tokens", "max_turns", "max_context",
-                     "ppo_epochs", "micro_batch_tokens", "logprob_chunk", "eval_games", "keep_checkpoints"):
+                     "ppo_epochs", "micro_batch_tokens", "logprob_chunk", "eval_games"):
             need(getattr(self, name) > 0, name, "must be positive")
         for name in ("warmup_steps", "format_warmup_steps", "eval_every", "checkpoint_every", "invalid_retries",
-                     "rollout_groups", "top_k", "max_minutes", "kl_coef", "entropy_coef", "weight_decay"):
+                     "rollout_groups", "top_k", "max_minutes", "kl_coef", "entropy_coef", "weight_decay",
+                     "keep_checkpoints"):
             need(getattr(self, name) >= 0, name, "must be >= 0")
         need(self.temperature > 0, "temperature", "must be > 0")
         need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
@@ -131,6 +133,8 @@ class RLConfig:
         need(0 < self.selector_ema <= 1, "selector_ema", "must be in (0, 1]")
         need(self.devices >= 0 and self.memory_budget_gib >= 0, "devices", "must be >= 0")
         need(self.agent_player in (None, 0, 1), "agent_player", "must be 0, 1 or none")
+        need(not (self.resume and self.keep_checkpoints == 0), "keep_checkpoints",
+             "--resume needs checkpoints: 0 writes none")
         need(self.max_context > self.max_turn_tokens, "max_context", "must exceed --max-turn-tokens")
         try:
             schedule = parse_schedule(self.turn_tokens_schedule)
