@@ -234,3 +234,20 @@ def test_rollout_estimate_from_measured_extends():
     with pytest.raises(Exception, match="no rollout layout"):
         sel.plan(ContextStats(ctx, ctx, rows))
     assert sel.plan(ContextStats(ctx, ctx, rows, 100, 3100, 7)).rollout.mesh == mesh
+
+
+def test_rollout_and_experience_are_planned_beside_the_resident_train_state():
+    """The train state (fp32 master + 2 AdamW moments) stays on the devices while rollout and experience run:
+    the selector plans train first and counts its state in the other two stages' estimates."""
+    from earl_jax.parallel.plan import ContextStats
+    from earl_jax.parallel.selector import ParallelismSelector
+
+    cfg = get_config("qwen2.5-1.5b")
+    sel = ParallelismSelector(cfg, 4, memory=MemoryConfig(budget_bytes=H100))
+    plan = sel.plan(ContextStats(1024, 1024, 64))
+    resident = sel.memory.train_resident_bytes(plan.train.mesh)
+    assert resident == pytest.approx(cfg.num_params() * 12 / 4, rel=0.01)  # fsdp x tensor = 4 devices
+    with_state = sel.memory.estimate("rollout", plan.rollout.mesh, 1024, 64)
+    assert with_state.resident == resident and sel.memory.estimate("train", plan.train.mesh, 1024, 64).resident == 0
+    sel.memory.resident_bytes = 0
+    assert with_state.total - sel.memory.estimate("rollout", plan.rollout.mesh, 1024, 64).total == resident

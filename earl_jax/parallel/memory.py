@@ -198,6 +198,7 @@ class MemoryConfig:
     reserve_bytes: int = 512 * MiB
     param_bytes_inference: int = 2  # bf16
     train_state_bytes_per_param: int = 16  # fp32 master + fp32 grad + 2 fp32 AdamW moments
+    resident_bytes_per_param: int = 12  # fp32 master + 2 AdamW moments stay resident through rollout / experience
     compute_bytes: int = 2  # bf16 activations
     kv_cache_bytes: int = 2
     experience_models: int = 2  # reference + old policy resident together
@@ -232,10 +233,11 @@ class MemoryEstimate:
     activations: int
     logits: int
     reserve: int
+    resident: int = 0  # the train state that stays on the devices while rollout / experience run
 
     @property
     def total(self) -> int:
-        return self.params + self.gather + self.kv_cache + self.activations + self.logits + self.reserve
+        return self.params + self.gather + self.kv_cache + self.activations + self.logits + self.reserve + self.resident
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -244,7 +246,7 @@ class MemoryEstimate:
 
     def describe(self) -> str:
         parts = ", ".join(f"{k} {getattr(self, k) / GiB:.2f}" for k in
-                          ("params", "gather", "kv_cache", "activations", "logits", "reserve"))
+                          ("params", "gather", "kv_cache", "activations", "logits", "reserve", "resident"))
         return (f"{self.stage} {self.mesh} ctx {self.context_len} mb {self.micro_batch} chunk "
                 f"{self.logprob_chunk}: {self.total / GiB:.2f} GiB ({parts} GiB)")
 
@@ -264,6 +266,9 @@ class MemoryModel:
         self.cfg = cfg
         self.mem = memory or MemoryConfig()
         self._budget = self.mem.budget_bytes
+        # bytes another stage keeps resident beside rollout / experience (the selector sets the train
+        # state of its train layout; 0: those stages are planned alone, as in profiling)
+        self.resident_bytes = 0
 
     @property
     def budget_bytes(self) -> int:
@@ -370,8 +375,13 @@ class MemoryModel:
                 acts = c.num_hidden_layers * layer + layer
             acts += 2 * tok * c.hidden_size * 4  # final hidden states and their gradient (fp32)
             logits = 3 * mb * chunk * self._vocab_dev(t) * 4
+        resident = 0 if stage == "train" else self.resident_bytes
         return MemoryEstimate(stage, mesh, ctx, int(mb), int(chunk), int(params), int(gather), int(kv),
-                              int(acts), int(logits), int(m.reserve_bytes))
+                              int(acts), int(logits), int(m.reserve_bytes), int(resident))
+
+    def train_resident_bytes(self, train_mesh: MeshShape) -> int:
+        """What the train state keeps on each device between train steps (on `train_mesh`)."""
+        return int(params_per_device(self.cfg, "train", train_mesh) * self.mem.resident_bytes_per_param)
 
     def fits(self, est: MemoryEstimate) -> bool:
         return est.total <= self.usable_bytes

@@ -322,7 +322,15 @@ class ParallelismSelector:
             self.observe(stats)
         self.last_stats = stats
         bucket = self.current_bucket
-        layouts = {s: (self.select(s, bucket, stats) if s in self.config.stages else None) for s in STAGES}
+        layouts = {s: None for s in STAGES}
+        # train first: its state stays resident beside rollout and experience, which are planned around it
+        self.memory.resident_bytes = 0
+        if "train" in self.config.stages:
+            layouts["train"] = self.select("train", bucket, stats)
+            self.memory.resident_bytes = self.memory.train_resident_bytes(layouts["train"].mesh)
+        for s in ("rollout", "experience"):
+            if s in self.config.stages:
+                layouts[s] = self.select(s, bucket, stats)
         plan = StagePlan(**layouts, context_bucket=bucket, smoothed_context_len=float(self._smoother.value))
         if self.last_plan is not None and str(self.last_plan) != str(plan):
             log.info("parallelism: %s -> %s (bucket %d, smoothed context %.0f)", self.last_plan, plan, bucket,

@@ -49,7 +49,7 @@ from earl_jax.rl.stages import ExperienceBatch, advantage_step, make_optimizer, 
 from earl_jax.rl.warmup import random_legal_games
 from earl_jax.rollout.agent_loop import RolloutConfig, Trajectories, play_games
 from earl_jax.rollout.policy import SamplerPolicy
-from earl_jax.rollout.sampler import Sampler, SamplingConfig
+from earl_jax.rollout.sampler import Sampler, SamplingConfig, cast_weights
 from earl_jax.sharding.mesh import MeshShape
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,7 @@ class Trainer:
         model.remat = self.remat == "full"  # a static attribute: part of the graphdef the stages merge
         self.graphdef, self.params = nnx.split(model)
         self.dispatcher = Dispatcher()
+        self._cast = jax.jit(lambda p: cast_weights(p, self.dtype))  # keeps each leaf's sharding
         # A frozen copy: the train stage donates (overwrites) the policy's buffers.
         self.ref_params = jax.tree.map(jnp.copy, self.params) if cfg.kl_coef > 0 else None
 
@@ -169,7 +170,11 @@ class Trainer:
         return self.dispatcher(opt_state, target)
 
     def _params_for(self, run: StageRun, params: Any = None) -> Any:
+        """Weights in `run`'s layout. The inference stages get them in the compute dtype, cast where they are
+        (half the bytes to move, and what the memory model counts); the model casts at every use anyway."""
         params = self.params if params is None else params
+        if run.stage != "train" and self.dtype != jnp.float32:
+            params = self._cast(params)
         return self.dispatcher(params, run.shardings(params))
 
     # ---------------------------------------------------------------- stages

@@ -81,7 +81,7 @@ def bucket(n: int, buckets: Sequence[int]) -> int:
     return -(-n // top) * top
 
 
-def _cast_weights(params: nnx.State, dtype) -> nnx.State:
+def cast_weights(params: nnx.State, dtype) -> nnx.State:
     """Matrices to the compute dtype once (the model casts them at every use anyway, so numerics are
     unchanged); vectors (norm scales, biases) stay as they are, since RMSNorm applies scales in float32."""
     def one(x):
@@ -212,7 +212,7 @@ class Sampler:
 
     def _model(self, params):
         dtype = nnx.merge(self.graphdef, params).dtype
-        return nnx.merge(self.graphdef, _cast_weights(params, dtype))
+        return nnx.merge(self.graphdef, cast_weights(params, dtype))
 
     def _ctx(self):
         return contextlib.nullcontext() if self.mesh is None else use_mesh_rules(self.mesh, self.rules)
