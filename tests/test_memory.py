@@ -246,7 +246,8 @@ def test_rollout_and_experience_are_planned_beside_the_resident_train_state():
     sel = ParallelismSelector(cfg, 4, memory=MemoryConfig(budget_bytes=H100))
     plan = sel.plan(ContextStats(1024, 1024, 64))
     resident = sel.memory.train_resident_bytes(plan.train.mesh)
-    assert resident == pytest.approx(cfg.num_params() * 12 / 4, rel=0.01)  # fsdp x tensor = 4 devices
+    shards = plan.train.mesh.fsdp * plan.train.mesh.tensor
+    assert resident == pytest.approx(cfg.num_params() * 12 / shards, rel=0.01)  # replicated over data
     with_state = sel.memory.estimate("rollout", plan.rollout.mesh, 1024, 64)
     assert with_state.resident == resident and sel.memory.estimate("train", plan.train.mesh, 1024, 64).resident == 0
     sel.memory.resident_bytes = 0
