@@ -17,7 +17,10 @@ _ENTRY = "earl_jax.envs.openspiel_env:OpenSpielTextEnv"
 
 
 def _register_gymnasium_ids() -> None:
-    import gymnasium
+    try:
+        import gymnasium
+    except ImportError:  # a requirement, but the model / sharding / selector code runs without it
+        return
 
     for env_id, kwargs in ENV_IDS.items():
         if env_id not in gymnasium.registry:  # importing twice (reload, subprocess) must not re-register
