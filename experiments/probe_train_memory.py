@@ -1,7 +1,8 @@
 """XLA's own memory plan of one train micro-batch step (`rl.stages.grad_step`) against the memory model's
 estimate, per layer count, tokens and remat: the temp bytes XLA assigns (compile only, nothing runs).
 
-    python experiments/probe_train_memory.py                 # this machine's first device
+    python experiments/probe_train_memory.py                 # this machine's first device, 2 and 4 layers
+    python experiments/probe_train_memory.py --full          # all 28 layers at 16 and 4 rows x 2048 (printed)
     JAX_PLATFORMS=cpu python experiments/probe_train_memory.py
 
 Why: on 4 H100s a 1.5B train step planned at 16 rows x 2048 tokens per device (estimate ~31 GiB) asked XLA for a
@@ -53,13 +54,16 @@ def probe(model_name: str, layers: int, rows: int, t: int, remat: bool) -> dict:
 
 
 def main() -> None:
+    full = "--full" in sys.argv  # the whole 28-layer model at the 4-GPU pod run's micro-batches
+    cases = ([(28, 16, 2048, True), (28, 4, 2048, True)] if full else
+             [(layers, rows, t, remat) for layers in (2, 4) for rows, t in ((4, 512), (8, 1024)) for remat in (True, False)])
     out = []
-    for layers in (2, 4):
-        for rows, t in ((4, 512), (8, 1024)):
-            for remat in (True, False):
-                r = probe("qwen2.5-1.5b", layers, rows, t, remat)
-                print(json.dumps(r), flush=True)
-                out.append(r)
+    for layers, rows, t, remat in cases:
+        r = probe("qwen2.5-1.5b", layers, rows, t, remat)
+        print(json.dumps(r), flush=True)
+        out.append(r)
+    if full:
+        return
     kind = jax.devices()[0].device_kind
     path = ROOT / "experiments" / "results" / f"probe_train_memory_{device_slug(kind)}.json"
     path.write_text(json.dumps({"device": kind, "jax": jax.__version__, "probes": out}, indent=1))
