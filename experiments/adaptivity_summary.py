@@ -123,7 +123,7 @@ def dispatch_share(trace: list[dict[str, Any]]) -> dict[str, Any]:
     if not total:
         return {}
     share = sum(r.get("time/dispatch_s") or 0.0 for r in trace) / total
-    return {"share": round(share, 5), "max_iteration_share": round(max(r.get("dispatch/share") or 0.0 for r in trace), 5),
+    return {"share": round(share, 5), "max_iteration_share": round(max(r.get("time/dispatch_share") or 0.0 for r in trace), 5),
             "target_met": share <= DISPATCH_TARGET}
 
 

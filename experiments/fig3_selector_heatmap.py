@@ -8,7 +8,7 @@ configuration (one mesh for the whole grid).
     python experiments/fig3_selector_heatmap.py --synthetic
     # from a saved profile table:
     python experiments/fig3_selector_heatmap.py --table experiments/results/profile_72b.json
-    # measuring on this machine's devices (earl_jax.parallel.measure.RealMeasure):
+    # measuring on this machine's devices (earl_jax.rl.measure.RealMeasure):
     python experiments/fig3_selector_heatmap.py --gpu --remeasure
 
 Writes experiments/results/<name>.json and <name>.png.
@@ -37,7 +37,7 @@ if "--small" in sys.argv or os.environ.get("JAX_PLATFORMS", "") == "cpu":
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from earl_jax.models.config import get_config
-from earl_jax.parallel.measure import RealMeasure, profile_rows
+from earl_jax.rl.measure import RealMeasure, profile_rows
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel, candidate_meshes
 from earl_jax.sharding.mesh import MeshShape
 from earl_jax.parallel.profile import ProfileTable, SyntheticThroughput, device_slug, run_profile

@@ -89,7 +89,7 @@ TRACE_KEYS = ("step", "rollout/turn_tokens", "rollout/context_len_mean", "rollou
               "rollout/turn_context_len_mean", "rollout/tokens", "rollout/generated_tokens",
               "throughput/rollout_tgs", "throughput/experience_tgs", "throughput/train_tgs", "throughput/iteration_tgs",
               "time/rollout_s", "time/experience_s", "time/train_s", "time/dispatch_s", "time/iteration_s",
-              "time/elapsed_s", "dispatch/share", "dispatch/bytes", "memory/peak_gib", "memory/limit_gib",
+              "time/elapsed_s", "time/dispatch_share", "dispatch/bytes", "memory/peak_gib", "memory/limit_gib",
               "compile/programs", "parallel/context_bucket", "parallel/rollout_mesh", "parallel/experience_mesh",
               "parallel/experience_micro_batch", "parallel/experience_logprob_chunk", "parallel/train_mesh",
               "parallel/train_micro_batch", "parallel/train_logprob_chunk")

@@ -10,7 +10,7 @@ another), so every trial has its own run folder (config.json, metrics.jsonl, che
 folder gets trials.jsonl (parameters, status, wall time, final metrics per trial) and summary.csv,
 and a table sorted by the YAML's metric is printed. Finished trials are skipped when the sweep is
 run again (--rerun repeats them). Besides each metric's last value, the summary holds `time/*_mean` (over
-all iterations) and `throughput/*_tgs_mean`, `dispatch/share_mean` (over the iterations after the first, the
+all iterations) and `throughput/*_tgs_mean`, `time/dispatch_share_mean` (over the iterations after the first, the
 compile iteration), so a sweep can optimize throughput: launch/sweep_selector.yaml maximizes
 throughput/iteration_tgs_mean, launch/sweep_learning.yaml eval/win_rate.
 
@@ -45,7 +45,7 @@ MEAN_METRICS = ("time/rollout_s", "time/experience_s", "time/train_s", "time/dis
 # Throughput over the run, `<name>_mean`: the mean over iterations AFTER the first, whose time is mostly
 # compiling (a few-iteration trial would otherwise rank by compile time, not by the layouts it ran).
 STEADY_MEAN_METRICS = ("throughput/iteration_tgs", "throughput/rollout_tgs", "throughput/experience_tgs",
-                       "throughput/train_tgs", "dispatch/share")
+                       "throughput/train_tgs", "time/dispatch_share")
 
 
 def load_sweep(path: str | Path) -> dict[str, Any]:

@@ -20,7 +20,7 @@ def _rec(step, turn_tokens, tokens, iteration_s, programs, mesh="d4f1t1", gen=No
     return {"step": step, "rollout/turn_tokens": turn_tokens, "rollout/tokens": tokens,
             "rollout/generated_tokens": gen if gen is not None else tokens // 2, "time/iteration_s": iteration_s,
             "time/rollout_s": rollout_s if rollout_s is not None else iteration_s / 2, "time/dispatch_s": dispatch_s,
-            "dispatch/share": dispatch_s / iteration_s, "compile/programs": programs, "parallel/rollout_mesh": mesh,
+            "time/dispatch_share": dispatch_s / iteration_s, "compile/programs": programs, "parallel/rollout_mesh": mesh,
             "rollout/context_len_max": int(2 * ctx), "rollout/turn_context_len_mean": ctx}
 
 
@@ -123,7 +123,7 @@ def test_small_figure_runs_merge_into_one_json_and_refuse_other_settings(tmp_pat
     for name, run in res["runs"].items():
         assert run["status"] == "finished" and run["iterations"] == 2, (name, run["tail"])
         assert [e["rollout/turn_tokens"] for e in run["trace"]] == [40, 60]
-        assert all(e[k] is not None for e in run["trace"] for k in ("throughput/iteration_tgs", "dispatch/share",
+        assert all(e[k] is not None for e in run["trace"] for k in ("throughput/iteration_tgs", "time/dispatch_share",
                                                                     "compile/programs", "parallel/train_mesh"))
         assert all(e["parallel/rollout_mesh"] == "d4f1t1" for e in run["trace"])  # auto: the only measured layout
     assert [r["mesh"] for r in res["auto_table"]] == ["d4f1t1", "d4f1t1"]

@@ -379,7 +379,7 @@ class Trainer:
             "throughput/experience_tgs": s.tokens / max(t1 - t0, 1e-9) / n_dev,
             "throughput/train_tgs": s.tokens * cfg.ppo_epochs / max(t2 - t1, 1e-9) / n_dev,
             "throughput/iteration_tgs": s.tokens / max(iteration_s, 1e-9) / n_dev,
-            "dispatch/share": dispatch_s / max(iteration_s, 1e-9),
+            "time/dispatch_share": dispatch_s / max(iteration_s, 1e-9),
             "train/loss": train_metrics["loss"], "train/kl": train_metrics.get("kl", 0.0),
             "train/entropy": train_metrics.get("entropy", 0.0), "train/grad_norm": train_metrics["grad_norm"],
             "train/clip_frac": train_metrics.get("clip_frac", 0.0), "train/skipped": train_metrics["skipped"],

@@ -1,4 +1,4 @@
-"""The selector's profile mode on real hardware: tokens per device per second (TGS) of each stage, measured
+"""The Parallelism Selector's profile mode on real hardware: tokens per device per second (TGS) of each stage, measured
 on the same code the trainer runs (the Sampler; the experience and train stages through `StageRun`, so a
 measured layout is split into micro-batches and chunks exactly as the trainer would).
 
