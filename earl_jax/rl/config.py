@@ -27,7 +27,18 @@ class RLConfig:
     hf_checkpoint: str | None = _f(None, "local Hugging Face folder (config.json, *.safetensors, tokenizer.json)")
     dtype: Literal["auto", "float32", "bfloat16"] = _f("auto", "compute dtype; auto = float32 on CPU, bfloat16 on GPU")
     # --- games
-    opponent: str = _f("random", "training opponent: random, mcts:N, solver, alphabeta:D")
+    opponent: str = _f("random", "training opponent: random, mcts:N, solver, alphabeta:D, or curriculum (the "
+                                 "ladder of --curriculum, climbed by --promote-at)")
+    curriculum: str = _f("", "opponent ladder for --opponent curriculum, easiest first, e.g. "
+                             "'random,alphabeta:1,alphabeta:2,alphabeta:3' (empty: the game's default ladder, "
+                             "rl/curriculum.py)")
+    promote_at: float = _f(0.8, "curriculum: the next rung once the greedy evaluation win rate against the current "
+                                "rung reaches this, in (0, 1]; every evaluation plays the current rung")
+    league_size: int = _f(0, "K: frozen snapshots of the policy kept in host memory as self-play opponents "
+                             "(0: no league)")
+    league_every: int = _f(10, "N: iterations between league snapshots (the first right after the warm-up)")
+    league_share: float = _f(0.25, "share of each iteration's groups played against a league snapshot, in (0, 1] "
+                                   "(the rest play --opponent); the agent's seat is drawn per game")
     eval_opponents: tuple[str, ...] = _f(("random",), "comma-separated opponents for greedy evaluation")
     prompt_style: Literal["compact", "minimal", "chat"] = _f(
         "minimal", "observation text: minimal (board once, then the opponent's replies: short contexts for the "
@@ -133,6 +144,18 @@ class RLConfig:
         need(0 < self.selector_ema <= 1, "selector_ema", "must be in (0, 1]")
         need(self.devices >= 0 and self.memory_budget_gib >= 0, "devices", "must be >= 0")
         need(self.agent_player in (None, 0, 1), "agent_player", "must be 0, 1 or none")
+        need(0 < self.promote_at <= 1, "promote_at", "must be in (0, 1]")
+        need(self.league_size >= 0, "league_size", "must be >= 0")
+        need(self.league_every > 0, "league_every", "must be positive")
+        need(0 < self.league_share <= 1, "league_share", "must be in (0, 1]")
+        need(not self.curriculum or self.opponent == "curriculum", "curriculum", "needs --opponent curriculum")
+        if self.opponent == "curriculum":
+            from earl_jax.rl.curriculum import parse_ladder
+
+            try:
+                parse_ladder(self.curriculum, self.game)
+            except ValueError as e:
+                raise ValueError(f"--curriculum: {e} (got {self.curriculum!r})") from None
         need(not (self.resume and self.keep_checkpoints == 0), "keep_checkpoints",
              "--resume needs checkpoints: 0 writes none")
         need(self.max_context > self.max_turn_tokens, "max_context", "must exceed --max-turn-tokens")
