@@ -148,3 +148,24 @@ def test_league_iterations_play_frozen_snapshots_that_do_not_train(tmp_path):
 def test_league_refuses_an_env_without_the_batched_path():
     with pytest.raises(ValueError, match="--league-size"):
         Trainer(dataclasses.replace(SMALL, league_size=2, opponent="mcts:5"), log=False)
+
+
+# ---- the GPU preset --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("script, last_rung", [("connect4", "alphabeta:3"), ("tictactoe", "solver")])
+def test_gpu_preset_parses_validates_and_yields_to_flags(script, last_rung, capsys):
+    import importlib
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    mod = importlib.import_module(script)
+    cfg = parse_config(RLConfig, ["--preset", "gpu"], presets=mod.PRESETS, base=mod.DEFAULT)
+    assert cfg.batch_size == 512 and cfg.group_size == 8 and cfg.prompt_style == "compact"
+    assert cfg.opponent == "curriculum" and parse_ladder(cfg.curriculum, cfg.game)[-1] == last_rung
+    assert cfg.game == mod.DEFAULT.game and cfg.max_minutes == 15 and cfg.run_dir.endswith("-gpu")
+    cfg = parse_config(RLConfig, ["--preset", "gpu", "--promote-at", "0.9", "--league-size", "4"], presets=mod.PRESETS,
+                       base=mod.DEFAULT)
+    assert cfg.promote_at == 0.9 and cfg.league_size == 4 and cfg.batch_size == 512
+    with pytest.raises(SystemExit):
+        parse_config(RLConfig, ["--preset", "gpu", "--promote-at", "1.5"], presets=mod.PRESETS, base=mod.DEFAULT)
+    assert "--promote-at" in capsys.readouterr().err

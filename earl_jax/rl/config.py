@@ -95,6 +95,7 @@ class RLConfig:
     # --- warm start (the tiny model starts from random weights and knows no answer format)
     format_warmup_steps: int = _f(60, "supervised steps on uniformly random LEGAL moves before RL (0: off); "
                                       "teaches the answer format only, no game skill")
+    format_warmup_games: int = _f(0, "random legal games per warm-up step (0: the RL batch, --groups x --group-size)")
     # --- parallelism (EARL's Parallelism Selector; every stage gets its own mesh)
     devices: int = _f(0, "devices to use (0: all)")
     selector_mode: Literal["auto", "static"] = _f(
@@ -133,7 +134,7 @@ class RLConfig:
             need(getattr(self, name) > 0, name, "must be positive")
         for name in ("warmup_steps", "format_warmup_steps", "eval_every", "checkpoint_every", "invalid_retries",
                      "rollout_groups", "top_k", "max_minutes", "kl_coef", "entropy_coef", "weight_decay",
-                     "keep_checkpoints"):
+                     "keep_checkpoints", "format_warmup_games"):
             need(getattr(self, name) >= 0, name, "must be >= 0")
         need(self.temperature > 0, "temperature", "must be > 0")
         need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")

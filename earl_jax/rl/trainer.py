@@ -310,18 +310,29 @@ class Trainer:
     # ---------------------------------------------------------------- warm-up, evaluation
     def format_warmup(self) -> dict[str, float]:
         """Supervised steps on games of uniformly random LEGAL moves (from the rules, no sampling): teaches the
-        answer format, not the game. Runs on the train layout planned for the warm-up's own batch."""
+        answer format, not the game. Runs on the train layout planned for the warm-up's own batch.
+
+        Every step has the same shape, so its three programs compile once: `--format-warmup-games` games (a
+        multiple of the devices), cut to the length bucket of the first batch's 95th-percentile game (Connect
+        Four, minimal style: 256 tokens; a cut game loses only late answers, the format is in every turn)."""
         cfg = self.cfg
         rng = np.random.default_rng(cfg.seed + 12345)
+        n_dev = len(self.planner.devices)
+        games = -(-(cfg.format_warmup_games or cfg.batch_size) // n_dev) * n_dev
+        env = self.env if games == self.env.num_games else make_vector_env(
+            dataclasses.replace(self.env_cfg, opponent=self.matchmaker.opponent), games, self._env_factory)
         opt_state = None
         metrics = {}
+        width = None
         for i in range(cfg.format_warmup_steps):
-            seeds = [10_000_000 + i * cfg.batch_size + j for j in range(cfg.batch_size)]
-            tokens, mask, lengths = random_legal_games(self.env, self.tokenizer, seeds, rng, eos_id=self.ids.eos_id,
+            seeds = [10_000_000 + i * games + j for j in range(games)]
+            tokens, mask, lengths = random_legal_games(env, self.tokenizer, seeds, rng, eos_id=self.ids.eos_id,
                                                        bos_id=self.ids.bos_id, max_context=cfg.max_context,
                                                        max_turns=cfg.max_turns, codec=self.codec)
-            width = batch_width(tokens.shape[1])
-            arrays = {"tokens": _pad_cols(tokens, width), "loss_mask": _pad_cols(mask, width)}
+            if width is None:  # one shape for every step: one compile of each warm-up program
+                width = batch_width(int(np.percentile(lengths, 95)))
+            lengths = np.minimum(lengths, width)
+            arrays = {"tokens": _pad_cols(tokens[:, :width], width), "loss_mask": _pad_cols(mask[:, :width], width)}
             if i == 0:  # one plan for the warm-up (its games are all alike), not fed to the selector's smoothing
                 self._plan_batch(arrays, float(lengths.mean()))
 
@@ -333,11 +344,10 @@ class Trainer:
                 perm = length_order(lengths, run.batch_shards)
                 x = run.put_rows({k: v[perm] for k, v in arrays.items()})
                 micro = run.micro_batches(len(perm))
-                widths = micro_batch_widths(lengths[perm], micro, width)
                 batch = run.jit("sft_batch", sft_batch)(x["tokens"], x["loss_mask"])
                 self.params, opt_state, out = grouped_update(
-                    run, self.params, opt_state, batch, widths, micro, graphdef=self.graphdef, loss="sft",
-                    loss_cfg=None, optimizer=self.sft_optimizer, token_weighted=True)
+                    run, self.params, opt_state, batch, [width] * micro.count, micro, graphdef=self.graphdef,
+                    loss="sft", loss_cfg=None, optimizer=self.sft_optimizer, token_weighted=True)
                 return jax.block_until_ready(out)
 
             metrics = self.planner.run("train", sft, rerun_after_success=False)
