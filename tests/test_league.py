@@ -169,3 +169,10 @@ def test_gpu_preset_parses_validates_and_yields_to_flags(script, last_rung, caps
     with pytest.raises(SystemExit):
         parse_config(RLConfig, ["--preset", "gpu", "--promote-at", "1.5"], presets=mod.PRESETS, base=mod.DEFAULT)
     assert "--promote-at" in capsys.readouterr().err
+
+
+def test_league_refuses_a_ladder_with_a_per_game_rung_at_start():
+    cfg = dataclasses.replace(SMALL, game="tic_tac_toe", opponent="curriculum", curriculum="random,mcts:5,solver",
+                              league_size=2)
+    with pytest.raises(ValueError, match="--league-size.*mcts:5"):
+        Trainer(cfg, log=False)

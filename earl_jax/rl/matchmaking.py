@@ -38,8 +38,9 @@ class Matchmaker:
                            if cfg.opponent == "curriculum" else None)
         self.league = League(cfg.league_size, cfg.league_every, to_host) if cfg.league_size else None
         self._env, self._env_opponent = None, None
-        if self.league is not None:
-            self.train_env()  # refuses a setup without the batched env now, not at the first iteration
+        if self.league is not None:  # refuse a setup without the batched env now, not at a later promotion
+            for rung in self.curriculum.ladder if self.curriculum else (cfg.opponent,):
+                self._build(rung)
 
     @property
     def opponent(self) -> str:
@@ -49,20 +50,20 @@ class Matchmaker:
     def train_env(self):
         """The training batch's vector env, rebuilt when the rung changed."""
         if self._env is None or self._env_opponent != self.opponent:
-            env_cfg = dataclasses.replace(self.env_cfg, opponent=self.opponent)
-            if self.league is None:
-                self._env = make_vector_env(env_cfg, self.cfg.batch_size, self.env_factory)
-            else:
-                if self.env_factory is not None:
-                    raise ValueError("--league-size: self-play needs the built-in batched game env, not a custom "
-                                     "env_factory")
-                try:
-                    self._env = ModelOpponentEnv(env_cfg, self.cfg.batch_size)
-                except ValueError as e:
-                    raise ValueError(f"--league-size: self-play needs standard connect_four or tic_tac_toe with a "
-                                     f"batched scripted opponent (random, alphabeta:D, solver): {e}") from None
-            self._env_opponent = self.opponent
+            self._env, self._env_opponent = self._build(self.opponent), self.opponent
         return self._env
+
+    def _build(self, opponent: str):
+        env_cfg = dataclasses.replace(self.env_cfg, opponent=opponent)
+        if self.league is None:
+            return make_vector_env(env_cfg, self.cfg.batch_size, self.env_factory)
+        if self.env_factory is not None:
+            raise ValueError("--league-size: self-play needs the built-in batched game env, not a custom env_factory")
+        try:
+            return ModelOpponentEnv(env_cfg, self.cfg.batch_size)
+        except ValueError as e:
+            raise ValueError(f"--league-size: self-play needs standard connect_four or tic_tac_toe with a batched "
+                             f"scripted opponent (random, alphabeta:D, solver), here {opponent!r}: {e}") from None
 
     def eval_opponents(self) -> tuple[str, ...]:
         """--eval-opponents, and the current rung when it is not among them."""
