@@ -42,12 +42,15 @@ from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.planner import StagePlanner, StageRun
 from earl_jax.rl.checkpoint import Checkpointer
 from earl_jax.rl.config import RLConfig
+from earl_jax.rl.league import host_copy
 from earl_jax.rl.losses import LossConfig
+from earl_jax.rl.matchmaking import Matchmaker
 from earl_jax.rl.metrics import MetricsLogger
 from earl_jax.rl.packing import batch_width, grouped_logprobs, grouped_update, length_order, micro_batch_widths, rearrange
 from earl_jax.rl.stages import ExperienceBatch, advantage_step, make_optimizer, sft_batch
 from earl_jax.rl.warmup import random_legal_games
 from earl_jax.rollout.agent_loop import RolloutConfig, Trajectories, play_games
+from earl_jax.rollout.frozen_opponent import FrozenPolicyOpponent
 from earl_jax.rollout.policy import SamplerPolicy
 from earl_jax.rollout.sampler import Sampler, SamplingConfig, cast_weights
 from earl_jax.sharding.mesh import MeshShape
@@ -125,11 +128,13 @@ class Trainer:
                             prompt_style=cfg.prompt_style, max_retries=cfg.invalid_retries,
                             win_reward=cfg.win_reward, loss_reward=cfg.loss_reward, draw_reward=cfg.draw_reward,
                             invalid_reward=cfg.invalid_reward, retry_reward=cfg.retry_reward)
-        self.env_cfg = env_cfg
+        self.env_cfg, self._env_factory = env_cfg, env_factory
+        # the training opponent (fixed, or the curriculum's rung) and the league of frozen snapshots
+        self.matchmaker = Matchmaker(cfg, env_cfg, env_factory, to_host=self._league_snapshot)
+        self._league_device: tuple[Any, Any] | None = None  # (snapshot step, rollout mesh), weights there
         # every game of a batch stepped in one call (batched rules for Connect Four / Tic-Tac-Toe)
-        self.env = make_vector_env(env_cfg, cfg.batch_size, env_factory)
-        self.eval_envs = {o: make_vector_env(dataclasses.replace(env_cfg, opponent=o), cfg.eval_games, env_factory)
-                          for o in cfg.eval_opponents}
+        self.env = self.matchmaker.train_env()
+        self.eval_envs: dict[str, Any] = {}  # one per evaluation opponent, made on first use
         self.codec = ObservationCodec(self.tokenizer)
 
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep=cfg.keep_checkpoints)
@@ -153,12 +158,15 @@ class Trainer:
                 "rng": host_to_global(jax.random.key_data(jax.random.key(self.cfg.seed)), NamedSharding(mesh, P()))}
 
     def save(self) -> None:
-        self.checkpointer.save(self.step, self._state(), {"step": self.step, "planner": self.planner.state_dict()})
+        self.checkpointer.save(self.step, self._state(), {"step": self.step, "planner": self.planner.state_dict(),
+                                                          "matchmaker": self.matchmaker.state_dict()})
 
     def _restore(self) -> None:
         step, state, meta = self.checkpointer.restore_latest(self._state())
         self.params, self.opt_state, self.step = state["params"], state["opt_state"], step
         self.planner.load_state_dict(meta.get("planner", {}))
+        self.matchmaker.load_state_dict(meta.get("matchmaker") or {})  # the curriculum's rung
+        self.env = self.matchmaker.train_env()
 
     # ---------------------------------------------------------------- layouts of the weights
     def _place_opt_state(self, run: StageRun, opt_state: Any) -> Any:
@@ -178,9 +186,11 @@ class Trainer:
         return self.dispatcher(params, run.shardings(params))
 
     # ---------------------------------------------------------------- stages
-    def _rollout(self, env, seeds, group_ids, rng, sampling: SamplingConfig) -> tuple[Trajectories, float]:
+    def _rollout(self, env, seeds, group_ids, rng, sampling: SamplingConfig, league=None
+                 ) -> tuple[Trajectories, float]:
         """Play one game per row of `env` on the planned rollout layout; returns the episodes and the weights'
-        dispatch time."""
+        dispatch time. `league` (Matchmaker.league_games): the games a frozen snapshot plays, decoded on the
+        same sampler (its compiled programs) with its own cache."""
         turn_tokens = self.cfg.turn_tokens(self.step)
         stops = (self.ids.eos_id,) if self.cfg.stop_at_eos else ()
 
@@ -197,11 +207,35 @@ class Trainer:
             policies = [SamplerPolicy(sampler, params, sampling, stops, turn_tokens) for _ in range(groups)]
             rollout_cfg = dataclasses.replace(self.rollout_cfg, max_turn_tokens=turn_tokens, pipeline_groups=groups,
                                               min_batch=run.batch_shards)
-            traj = play_games(policies, env, self.tokenizer, rollout_cfg, rng, seeds, group_ids, bos_id=self.ids.bos_id,
-                              codec=self.codec)
+            if league is not None:
+                games, snap_step, snap = league
+                frozen = SamplerPolicy(sampler, self._league_params(run, snap_step, snap), sampling, stops,
+                                       turn_tokens)
+                env.assign(FrozenPolicyOpponent(frozen, self.codec, jax.random.fold_in(rng, 0x0990),
+                                                max_turn_tokens=turn_tokens, bos_id=self.ids.bos_id,
+                                                min_batch=run.batch_shards), games)
+            try:
+                traj = play_games(policies, env, self.tokenizer, rollout_cfg, rng, seeds, group_ids,
+                                  bos_id=self.ids.bos_id, codec=self.codec)
+            finally:
+                if league is not None:
+                    env.assign(None)
             return traj, dispatch_s
 
         return self.planner.run("rollout", rollout)
+
+    def _league_snapshot(self, params: Any) -> Any:
+        """A league snapshot on the host, in the compute dtype (it only decodes)."""
+        return host_copy(self._cast(params) if self.dtype != jnp.float32 else params)
+
+    def _league_params(self, run: StageRun, step: int, snapshot: Any) -> Any:
+        """The snapshot's weights on the rollout layout, kept there while the same snapshot plays."""
+        key = (step, run.layout.mesh)
+        if self._league_device is None or self._league_device[0] != key:
+            leaves, treedef = jax.tree.flatten(snapshot)
+            targets = treedef.flatten_up_to(run.shardings(snapshot))
+            self._league_device = (key, treedef.unflatten([host_to_global(x, s) for x, s in zip(leaves, targets)]))
+        return self._league_device[1]
 
     def _pipeline_groups(self, games: int, shards: int) -> int:
         """Groups of games that take turns on the device (each a multiple of the data shards), so the host
@@ -276,18 +310,29 @@ class Trainer:
     # ---------------------------------------------------------------- warm-up, evaluation
     def format_warmup(self) -> dict[str, float]:
         """Supervised steps on games of uniformly random LEGAL moves (from the rules, no sampling): teaches the
-        answer format, not the game. Runs on the train layout planned for the warm-up's own batch."""
+        answer format, not the game. Runs on the train layout planned for the warm-up's own batch.
+
+        Every step has the same shape, so its three programs compile once: `--format-warmup-games` games (a
+        multiple of the devices), cut to the length bucket of the first batch's 95th-percentile game (Connect
+        Four, minimal style: 256 tokens; a cut game loses only late answers, the format is in every turn)."""
         cfg = self.cfg
         rng = np.random.default_rng(cfg.seed + 12345)
+        n_dev = len(self.planner.devices)
+        games = -(-(cfg.format_warmup_games or cfg.batch_size) // n_dev) * n_dev
+        env = self.env if games == self.env.num_games else make_vector_env(
+            dataclasses.replace(self.env_cfg, opponent=self.matchmaker.opponent), games, self._env_factory)
         opt_state = None
         metrics = {}
+        width = None
         for i in range(cfg.format_warmup_steps):
-            seeds = [10_000_000 + i * cfg.batch_size + j for j in range(cfg.batch_size)]
-            tokens, mask, lengths = random_legal_games(self.env, self.tokenizer, seeds, rng, eos_id=self.ids.eos_id,
+            seeds = [10_000_000 + i * games + j for j in range(games)]
+            tokens, mask, lengths = random_legal_games(env, self.tokenizer, seeds, rng, eos_id=self.ids.eos_id,
                                                        bos_id=self.ids.bos_id, max_context=cfg.max_context,
                                                        max_turns=cfg.max_turns, codec=self.codec)
-            width = batch_width(tokens.shape[1])
-            arrays = {"tokens": _pad_cols(tokens, width), "loss_mask": _pad_cols(mask, width)}
+            if width is None:  # one shape for every step: one compile of each warm-up program
+                width = batch_width(int(np.percentile(lengths, 95)))
+            lengths = np.minimum(lengths, width)
+            arrays = {"tokens": _pad_cols(tokens[:, :width], width), "loss_mask": _pad_cols(mask[:, :width], width)}
             if i == 0:  # one plan for the warm-up (its games are all alike), not fed to the selector's smoothing
                 self._plan_batch(arrays, float(lengths.mean()))
 
@@ -299,35 +344,45 @@ class Trainer:
                 perm = length_order(lengths, run.batch_shards)
                 x = run.put_rows({k: v[perm] for k, v in arrays.items()})
                 micro = run.micro_batches(len(perm))
-                widths = micro_batch_widths(lengths[perm], micro, width)
                 batch = run.jit("sft_batch", sft_batch)(x["tokens"], x["loss_mask"])
                 self.params, opt_state, out = grouped_update(
-                    run, self.params, opt_state, batch, widths, micro, graphdef=self.graphdef, loss="sft",
-                    loss_cfg=None, optimizer=self.sft_optimizer, token_weighted=True)
+                    run, self.params, opt_state, batch, [width] * micro.count, micro, graphdef=self.graphdef,
+                    loss="sft", loss_cfg=None, optimizer=self.sft_optimizer, token_weighted=True)
                 return jax.block_until_ready(out)
 
             metrics = self.planner.run("train", sft, rerun_after_success=False)
         return {k: float(v) for k, v in global_to_host(metrics).items()}
 
     def _evaluate_logged(self, bar) -> dict[str, float]:
+        """`evaluate`, a phase line, and the curriculum's promotion when the current rung is beaten."""
         from earl_jax.progress import phase
 
-        bar.status(f"evaluation vs {', '.join(self.cfg.eval_opponents)}")
-        with phase(f"evaluation: {self.cfg.eval_games} greedy games vs {', '.join(self.cfg.eval_opponents)}") as p:
+        opponents = ", ".join(self.matchmaker.eval_opponents())
+        bar.status(f"evaluation vs {opponents}")
+        with phase(f"evaluation: {self.cfg.eval_games} greedy games vs {opponents}") as p:
             out = self.evaluate()
             p.note(", ".join(f"{k} {v:.2f}" for k, v in out.items() if k.endswith("win_rate")))
+        if "curriculum/eval_win_rate" in out:  # promotes (and logs a line) when the current rung is beaten
+            self.matchmaker.after_evaluation(out["curriculum/eval_win_rate"], self.step)
         return out
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy games against each evaluation opponent (fixed seeds, so evaluations are comparable)."""
+        """Greedy games against each evaluation opponent and the curriculum's current rung (fixed seeds, so
+        evaluations are comparable)."""
         out: dict[str, float] = {}
         greedy = SamplingConfig(greedy=True)
-        for name, env in self.eval_envs.items():
+        for name in self.matchmaker.eval_opponents():
+            env = self.eval_envs.get(name)
+            if env is None:
+                env = self.eval_envs[name] = make_vector_env(dataclasses.replace(self.env_cfg, opponent=name),
+                                                             self.cfg.eval_games, self._env_factory)
             seeds = [20_000_000 + i for i in range(env.num_games)]
             traj, _ = self._rollout(env, seeds, None, jax.random.key(0), greedy)
             prefix = "eval" if name == self.cfg.eval_opponents[0] else f"eval_{name}"
             for k in ("win_rate", "draw_rate", "loss_rate", "invalid_rate"):
                 out[f"{prefix}/{k}"] = getattr(traj.stats, k)
+            if self.matchmaker.curriculum and name == self.matchmaker.curriculum.opponent:
+                out["curriculum/eval_win_rate"] = traj.stats.win_rate
         return out
 
     # ---------------------------------------------------------------- the loop
@@ -341,7 +396,9 @@ class Trainer:
 
         n_dispatch = len(self.dispatcher.history)
         t_start = time.perf_counter()
-        traj, rollout_dispatch_s = self._rollout(self.env, seeds, group_ids, rng, self.sampling)
+        self.env = self.matchmaker.train_env()  # a new env when the curriculum moved to another rung
+        league = self.matchmaker.league_games(self.step, self.params)
+        traj, rollout_dispatch_s = self._rollout(self.env, seeds, group_ids, rng, self.sampling, league=league)
         s = traj.stats
         arrays = self._batch_arrays(traj)
         # Experience and train are planned for the batch they process; the OOM fallback may still change them.
@@ -386,8 +443,20 @@ class Trainer:
             "train/filtered_frac": float(exp_metrics.get("filtered_frac", 0.0)),
             "dispatch/bytes": sum(h.bytes for h in self.dispatcher.history[n_dispatch:]),
             "compile/programs": len(self.planner.programs) + sum(sp.compile_count for sp in self._samplers.values()),
-            **self.planner.ran_log_dict(), **_device_memory(),
+            **self.planner.ran_log_dict(), **_device_memory(), **self.matchmaker.metrics(),
+            **self._league_metrics(traj, league),
         }
+
+    def _league_metrics(self, traj: Trajectories, league) -> dict[str, Any]:
+        """Outcomes of the games against the frozen snapshot and against the scripted opponent, apart."""
+        if league is None:
+            return {}
+        games, snap_step, _ = league
+        won = np.array([w == "agent" for w in traj.winners])
+        return {"league/games_frac": float(games.mean()), "league/snapshot_step": snap_step,
+                "league/win_rate": float(won[games].mean()),
+                "league/scripted_win_rate": float(won[~games].mean()) if (~games).any() else float("nan"),
+                "league/opponent_fallback_rate": self.env.policy_fallbacks / max(self.env.policy_moves, 1)}
 
     def run(self, stop_after: int | None = None) -> list[dict[str, Any]]:
         """Train to cfg.steps (or cfg.max_minutes). `stop_after` ends the process's work after that many

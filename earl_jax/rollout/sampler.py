@@ -39,7 +39,7 @@ from earl_jax.sharding.context import use_mesh_rules
 from earl_jax.sharding.mesh import Rules, logical_sharding
 from earl_jax.rollout import decode_step
 from earl_jax.rollout.decode_attention import block_size
-from earl_jax.rollout.sampling import SamplingConfig, sample_logits
+from earl_jax.rollout.sampling import SamplingConfig, program_key, runtime_values, sample_logits
 
 DEFAULT_LENGTH_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_CACHE_BUCKETS = (128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384,
@@ -181,8 +181,9 @@ class Sampler:
         stop_tokens = tuple(int(s) for s in stop_tokens)
         if row_ids is not None:
             row_ids = self._put(np.asarray(row_ids, np.int32), ("batch",))
-        state, gen = self._generate(params, state, rng, budget, n_bucket, stop_tokens, sampling,
-                                    jnp.int32(max_new_tokens), row_ids)
+        temperature, greedy = runtime_values(sampling)  # runtime values: greedy and sampled share programs
+        state, gen = self._generate(params, state, rng, budget, n_bucket, stop_tokens, program_key(sampling),
+                                    jnp.int32(max_new_tokens), row_ids, temperature, greedy)
         if n_bucket != max_new_tokens:
             gen = Generation(gen.tokens[:, :max_new_tokens], gen.logprobs[:, :max_new_tokens],
                              gen.num_tokens, gen.stopped)
@@ -260,7 +261,7 @@ class Sampler:
             return self._constrain_state(SamplerState(cache, state.lengths + num_new, next_logits))
 
     def _generate_impl(self, params, state: SamplerState, rng, budget, n: int, stop_tokens: tuple[int, ...],
-                       sampling: SamplingConfig, max_new_tokens, row_ids):
+                       sampling: SamplingConfig, max_new_tokens, row_ids, temperature, greedy):
         self._traces += 1
         with self._ctx():
             model = self._model(params)
@@ -305,7 +306,7 @@ class Sampler:
                 stopped = stopped | hit
                 done = done | hit | (num >= limit)
                 key, rng = draw(rng, step + 1)
-                tok, lp = sample_logits(key, model.logits(h)[:, 0], sampling)
+                tok, lp = sample_logits(key, model.logits(h)[:, 0], sampling, temperature, greedy)
                 return step + 1, cache, lengths, h_last, rng, tok, lp, toks, lps, num, stopped, done
 
             def cond(c):
@@ -318,7 +319,7 @@ class Sampler:
                 return c
 
             key, rng = draw(rng, 0)
-            tok, lp = sample_logits(key, state.next_logits, sampling)
+            tok, lp = sample_logits(key, state.next_logits, sampling, temperature, greedy)
             width = n + k_steps - 1  # room for the unrolled steps past n (sliced off below)
             toks = self._constrain(jnp.full((b, width), PAD_TOKEN, jnp.int32), ("batch", None))
             lps = self._constrain(jnp.zeros((b, width), jnp.float32), ("batch", None))
