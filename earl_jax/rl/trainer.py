@@ -146,7 +146,7 @@ class Trainer:
         self.logger = MetricsLogger(self.run_dir, dataclasses.asdict(cfg), wandb_mode=cfg.wandb_mode,
                                     project=cfg.wandb_project, resume_step=self.step if cfg.resume else None,
                                     enabled=log and self.is_main)
-        if self.is_main:
+        if self.is_main and log:  # log=False (tests, evaluate_run.py) leaves the run folder as it is
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
 
@@ -366,12 +366,12 @@ class Trainer:
             self.matchmaker.after_evaluation(out["curriculum/eval_win_rate"], self.step)
         return out
 
-    def evaluate(self) -> dict[str, float]:
-        """Greedy games against each evaluation opponent and the curriculum's current rung (fixed seeds, so
-        evaluations are comparable)."""
+    def evaluate(self, opponents: tuple[str, ...] | None = None) -> dict[str, float]:
+        """Greedy games against each evaluation opponent and the curriculum's current rung, or against
+        `opponents` (fixed seeds, so evaluations are comparable)."""
         out: dict[str, float] = {}
         greedy = SamplingConfig(greedy=True)
-        for name in self.matchmaker.eval_opponents():
+        for name in opponents or self.matchmaker.eval_opponents():
             env = self.eval_envs.get(name)
             if env is None:
                 env = self.eval_envs[name] = make_vector_env(dataclasses.replace(self.env_cfg, opponent=name),
