@@ -205,6 +205,27 @@ def reinforce_pp_advantages(
     return masked_whiten(discounted_returns(r, m, gamma), m, eps)
 
 
+@functools.partial(jax.jit, static_argnames=("num_groups",))
+def between_group_advantages(
+    rewards: Float[Array, "n t"], loss_mask: TokenMask, group_ids: Int[Array, " n"], num_groups: int,
+    eps: float = 1e-6,
+) -> Float[Array, "n t"]:
+    """(group mean - batch mean) / batch std on every generated token: how a group did against the batch.
+
+    GRPO's group baseline removes exactly this part of R - batch mean (R - batch mean = (R - group mean)
+    + (group mean - batch mean)). Added back with a small weight it is the signal that says "this answer
+    is good *here*, not everywhere": a policy that always answers the same scores in the groups where that
+    answer fits and not elsewhere, so its constant groups differ from each other even when no group varies
+    inside. Rows without generated tokens get 0; a batch of equal returns gets 0.
+    """
+    returns = sequence_returns(rewards, loss_mask)
+    s = _group_stats(returns, loss_mask, group_ids, num_groups)
+    centered_batch, _, count = _masked_center(returns, s.valid, None)
+    std = jnp.sqrt(jnp.square(jnp.where(s.valid, centered_batch, 0.0)).sum() / jnp.maximum(count, 1))
+    between = jnp.where(s.valid, centered_batch - s.centered, 0.0)  # group mean - batch mean
+    return _broadcast(between / (std + eps), loss_mask)
+
+
 # ---------------------------------------------------------------------------------------------
 # Group filter
 
@@ -249,14 +270,20 @@ def compute_advantages(
 ) -> Float[Array, "n t"]:
     """Advantages [N, T] for cfg.algorithm (0 on masked-out tokens). jit with cfg, num_groups static.
 
-    grpo / rloo: group estimators (group_ids, num_groups). reinforce_pp: global REINFORCE++
+    grpo / rloo: group estimators (group_ids, num_groups), plus cfg.between_group_weight times
+    `between_group_advantages`. reinforce_pp: global REINFORCE++
     (old_logp, ref_logp when cfg.reward_kl_coef > 0). ppo: GAE from `values` (V = 0 without a
     critic, then it equals reinforce_pp with gamma * gae_lambda), globally whitened.
     """
-    if cfg.algorithm == "grpo":
-        return grpo_advantages(rewards, loss_mask, group_ids, num_groups, cfg.scale_by_std, cfg.adv_eps)
-    if cfg.algorithm == "rloo":
-        return rloo_advantages(rewards, loss_mask, group_ids, num_groups)
+    if cfg.algorithm in ("grpo", "rloo"):
+        if cfg.algorithm == "grpo":
+            adv = grpo_advantages(rewards, loss_mask, group_ids, num_groups, cfg.scale_by_std, cfg.adv_eps)
+        else:
+            adv = rloo_advantages(rewards, loss_mask, group_ids, num_groups)
+        if cfg.between_group_weight:
+            adv = adv + cfg.between_group_weight * between_group_advantages(
+                rewards, loss_mask, group_ids, num_groups, cfg.adv_eps)
+        return adv
     if cfg.algorithm == "reinforce_pp":
         return reinforce_pp_advantages(rewards, loss_mask, cfg.gamma, cfg.reward_kl_coef,
                                        old_logp, ref_logp, cfg.adv_eps)

@@ -120,7 +120,8 @@ class Trainer:
         self.loss_cfg = LossConfig(
             algorithm=cfg.algorithm, clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
             dual_clip=cfg.dual_clip, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator if cfg.kl_coef > 0 else None,
-            entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation, gamma=cfg.gamma)
+            entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation, gamma=cfg.gamma,
+            between_group_weight=cfg.between_group_weight, entropy_floor=cfg.entropy_floor)
         self.optimizer = make_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps * cfg.ppo_epochs,
                                         cfg.weight_decay, cfg.grad_clip)
         self.opt_state = jax.jit(self.optimizer.init)(self.params)
