@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from earl_jax.rl.advantages import (between_group_advantages, compute_advantages, discounted_returns, gae, group_filter, grpo_advantages,
+from earl_jax.rl.advantages import (between_group_advantages, compute_advantages, discount_by_turn, later_turns, discounted_returns, gae, group_filter, grpo_advantages,
                                     masked_mean, masked_sum, masked_var, masked_whiten, reinforce_pp_advantages,
                                     rloo_advantages, sequence_returns)
 from earl_jax.rl.losses import LossConfig
@@ -149,6 +149,22 @@ def test_between_group_term_by_hand():
     np.testing.assert_allclose(np.asarray(const)[:, 0], [0.5, 0.5, -0.5, -0.5], atol=1e-5)
     with pytest.raises(ValueError, match="between_group_weight"):
         LossConfig(algorithm="reinforce_pp", between_group_weight=0.5)
+
+
+def test_turn_discount_credits_late_turns_more():
+    # Row 0: turns at t = 1-2, 4, 6-7 (three turns); row 1: one turn.
+    m = np.array([[0, 1, 1, 0, 1, 0, 1, 1], [0, 0, 1, 0, 0, 0, 0, 0]], bool)
+    np.testing.assert_array_equal(later_turns(jnp.asarray(m)), [[0, 2, 2, 0, 1, 0, 0, 0], [0] * 8])
+    adv = discount_by_turn(jnp.where(jnp.asarray(m), 2.0, 0.0), jnp.asarray(m), 0.5)
+    np.testing.assert_allclose(adv, [[0, 0.5, 0.5, 0, 1, 0, 2, 2], [0, 0, 2, 0, 0, 0, 0, 0]])
+    # Through compute_advantages: the same GRPO advantages, discounted per later turn (MASK: two turns a row).
+    got = np.asarray(compute_advantages(jnp.asarray(REWARDS), jnp.asarray(MASK), jnp.asarray(GROUP_IDS), 2,
+                                        LossConfig(algorithm="grpo", turn_discount=0.5)))
+    plain = np.asarray(grpo_advantages(jnp.asarray(REWARDS), jnp.asarray(MASK), jnp.asarray(GROUP_IDS), 2))
+    np.testing.assert_allclose(got[:, 4:], plain[:, 4:], rtol=1e-6)  # the last turn keeps its credit
+    np.testing.assert_allclose(got[:, :4], 0.5 * plain[:, :4], rtol=1e-6)
+    with pytest.raises(ValueError, match="turn_discount"):
+        LossConfig(algorithm="reinforce_pp", turn_discount=0.5)
 
 
 def test_reinforce_pp_by_hand():

@@ -226,6 +226,24 @@ def between_group_advantages(
     return _broadcast(between / (std + eps), loss_mask)
 
 
+@jax.jit
+def later_turns(loss_mask: TokenMask) -> Int[Array, "n t"]:
+    """For each generated token, how many of its sequence's turns (runs of generated tokens) come after its own."""
+    m = loss_mask.astype(bool)
+    starts = m & ~jnp.pad(m[:, :-1], ((0, 0), (1, 0)))
+    after = jnp.cumsum(starts[:, ::-1], axis=1)[:, ::-1] - starts  # turn starts strictly after t
+    return jnp.where(m, after, 0).astype(jnp.int32)
+
+
+def discount_by_turn(advantages: Float[Array, "n t"], loss_mask: TokenMask, turn_discount: float) -> Float[Array, "n t"]:
+    """advantage x turn_discount ** (turns after this token's turn): a game's outcome credits its last moves most.
+
+    A sequence-level advantage (GRPO, RLOO) credits every turn of a game equally, also turns that did not
+    matter; the discount trades that variance for a bias towards late moves (REINFORCE++'s gamma, per turn).
+    """
+    return advantages * jnp.asarray(turn_discount, jnp.float32) ** later_turns(loss_mask)
+
+
 # ---------------------------------------------------------------------------------------------
 # Group filter
 
@@ -271,7 +289,7 @@ def compute_advantages(
     """Advantages [N, T] for cfg.algorithm (0 on masked-out tokens). jit with cfg, num_groups static.
 
     grpo / rloo: group estimators (group_ids, num_groups), plus cfg.between_group_weight times
-    `between_group_advantages`. reinforce_pp: global REINFORCE++
+    `between_group_advantages`, discounted by cfg.turn_discount per later turn. reinforce_pp: global REINFORCE++
     (old_logp, ref_logp when cfg.reward_kl_coef > 0). ppo: GAE from `values` (V = 0 without a
     critic, then it equals reinforce_pp with gamma * gae_lambda), globally whitened.
     """
@@ -283,7 +301,7 @@ def compute_advantages(
         if cfg.between_group_weight:
             adv = adv + cfg.between_group_weight * between_group_advantages(
                 rewards, loss_mask, group_ids, num_groups, cfg.adv_eps)
-        return adv
+        return adv if cfg.turn_discount == 1.0 else discount_by_turn(adv, loss_mask, cfg.turn_discount)
     if cfg.algorithm == "reinforce_pp":
         return reinforce_pp_advantages(rewards, loss_mask, cfg.gamma, cfg.reward_kl_coef,
                                        old_logp, ref_logp, cfg.adv_eps)

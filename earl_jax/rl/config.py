@@ -60,6 +60,8 @@ class RLConfig:
     aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = _f(
         "token_mean", "how token losses are averaged")
     gamma: float = _f(1.0, "discount for REINFORCE++ returns")
+    turn_discount: float = _f(1.0, "grpo/rloo: a token's advantage x this ** (turns after its own): later moves of a "
+                                   "game get more of its outcome's credit (1: every turn the same)")
     filter_constant_groups: bool = _f(True, "drop groups whose rewards do not vary (no signal, guards collapse)")
     between_group_weight: float = _f(0.0, "grpo/rloo: add this x (group mean - batch mean) / batch std to the "
                                           "advantages (constant groups then still teach; needs the filter off)")
@@ -124,6 +126,7 @@ class RLConfig:
         need(self.learning_rate > 0, "learning_rate", "must be > 0")
         need(self.grad_clip > 0, "grad_clip", "must be > 0")
         need(0 < self.gamma <= 1, "gamma", "must be in (0, 1]")
+        need(0 < self.turn_discount <= 1, "turn_discount", "must be in (0, 1]")
         need(0 <= self.selector_margin < 1, "selector_margin", "must be in [0, 1)")
         need(0 < self.selector_ema <= 1, "selector_ema", "must be in (0, 1]")
         need(self.devices >= 0 and self.memory_budget_gib >= 0, "devices", "must be >= 0")

@@ -61,6 +61,7 @@ class LossConfig:
     gae_lambda: float = 1.0  # GAE lambda (ppo)
     scale_by_std: bool = True  # grpo: divide by the group std; False = Dr. GRPO
     between_group_weight: float = 0.0  # grpo / rloo: + this x (group mean - batch mean) / batch std
+    turn_discount: float = 1.0  # grpo / rloo: advantage x this ** (turns after the token's turn)
     reward_kl_coef: float = 0.0  # reinforce_pp / ppo: k1 KL to the reference folded into token rewards
     adv_eps: float = 1e-6  # added to standard deviations before dividing
 
@@ -103,6 +104,10 @@ class LossConfig:
             fail("between_group_weight", "must be >= 0")
         if self.between_group_weight > 0.0 and self.algorithm not in ("grpo", "rloo"):
             fail("between_group_weight", "only group estimators (grpo, rloo) have a group baseline to mix with")
+        if not 0.0 < self.turn_discount <= 1.0:
+            fail("turn_discount", "must be in (0, 1]")
+        if self.turn_discount < 1.0 and self.algorithm not in ("grpo", "rloo"):
+            fail("turn_discount", "applies to sequence-level estimators (grpo, rloo); reinforce_pp has gamma")
         if not self.adv_eps > 0.0:
             fail("adv_eps", "must be > 0")
 
