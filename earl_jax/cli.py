@@ -1,13 +1,16 @@
 """Dataclass configs from the command line: every field is a flag, `--help` lists them with their help.
 
-`--preset NAME` picks a named preset first; later flags override its fields. A flag that names no
-field, or a value that does not parse, fails at start with a message naming the field.
+`--preset NAME` picks a named preset first; later flags override its fields. A preset is a function: with
+no argument, or with one, the fields the command line sets ({name: value}), for a preset that depends on
+them (the pod preset reads --hf-checkpoint and --devices). A flag that names no field, a value that does
+not parse, or a preset that refuses the machine or the flags fails at start with a message naming it.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import types
 import typing
 from typing import Any, Callable, Mapping, Sequence, TypeVar
@@ -75,9 +78,13 @@ def parse_config(cls: type[T], argv: Sequence[str] | None = None, *, description
     parser = build_parser(cls, description, presets)
     ns = parser.parse_args(argv)
     cfg = base if base is not None else cls()
-    if presets and ns.preset:
-        cfg = presets[ns.preset]()
     overrides = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if getattr(ns, f.name) is not None}
+    if presets and ns.preset:
+        make = presets[ns.preset]
+        try:
+            cfg = make(dict(overrides)) if inspect.signature(make).parameters else make()
+        except ValueError as e:
+            parser.error(f"--preset {ns.preset}: {e}")
     try:
         return dataclasses.replace(cfg, **overrides)
     except (ValueError, TypeError) as e:

@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 from earl_jax.models.config import ModelConfig, get_config  # noqa: E402
 from earl_jax.parallel.dispatch import Dispatcher  # noqa: E402
 from timing import fresh_copy, median_ms  # noqa: E402
-from earl_jax.parallel.mesh import STAGE_RULES, MeshShape, logical_sharding, make_mesh  # noqa: E402
+from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, logical_sharding, make_mesh  # noqa: E402
 
 
 def param_specs(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
@@ -104,7 +104,9 @@ def main(argv=None) -> dict:
     res = {"device_kind": devs[0].device_kind, "platform": devs[0].platform, "n_devices": n, "jax": jax.__version__,
            "model": cfg.name, "dtype": "bfloat16", "repeats": repeats, "small": small, "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"bench_dispatch_weights_{res['platform']}{'_small' if small else ''}.json"
+    from earl_jax.parallel.profile import device_slug
+
+    path = args.out / f"bench_dispatch_weights_{device_slug(res['device_kind'], res['n_devices'])}.json"
     path.write_text(json.dumps(res, indent=1))
 
     from rich.console import Console

@@ -9,12 +9,13 @@ Prints and writes (experiments/results/bench_rollout_<device>.json, and $OUT whe
   - with --profile, a per-kernel time breakdown of one generate call (jax.profiler trace), per step,
     and the optimized HLO of the decode program.
 
-Run: python experiments/bench_rollout.py [--batches 32,128] [--decode-attention step,fused,xla]
+Run: python experiments/bench_rollout.py [--batches 32,128] [--decode-attention step,xla]
      [--xla-options "default;xla_gpu_enable_triton_gemm=false"] [--profile] [--hlo]
-The numbers in experiments/results/bench_rollout_notes.md came from (one device call each):
-  python3 experiments/bench_rollout.py --decode-attention fused,step,steprope --profile --out $OUT
-  python3 experiments/bench_rollout.py --decode-attention step,steprope \
-      --xla-options "xla_gpu_enable_triton_gemm=false" --tag cublas --out $OUT
+The numbers in experiments/results/bench_rollout_notes.md came from one device call each of this script
+with --decode-attention step,xla (plus the variants fused, steprope and pallas, since removed from the
+Sampler: none beat step by more than noise), e.g.
+  python3 experiments/bench_rollout.py --decode-attention step --xla-options "xla_gpu_enable_triton_gemm=false" \
+      --tag cublas --out $OUT
 CPU smoke test: python experiments/bench_rollout.py --tiny --batches 4
 The peers (tunix, HF generate) run from ../shared/bench/peer_rollout.py in the same device call.
 """
@@ -129,7 +130,7 @@ def main():
     ap.add_argument("--gen", type=int, default=256)
     ap.add_argument("--steps-per-check", default="1", help="decode steps per while_loop iteration, list")
     ap.add_argument("--decode-attention", default="auto",
-                    help="comma list of Sampler decode_attention (auto, step, steprope, fused, pallas, xla)")
+                    help="comma list of Sampler decode_attention (auto, step, xla)")
     ap.add_argument("--xla-options", default="default",
                     help="';'-separated variants of comma-separated XLA options for the sampler's programs, "
                          "e.g. 'default;xla_gpu_enable_triton_gemm=false'")
@@ -250,8 +251,9 @@ def main():
                 traceback.print_exc()
                 results["runs"].append({"variant": f"b{b}_k{k}_{att}_{xo}", "error": repr(e)[:500]})
 
-    name = re.sub(r"[^A-Za-z0-9]+", "_", device).strip("_")
-    path = Path(__file__).parent / "results" / f"bench_rollout_{name}{'_' + args.tag if args.tag else ''}.json"
+    from earl_jax.parallel.profile import device_slug
+
+    path = Path(__file__).parent / "results" / f"bench_rollout_{device_slug(device)}{'_' + args.tag if args.tag else ''}.json"
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(results, indent=1))
     if out_dir is not None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -104,7 +103,7 @@ def run_case(case: dict) -> dict:
                                 jnp.asarray(rng.normal(size=(b, t)), jnp.float32))
 
         def step(params, opt_state, batch):
-            return train_stage(graphdef, params, opt_state, batch, optimizer=optimizer, loss_cfg=loss_cfg,
+            return train_stage(params, opt_state, batch, graphdef=graphdef, optimizer=optimizer, loss_cfg=loss_cfg,
                                micro_batches=mb, chunk=chunk)
 
         fn = jax.jit(step, donate_argnums=(0, 1))
@@ -115,8 +114,9 @@ def run_case(case: dict) -> dict:
         group_ids = jnp.asarray(np.arange(b) % groups, jnp.int32)
 
         def step(params, tokens, mask, rewards, group_ids):
-            out, _ = experience_stage(graphdef, params, None, tokens, mask, rewards, group_ids, num_groups=groups,
-                                      loss_cfg=loss_cfg, chunk=chunk, filter_constant_groups=False)
+            out, _ = experience_stage(params, None, tokens, mask, rewards, group_ids, graphdef=graphdef,
+                                      num_groups=groups, loss_cfg=loss_cfg, micro_batches=1, shards=1, chunk=chunk,
+                                      filter_constant_groups=False)
             return out.old_logp, out.advantages
 
         fn = jax.jit(step)
@@ -250,8 +250,9 @@ def print_table(results: list[dict], title: str) -> None:
 
 
 def _write(results: list[dict], args, dev, jax_version: str, device_count: int) -> Path:
-    kind = dev.device_kind if not args.tiny else f"{dev.device_kind}_tiny"
-    slug = re.sub(r"[^a-z0-9]+", "_", kind.lower()).strip("_")
+    from earl_jax.parallel.profile import device_slug
+
+    slug = device_slug(dev.device_kind)
     best = {}
     for r in results:
         if r.get("status") == "ok":

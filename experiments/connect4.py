@@ -3,6 +3,8 @@
     python experiments/connect4.py                       # embedded default: CPU, tiny model, random opponent
     python experiments/connect4.py --help                 # every field of RLConfig as a flag
     python experiments/connect4.py --preset qwen0.5b --hf-checkpoint /path/to/Qwen2.5-0.5B-Instruct
+    python experiments/connect4.py --preset pod           # GPUs: the largest model that fits them (earl_jax/rl/pod.py)
+    python experiments/connect4.py --preset gpu           # one GPU, 15 minutes: 512 games, curriculum (earl_jax/rl/gpu_preset.py)
 
 The run folder (--run-dir) receives config.json, metrics.jsonl, checkpoints/ and curves.png.
 """
@@ -16,6 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone: no install needed
 
 from earl_jax.rl.config import RLConfig
+from earl_jax.rl.gpu_preset import gpu_preset
+from earl_jax.rl.pod import pod_preset_for_this_machine
 
 DEFAULT = RLConfig(game="connect_four", run_dir="runs/connect4")
 
@@ -26,6 +30,10 @@ PRESETS = {
         DEFAULT, model="qwen2.5-0.5b", prompt_style="chat", max_turn_tokens=64, max_context=4096, groups=16,
         group_size=8, learning_rate=1e-6, warmup_steps=10, format_warmup_steps=0, kl_coef=0.001,
         eval_opponents=("random", "alphabeta:2"), micro_batch_tokens=65536, run_dir="runs/connect4-qwen0.5b"),
+    # One GPU, 15 minutes: tiny model, 512 games, compact prompts, opponent curriculum (reasons in gpu_preset.py).
+    "gpu": lambda: gpu_preset(DEFAULT, "runs/connect4-gpu"),
+    # Sized for this machine's devices (count, memory): the largest Qwen2.5 shape that fits, or --hf-checkpoint.
+    "pod": lambda flags: pod_preset_for_this_machine(flags, DEFAULT),
     # EARL's setting: REINFORCE++ estimator.
     "earl": lambda: dataclasses.replace(DEFAULT, algorithm="reinforce_pp", run_dir="runs/connect4-earl"),
 }
@@ -34,12 +42,16 @@ PRESETS = {
 def main(argv: list[str] | None = None, default: RLConfig = DEFAULT, presets=PRESETS, name: str = "connect4") -> None:
     from earl_jax import distributed
     from earl_jax.cli import parse_config
+    from earl_jax.compile_cache import enable_compile_cache
+    from earl_jax.progress import show_progress_logs
     from earl_jax.rl.plots import plot_run
     from earl_jax.rl.trainer import Trainer
 
     cfg = parse_config(RLConfig, argv, description=__doc__, presets=presets, base=default)
     # Before anything touches a device: join the multi-process job, if this process is part of one.
     distributed.maybe_initialize(cfg.coordinator, cfg.num_processes, cfg.process_id)
+    show_progress_logs(distributed.is_main())  # model creation / loading / cache lines, process 0 only
+    enable_compile_cache(cfg.compile_cache or None)  # before the first compile: restarts reuse the programs
     trainer = Trainer(cfg)
     history = trainer.run()
     if distributed.is_main():  # only process 0 writes metrics.jsonl, plots and prints

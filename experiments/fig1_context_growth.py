@@ -21,7 +21,8 @@ with context, a static micro-batch does not shrink) is the same.
     # CPU smoke test (tiny model; nothing runs out of memory on the host, the figure says so)
     python experiments/fig1_context_growth.py --small
 
-Writes experiments/results/<name>.{json,png} and keeps each run's metrics.jsonl under <name>_runs/.
+Writes experiments/results/<name>.{json,png} (each run's per-iteration trace is in the JSON; the run folders
+go to a temporary folder, or to --keep-runs DIR).
 """
 
 from __future__ import annotations
@@ -31,12 +32,14 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
 
+from earl_jax.parallel.profile import device_slug  # noqa: E402
 from earl_jax.rl.metrics import read_metrics  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
@@ -84,9 +87,11 @@ def run_one(mode: str, flags: list[str], run_dir: Path, timeout: float, env: dic
             "iterations": len(rows), "error_line": err[:400] if err else None,
             "tail": out.splitlines()[-40:] if status != "finished" else [], "trace": [
                 {k: r.get(k) for k in ("step", "rollout/context_len_mean", "rollout/context_len_max",
-                                       "rollout/turn_tokens", "parallel/train_micro_batch", "parallel/train_mesh",
+                                       "rollout/turn_tokens", "parallel/rollout_mesh", "parallel/experience_mesh",
                                        "parallel/experience_micro_batch", "parallel/experience_logprob_chunk",
-                                       "memory/peak_gib", "memory/limit_gib", "time/train_s", "time/rollout_s")}
+                                       "parallel/train_mesh", "parallel/train_micro_batch",
+                                       "parallel/train_logprob_chunk", "memory/peak_gib", "memory/limit_gib",
+                                       "time/rollout_s", "time/experience_s", "time/train_s")}
                 for r in rows]}
 
 
@@ -145,6 +150,7 @@ def main(argv=None) -> dict:
     p.add_argument("--sequential", action="store_true", help="run the two one after the other (default: at once)")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--name", default=None)
+    p.add_argument("--keep-runs", type=Path, default=None, help="keep the two run folders here (default: a temp folder)")
     p.add_argument("--replot", type=Path, default=None, help="only redraw the PNG of a saved result JSON")
     p.add_argument("extra", nargs="*", help="more connect4.py flags for both runs (after --)")
     if argv is not None and "--replot" in argv:  # no run: --gpu/--small not needed
@@ -154,8 +160,14 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
 
     setting = "gpu" if args.gpu else "small"
-    name = args.name or f"fig1_context_growth_{setting}"
-    runs_dir = args.out / f"{name}_runs"
+    gpu_name = None
+    if args.gpu:
+        gpu_name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                  text=True, check=True).stdout.splitlines()[0].strip()
+    name = args.name or f"fig1_context_growth_{device_slug(gpu_name) if gpu_name else 'cpu'}"
+    if (args.out / f"{name}.json").exists():
+        raise SystemExit(f"{args.out / name}.json exists: remove it or pass --name (results are never overwritten)")
+    runs_dir = args.keep_runs or Path(tempfile.mkdtemp(prefix=f"{name}_"))
     flags = [*COMMON, *SETTINGS[setting], *args.extra]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     mem_fraction = None

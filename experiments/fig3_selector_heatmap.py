@@ -8,8 +8,8 @@ configuration (one mesh for the whole grid).
     python experiments/fig3_selector_heatmap.py --synthetic
     # from a saved profile table:
     python experiments/fig3_selector_heatmap.py --table experiments/results/profile_72b.json
-    # measuring (needs default_measure wired to the real sampler):
-    python experiments/fig3_selector_heatmap.py --model qwen2.5-72b --save-table profile.json
+    # measuring on this machine's devices (earl_jax.rl.measure.RealMeasure):
+    python experiments/fig3_selector_heatmap.py --gpu --remeasure
 
 Writes experiments/results/<name>.json and <name>.png.
 """
@@ -22,7 +22,6 @@ import json
 import math
 import os
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -38,215 +37,14 @@ if "--small" in sys.argv or os.environ.get("JAX_PLATFORMS", "") == "cpu":
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from earl_jax.models.config import get_config
+from earl_jax.rl.measure import RealMeasure, profile_rows
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel, candidate_meshes
-from earl_jax.parallel.mesh import MeshShape
-from earl_jax.parallel.profile import ProfileTable, SyntheticThroughput, run_profile
-from earl_jax.parallel.selector import ContextStats, NoFeasibleLayoutError, ParallelismSelector, SelectorConfig
+from earl_jax.sharding.mesh import MeshShape
+from earl_jax.parallel.profile import ProfileTable, SyntheticThroughput, device_slug, run_profile
+from earl_jax.parallel.plan import ContextStats
+from earl_jax.parallel.selector import NoFeasibleLayoutError, ParallelismSelector, SelectorConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-class RealMeasure:
-    """Measures TGS (tokens per device per second) on the real code, random weights in bf16:
-
-    * rollout: a `Sampler` on the candidate mesh (model from `init_sharded` with STAGE_RULES["rollout"]);
-      the state's KV cache is filled directly with random keys/values for `context_len - decode_steps` tokens
-      in each of `num_responses` rows (no prefill), then `generate` of `decode_steps` new tokens (ending at
-      `context_len`, so the cache is `context_len`'s bucket), stop tokens ignored;
-      TGS = rows x decode_steps / seconds / devices (median of `repeats` after a warm-up compile).
-    * experience: `token_logprobs` (vocabulary-chunked, chunk from the memory model's layout) of
-      `num_responses` x `context_len` tokens on the mesh (STAGE_RULES["experience"]), micro-batched as the
-      layout says; TGS = tokens / seconds / devices.
-    * train: one `train_stage` step (float32 masters, bf16 compute, remat "dots", AdamW, GRPO loss) over
-      `num_responses` x `context_len` random tokens, micro-batched as the layout says (STAGE_RULES["train"]).
-    Models are cached per mesh; the first call on a mesh compiles, so each cell does its own warm-up."""
-
-    def __init__(self, cfg, *, decode_steps: int = 16, repeats: int = 2, seed: int = 0):
-        self.cfg, self.decode_steps, self.repeats, self.seed = cfg, decode_steps, repeats, seed
-        self._models: dict = {}
-
-    def _model(self, stage: str, mesh: MeshShape):
-        import jax
-        import jax.numpy as jnp
-        from flax import nnx
-
-        from earl_jax.models.init import init_sharded
-        from earl_jax.parallel.mesh import STAGE_RULES, make_mesh
-
-        key = (stage, mesh)
-        if key not in self._models:
-            for k in [k for k in self._models if k[0] != stage]:  # one stage's models at a time
-                del self._models[k]
-            jmesh = make_mesh(mesh, jax.devices()[:mesh.size])
-            rules = STAGE_RULES[stage]
-            # train holds float32 masters (bf16 compute, per-layer remat as the memory model assumes)
-            kw = dict(param_dtype=jnp.float32, remat="dots") if stage == "train" else dict(param_dtype=jnp.bfloat16)
-            model = init_sharded(self.cfg, jmesh, rules, seed=self.seed, dtype=jnp.bfloat16, **kw)
-            graphdef, params = nnx.split(model)
-            self._models[key] = (jmesh, rules, graphdef, params)
-        return self._models[key]
-
-    def __call__(self, stage: str, mesh: MeshShape, context_len: int, num_responses: int, layout=None) -> float:
-        if stage == "rollout":
-            return self.rollout(mesh, context_len, num_responses)
-        if stage == "experience":
-            return self.experience(mesh, context_len, num_responses, layout)
-        if stage == "train":
-            return self.train(mesh, context_len, num_responses, layout)
-        raise ValueError(f"unknown stage {stage!r}")
-
-    def train(self, mesh: MeshShape, context_len: int, num_responses: int, layout=None) -> float:
-        """One `train_stage` step (GRPO PPO-clip loss, AdamW, micro-batches from the layout) on random data."""
-        import jax
-        import jax.numpy as jnp
-
-        from earl_jax.parallel.context import use_mesh_rules
-        from earl_jax.parallel.mesh import logical_sharding
-        from earl_jax.rl.losses import LossConfig
-        from earl_jax.rl.stages import ExperienceBatch, make_optimizer, train_stage
-
-        jmesh, rules, graphdef, params = self._model("train", mesh)
-        chunk = layout.logprob_chunk if layout is not None else 1024
-        shards = mesh.data * mesh.fsdp
-        rows_per_mb = (layout.micro_batch if layout is not None else -(-num_responses // shards)) * shards
-        micro = max(1, num_responses // max(rows_per_mb, 1))
-        while num_responses % micro or (num_responses // micro) % shards:
-            micro -= 1
-            if micro < 1:
-                raise ValueError(f"train measure: {num_responses} rows do not split over {shards} batch shards")
-        optimizer = make_optimizer(1e-6, 10, 1000, 0.0, 1.0)
-        opt_state = jax.jit(optimizer.init)(params)
-        sh = logical_sharding(jmesh, rules, ("batch", "length"), (num_responses, context_len))
-        keys = jax.random.split(jax.random.key(self.seed), 4)
-        shape = (num_responses, context_len)
-        batch = ExperienceBatch(
-            jax.device_put(jax.random.randint(keys[0], shape, 0, self.cfg.vocab_size), sh),
-            jax.device_put(jnp.ones(shape, bool), sh),
-            jax.device_put(-jax.random.uniform(keys[1], shape, jnp.float32, 5, 15), sh),
-            jax.device_put(-jax.random.uniform(keys[2], shape, jnp.float32, 5, 15), sh),
-            jax.device_put(jax.random.normal(keys[3], shape, jnp.float32), sh))
-        loss_cfg = LossConfig(algorithm="grpo")
-
-        def step(params, opt_state, batch):
-            with use_mesh_rules(jmesh, rules):
-                return train_stage(graphdef, params, opt_state, batch, optimizer=optimizer, loss_cfg=loss_cfg,
-                                   micro_batches=micro, chunk=chunk)
-
-        step = jax.jit(step, donate_argnums=(0, 1))
-        p, o = jax.tree.map(jnp.copy, params), opt_state  # the cached params survive the donation
-        times = []
-        for _ in range(self.repeats + 1):
-            t0 = time.perf_counter()
-            p, o, metrics = step(p, o, batch)
-            jax.block_until_ready(metrics["loss"])
-            times.append(time.perf_counter() - t0)
-        del p, o
-        return num_responses * context_len / statistics.median(times[1:]) / mesh.size
-
-    def rollout(self, mesh: MeshShape, context_len: int, num_responses: int) -> float:
-        import jax
-        import jax.numpy as jnp
-
-        from earl_jax.rollout.sampler import Sampler, SamplerState
-
-        jmesh, rules, graphdef, params = self._model("rollout", mesh)
-        sampler = Sampler(graphdef, self.cfg, mesh=jmesh, rules=rules)
-        # Rows hold context_len - steps tokens and end at context_len, so the cache stays in context_len's
-        # bucket (1K + 16 would round a 1K cache up to 1.5K; 32K + 16 to 64K).
-        steps = min(self.decode_steps, max(1, context_len // 2))
-        filled = context_len - steps
-        state = sampler.init_state(num_responses, context_len)
-        shardings = jax.tree.map(lambda x: x.sharding, state)
-
-        def random_like(key, x):
-            # Random keys/values (never zeros: see .library/device/METHOD.md), drawn for one short block of
-            # slots and tiled over rows and slots: a full-size draw per leaf (48 x 24 GiB at 32K x 128 rows)
-            # made XLA's compile of this fill take minutes; attention cost does not depend on the values.
-            b, k, s, h = x.shape
-            block = jax.random.normal(key, (1, k, min(s, 256), h), x.dtype)
-            return jnp.broadcast_to(jnp.tile(block, (1, 1, -(-s // block.shape[2]), 1))[:, :, :s], x.shape)
-
-        def fill(state: SamplerState, key) -> SamplerState:
-            leaves, treedef = jax.tree.flatten(state.cache)
-            keys = jax.random.split(key, len(leaves) + 1)
-            cache = jax.tree.unflatten(treedef, [random_like(k, x) if jnp.issubdtype(x.dtype, jnp.floating) else x
-                                                 for k, x in zip(keys, leaves)])
-            lengths = jnp.full(state.lengths.shape, filled, jnp.int32)
-            logits = jax.random.normal(keys[-1], state.next_logits.shape, jnp.float32)
-            return dataclasses.replace(state, cache=cache, lengths=lengths, next_logits=logits)
-
-        def reset(state: SamplerState) -> SamplerState:
-            return dataclasses.replace(state, lengths=jnp.full(state.lengths.shape, filled, jnp.int32))
-
-        fill = jax.jit(fill, donate_argnums=(0,), out_shardings=shardings)
-        reset = jax.jit(reset, donate_argnums=(0,), out_shardings=shardings)
-        state = fill(state, jax.random.key(self.seed))
-        rng = jax.random.key(self.seed + 1)
-        times = []
-        for i in range(self.repeats + 1):  # the first call compiles
-            jax.block_until_ready(state)
-            t0 = time.perf_counter()
-            state, gen = sampler.generate(params, state, jax.random.fold_in(rng, i), max_new_tokens=steps,
-                                          budget=steps, stop_tokens=())
-            jax.block_until_ready(gen.tokens)
-            times.append(time.perf_counter() - t0)
-            if int(gen.num_tokens.min()) != steps:
-                raise RuntimeError(f"rollout measure: expected {steps} tokens per row, got {gen.num_tokens}")
-            state = reset(state)
-        del state
-        return num_responses * steps / statistics.median(times[1:]) / mesh.size
-
-    def experience(self, mesh: MeshShape, context_len: int, num_responses: int, layout=None) -> float:
-        import jax
-        import jax.numpy as jnp
-        from flax import nnx
-
-        from earl_jax.parallel.context import use_mesh_rules
-        from earl_jax.parallel.mesh import logical_sharding
-        from earl_jax.rl.logprobs import token_logprobs
-
-        jmesh, rules, graphdef, params = self._model("experience", mesh)
-        chunk = layout.logprob_chunk if layout is not None else 1024
-        mb = layout.micro_batch if layout is not None else num_responses
-        per = max(1, min(mb * mesh.data, num_responses))  # rows per forward over the whole mesh
-        per = per - per % mesh.data if per >= mesh.data else per
-        tok_sharding = logical_sharding(jmesh, rules, ("batch", "length"), (per, context_len))
-
-        @jax.jit
-        def forward(params, tokens):
-            with use_mesh_rules(jmesh, rules):
-                tokens = jax.lax.with_sharding_constraint(tokens, tok_sharding)
-                lp, _ = token_logprobs(nnx.merge(graphdef, params), tokens, chunk=chunk)
-                return lp
-
-        rows = [jax.device_put(jax.random.randint(jax.random.key(i), (per, context_len), 0, self.cfg.vocab_size),
-                               tok_sharding) for i in range(2)]
-        steps = -(-num_responses // per)
-        times = []
-        for r in range(self.repeats + 1):
-            t0 = time.perf_counter()
-            outs = [forward(params, rows[i % 2]) for i in range(steps)]
-            jax.block_until_ready(outs)
-            times.append(time.perf_counter() - t0)
-        return steps * per * context_len / statistics.median(times[1:]) / mesh.size
-
-
-_MEASURE: RealMeasure | None = None
-
-
-def default_measure(stage: str, mesh: MeshShape, context_len: int, num_responses: int, layout=None) -> float:
-    """Tokens per device per second of one `stage` step on `mesh` (see earl_jax/parallel/profile.py), measured
-    by `RealMeasure` for the model `configure_measure` set (default: Qwen2.5-0.5B)."""
-    global _MEASURE
-    if _MEASURE is None:
-        _MEASURE = RealMeasure(get_config("qwen2.5-0.5b"))
-    return _MEASURE(stage, mesh, context_len, num_responses, layout=layout)
-
-
-def configure_measure(cfg, **kw) -> RealMeasure:
-    global _MEASURE
-    _MEASURE = RealMeasure(cfg, **kw)
-    return _MEASURE
 
 
 def _ints(s: str) -> list[int]:
@@ -268,15 +66,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--stage", default="rollout", choices=("rollout", "experience", "train"))
     p.add_argument("--tp-a", type=int, default=4, help="baseline tensor degree (a in Speedup%%(a->b))")
     p.add_argument("--tp-b", type=int, default=8)
+    p.add_argument("--tp-c", type=int, default=None, help="a third tensor degree: also Speedup%% TP b -> c")
     p.add_argument("--contexts", type=_ints, default=_ints("1K,2K,4K,8K,16K,32K"))
     p.add_argument("--responses", type=_ints, default=_ints("8,16,32,64,128"))
     p.add_argument("--devices", type=int, default=None, help="device count (default: jax.device_count(); 8 synthetic)")
     p.add_argument("--device-kind", default=None, help="name in the title / table (default: the device's kind)")
     p.add_argument("--memory-gib", type=float, default=None, help="per-device budget (default: the device's; 80 synthetic)")
     p.add_argument("--safety", type=float, default=0.9)
-    p.add_argument("--rollout-waves", action=argparse.BooleanOptionalAction, default=None,
-                   help="rollout may decode a shard's responses in waves (default: on with --synthetic)")
-    p.add_argument("--kv-replication", default="replicate", choices=("replicate", "group"))
     p.add_argument("--table", type=Path, default=None, help="use this profile table instead of measuring")
     p.add_argument("--save-table", type=Path, default=None, help="save the measured profile table here")
     p.add_argument("--synthetic", action="store_true", help="measure with the analytic throughput model")
@@ -292,6 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--gpu", action="store_true",
                    help="1-2 GPUs: Qwen2.5-0.5B, TP1 vs TP2, contexts 1K,32K,8K,4K,16K,2K (that order, as the "
                         "270 s budget allows) x responses 8,32,128, 16 decode steps; --remeasure gets 150 s")
+    p.add_argument("--gpu4", action="store_true",
+                   help="4 GPUs: Qwen2.5-7B, TP1 / TP2 / TP4 (d4t1, d2t2, d1t4), contexts 1K,32K,8K (that order, as "
+                        "the 330 s budget allows) x responses 8,128; --remeasure gets 150 s")
     p.add_argument("--decode-steps", type=int, default=None, help="real rollout measure: new tokens per cell")
     p.add_argument("--measure-repeats", type=int, default=2)
     p.add_argument("--continue-table", type=Path, default=None,
@@ -318,36 +117,28 @@ def parse_args(argv=None) -> argparse.Namespace:
             args.responses = [8, 32, 128]
         args.time_budget = args.time_budget if args.time_budget is not None else 270.0
         args.remeasure_budget = args.remeasure_budget if args.remeasure_budget is not None else 150.0
+    elif args.gpu4:
+        args.model = args.model or "qwen2.5-7b"
+        args.tp_a, args.tp_b, args.tp_c = 1, 2, 4
+        if "--contexts" not in (argv or sys.argv):
+            args.contexts = _ints("1K,32K,8K")
+        if "--responses" not in (argv or sys.argv):
+            args.responses = [8, 128]
+        args.time_budget = args.time_budget if args.time_budget is not None else 330.0
+        args.remeasure_budget = args.remeasure_budget if args.remeasure_budget is not None else 150.0
     args.decode_steps = args.decode_steps or 16
+    args.tps = tuple(t for t in (args.tp_a, args.tp_b, args.tp_c) if t is not None)
     return args
 
 
 def measure_table(memory: MemoryModel, args, n_dev: int, kind: str, stages: tuple[str, ...],
                   tensors: tuple[int, ...] | None = None, table: ProfileTable | None = None,
                   save: Path | None = None, time_budget: float | None = None) -> ProfileTable:
-    """Profile with the real measure (`RealMeasure`), one context row at a time (in the given order), the table
-    saved after each row; rows not started within `time_budget` seconds are left out (meta.contexts_cut)."""
-    configure_measure(memory.cfg, decode_steps=args.decode_steps, repeats=args.measure_repeats, seed=args.seed)
-    meshes = {st: [m for m in candidate_meshes(memory.cfg, n_dev, st) if tensors is None or m.tensor in tensors]
-              for st in stages}
-    start = time.perf_counter()
-    done, cut = (list(table.meta.get("contexts_measured", [])) if table is not None else []), []
-    for ctx in args.contexts:  # in the given order: put the rows that matter most first
-        if time_budget is not None and time.perf_counter() - start > time_budget:
-            cut.append(ctx)
-            continue
-        table = run_profile(memory, default_measure, num_devices=n_dev, context_lens=[ctx],
-                            response_counts=args.responses, stages=stages, meshes=meshes, device_kind=kind,
-                            table=table, progress=not args.no_progress)
-        done.append(ctx)
-        table.meta.update(measure="RealMeasure", decode_steps=args.decode_steps, contexts_measured=done,
-                          contexts_cut=cut, seconds=round(time.perf_counter() - start, 1))
-        if save is not None:
-            table.save(save)
-    table.meta.update(contexts_cut=cut)
-    if save is not None:
-        table.save(save)
-    return table
+    """Profile with the library's `RealMeasure`, one context row at a time (`profile_rows`)."""
+    measure = RealMeasure(memory.cfg, decode_steps=args.decode_steps, repeats=args.measure_repeats, seed=args.seed)
+    return profile_rows(memory, measure, contexts=args.contexts, responses=args.responses, stages=stages,
+                        num_devices=n_dev, device_kind=kind, tensors=tensors, table=table, save=save,
+                        time_budget=time_budget, progress=not args.no_progress)
 
 
 def _with(args: argparse.Namespace, **kw) -> argparse.Namespace:
@@ -355,13 +146,11 @@ def _with(args: argparse.Namespace, **kw) -> argparse.Namespace:
 
 
 def _compile_cache() -> None:
-    """Persistent compilation cache: the --remeasure pass (and reruns) reuse the first pass's programs."""
-    import jax
+    """Persistent compilation cache: the --remeasure pass (and reruns) reuse the first pass's programs.
+    A cache the caller already configured (e.g. the test suite's) wins; $EARL_JAX_CACHE still names one."""
+    from earl_jax.compile_cache import enable_compile_cache
 
-    if jax.config.jax_compilation_cache_dir:  # the caller (e.g. the test suite) already chose one
-        return
-    jax.config.update("jax_compilation_cache_dir", os.environ.get("EARL_JAX_CACHE", "/tmp/earl_jax_cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    enable_compile_cache(os.environ.get("EARL_JAX_CACHE") or None)
 
 
 def _noisy(measure, noise: float, seed: int):
@@ -436,6 +225,26 @@ def compute_heatmap(table: ProfileTable, memory: MemoryModel, *, stage: str, tp_
 
 
 def plot_heatmap(result: dict, path: Path) -> Path:
+    """One row of panels per tensor-degree pair (result, then result["next_pair"] when a third TP was measured)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pairs = [result] + ([result["next_pair"]] if result.get("next_pair") else [])
+    ress, rows = result["responses"], result["contexts"]
+    fig, grid = plt.subplots(len(pairs), 2, figsize=(4 + 2.4 * len(ress), (1.2 + 0.7 * len(rows)) * len(pairs)),
+                             gridspec_kw={"width_ratios": [1.25, 1]}, squeeze=False)
+    for axes, res in zip(grid, pairs):
+        _draw_pair(fig, axes, res)
+    fig.suptitle(f"{result['model']} on {result['device_count']} x {result['device_kind']}", fontsize=11)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _draw_pair(fig, axes, result: dict) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -454,8 +263,6 @@ def plot_heatmap(result: dict, path: Path) -> Path:
             if c["gap_to_best_pct"] is not None:
                 gap[i, j] = c["gap_to_best_pct"]
     a, b = result["tp_a"], result["tp_b"]
-    fig, axes = plt.subplots(1, 2, figsize=(4 + 2.4 * len(ress), 1.2 + 0.7 * len(rows)),
-                             gridspec_kw={"width_ratios": [1.25, 1]})
     lim = max(1.0, float(np.nanmax(np.abs(sp)))) if np.isfinite(sp).any() else 1.0
     cmap = matplotlib.colormaps["RdBu"].with_extremes(bad="#bbbbbb")
     im = axes[0].imshow(np.ma.masked_invalid(sp), cmap=cmap, vmin=-lim, vmax=lim, aspect="auto")
@@ -486,17 +293,19 @@ def plot_heatmap(result: dict, path: Path) -> Path:
         ax.set_xlabel("number of responses")
         ax.set_ylabel("context length")
         ax.set_title(t, fontsize=10)
-    fig.suptitle(f"{result['model']} on {result['device_count']} x {result['device_kind']}", fontsize=11)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+
+
+def load_table(path: Path, **check) -> ProfileTable:
+    """A profile table JSON, or a figure JSON of this script (which holds the table it was drawn from)."""
+    d = json.loads(Path(path).read_text())
+    table = ProfileTable.from_json(d.get("profile_table", d))
+    table.check_compatible(**check, source=f"profile table in {path}")
+    return table
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    model = args.model or (args.table and json.loads(args.table.read_text())["model_name"]) or "qwen2.5-72b"
+    model = args.model or (args.table and load_table(args.table).model_name) or "qwen2.5-72b"
     cfg = get_config(model)
     synthetic = args.synthetic
     if synthetic:
@@ -510,16 +319,14 @@ def main(argv=None) -> dict:
         n_dev = args.devices or jax.device_count()
         kind = args.device_kind or jax.devices()[0].device_kind
         budget = int(args.memory_gib * GiB) if args.memory_gib else device_memory_budget()
-    waves = args.rollout_waves if args.rollout_waves is not None else synthetic
-    memory = MemoryModel(cfg, MemoryConfig(budget_bytes=budget, safety_fraction=args.safety,
-                                           rollout_waves=waves, kv_replication=args.kv_replication))
-    for t in (args.tp_a, args.tp_b):
+    memory = MemoryModel(cfg, MemoryConfig(budget_bytes=budget, safety_fraction=args.safety))
+    for t in args.tps:
         if not any(m.tensor == t for m in candidate_meshes(cfg, n_dev, args.stage)):
             raise SystemExit(f"tensor degree {t} is not a valid {args.stage} mesh for {cfg.name} on {n_dev} devices")
 
     if args.table is not None:
-        table = ProfileTable.load(args.table, device_count=n_dev, model_name=cfg.name,
-                                  device_kind=None if args.device_kind is None and synthetic else kind)
+        table = load_table(args.table, device_count=n_dev, model_name=cfg.name,
+                           device_kind=None if args.device_kind is None and synthetic else kind)
     elif synthetic:
         measure = _noisy(SyntheticThroughput(memory), args.noise, args.seed)
         table = run_profile(memory, measure, num_devices=n_dev, context_lens=args.contexts,
@@ -532,10 +339,10 @@ def main(argv=None) -> dict:
         _compile_cache()
         previous = None
         if args.continue_table is not None:  # rows measured by an earlier call on the same kind of machine
-            previous = ProfileTable.load(args.continue_table, device_count=n_dev, model_name=cfg.name, device_kind=kind)
+            previous = load_table(args.continue_table, device_count=n_dev, model_name=cfg.name, device_kind=kind)
         todo = [c for c in args.contexts if previous is None or c not in previous.context_lens(args.stage)]
         table = measure_table(memory, _with(args, contexts=todo),
-                              n_dev, kind, (args.stage,), (args.tp_a, args.tp_b), table=previous,
+                              n_dev, kind, (args.stage,), args.tps, table=previous,
                               save=args.save_table, time_budget=args.time_budget)
         table.meta.update(synthetic=False, budget_bytes=budget)
         if args.save_table:
@@ -551,22 +358,26 @@ def main(argv=None) -> dict:
                                      progress=not args.no_progress)
         else:
             # Same order as the first pass; rows the budget cuts here stay in the figure but are not scored.
-            eval_table = measure_table(memory, args, n_dev, table.device_kind, (args.stage,), (args.tp_a, args.tp_b),
+            eval_table = measure_table(memory, args, n_dev, table.device_kind, (args.stage,), args.tps,
                                        time_budget=args.remeasure_budget)
     result = compute_heatmap(table, memory, stage=args.stage, tp_a=args.tp_a, tp_b=args.tp_b,
                              contexts=sorted(args.contexts), responses=args.responses, eval_table=eval_table)
+    if args.tp_c is not None:  # the same measurements, the next pair of tensor degrees
+        result["next_pair"] = compute_heatmap(table, memory, stage=args.stage, tp_a=args.tp_b, tp_b=args.tp_c,
+                                              contexts=sorted(args.contexts), responses=args.responses,
+                                              eval_table=eval_table)
     result.update(synthetic=synthetic, remeasured=args.remeasure, noise=args.noise,
                   memory=dataclasses.asdict(memory.mem) | {"budget_bytes": budget})
-    stem = args.name or f"fig3_{cfg.name}_{args.stage}_tp{args.tp_a}_tp{args.tp_b}" + (
-        "_synthetic" if synthetic else "_cpu_small" if args.small else "")
+    stem = args.name or f"fig3_{cfg.name}_{args.stage}_" + "_".join(f"tp{t}" for t in args.tps) + "_" + (
+        "synthetic" if synthetic else device_slug(kind, n_dev))
     args.out.mkdir(parents=True, exist_ok=True)
     jpath, ppath = args.out / f"{stem}.json", args.out / f"{stem}.png"
-    result["paths"] = {"json": str(jpath), "png": str(ppath)}
-    if args.table is None:  # keep what was measured next to the figure, reusable with --table
-        result["paths"]["profile_table"] = str(table.save(args.out / f"{stem}_profile.json"))
-        if eval_table is not None:
-            result["paths"]["remeasure_table"] = str(eval_table.save(args.out / f"{stem}_profile_remeasure.json"))
+    # what the figure was drawn from, reusable with --table / --continue-table (one JSON per figure)
+    result["profile_table"] = table.to_json()
+    if eval_table is not None:
+        result["remeasure_table"] = eval_table.to_json()
     jpath.write_text(json.dumps(result, indent=1))
+    result["paths"] = {"json": str(jpath), "png": str(ppath)}  # returned only, not saved
     plot_heatmap(result, ppath)
     s = result["summary"]
     print(f"wrote {jpath} and {ppath}; static best {s['static_mesh']}, selector within 3% of best in "

@@ -235,7 +235,9 @@ def main(argv=None) -> dict:
     args.repeats = args.repeats or 10
     res = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"fig4_dispatch_latency_{res['platform']}{'_small' if res['small'] else ''}"
+    from earl_jax.parallel.profile import device_slug
+
+    stem = f"fig4_dispatch_latency_{device_slug(res['device_kind'], res['n_devices'])}"
     (args.out / f"{stem}.json").write_text(json.dumps(res, indent=1))
     plot(res, args.out / f"{stem}.png")
     print_table(res)

@@ -1,6 +1,6 @@
 """Profile mode of the Parallelism Selector on this machine: measure TGS (tokens per device per second) of each
 stage on every candidate mesh x context length x response count with the real code (the Sampler for rollout,
-chunked log-probs for experience; `fig3_selector_heatmap.RealMeasure`), and save the ProfileTable JSON that
+the experience and train stages; `earl_jax.rl.measure.RealMeasure`), and save the ProfileTable JSON that
 the trainer loads with `--selector-table` (RLConfig.selector_table). Cells the memory model rejects are
 recorded "infeasible", out-of-memory cells "oom". The table is saved after every context row, so a run cut
 short by `--time-budget` (or a timeout) still leaves a usable table.
@@ -18,28 +18,37 @@ another machine or model.
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-# Importing the Figure-3 script first sets XLA_FLAGS (8 fake CPU devices) for --small before jax starts.
-_spec = importlib.util.spec_from_file_location("fig3_selector_heatmap", ROOT / "experiments" / "fig3_selector_heatmap.py")
-fig3 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fig3)
+if "--small" in sys.argv:  # 8 fake CPU devices: the flags must precede jax's start-up
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 from earl_jax.models.config import get_config  # noqa: E402
+from earl_jax.rl.measure import RealMeasure, profile_rows  # noqa: E402
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel  # noqa: E402
 from earl_jax.parallel.profile import ProfileTable  # noqa: E402
+
+RESULTS = ROOT / "experiments" / "results"
+
+
+def _ints(s: str) -> list[int]:
+    """'1K,8,32' -> [1024, 8, 32]."""
+    return [int(float(v.strip().lower().rstrip("k")) * (1024 if v.strip().lower().endswith("k") else 1))
+            for v in s.split(",")]
 
 
 def main(argv=None) -> ProfileTable:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="preset (default qwen2.5-0.5b; tiny with --small)")
     p.add_argument("--stages", default="rollout,experience", help="comma list of rollout, experience, train")
-    p.add_argument("--contexts", type=fig3._ints, default=None)
-    p.add_argument("--responses", type=fig3._ints, default=None)
+    p.add_argument("--contexts", type=_ints, default=None)
+    p.add_argument("--responses", type=_ints, default=None)
     p.add_argument("--tensors", type=lambda s: tuple(int(v) for v in s.split(",")), default=None,
                    help="only meshes with these tensor degrees (default: every candidate)")
     p.add_argument("--devices", type=int, default=None, help="profile the first N devices (default: all)")
@@ -62,12 +71,12 @@ def main(argv=None) -> ProfileTable:
         args.decode_steps = args.decode_steps or 8
     if args.gpu:
         args.model = args.model or "qwen2.5-0.5b"
-        args.contexts = args.contexts or fig3._ints("1K,32K,8K")
+        args.contexts = args.contexts or _ints("1K,32K,8K")
         args.responses = args.responses or [8, 32, 128]
         args.stages = "rollout" if "--stages" not in (argv if argv is not None else sys.argv) else args.stages
         args.time_budget = 420.0 if args.time_budget is None else args.time_budget
     args.model = args.model or "qwen2.5-0.5b"
-    args.contexts = args.contexts or fig3._ints("1K,2K,4K,8K,16K,32K")
+    args.contexts = args.contexts or _ints("1K,2K,4K,8K,16K,32K")
     args.responses = args.responses or [8, 16, 32, 64, 128]
     args.decode_steps = args.decode_steps or 16
 
@@ -82,8 +91,11 @@ def main(argv=None) -> ProfileTable:
     memory = MemoryModel(cfg, MemoryConfig(budget_bytes=budget, safety_fraction=args.safety))
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
     slug = "".join(c if c.isalnum() or c in ".-" else "_" for c in f"{kind}x{n_dev}".lower())
-    out = args.out or fig3.RESULTS / f"profile_{cfg.name}_{slug}.json"
-    table = fig3.measure_table(memory, args, n_dev, kind, stages, args.tensors, save=out)
+    out = args.out or RESULTS / f"profile_{cfg.name}_{slug}.json"
+    measure = RealMeasure(cfg, decode_steps=args.decode_steps, repeats=args.measure_repeats, seed=args.seed)
+    table = profile_rows(memory, measure, contexts=args.contexts, responses=args.responses, stages=stages,
+                         num_devices=n_dev, device_kind=kind, tensors=args.tensors, save=out,
+                         time_budget=args.time_budget, progress=not args.no_progress)
     table.meta.update(budget_bytes=budget, stages=list(stages), responses=list(args.responses))
     table.save(out)
     ok = sum(e.status == "ok" for e in table.entries.values())

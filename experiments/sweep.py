@@ -1,15 +1,18 @@
 """Offline sweep runner over a wandb sweep definition (no wandb needed): grid or random search.
 
-    python experiments/sweep.py launch/sweep_selector.yaml --method random --trials 8
-    python experiments/sweep.py launch/sweep_selector.yaml --method grid --max-trials 50 -- --steps 5
-    python experiments/sweep.py launch/sweep_selector.yaml --trials 4 \
+    python experiments/sweep.py launch/sweep_learning.yaml --method random --trials 8
+    python experiments/sweep.py launch/sweep_selector.yaml --trials 4 --timeout 150     # 4 GPUs (its header)
+    python experiments/sweep.py launch/sweep_learning.yaml --trials 4 \
         --launcher "python launch/local.py -n 2 --cpu-devices 4 --"      # each trial as 2 processes
 
 Each trial runs `python <program> --run-dir <out>/<trial> --flag=value ...` as a subprocess (one after
 another), so every trial has its own run folder (config.json, metrics.jsonl, checkpoints/). The sweep
 folder gets trials.jsonl (parameters, status, wall time, final metrics per trial) and summary.csv,
 and a table sorted by the YAML's metric is printed. Finished trials are skipped when the sweep is
-run again (--rerun repeats them).
+run again (--rerun repeats them). Besides each metric's last value, the summary holds `time/*_mean` (over
+all iterations) and `throughput/*_tgs_mean`, `time/dispatch_share_mean` (over the iterations after the first, the
+compile iteration), so a sweep can optimize throughput: launch/sweep_selector.yaml maximizes
+throughput/iteration_tgs_mean, launch/sweep_learning.yaml eval/win_rate.
 
 The YAML is wandb's sweep format: `program`, `method`, `metric: {name, goal}`, and `parameters`, each
 with `value` (fixed), `values` (a list; `probabilities` optional), or `distribution` with min/max
@@ -39,6 +42,10 @@ SUMMARY_METRICS = ("eval/win_rate", "eval/invalid_rate", "episode/return_mean", 
                    "rollout/context_len_mean", "time/rollout_s", "time/experience_s", "time/train_s",
                    "time/dispatch_s", "time/elapsed_s", "parallel/rollout_mesh", "parallel/train_mesh")
 MEAN_METRICS = ("time/rollout_s", "time/experience_s", "time/train_s", "time/dispatch_s")
+# Throughput over the run, `<name>_mean`: the mean over iterations AFTER the first, whose time is mostly
+# compiling (a few-iteration trial would otherwise rank by compile time, not by the layouts it ran).
+STEADY_MEAN_METRICS = ("throughput/iteration_tgs", "throughput/rollout_tgs", "throughput/experience_tgs",
+                       "throughput/train_tgs", "time/dispatch_share")
 
 
 def load_sweep(path: str | Path) -> dict[str, Any]:
@@ -149,6 +156,11 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
             out[key] = found[-1]
     for key in MEAN_METRICS:
         found = [r[key] for r in rows if r.get(key) is not None and (r.get("step") or 0) > 0]
+        if found:
+            out[key + "_mean"] = float(np.mean(found))
+    iterations = sorted((r for r in rows if (r.get("step") or 0) > 0), key=lambda r: r["step"])
+    for key in STEADY_MEAN_METRICS:
+        found = [r[key] for r in iterations[1:] if r.get(key) is not None]
         if found:
             out[key + "_mean"] = float(np.mean(found))
     return out

@@ -14,6 +14,8 @@ jax.config.update("jax_enable_x64", False)
 _CACHE = os.environ.get("EARL_TEST_COMPILE_CACHE",
                         os.path.join(os.path.dirname(__file__), "..", ".pytest_cache", "jax_compile"))
 jax.config.update("jax_compilation_cache_dir", os.path.abspath(_CACHE))
+# Jobs the tests start as subprocesses (connect4.py via fig1, ...) share it instead of the user's cache dir.
+os.environ.setdefault("EARL_COMPILE_CACHE", os.path.abspath(_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 

@@ -31,7 +31,7 @@ def dispatch_round_trip(out_path: str) -> None:
     from earl_jax.models.config import get_config
     from earl_jax.models.init import init_sharded
     from earl_jax.parallel.dispatch import Dispatcher
-    from earl_jax.parallel.mesh import STAGE_RULES, MeshShape, make_mesh, state_shardings
+    from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, make_mesh, state_shardings
 
     assert jax.process_count() == int(os.environ["EARL_NUM_PROCESSES"]) > 1, jax.process_count()
     d = Dispatcher()
@@ -102,9 +102,10 @@ def oom_fallback(out_prefix: str) -> None:
     from earl_jax.distributed import global_to_host, host_to_global
     from earl_jax.models.config import get_config
     from earl_jax.parallel.memory import GiB, MemoryConfig
-    from earl_jax.parallel.mesh import make_mesh
-    from earl_jax.parallel.selector import (SMALL_BUCKET_EDGES, ContextStats, ParallelismSelector, SelectorConfig,
-                                            run_with_oom_fallback)
+    from earl_jax.sharding.mesh import make_mesh
+    from earl_jax.parallel.plan import ContextStats
+    from earl_jax.parallel.planner import run_with_oom_fallback
+    from earl_jax.parallel.selector import SMALL_BUCKET_EDGES, ParallelismSelector, SelectorConfig
 
     me = jax.process_index()
     host = np.arange(256 * 4, dtype=np.float32).reshape(256, 4)

@@ -8,6 +8,7 @@ import pyspiel
 import pytest
 
 from earl_jax.envs import EnvConfig, OpenSpielTextEnv
+from earl_jax.envs.vector import make_vector_env
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
 from earl_jax.rollout.agent_loop import RolloutConfig, ScriptedPolicy, play_games
 
@@ -16,9 +17,9 @@ IDS = special_ids(TOK)
 
 
 def _play(answer, n=4, game="connect_four", cfg=RolloutConfig(), **env_kw):
-    envs = [OpenSpielTextEnv(EnvConfig(game=game, **env_kw)) for _ in range(n)]
+    env = make_vector_env(EnvConfig(game=game, **env_kw), n)
     policy = ScriptedPolicy(answer, TOK, IDS.eos_id)
-    return play_games(policy, envs, TOK, cfg, jax.random.key(0), seeds=list(range(n)), bos_id=IDS.bos_id)
+    return play_games(policy, env, TOK, cfg, jax.random.key(0), seeds=list(range(n)), bos_id=IDS.bos_id)
 
 
 def _lowest_legal(context: str) -> str:
@@ -27,7 +28,7 @@ def _lowest_legal(context: str) -> str:
 
 def test_invalid_answers_end_every_game_at_once():
     traj = _play(lambda ctx: "zz")
-    assert traj.stats["invalid_rate"] == 1.0 and traj.stats["loss_rate"] == 1.0
+    assert traj.stats.invalid_rate == 1.0 and traj.stats.loss_rate == 1.0
     np.testing.assert_array_equal(traj.num_turns, 1)
     np.testing.assert_array_equal(traj.returns, -1.0)
     for row in range(traj.num_games):
@@ -102,8 +103,8 @@ def test_extend_widths_are_recorded_for_the_memory_model():
         mask = traj.loss_mask[row, :traj.lengths[row]]
         edges = np.flatnonzero(np.diff(np.concatenate([[1], mask.astype(int), [1]])))  # runs of False
         spans = list(edges[1::2] - edges[::2])
-        assert spans[0] <= traj.stats["prompt_tokens"]
+        assert spans[0] <= traj.stats.prompt_tokens
         obs_spans += spans[1:]
-    assert traj.stats["prompt_tokens"] == max(int(np.argmax(m)) for m in traj.loss_mask)  # prompt = first span
-    assert traj.stats["observation_tokens"] == max(obs_spans) > 0
-    assert traj.stats["first_cache_len"] == traj.stats["prompt_tokens"] + 4  # + the default turn budget
+    assert traj.stats.prompt_tokens == max(int(np.argmax(m)) for m in traj.loss_mask)  # prompt = first span
+    assert traj.stats.observation_tokens == max(obs_spans) > 0
+    assert traj.stats.first_cache_len == traj.stats.prompt_tokens + 4  # + the default turn budget

@@ -71,7 +71,7 @@ def test_fig3_small_real_measure_and_profile_table(tmp_path):
     after = {(e["mesh"], e["num_responses"]): e["tgs"] for e in json.loads((tmp_path / "table.json").read_text())["entries"]
              if e["context_len"] == 64}
     assert after == before  # the 64 row was kept, not remeasured
-    assert (tmp_path / "fig3_tiny_rollout_tp1_tp2_cpu_small.png").stat().st_size > 0
+    assert (tmp_path / "fig3_tiny_rollout_tp1_tp2_cpu.png").stat().st_size > 0
     assert {(c["context_len"], c["num_responses"]) for c in res["cells"]} == {(64, 8), (64, 16), (128, 8), (128, 16)}
     for c in res["cells"]:
         assert c["tgs_a"] > 0 and c["tgs_b"] > 0 and c["mesh_a"] == "d8f1t1" and c["mesh_b"] == "d4f1t2"
@@ -88,6 +88,6 @@ def test_fig1_small_runs_static_and_selector(tmp_path):
     for name, run in res["runs"].items():
         assert run["status"] == "finished" and run["iterations"] == 2, (name, run["tail"])
         assert [e["rollout/turn_tokens"] for e in run["trace"]] == [8, 8]
-    assert (tmp_path / "fig1_context_growth_small.png").stat().st_size > 0
-    with pytest.raises(SystemExit, match="exists"):  # runs are never overwritten
+    assert (tmp_path / "fig1_context_growth_cpu.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="exists"):  # results are never overwritten
         fig1.main(["--small", "--out", str(tmp_path)])

@@ -14,7 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from earl_jax.parallel.dispatch import Dispatcher, dispatch
 from earl_jax.parallel.layout import device_ids
-from earl_jax.parallel.mesh import STAGE_RULES, MeshShape, logical_sharding, make_mesh
+from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, logical_sharding, make_mesh
 
 SHAPES8 = [MeshShape(d, f, t) for d in (1, 2, 4, 8) for f in (1, 2, 4, 8) for t in (1, 2, 4, 8) if d * f * t == 8]
 INFER8 = [s for s in SHAPES8 if s.fsdp == 1]
@@ -402,7 +402,7 @@ def test_real_model_state_train_to_rollout(capfd):
 
     from earl_jax.models.config import ModelConfig
     from earl_jax.models.init import init_sharded
-    from earl_jax.parallel.mesh import state_shardings
+    from earl_jax.sharding.mesh import state_shardings
 
     train_mesh, rollout_mesh = make_mesh(MeshShape(1, 8, 1)), make_mesh(MeshShape(2, 1, 4))
     params = nnx.state(init_sharded(ModelConfig.tiny(), train_mesh, STAGE_RULES["train"]), nnx.Param)

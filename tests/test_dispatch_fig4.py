@@ -12,7 +12,7 @@ def test_fig4_small_writes_json_and_png(tmp_path):
     fig4 = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fig4)
     res = fig4.main(["--small", "--repeats", "1", "--cases", "rows->cols", "rows->reversed", "--out", str(tmp_path)])
-    stem = "fig4_dispatch_latency_cpu_small"
+    stem = "fig4_dispatch_latency_cpu"
     assert (tmp_path / f"{stem}.png").stat().st_size > 0
     saved = json.loads((tmp_path / f"{stem}.json").read_text())
     assert saved["n_devices"] == 8 and saved["copy_0_to_1"]["GBps"] > 0

@@ -14,11 +14,9 @@ from hypothesis import strategies as st
 
 import earl_jax.envs as envs
 from earl_jax.envs import (
-    EnvBatch,
     EnvConfig,
     OpenSpielTextEnv,
     canonical_action_text,
-    make_envs,
     make_opponent,
     observation_alphabet,
     parse_action,
@@ -462,20 +460,6 @@ def test_generic_game_with_chance_nodes_plays_to_the_end():
     assert winners == {"agent", "opponent"}
 
 
-def test_make_envs_and_batch():
-    rows = make_envs(4, "tic_tac_toe", "random", seed=100)
-    assert [e.reset(seed=100 + i)[0] for i, e in enumerate(rows)] == [
-        OpenSpielTextEnv(EnvConfig.tic_tac_toe()).reset(seed=100 + i)[0] for i in range(4)
-    ]
-    batch = EnvBatch(4, EnvConfig.tic_tac_toe(agent_player=0))
-    obs, infos = batch.reset(seed=0)
-    assert len(obs) == 4 and all(o.endswith("> ") for o in obs)
-    obs, rewards, done, infos = batch.step(["4", "bad", "4", "4"])
-    assert done == [False, True, False, False] and rewards[1] == -1.0
-    obs, rewards, done, _ = batch.step(["0", "0", "0", "0"])
-    assert obs[1] == "" and done[1]
-
-
 # ---- text: alphabet and length ----------------------------------------------------------------------
 @pytest.mark.parametrize("game", GAMES)
 @pytest.mark.parametrize("style", ["compact", "chat"])
@@ -660,3 +644,15 @@ def test_minimal_style_lists_the_legal_moves_after_an_invalid_answer():
             assert obs.startswith("invalid move\nmoves: ") and "0" not in obs.split("moves:")[1], obs
             return
     pytest.fail("no seed filled column 0 before the game ended")
+
+
+def test_importing_earl_jax_alone_registers_the_gymnasium_ids():
+    """`import earl_jax` (not earl_jax.envs) is enough for gymnasium.make, and loads no OpenSpiel until then."""
+    import subprocess
+    import sys
+
+    code = ("import sys, gymnasium, earl_jax; assert 'pyspiel' not in sys.modules; "
+            "env = gymnasium.make('earl_jax/ConnectFour-v0', opponent='random'); "
+            "obs, info = env.reset(seed=0); assert info['legal_actions'] and obs.endswith('> '); print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-1500:]

@@ -21,7 +21,7 @@ from earl_jax.models import loader
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.loader import CheckpointError, from_pretrained, save_pretrained
 from earl_jax.models.tokenizer import GAME_CHARS, GAME_SPECIALS, game_tokenizer, load_tokenizer, special_ids
-from earl_jax.parallel.mesh import INFERENCE_RULES, TRAIN_RULES, MeshShape, make_mesh, state_shardings
+from earl_jax.sharding.mesh import INFERENCE_RULES, TRAIN_RULES, MeshShape, make_mesh, state_shardings
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MODELS = ["qwen2_gqa_tied", "qwen2_mha_untied", "qwen2_headdim_untied"]

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from earl_jax.models.config import PRESETS, get_config
 from earl_jax.parallel.memory import (GiB, MemoryConfig, MemoryModel, candidate_meshes, device_memory_budget,
                                       param_groups, params_per_device, valid_tensor_degree)
-from earl_jax.parallel.mesh import MeshShape
+from earl_jax.sharding.mesh import MeshShape
 
 H100 = 80 * GiB
 
@@ -70,13 +70,10 @@ def test_kv_cache_hand_computation():
 def test_kv_heads_replication_when_tensor_exceeds_kv_heads():
     tiny = get_config("tiny")  # 4 q heads, 2 kv heads
     rep = MemoryModel(tiny, MemoryConfig(budget_bytes=GiB))
-    grp = MemoryModel(tiny, MemoryConfig(budget_bytes=GiB, kv_replication="group"))
-    assert rep.kv_heads_per_device(2) == grp.kv_heads_per_device(2) == 1
+    assert rep.kv_heads_per_device(2) == 1
     assert rep.kv_heads_per_device(4) == 2  # logical_to_spec replicates the undivisible kv_heads axis
-    assert grp.kv_heads_per_device(4) == 1  # repeated heads: each rank keeps its group's head
     e_rep = rep.estimate("rollout", MeshShape(2, 1, 4), 128, 8)
-    e_grp = grp.estimate("rollout", MeshShape(2, 1, 4), 128, 8)
-    assert e_rep.kv_cache == 2 * e_grp.kv_cache == 4 * 128 * tiny.kv_bytes_per_token()
+    assert e_rep.kv_cache == 4 * 128 * tiny.kv_bytes_per_token()
 
 
 def test_candidate_enumeration_8_devices():
@@ -130,13 +127,13 @@ def test_choose_takes_largest_power_of_two_that_fits():
     assert MemoryModel(cfg, MemoryConfig(budget_bytes=GiB // 2)).choose("train", MeshShape(8, 1, 1), 1024, 8) is None
 
 
-def test_rollout_waves():
+def test_rollout_holds_all_of_a_shards_responses():
     cfg = get_config("qwen2.5-72b")
     strict = MemoryModel(cfg, MemoryConfig(budget_bytes=H100))
-    waves = MemoryModel(cfg, MemoryConfig(budget_bytes=H100, rollout_waves=True))
-    assert strict.choose("rollout", MeshShape(2, 1, 4), 32768, 128) is None
-    fit = waves.choose("rollout", MeshShape(2, 1, 4), 32768, 128)
-    assert fit is not None and 1 <= fit.micro_batch < 64
+    assert strict.choose("rollout", MeshShape(2, 1, 4), 32768, 128) is None  # 64 resident 32K caches do not fit
+    fit = strict.choose("rollout", MeshShape(1, 1, 8), 8192, 16)
+    assert fit is not None and fit.micro_batch is None and fit.logprob_chunk is None  # rollout has neither
+    assert fit.estimate.micro_batch == 16  # every response of the shard is resident
 
 
 def test_device_memory_budget():
@@ -151,7 +148,7 @@ def test_bad_memory_config():
     with pytest.raises(ValueError):
         MemoryConfig(safety_fraction=1.5)
     with pytest.raises(ValueError):
-        MemoryConfig(kv_replication="half")
+        MemoryConfig(max_logprob_chunk=0)
 
 
 @settings(max_examples=40, deadline=None)
@@ -178,7 +175,7 @@ def test_params_per_device_matches_real_shardings_of_the_model(name):
     from flax import nnx
 
     from earl_jax.models.qwen2 import Qwen2
-    from earl_jax.parallel.mesh import STAGE_RULES, make_mesh, state_shardings
+    from earl_jax.sharding.mesh import STAGE_RULES, make_mesh, state_shardings
 
     cfg = get_config(name)
     state = nnx.state(nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0))), nnx.Param)
@@ -196,7 +193,7 @@ def test_kv_cache_matches_real_cache_shardings(name):
     import jax
 
     from earl_jax.models.cache import cache_shardings, init_cache
-    from earl_jax.parallel.mesh import STAGE_RULES, make_mesh
+    from earl_jax.sharding.mesh import STAGE_RULES, make_mesh
 
     cfg = get_config(name)
     mm = MemoryModel(cfg, MemoryConfig(budget_bytes=H100))
@@ -212,7 +209,7 @@ def test_kv_cache_matches_real_cache_shardings(name):
 def test_rollout_estimate_from_measured_extends():
     """Measured extend widths replace the default 256-token chunk against the whole context: a short turn
     observation against the context, the prompt against its first cache (hand computation, tiny model)."""
-    from earl_jax.parallel.memory import RolloutExtends
+    from earl_jax.parallel.plan import RolloutExtends
 
     cfg = get_config("tiny", vocab_size=101)  # 4 heads, 2 kv heads of 32
     mm = MemoryModel(cfg, MemoryConfig(budget_bytes=8 * GiB))
@@ -229,10 +226,29 @@ def test_rollout_estimate_from_measured_extends():
     assert default.activations == workspace(rows * 256) + scores(256, ctx)  # the extend is not query-blocked
     assert measured.total < default.total / 2
     # the selector reads them from ContextStats
-    from earl_jax.parallel.selector import ContextStats, ParallelismSelector, SelectorConfig
+    from earl_jax.parallel.plan import ContextStats
+    from earl_jax.parallel.selector import ParallelismSelector, SelectorConfig
 
     sel = ParallelismSelector(cfg, 1, memory=MemoryModel(cfg, MemoryConfig(budget_bytes=3 * GiB)),
                               config=SelectorConfig(stages=("rollout",)))
     with pytest.raises(Exception, match="no rollout layout"):
         sel.plan(ContextStats(ctx, ctx, rows))
     assert sel.plan(ContextStats(ctx, ctx, rows, 100, 3100, 7)).rollout.mesh == mesh
+
+
+def test_rollout_and_experience_are_planned_beside_the_resident_train_state():
+    """The train state (fp32 master + 2 AdamW moments) stays on the devices while rollout and experience run:
+    the selector plans train first and counts its state in the other two stages' estimates."""
+    from earl_jax.parallel.plan import ContextStats
+    from earl_jax.parallel.selector import ParallelismSelector
+
+    cfg = get_config("qwen2.5-1.5b")
+    sel = ParallelismSelector(cfg, 4, memory=MemoryConfig(budget_bytes=H100))
+    plan = sel.plan(ContextStats(1024, 1024, 64))
+    resident = sel.memory.train_resident_bytes(plan.train.mesh)
+    shards = plan.train.mesh.fsdp * plan.train.mesh.tensor
+    assert resident == pytest.approx(cfg.num_params() * 12 / shards, rel=0.01)  # replicated over data
+    with_state = sel.memory.estimate("rollout", plan.rollout.mesh, 1024, 64)
+    assert with_state.resident == resident and sel.memory.estimate("train", plan.train.mesh, 1024, 64).resident == 0
+    sel.memory.resident_bytes = 0
+    assert with_state.total - sel.memory.estimate("rollout", plan.rollout.mesh, 1024, 64).total == resident

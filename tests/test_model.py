@@ -10,14 +10,19 @@ from earl_jax.models.cache import cache_shardings, init_cache
 from earl_jax.models.config import PRESETS, ModelConfig
 from earl_jax.models.init import abstract_model, init_sharded
 from earl_jax.models.qwen2 import Qwen2
-from earl_jax.parallel.context import use_mesh_rules
-from earl_jax.parallel.mesh import INFERENCE_RULES, TRAIN_RULES, MeshShape, make_mesh
+from earl_jax.sharding.context import use_mesh_rules
+from earl_jax.sharding.mesh import INFERENCE_RULES, TRAIN_RULES, MeshShape, make_mesh
 
 CFG = ModelConfig.tiny(vocab_size=64).replace(num_attention_heads=8, num_key_value_heads=4, head_dim=16)
 
 
 def _model(cfg=CFG, **kw):
     return Qwen2(cfg, rngs=nnx.Rngs(0), dtype=jnp.float32, **kw)
+
+
+def _one_device_init(seed=0):
+    """init_sharded's values on one device: the reference for the sharded models (same seed, same values)."""
+    return init_sharded(CFG, make_mesh(MeshShape(), jax.devices()[:1]), INFERENCE_RULES, seed=seed, dtype=jnp.float32)
 
 
 def test_param_count_matches_config():
@@ -71,7 +76,7 @@ def test_ragged_rows_in_one_cache():
 def test_same_logits_on_every_mesh(shape):
     mesh_shape = MeshShape.parse(shape)
     mesh = make_mesh(mesh_shape)
-    ref_model = _model()
+    ref_model = _one_device_init()
     tokens = jax.random.randint(jax.random.key(2), (8, 12), 0, CFG.vocab_size)
     ref, _ = ref_model(tokens)
 
@@ -99,7 +104,7 @@ def test_train_rules_shard_params_over_fsdp_and_tensor():
     model = init_sharded(CFG, mesh, TRAIN_RULES, dtype=jnp.float32)
     w = model.layers[0].mlp.gate_df[...]
     assert w.sharding.shard_shape(w.shape) == (CFG.hidden_size // 2, CFG.intermediate_size // 2)
-    ref, _ = _model()(jnp.arange(8)[None] % CFG.vocab_size)
+    ref, _ = _one_device_init()(jnp.arange(8)[None] % CFG.vocab_size)
     out, _ = model(jnp.arange(8)[None] % CFG.vocab_size)
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
 

@@ -28,7 +28,8 @@ LAUNCH = [sys.executable, str(ROOT / "launch" / "local.py")]
 def _env(devices: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EARL_", "SLURM_"))}
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), WANDB_MODE="disabled")
+               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), WANDB_MODE="disabled",
+               EARL_COMPILE_CACHE="off")  # the jobs would otherwise cache programs in the user's home
     return env
 
 
@@ -88,7 +89,7 @@ def test_host_global_round_trip_on_one_process():
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from earl_jax.parallel.mesh import MeshShape, make_mesh
+    from earl_jax.sharding.mesh import MeshShape, make_mesh
 
     x = np.arange(64, dtype=np.float32).reshape(8, 8)
     y = distributed.host_to_global(x, NamedSharding(make_mesh(MeshShape(4, 1, 2)), P("data", "tensor")))

@@ -10,9 +10,9 @@ from flax import nnx
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import init_sharded
 from earl_jax.models.qwen2 import Qwen2
-from earl_jax.parallel.mesh import INFERENCE_RULES, MeshShape, make_mesh
+from earl_jax.sharding.mesh import INFERENCE_RULES, MeshShape, make_mesh
 from earl_jax.rollout.sampler import Sampler
-from earl_jax.rollout.sampling import SamplingConfig, sample_logits
+from earl_jax.rollout.sampling import SamplingConfig, program_key, runtime_values, sample_logits
 
 CFG = ModelConfig.tiny(vocab_size=64).replace(num_attention_heads=8, num_key_value_heads=4, head_dim=16)
 GREEDY = SamplingConfig(greedy=True)
@@ -209,16 +209,26 @@ def test_top_k_1_and_tiny_top_p_are_greedy():
         for seed in range(3):
             tok, lp = sample_logits(jax.random.key(seed), logits, cfg)
             np.testing.assert_array_equal(tok, want)
+            if cfg.is_greedy:  # the same answer with greedy as a traced flag (the sampler's programs)
+                tok2, lp2 = _traced(jax.random.key(seed), logits, cfg)
+                np.testing.assert_array_equal(tok2, want)
+                np.testing.assert_allclose(lp2, lp, rtol=1e-5, atol=1e-6)
             t = cfg.temperature if cfg.temperature > 0 else 1.0
             np.testing.assert_allclose(lp, _log_softmax(logits / t)[np.arange(64), want], rtol=1e-5, atol=1e-6)
 
 
+def _traced(rng, logits, cfg):
+    """sample_logits as the sampler calls it: top-k / top-p static, temperature and greedy traced."""
+    return jax.jit(lambda r, x, t, g: sample_logits(r, x, program_key(cfg), t, g))(rng, logits, *runtime_values(cfg))
+
+
+@pytest.mark.parametrize("traced", [False, True])
 @pytest.mark.parametrize("cfg", [SamplingConfig(temperature=0.7), SamplingConfig(temperature=1.5, top_k=3),
                                  SamplingConfig(top_p=0.8)])
-def test_sampling_histogram_matches_probabilities(cfg):
+def test_sampling_histogram_matches_probabilities(cfg, traced):
     logits = jnp.array([2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0, 1.5])
     n = 40_000
-    tok, lp = sample_logits(jax.random.key(42), jnp.broadcast_to(logits, (n, 8)), cfg)
+    tok, lp = (_traced if traced else sample_logits)(jax.random.key(42), jnp.broadcast_to(logits, (n, 8)), cfg)
     p = np.exp(_log_softmax(logits / cfg.temperature))
     np.testing.assert_allclose(lp, np.log(p)[np.asarray(tok)], rtol=1e-5, atol=1e-6)  # untruncated
     order = np.argsort(-p)
@@ -253,6 +263,10 @@ def test_compile_count_stays_bounded(setup):
         counts.append(sampler.compile_count)
     # init + extend x 2 buckets + generate x 1 bucket, all traced in the first round only.
     assert counts == [4, 4, 4]
+    # sampled decoding (any temperature) runs greedy's program: temperature and greedy are runtime values
+    state, _ = sampler.generate(params, sampler.init_state(2, 40), jax.random.key(0), max_new_tokens=4, budget=[3, 2],
+                                stop_tokens=(5,), sampling=SamplingConfig(temperature=0.7))
+    assert sampler.compile_count == 4
 
 
 def _mesh_run(sampler, params):
@@ -276,11 +290,13 @@ def mesh_reference(setup):
 
 
 @pytest.mark.parametrize("shape", ["1x8", "2x4", "4x2"])
-def test_same_outputs_on_every_mesh(mesh_reference, shape):
+def test_same_outputs_on_every_mesh(setup, mesh_reference, shape):
     ref = mesh_reference
     mesh = make_mesh(MeshShape.parse(shape))
-    sharded_graphdef, sharded = nnx.split(init_sharded(CFG, mesh, INFERENCE_RULES, seed=0, dtype=jnp.float32))
-    sharded = _sharpen(sharded)
+    _, params, _ = setup
+    sharded_graphdef, layout = nnx.split(init_sharded(CFG, mesh, INFERENCE_RULES, seed=0, dtype=jnp.float32))
+    # The reference's weights in init_sharded's shardings (init_sharded draws other values than Qwen2(Rngs(0))).
+    sharded = jax.tree.map(lambda w, x: jax.device_put(w, x.sharding), params, layout)
     got = _mesh_run(Sampler(sharded_graphdef, CFG, mesh=mesh, rules=INFERENCE_RULES, cache_dtype=jnp.float32), sharded)
     for a, b in zip(ref[:2], got[:2]):
         np.testing.assert_array_equal(a.tokens, b.tokens)
@@ -291,8 +307,8 @@ def test_same_outputs_on_every_mesh(mesh_reference, shape):
 
 
 def test_fused_attention_and_multi_step_loop_give_the_same_generation(setup):
-    """The Pallas decode-attention kernel (interpret mode on CPU) and several decode steps per loop
-    check change no token, log-prob, length or next_logits."""
+    """The single-device decode step with the Pallas write+attend kernel (interpret mode on CPU) and
+    several decode steps per loop check change no token, log-prob, length or next_logits."""
     graphdef, params, _ = setup
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10]]
     obs = [[11, 12], [], [13, 14, 15]]
@@ -307,9 +323,7 @@ def test_fused_attention_and_multi_step_loop_give_the_same_generation(setup):
         return jax.device_get((g1, g2, state.lengths, state.next_logits))
 
     ref = run(_sampler(graphdef, decode_attention="xla"))
-    for kw in (dict(decode_attention="pallas_interpret"), dict(decode_attention="fused_interpret"),
-               dict(decode_attention="step_interpret"), dict(decode_attention="steprope_interpret"),
-               dict(decode_attention="xla", steps_per_check=3)):
+    for kw in (dict(decode_attention="step_interpret"), dict(decode_attention="xla", steps_per_check=3)):
         got = run(_sampler(graphdef, **kw))
         for a, b in zip(ref[:2], got[:2]):
             np.testing.assert_array_equal(a.tokens, b.tokens)

@@ -11,12 +11,13 @@ from hypothesis import given, settings, strategies as st
 from earl_jax import distributed
 from earl_jax.models.config import get_config
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel, candidate_meshes
-from earl_jax.parallel.mesh import STAGES, MeshShape, make_mesh
+from earl_jax.sharding.mesh import STAGES, MeshShape, make_mesh
 from earl_jax.parallel.profile import (INFEASIBLE, OK, OOM, ProfileEntry, ProfileTable, ProfileTableMismatch,
                                        SyntheticThroughput, is_oom_error, run_profile)
-from earl_jax.parallel.selector import (SMALL_BUCKET_EDGES, ContextStats, HysteresisLevel, NoFeasibleLayoutError,
-                                        OtherProcessFailedError, OtherProcessOOMError, ParallelismSelector,
-                                        SelectorConfig, StageLayout, StagePlan, run_with_oom_fallback)
+from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
+from earl_jax.parallel.planner import OtherProcessFailedError, OtherProcessOOMError, run_with_oom_fallback
+from earl_jax.parallel.selector import (SMALL_BUCKET_EDGES, HysteresisLevel, NoFeasibleLayoutError, ParallelismSelector,
+                                        SelectorConfig)
 
 H100 = 80 * GiB
 ROOT = Path(__file__).resolve().parents[1]
@@ -371,6 +372,11 @@ def test_fig3_synthetic_smoke(tmp_path):
                       "--responses", "8,16", "--table", str(tmp_path / "table.json"), "--out", str(tmp_path),
                       "--name", "again", "--memory-gib", "4"])
     assert (tmp_path / "again.png").exists() and len(res2["cells"]) == 6
+    # the figure's own JSON holds its profile table: it serves as --table too
+    res3 = fig3.main(["--synthetic", "--model", "tiny", "--tp-a", "1", "--tp-b", "2", "--contexts", "32,64,128",
+                      "--responses", "8,16", "--table", res["paths"]["json"], "--out", str(tmp_path),
+                      "--name", "from_figure", "--memory-gib", "4"])
+    assert [c["tgs_a"] for c in res3["cells"]] == [c["tgs_a"] for c in res["cells"]]
 
 
 def test_shrink_micro_batch_before_switching_mesh():

@@ -28,8 +28,9 @@ def _setup(n=8, t=16, seed=0):
 
 def _batch():
     graphdef, params, tokens, mask, rewards, gids = _setup()
-    batch, _ = experience_stage(graphdef, params, None, tokens, mask, rewards, gids, num_groups=4,
-                                loss_cfg=LossConfig(algorithm="grpo"), chunk=5, filter_constant_groups=False)
+    batch, _ = experience_stage(params, None, tokens, mask, rewards, gids, graphdef=graphdef, num_groups=4,
+                                loss_cfg=LossConfig(algorithm="grpo"), micro_batches=1, shards=1, chunk=5,
+                                filter_constant_groups=False)
     return graphdef, params, batch
 
 
@@ -46,7 +47,7 @@ def test_micro_batches_equal_one_batch():
     opt = optax.sgd(0.1)  # linear in the gradient, so the comparison checks the accumulated gradient itself
     outs = []
     for mb in (1, 2, 4):
-        p, _, m = jax.jit(lambda p, s, b: train_stage(graphdef, p, s, b, optimizer=opt, loss_cfg=LossConfig(),
+        p, _, m = jax.jit(lambda p, s, b: train_stage(p, s, b, graphdef=graphdef, optimizer=opt, loss_cfg=LossConfig(),
                                                       micro_batches=mb, chunk=4))(params, opt.init(params), batch)
         outs.append((p, m))
     for p, m in outs[1:]:
@@ -63,7 +64,7 @@ def test_non_finite_loss_skips_the_update():
                           batch.ref_logp, batch.advantages.at[0, -1].set(jnp.nan))
     opt = make_optimizer(1e-2, 1, 10, 0.0, 1.0)
     state = opt.init(params)
-    new_params, new_state, m = train_stage(graphdef, params, state, bad, optimizer=opt, loss_cfg=LossConfig(),
+    new_params, new_state, m = train_stage(params, state, bad, graphdef=graphdef, optimizer=opt, loss_cfg=LossConfig(),
                                            micro_batches=2, chunk=4)
     assert float(m["skipped"]) == 1.0
     for a, b in zip(jax.tree.leaves((new_params, new_state)), jax.tree.leaves((params, state))):

@@ -16,26 +16,45 @@ sys.path.insert(0, str(ROOT / "experiments"))
 import sweep  # noqa: E402
 
 from earl_jax.cli import parse_config  # noqa: E402
-from earl_jax.parallel.stage_plan import parse_thresholds  # noqa: E402
+from earl_jax.parallel.planner import parse_thresholds  # noqa: E402
 from earl_jax.rl.config import RLConfig  # noqa: E402
 
 SELECTOR_YAML = ROOT / "launch" / "sweep_selector.yaml"
+LEARNING_YAML = ROOT / "launch" / "sweep_learning.yaml"
+SELECTOR_KNOBS = {"selector-edges", "selector-margin", "selector-ema", "rollout-thresholds", "experience-thresholds",
+                  "train-thresholds"}
 
 
-def test_selector_sweep_covers_the_selector_and_optimizer_knobs():
+def _varying(spec) -> set[str]:
+    return {k for k, p in spec["parameters"].items() if "value" not in p}
+
+
+def test_selector_sweep_maximizes_throughput_over_the_selector_knobs_with_learning_fixed():
+    from earl_jax.models.config import get_config
+    from earl_jax.parallel.memory import mesh_problem
+
     spec = sweep.load_sweep(SELECTOR_YAML)
-    assert spec["program"] == "experiments/connect4.py" and spec["metric"]["name"] == "eval/win_rate"
-    for name in ("selector-edges", "selector-margin", "selector-ema", "rollout-thresholds",
-                 "experience-thresholds", "train-thresholds", "learning-rate", "kl-coef"):
-        assert name in spec["parameters"], name
-    # every value is a valid connect4 flag value, and every threshold mesh uses the 8 devices
-    for params in sweep.grid({k: p for k, p in spec["parameters"].items()
-                              if k.endswith("thresholds") or k.startswith("selector")}):
-        flags = sweep.trial_command("x", params, "r")[3:]
-        cfg = parse_config(RLConfig, flags)
+    assert spec["program"] == "experiments/connect4.py"
+    assert spec["metric"] == {"name": "throughput/iteration_tgs_mean", "goal": "maximize"}
+    assert _varying(spec) == SELECTOR_KNOBS
+    assert {"learning-rate", "kl-coef"} <= set(spec["parameters"]) - _varying(spec)  # fixed, not swept
+    # every value is a valid connect4 flag value, and every mesh a valid layout of the model and the batch
+    first = {k: p["value"] if "value" in p else p["values"][0] for k, p in spec["parameters"].items()}
+    for params in ({**first, k: v} for k in _varying(spec) for v in spec["parameters"][k]["values"]):
+        cfg = parse_config(RLConfig, sweep.trial_command("x", params, "r")[3:])
+        model = get_config(cfg.model, vocab_size=101)
         for stage in ("rollout", "experience", "train"):
             for _, mesh in parse_thresholds(getattr(cfg, f"{stage}_thresholds")):
-                assert mesh.size == 8, (stage, mesh)
+                assert mesh_problem(model, cfg.devices, stage, mesh) is None, (stage, mesh)
+                assert cfg.batch_size % (mesh.data * mesh.fsdp) == 0, (stage, mesh)
+    assert (cfg.model, cfg.devices, cfg.keep_checkpoints, cfg.eval_opponents, cfg.steps) == ("qwen2.5-1.5b", 4, 0, (), 4)
+    assert cfg.turn_tokens(0) < cfg.turn_tokens(cfg.steps - 1)  # the context grows: bucket edges matter
+
+
+def test_learning_sweep_maximizes_the_win_rate_over_learning_rate_and_kl():
+    spec = sweep.load_sweep(LEARNING_YAML)
+    assert spec["metric"] == {"name": "eval/win_rate", "goal": "maximize"}
+    assert _varying(spec) == {"learning-rate", "kl-coef"}
     cfg = parse_config(RLConfig, sweep.trial_command("x", sweep.trials(spec, "random", 1)[0], "runs/t")[2:])
     assert cfg.run_dir == "runs/t" and cfg.steps == 20 and cfg.progress is False
 
@@ -109,3 +128,29 @@ def test_run_sweep_writes_one_folder_per_trial_and_a_summary(tmp_path, capsys):
     assert "done before, skipped" in capsys.readouterr().out
     assert len((out / "trials.jsonl").read_text().splitlines()) == 4
     assert json.loads((out / rows[0]["trial"] / "trial.json").read_text())["status"] == "ok"
+
+
+def test_sweep_summarizes_throughput_after_the_compile_iteration_and_sorts_by_it(tmp_path, capsys):
+    # a stand-in program: iteration 1 is slow (compiling), the steady throughput is the 'x' flag
+    program = tmp_path / "fake_job.py"
+    program.write_text(textwrap.dedent('''
+        import json, sys
+        from pathlib import Path
+        args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--"))
+        run = Path(args["run-dir"]); run.mkdir(parents=True, exist_ok=True)
+        x = float(args["x"])
+        rows = [{"step": 1, "throughput/iteration_tgs": 1.0 / x}, {"step": 2, "throughput/iteration_tgs": x},
+                {"step": 3, "throughput/iteration_tgs": x + 2}]
+        (run / "metrics.jsonl").write_text("\\n".join(json.dumps(r) for r in rows))
+    '''))
+    yaml_path = tmp_path / "s.yaml"
+    yaml_path.write_text(f"program: {program}\nmethod: grid\n"
+                         "metric: {name: throughput/iteration_tgs_mean, goal: maximize}\n"
+                         "parameters:\n  x: {values: ['10', '30', '20']}\n")
+    assert sweep.main([str(yaml_path), "--out", str(tmp_path / "sweep")]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "sweep" / "summary.csv")))
+    assert [float(r["throughput/iteration_tgs_mean"]) for r in rows] == [11.0, 31.0, 21.0]  # steps 2-3 only
+    table = capsys.readouterr().out
+    table = table[table.index("summary.csv"):]
+    by_x = {r["x"]: r["trial"] for r in rows}
+    assert table.index(by_x["30"]) < table.index(by_x["20"]) < table.index(by_x["10"])  # best first

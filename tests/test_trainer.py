@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 import jax
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 
 from earl_jax.cli import parse_config
+from earl_jax.parallel.plan import ContextStats
 from earl_jax.rl.checkpoint import CheckpointError
 from earl_jax.rl.config import RLConfig
 from earl_jax.rl.metrics import REQUIRED_METRICS, read_metrics
@@ -46,29 +46,47 @@ def test_killed_and_resumed_run_is_bit_exact(tmp_path):
     straight = Trainer(dataclasses.replace(cfg, run_dir=str(tmp_path / "a")), log=False)
     straight.run()
 
-    first = Trainer(dataclasses.replace(cfg, run_dir=str(tmp_path / "b")), log=False)
+    first = Trainer(dataclasses.replace(cfg, run_dir=str(tmp_path / "b")))
     first.run(stop_after=3)  # "killed" after iteration 3; the last checkpoint is step 2
-    resumed = Trainer(dataclasses.replace(cfg, run_dir=str(tmp_path / "b"), resume=True), log=False)
+    first.logger.close()
+    assert [r["step"] for r in read_metrics(tmp_path / "b" / "metrics.jsonl")] == [1, 2, 3]
+    resumed = Trainer(dataclasses.replace(cfg, run_dir=str(tmp_path / "b"), resume=True))
     assert resumed.step == 2
     resumed.run()
     assert resumed.step == straight.step == 4
     for a, b in zip(_params(straight), _params(resumed)):
         np.testing.assert_array_equal(a, b)
+    # each step once, in order: the killed run's record of step 3 was dropped and written again
+    steps = [r["step"] for r in read_metrics(tmp_path / "b" / "metrics.jsonl")]
+    assert steps == [1, 2, 3, 4], steps
 
 
-def test_corrupt_checkpoint_is_a_clear_error_and_keeps_the_older_one(tmp_path):
+def _corrupt(folder: Path) -> None:
+    for f in folder.rglob("*"):
+        if f.is_file() and f.stat().st_size > 0 and "meta" not in f.parts:
+            f.write_bytes(b"\0garbage" * 4)
+
+
+def test_corrupt_newest_checkpoint_resumes_from_the_previous_one(tmp_path):
     cfg = dataclasses.replace(SMALL, steps=2, eval_every=0, format_warmup_steps=0, checkpoint_every=1,
                               run_dir=str(tmp_path / "run"))
     Trainer(cfg, log=False).run()
     ckpt = tmp_path / "run" / "checkpoints"
-    for f in (ckpt / "2").rglob("*"):
-        if f.is_file() and f.stat().st_size > 0 and "meta" not in f.parts:
-            f.write_bytes(b"\0garbage" * 4)
-    with pytest.raises(CheckpointError, match="checkpoints/2"):
-        Trainer(dataclasses.replace(cfg, resume=True), log=False)
+    _corrupt(ckpt / "2")
+    with pytest.warns(UserWarning, match="checkpoints/2 is unreadable") as warned:
+        resumed = Trainer(dataclasses.replace(cfg, steps=3, resume=True), log=False)
+    assert len([w for w in warned if "unreadable" in str(w.message)]) == 1  # one warning line
+    assert resumed.step == 1
     assert (ckpt / "1").exists()  # the older checkpoint is still there
-    shutil.rmtree(ckpt / "2")
-    assert Trainer(dataclasses.replace(cfg, resume=True), log=False).step == 1
+    assert (tmp_path / "run" / "corrupt_checkpoints" / "2").exists()  # the bad one is kept aside, not deleted
+    resumed.run()  # and the run goes on, writing step 2 and 3 again
+    assert resumed.step == 3 and Trainer(dataclasses.replace(cfg, resume=True), log=False).step == 3
+    # when no checkpoint reads back, a clear error names the folder
+    for d in ckpt.iterdir():
+        if d.name.isdigit():
+            _corrupt(d)
+    with pytest.raises(CheckpointError, match="no checkpoint .* reads back"):
+        Trainer(dataclasses.replace(cfg, resume=True), log=False)
 
 
 def test_resume_without_checkpoint_and_reusing_a_run_dir_fail_clearly(tmp_path):
@@ -122,11 +140,11 @@ def test_out_of_memory_in_a_stage_reruns_it_on_the_next_mesh(tmp_path, monkeypat
     first = trainer.planner.current.experience.mesh
     real, seen = Trainer._experience, []
 
-    def flaky(self, arrays, layout):
-        seen.append(layout.mesh)
-        if layout.mesh == first:
+    def flaky(self, run, *args):
+        seen.append(run.layout.mesh)
+        if run.layout.mesh == first:
             raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 123 bytes")
-        return real(self, arrays, layout)
+        return real(self, run, *args)
 
     monkeypatch.setattr(Trainer, "_experience", flaky)
     record = trainer.iteration()
@@ -142,7 +160,7 @@ def test_turn_token_schedule_and_fixed_length_answers(tmp_path):
     assert [cfg.turn_tokens(i) for i in range(4)] == [3, 3, 8, 8]
     trainer = Trainer(cfg, log=False)
     trainer.step = 2  # the schedule's second entry
-    traj = trainer._rollout(trainer.envs, list(range(len(trainer.envs))), None, jax.random.key(0), trainer.sampling)
+    traj, _ = trainer._rollout(trainer.env, list(range(trainer.env.num_games)), None, jax.random.key(0), trainer.sampling)
     runs = []  # lengths of the generated spans (one per agent answer)
     for row in traj.loss_mask:
         edges = np.flatnonzero(np.diff(np.concatenate([[0], row.astype(int), [0]])))
@@ -161,10 +179,10 @@ def test_static_mode_keeps_the_first_plan_and_names_the_stage_that_ran_out_of_me
                               run_dir=str(tmp_path / "run"))
     trainer = Trainer(cfg, log=False)
     first = trainer.planner.current
-    trainer.planner.observe(200_000, 250_000, 8)  # a context the first plan was never made for
+    trainer.planner.observe(ContextStats(200_000, 250_000, 8))  # a context the first plan was never made for
     assert trainer.planner.plan() is first
 
-    def out_of_memory(self, arrays, layout):
+    def out_of_memory(self, run, *args):
         raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 123 bytes")
 
     monkeypatch.setattr(Trainer, "_experience", out_of_memory)

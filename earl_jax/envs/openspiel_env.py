@@ -209,18 +209,3 @@ class OpenSpielTextEnv(gym.Env):
             "agent_player": self.agent_player,
             "retries_left": self._retries_left,
         }
-
-
-def make_envs(
-    n: int, game: str = "connect_four", opponent: str = "random", seed: int | None = None, **config
-) -> list[OpenSpielTextEnv]:
-    """n independent environments, one per rollout row; extra keywords go to EnvConfig.
-
-    With `seed`, env i is reset with seed + i, so the list is ready to step (its first
-    observations: `env.reset(seed=seed + i)` again gives the same ones). Without it, reset them.
-    """
-    envs = [OpenSpielTextEnv(EnvConfig(game=game, opponent=opponent, **config)) for _ in range(n)]
-    if seed is not None:
-        for i, env in enumerate(envs):
-            env.reset(seed=seed + i)
-    return envs

@@ -8,21 +8,50 @@ tokens x 64 rows would otherwise need tens of GB for the backward pass).
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 Q_BLOCK = 256
+# cuDNN attention under a mesh through shard_map (see _per_shard); EARL_PER_SHARD_CUDNN=0 leaves it to XLA
+PER_SHARD_CUDNN = os.environ.get("EARL_PER_SHARD_CUDNN", "1") != "0"
 
 
 def _use_cudnn(q: jax.Array) -> bool:
     return jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
 
 
+def _cudnn_attention(q, k, v):
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+
+
+def _per_shard(q, k, v, fn=_cudnn_attention):
+    """cuDNN attention run on each device's own rows and heads (shard_map), when a stage's mesh rules split
+    them: what the kernel sees is then plain local arrays, never a partitioning decision for XLA to make about
+    a custom call. None when no rules are active, nothing is split, or the kv heads are replicated while the
+    query heads are split (the local grouping of query heads onto kv heads would not hold)."""
+    from earl_jax.sharding.context import current_mesh_rules
+    from earl_jax.sharding.mesh import logical_to_spec
+
+    ctx = current_mesh_rules()
+    if ctx is None:
+        return None
+    mesh, rules = ctx
+    q_spec = logical_to_spec(("batch", "length", "act_heads", None), rules, mesh, q.shape)
+    kv_spec = logical_to_spec(("batch", "length", "act_kv_heads", None), rules, mesh, k.shape)
+    if not any(q_spec) or (len(q_spec) > 2 and q_spec[2] is not None and (len(kv_spec) < 3 or kv_spec[2] is None)):
+        return None
+    return jax.shard_map(fn, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec,
+                         check_vma=False)(q, k, v)
+
+
 def causal_attention(q: Float[Array, "b t n h"], k: Float[Array, "b t k h"], v: Float[Array, "b t k h"],
                      q_block: int = Q_BLOCK) -> Float[Array, "b t n h"]:
     if _use_cudnn(q):
-        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+        local = _per_shard(q, k, v) if PER_SHARD_CUDNN else None
+        return _cudnn_attention(q, k, v) if local is None else local
     b, t, n, h = q.shape
     if t <= q_block:
         return jax.nn.dot_product_attention(q, k, v, is_causal=True)

@@ -27,11 +27,13 @@ from jax.sharding import Mesh, Sharding, SingleDeviceSharding
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from earl_jax.errors import CheckpointError
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import abstract_model
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.models.tokenizer import load_tokenizer
-from earl_jax.parallel.mesh import INFERENCE_RULES, Rules, state_shardings
+from earl_jax.sharding.mesh import INFERENCE_RULES, Rules, state_shardings
+from earl_jax.progress import mesh_str, params_str, phase, track
 
 # (Hugging Face name, module path, layout "hf axes -> our axes"); {i} is the layer index.
 _L = "model.layers.{i}."
@@ -154,10 +156,6 @@ def config_to_hf(cfg: ModelConfig, dtype: str = "float32") -> dict[str, Any]:
 
 
 # ---- safetensors ----------------------------------------------------------------------------------
-class CheckpointError(ValueError):
-    """A checkpoint folder that does not match the model: names the tensor or file at fault."""
-
-
 def _checkpoint_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.exists():
@@ -280,7 +278,7 @@ def load_params(path: str | Path, model: Qwen2, shardings: Any) -> nnx.State:
                 raise CheckpointError(f"tensor {hf_name!r} has shape {list(got)}, the config needs "
                                       f"{list(need)} (for {key}{list(shape)})")
         leaves = []
-        for p, var in flat:
+        for p, var in track(flat, total=len(flat), description=f"loading {path.name}"):
             key = _flat_path(p)
             hf_name, abstract = wanted[key], var.get_value()
             layout, shape = hf_to_path(hf_name)[1], tuple(abstract.shape)
@@ -302,13 +300,15 @@ def from_pretrained(path: str | Path, *, mesh: Mesh | None = None, rules: Rules 
     if not (path / "config.json").exists():
         raise CheckpointError(f"{path}: no config.json")
     cfg = config_from_hf(json.loads((path / "config.json").read_text()), name=path.name or "hf")
-    model = abstract_model(cfg, dtype=dtype, param_dtype=param_dtype)
-    graphdef, abstract_state = nnx.split(model)
-    if mesh is None:
-        shardings: Any = SingleDeviceSharding(jax.local_devices()[0])
-    else:
-        shardings = state_shardings(abstract_state, mesh, INFERENCE_RULES if rules is None else rules)
-    state = load_params(path, model, shardings)
+    where = "one device" if mesh is None else f"mesh {mesh_str(mesh)}"
+    with phase(f"model: {cfg.name}, {params_str(cfg.num_params())} params, loading {path} onto {where}"):
+        model = abstract_model(cfg, dtype=dtype, param_dtype=param_dtype)
+        graphdef, abstract_state = nnx.split(model)
+        if mesh is None:
+            shardings: Any = SingleDeviceSharding(jax.local_devices()[0])
+        else:
+            shardings = state_shardings(abstract_state, mesh, INFERENCE_RULES if rules is None else rules)
+        state = load_params(path, model, shardings)
     tokenizer = load_tokenizer(path) if (path / "tokenizer.json").exists() else None
     return nnx.merge(graphdef, state), tokenizer
 

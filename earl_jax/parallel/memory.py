@@ -6,8 +6,8 @@ devices is as cheap to plan as the tiny one.
 What is counted (bytes per device; "shard" follows the same rule as `mesh.logical_to_spec`: a
 dimension is split over its mesh axis only when the axis size divides it, otherwise it is replicated):
 
-* parameters - every weight of the Qwen2 decoder with its logical axes (the same axes as
-  `models/qwen2.py`): inference stages hold them in bf16 (`param_bytes_inference`), sharded over
+* parameters - every weight of the Qwen2 decoder with its logical axes, read from the abstract model
+  (`param_groups`): inference stages hold them in bf16 (`param_bytes_inference`), sharded over
   `tensor` along vocab / heads / kv_heads / mlp, replicated along embed (norm scales, biases and the
   embed dimension are replicated: small, but counted). The experience stage holds
   `experience_models` copies (reference + old policy). Training holds the fp32 master weights, fp32
@@ -16,10 +16,7 @@ dimension is split over its mesh axis only when the axis size divides it, otherw
   buffers of two layers (current + prefetched) and of the embedding.
 * KV cache (rollout) - responses of one data shard x context x kv bytes per token, divided by the
   tensor degree when it divides `num_key_value_heads`. When tensor > kv heads the kv_heads axis is
-  not divisible and `logical_to_spec` replicates the whole cache on every tensor rank
-  (`kv_replication="replicate"`, the default, what the current rules do). With
-  `kv_replication="group"` (a model that repeats kv heads up to the tensor degree, as vLLM does) each
-  rank holds kv_heads / min(tensor, kv_heads) heads.
+  not divisible and `logical_to_spec` replicates the whole cache on every tensor rank.
 * activations - rollout: one prefill chunk's per-layer workspace (hidden, q/k/v, MLP) plus the
   attention scores of that chunk against the whole cache (float32, the cached attention materializes
   them) plus the decode logits; experience: one layer's forward workspace for a micro-batch at full
@@ -40,13 +37,14 @@ import dataclasses
 import functools
 import math
 import types
-from typing import Iterator, Literal
+from typing import Iterator
 
 import jax
 
 from earl_jax.models.attention import Q_BLOCK
 from earl_jax.models.config import ModelConfig
-from earl_jax.parallel.mesh import STAGE_RULES, STAGES, MeshShape, logical_to_spec
+from earl_jax.parallel.plan import RolloutExtends
+from earl_jax.sharding.mesh import STAGE_RULES, STAGES, MeshShape, logical_to_spec
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_CPU_BUDGET = 4 * GiB
@@ -83,6 +81,23 @@ def valid_tensor_degree(cfg: ModelConfig, tensor: int) -> bool:
     return tensor >= 1 and q % tensor == 0 and (kv % tensor == 0 or tensor % kv == 0)
 
 
+def mesh_problem(cfg: ModelConfig, num_devices: int, stage: str, mesh: MeshShape) -> str | None:
+    """Why `mesh` is not a valid `stage` mesh of `cfg` over `num_devices` (None: it is one of
+    `candidate_meshes`). A vocabulary the tensor degree does not divide is no problem: it is replicated
+    (the game tokenizer's 101 tokens always are), and the memory model counts it so."""
+    q, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    if mesh.size != num_devices:
+        return f"uses {mesh.size} devices; the job has {num_devices}"
+    if stage != "train" and mesh.fsdp != 1:
+        return f"has fsdp={mesh.fsdp}; only train meshes have an fsdp axis (rollout and experience: dAf1tC)"
+    if q % mesh.tensor:
+        return f"has tensor={mesh.tensor}, which does not divide {cfg.name}'s {q} attention heads"
+    if not valid_tensor_degree(cfg, mesh.tensor):
+        return (f"has tensor={mesh.tensor}, which neither divides {cfg.name}'s {kv} key/value heads nor is a "
+                "multiple of them")
+    return None
+
+
 def candidate_meshes(cfg: ModelConfig, num_devices: int, stage: str) -> list[MeshShape]:
     """All mesh shapes over exactly `num_devices` valid for `cfg` and `stage`: rollout / experience are
     data x tensor (fsdp = 1); train is data x fsdp x tensor. Sorted by (tensor, fsdp)."""
@@ -98,37 +113,43 @@ def candidate_meshes(cfg: ModelConfig, num_devices: int, stage: str) -> list[Mes
     return sorted(out, key=lambda m: (m.tensor, m.fsdp))
 
 
-# ---- parameters ---------------------------------------------------------------------------------
+# ---- parameters ----------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class ParamGroup:
-    name: str
+    name: str  # the parameter's path, "layers/*/..." for the decoder layers
     shape: tuple[int, ...]
     axes: tuple[str | None, ...]
-    count: int = 1  # how many such tensors (e.g. per layer x layers)
+    count: int = 1  # how many such tensors (decoder layers)
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape) * self.count
 
+    @property
+    def per_layer(self) -> bool:
+        return self.name.startswith("layers/")
 
-def param_groups(cfg: ModelConfig) -> list[ParamGroup]:
-    """The decoder's parameters with the logical axes of models/qwen2.py; sums to cfg.num_params()."""
-    d, f, v, h = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.dim_per_head
-    n, k, L = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_hidden_layers
-    g = [ParamGroup("embed", (v, d), ("vocab", "embed")),
-         ParamGroup("q", (d, n, h), ("embed", "heads", "head_dim"), L),
-         ParamGroup("kv", (d, k, h), ("embed", "kv_heads", "head_dim"), 2 * L),
-         ParamGroup("o", (n, h, d), ("heads", "head_dim", "embed"), L),
-         ParamGroup("gate_up", (d, f), ("embed", "mlp"), 2 * L),
-         ParamGroup("down", (f, d), ("mlp", "embed"), L),
-         ParamGroup("norms", (d,), ("embed",), 2 * L + 1)]
-    if cfg.attention_bias:
-        g += [ParamGroup("q_bias", (n, h), ("heads", "head_dim"), L),
-              ParamGroup("kv_bias", (k, h), ("kv_heads", "head_dim"), 2 * L)]
-    if not cfg.tie_word_embeddings:
-        g.append(ParamGroup("lm_head", (d, v), ("embed", "vocab")))
-    return g
+
+@functools.lru_cache(maxsize=64)
+def param_groups(cfg: ModelConfig) -> tuple[ParamGroup, ...]:
+    """The decoder's parameters, read from the abstract model (shapes and logical axes, no memory).
+
+    Built with one decoder layer (every layer has the same parameters), its groups counted
+    num_hidden_layers times: an abstract 80-layer 72B model takes seconds to trace, one layer milliseconds."""
+    from flax import nnx
+
+    from earl_jax.models.init import abstract_model
+
+    state = nnx.state(abstract_model(cfg.replace(num_hidden_layers=1)), nnx.Param)
+    out = []
+    for path, var in nnx.to_flat_state(state):
+        in_layer = path[0] == "layers"
+        name = "/".join("*" if in_layer and i == 1 else str(k) for i, k in enumerate(path))
+        shape = tuple(var.get_value().shape)
+        axes = var.get_metadata().get("logical_axes") or (None,) * len(shape)
+        out.append(ParamGroup(name, shape, tuple(axes), cfg.num_hidden_layers if in_layer else 1))
+    return tuple(out)
 
 
 def _fake_mesh(mesh: MeshShape):
@@ -177,44 +198,24 @@ class MemoryConfig:
     reserve_bytes: int = 512 * MiB
     param_bytes_inference: int = 2  # bf16
     train_state_bytes_per_param: int = 16  # fp32 master + fp32 grad + 2 fp32 AdamW moments
+    resident_bytes_per_param: int = 12  # fp32 master + 2 AdamW moments stay resident through rollout / experience
     compute_bytes: int = 2  # bf16 activations
     kv_cache_bytes: int = 2
-    kv_replication: Literal["replicate", "group"] = "replicate"
     experience_models: int = 2  # reference + old policy resident together
     prefill_len: int = 256  # rollout tokens prefilled per step (prompt chunk / a turn's observation)
     # models/attention.py never materializes [t, t] scores: query blocks of Q_BLOCK (CPU), cuDNN flash (GPU)
     attn_q_block: int | None = Q_BLOCK  # None: full attention scores materialized
     remat: bool = True  # per-layer activation checkpointing in training
-    rollout_waves: bool = False  # rollout may decode a shard's responses in waves (else all resident)
     min_logprob_chunk: int = 128
+    max_logprob_chunk: int | None = None  # user cap on the chunk (RLConfig.logprob_chunk)
+    max_micro_batch_tokens: int | None = None  # user cap: tokens per batch shard in one micro-batch
 
     def __post_init__(self):
         if not 0 < self.safety_fraction <= 1:
             raise ValueError(f"safety_fraction must be in (0, 1], got {self.safety_fraction}")
-        if self.kv_replication not in ("replicate", "group"):
-            raise ValueError(f"kv_replication must be 'replicate' or 'group', got {self.kv_replication!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutExtends:
-    """What a rollout's extends looked like (the agent loop measures it): the prompt's width and the cache
-    it was written into, and the widest later extend (a turn's observation). Widths are rounded up to the
-    sampler's power-of-two length buckets here."""
-
-    prompt_tokens: int
-    first_cache_len: int
-    observation_tokens: int  # 0: no later extend seen
-
-    def attention(self, context_len: int) -> list[tuple[int, int]]:
-        """(query width, key length) of the largest extend attentions at `context_len`."""
-        out = [(_pow2_up(self.prompt_tokens), _pow2_up(self.first_cache_len))]
-        if self.observation_tokens:
-            out.append((_pow2_up(self.observation_tokens), context_len))
-        return out
-
-
-def _pow2_up(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
+        for name in ("max_logprob_chunk", "max_micro_batch_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,10 +233,11 @@ class MemoryEstimate:
     activations: int
     logits: int
     reserve: int
+    resident: int = 0  # the train state that stays on the devices while rollout / experience run
 
     @property
     def total(self) -> int:
-        return self.params + self.gather + self.kv_cache + self.activations + self.logits + self.reserve
+        return self.params + self.gather + self.kv_cache + self.activations + self.logits + self.reserve + self.resident
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -244,17 +246,18 @@ class MemoryEstimate:
 
     def describe(self) -> str:
         parts = ", ".join(f"{k} {getattr(self, k) / GiB:.2f}" for k in
-                          ("params", "gather", "kv_cache", "activations", "logits", "reserve"))
+                          ("params", "gather", "kv_cache", "activations", "logits", "reserve", "resident"))
         return (f"{self.stage} {self.mesh} ctx {self.context_len} mb {self.micro_batch} chunk "
                 f"{self.logprob_chunk}: {self.total / GiB:.2f} GiB ({parts} GiB)")
 
 
 @dataclasses.dataclass(frozen=True)
 class Fit:
-    """Micro-batch and log-prob chunk chosen for a stage / mesh / context, with its estimate."""
+    """Micro-batch and log-prob chunk chosen for a stage / mesh / context, with its estimate (None for
+    rollout, which has neither)."""
 
-    micro_batch: int
-    logprob_chunk: int
+    micro_batch: int | None
+    logprob_chunk: int | None
     estimate: MemoryEstimate
 
 
@@ -263,6 +266,9 @@ class MemoryModel:
         self.cfg = cfg
         self.mem = memory or MemoryConfig()
         self._budget = self.mem.budget_bytes
+        # bytes another stage keeps resident beside rollout / experience (the selector sets the train
+        # state of its train layout; 0: those stages are planned alone, as in profiling)
+        self.resident_bytes = 0
 
     @property
     def budget_bytes(self) -> int:
@@ -281,11 +287,7 @@ class MemoryModel:
 
     def kv_heads_per_device(self, tensor: int) -> float:
         kv = self.cfg.num_key_value_heads
-        if kv % tensor == 0:
-            return kv / tensor
-        if self.mem.kv_replication == "group":
-            return kv / min(tensor, kv) if tensor % kv == 0 else float(kv)
-        return float(kv)
+        return kv / tensor if kv % tensor == 0 else float(kv)
 
     def kv_bytes_per_token_per_device(self, tensor: int) -> float:
         c = self.cfg
@@ -313,13 +315,10 @@ class MemoryModel:
     def _layer_params(self, stage: str, mesh: MeshShape, gather: bool) -> float:
         """Elements of one decoder layer on a device; with gather=True the fsdp split is undone."""
         m = MeshShape(mesh.data, 1, mesh.tensor) if gather else mesh
-        L = self.cfg.num_hidden_layers
         total = 0.0
         for p in param_groups(self.cfg):
-            if p.name in ("embed", "lm_head"):
-                continue
-            per = p.count / L if p.name != "norms" else 2
-            total += per * math.prod(p.shape) / shard_factor(p.shape, p.axes, stage, m)
+            if p.per_layer:
+                total += math.prod(p.shape) / shard_factor(p.shape, p.axes, stage, m)
         return total
 
     # -- the estimate ------------------------------------------------------------------------------
@@ -376,8 +375,13 @@ class MemoryModel:
                 acts = c.num_hidden_layers * layer + layer
             acts += 2 * tok * c.hidden_size * 4  # final hidden states and their gradient (fp32)
             logits = 3 * mb * chunk * self._vocab_dev(t) * 4
+        resident = 0 if stage == "train" else self.resident_bytes
         return MemoryEstimate(stage, mesh, ctx, int(mb), int(chunk), int(params), int(gather), int(kv),
-                              int(acts), int(logits), int(m.reserve_bytes))
+                              int(acts), int(logits), int(m.reserve_bytes), int(resident))
+
+    def train_resident_bytes(self, train_mesh: MeshShape) -> int:
+        """What the train state keeps on each device between train steps (on `train_mesh`)."""
+        return int(params_per_device(self.cfg, "train", train_mesh) * self.mem.resident_bytes_per_param)
 
     def fits(self, est: MemoryEstimate) -> bool:
         return est.total <= self.usable_bytes
@@ -386,26 +390,26 @@ class MemoryModel:
                max_micro_batch: int | None = None, extends: RolloutExtends | None = None) -> Fit | None:
         """The largest micro-batch (then the largest log-prob chunk) that fits; None when nothing does.
 
-        rollout: all of a shard's responses at once (micro_batch = ceil(N / data)); with
-        `rollout_waves` the largest power of two below that fits instead. experience / train: the
-        largest of {per-shard batch, powers of two below it} fitting with the minimum chunk, then the
-        largest chunk in {context, powers of two below it} (at least `min_logprob_chunk`)."""
+        rollout: all of a shard's responses at once (ceil(N / data) rows, no micro-batch or chunk).
+        experience / train: the largest of {per-shard rows, powers of two below} within `max_micro_batch`
+        and `max_micro_batch_tokens` that fits with the smallest chunk, then the largest chunk among the
+        powers of two <= min(context, `max_logprob_chunk`) (at least `min_logprob_chunk`)."""
+        m = self.mem
         ctx = int(context_len)
         per_shard = max(1, _ceil_div(num_responses, mesh.data * mesh.fsdp))
-        cap = per_shard if max_micro_batch is None else max(1, min(per_shard, max_micro_batch))
         if stage == "rollout":
-            options = _pow2_down(cap) if (self.mem.rollout_waves or cap < per_shard) else [cap]
-            for mb in options:
-                est = self.estimate(stage, mesh, ctx, num_responses, mb, extends=extends)
-                if self.fits(est):
-                    return Fit(mb, 1, est)
-            return None
-        min_chunk = min(self.mem.min_logprob_chunk, ctx)
+            est = self.estimate(stage, mesh, ctx, num_responses, per_shard, extends=extends)
+            return Fit(None, None, est) if self.fits(est) else None
+        cap = per_shard if max_micro_batch is None else max(1, min(per_shard, max_micro_batch))
+        if m.max_micro_batch_tokens is not None:
+            cap = max(1, min(cap, m.max_micro_batch_tokens // ctx))
+        top = min(ctx, m.max_logprob_chunk or ctx)
+        min_chunk = min(m.min_logprob_chunk, top)
         for mb in _pow2_down(cap):
             est = self.estimate(stage, mesh, ctx, num_responses, mb, min_chunk)
             if not self.fits(est):
                 continue
-            for chunk in _pow2_down(1 << (ctx.bit_length() - 1)):  # powers of two <= ctx
+            for chunk in _pow2_down(1 << (top.bit_length() - 1)):  # powers of two <= top
                 if chunk < min_chunk:
                     break
                 e2 = self.estimate(stage, mesh, ctx, num_responses, mb, chunk)

@@ -24,6 +24,7 @@ import gc
 import inspect
 import json
 import math
+import re
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -31,7 +32,8 @@ import jax
 
 from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.memory import MemoryModel, candidate_meshes
-from earl_jax.parallel.mesh import STAGES, MeshShape
+from earl_jax.parallel.plan import StageLayout
+from earl_jax.sharding.mesh import STAGES, MeshShape
 
 SCHEMA_VERSION = 1
 OK, OOM, INFEASIBLE = "ok", "oom", "infeasible"
@@ -162,6 +164,15 @@ def current_device_kind() -> str:
     return jax.devices()[0].device_kind
 
 
+def device_slug(kind: str | None = None, count: int = 1) -> str:
+    """The one spelling of a device in result file names: "NVIDIA H100 80GB HBM3" -> "nvidia_h100", with
+    "x<count>" for several accelerators ("nvidia_h200x2"); the host CPU (fake devices or not) is "cpu"."""
+    kind = current_device_kind() if kind is None else kind
+    words = re.findall(r"[a-z0-9]+", kind.lower())
+    slug = "cpu" if words[:1] == ["cpu"] else "_".join(words[:2]) or "device"
+    return f"{slug}x{count}" if count > 1 and slug != "cpu" else slug
+
+
 def _accepts_layout(fn) -> bool:
     try:
         params = inspect.signature(fn).parameters
@@ -178,8 +189,6 @@ def run_profile(memory: MemoryModel, measure: Measure, *, num_devices: int | Non
     """Measure every stage x candidate x context x response count; skip (record "infeasible") what the
     memory model rejects, record "oom" when `measure` runs out of memory. Entries already present in
     `table` (a resumed profile) are not measured again. Returns the (new or extended) table."""
-    from earl_jax.parallel.selector import StageLayout  # cycle-free at import time
-
     num_devices = num_devices or jax.device_count()
     cfg: ModelConfig = memory.cfg
     if table is None:

@@ -17,38 +17,29 @@ hysteresis (leave the current bucket only when the smoothed length passes the bu
    collectives sit on every layer of every step), then the smallest fsdp degree (more data
    parallelism, fewer parameter all-gathers), then the largest micro-batch.
 
-What the trainer does each iteration (before the rollout):
-
-    plan = selector.plan(ContextStats(mean_context_len, max_context_len, num_responses))  # once
-    metrics.update(plan.log_dict())                        # parallel/rollout_mesh = "d4f1t2", ...
-    out, plan = run_with_oom_fallback("rollout", lambda lay: rollout(params, games, lay), plan, selector)
-    ... same for "experience" and "train" (fn must not donate its inputs: it may be called again)
-    checkpoint["selector"] = selector.state_dict()         # smoothing, bucket, OOM marks survive restarts
-
-Call plan() with update=True once per iteration (it advances the moving average); re-plan within an
-iteration with plan(update=False).
+The trainer never calls the selector directly: `planner.StagePlanner` plans once per iteration with
+update=True (it advances the moving average), re-plans within an iteration with update=False, runs
+every stage under its layout and owns the OOM fallback (`planner.run_with_oom_fallback`), and
+checkpoints `state_dict()` (smoothing, bucket, OOM marks survive restarts).
 
 Memory is checked at max(bucket's upper edge, the batch's max context length), so a plan fits the
 longest sequence of the batch, not only the average. After an OOM, `mark_oom(stage, mesh, bucket)`
-removes the candidate for that bucket; `run_with_oom_fallback` does that and retries the same inputs
-(in a multi-process job all processes agree after every attempt: an OOM on one is an OOM on all).
+removes the candidate for that bucket, and `cap_micro_batch` lowers a micro-batch there.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import gc
 import logging
 import math
-import zlib
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
-from earl_jax import distributed
 from earl_jax.models.config import ModelConfig
-from earl_jax.parallel.memory import MemoryConfig, MemoryModel, RolloutExtends, candidate_meshes
-from earl_jax.parallel.mesh import STAGES, MeshShape
-from earl_jax.parallel.profile import OK, OOM, ProfileTable, is_oom_error
+from earl_jax.parallel.memory import MemoryConfig, MemoryModel, candidate_meshes, mesh_problem
+from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
+from earl_jax.parallel.profile import OK, OOM, ProfileTable
+from earl_jax.sharding.mesh import STAGES, MeshShape
 
 log = logging.getLogger(__name__)
 
@@ -58,71 +49,6 @@ SMALL_BUCKET_EDGES = (32, 64, 128, 256, 512, 1024)  # tiny CPU runs
 
 class NoFeasibleLayoutError(RuntimeError):
     """No candidate mesh of a stage fits in memory (or all were marked out of memory)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class StageLayout:
-    mesh: MeshShape
-    micro_batch: int
-    logprob_chunk: int
-
-    def __str__(self) -> str:
-        return str(self.mesh)
-
-    def describe(self) -> str:
-        return f"{self.mesh} mb{self.micro_batch} chunk{self.logprob_chunk}"
-
-
-@dataclasses.dataclass(frozen=True)
-class StagePlan:
-    rollout: StageLayout | None  # None: stage not managed by this selector (SelectorConfig.stages)
-    experience: StageLayout | None
-    train: StageLayout | None
-    context_bucket: int = 0  # upper edge of the current context bucket
-    smoothed_context_len: float = 0.0
-
-    def __getitem__(self, stage: str) -> StageLayout:
-        if stage not in STAGES:
-            raise KeyError(stage)
-        return getattr(self, stage)
-
-    def replace(self, **kw: Any) -> "StagePlan":
-        return dataclasses.replace(self, **kw)
-
-    def __str__(self) -> str:
-        return " ".join(f"{s}={self[s]}" for s in STAGES if self[s] is not None)
-
-    def log_dict(self, prefix: str = "parallel/") -> dict[str, Any]:
-        """Flat metrics for wandb / the console: parallel/rollout_mesh = 'd4f1t2', ..."""
-        out: dict[str, Any] = {f"{prefix}context_bucket": self.context_bucket,
-                               f"{prefix}smoothed_context_len": self.smoothed_context_len}
-        for s in STAGES:
-            lay = self[s]
-            if lay is None:
-                continue
-            out[f"{prefix}{s}_mesh"] = str(lay.mesh)
-            out[f"{prefix}{s}_tensor"] = lay.mesh.tensor
-            out[f"{prefix}{s}_fsdp"] = lay.mesh.fsdp
-            out[f"{prefix}{s}_micro_batch"] = lay.micro_batch
-            out[f"{prefix}{s}_logprob_chunk"] = lay.logprob_chunk
-        return out
-
-
-@dataclasses.dataclass(frozen=True)
-class ContextStats:
-    """What the trainer observed in the last iteration."""
-
-    mean_context_len: float  # mean generated context length (prompt + turns) this iteration
-    max_context_len: int  # longest sequence this iteration (memory is checked against it)
-    num_responses: int  # sequences per iteration (games x samples)
-    # the rollout's extends (0: not measured; the memory model then assumes `prefill_len`-token chunks)
-    prompt_tokens: int = 0  # widest first extend (the prompt)
-    first_cache_len: int = 0  # the cache it was written into
-    observation_tokens: int = 0  # widest later extend (a turn's observation)
-
-    @property
-    def extends(self) -> RolloutExtends | None:
-        return RolloutExtends(self.prompt_tokens, self.first_cache_len, self.observation_tokens) if self.prompt_tokens else None
 
 
 Thresholds = Mapping[str, Sequence[tuple[int, MeshShape]]]
@@ -270,8 +196,8 @@ class ParallelismSelector:
             for _, m in entries:
                 if m not in candidate_meshes(cfg, self.num_devices, s):
                     raise ValueError(f"thresholds[{s!r}]: {m} is not a valid {s} mesh of {cfg.name} on "
-                                     f"{self.num_devices} devices; valid: "
-                                     f"{[str(c) for c in candidate_meshes(cfg, self.num_devices, s)]}")
+                                     f"{self.num_devices} devices (it {mesh_problem(cfg, self.num_devices, s, m)}); "
+                                     f"valid: {[str(c) for c in candidate_meshes(cfg, self.num_devices, s)]}")
         self._thr = {s: HysteresisLevel([c for c, _ in e], self.config.margin)
                      for s, e in (self.config.thresholds or {}).items()}
         self._smoother = _Smoother(self.config.smoothing, self.config.ema_alpha, self.config.window)
@@ -301,7 +227,7 @@ class ParallelismSelector:
         return max(int(bucket), int(stats.max_context_len))
 
     def _heuristic_key(self, mesh: MeshShape, fit) -> tuple:
-        return (mesh.tensor, mesh.fsdp, -fit.micro_batch)
+        return (mesh.tensor, mesh.fsdp, -(fit.micro_batch or 0))
 
     def ranked_layouts(self, stage: str, bucket: int, stats: ContextStats) -> list[tuple[StageLayout, float | None]]:
         """Feasible, not OOM-marked layouts of `stage`, best first, with the table's TGS where known."""
@@ -341,10 +267,11 @@ class ParallelismSelector:
                                  self.micro_batch_caps.get((stage, mesh, bucket)), extends=stats.extends)
         if fit is None:
             ctx = self._check_len(bucket, stats)
-            mb = -(-stats.num_responses // mesh.data) if stage == "rollout" else 1
             log.warning("thresholds: %s mesh %s does not fit the memory model at context %d; using it anyway "
-                        "(micro-batch %d)", stage, mesh, ctx, mb)
-            return StageLayout(mesh, mb, 1 if stage == "rollout" else min(self.memory.mem.min_logprob_chunk, ctx))
+                        "(smallest micro-batch and chunk)", stage, mesh, ctx)
+            if stage == "rollout":
+                return StageLayout(mesh)
+            return StageLayout(mesh, 1, min(self.memory.mem.min_logprob_chunk, ctx))
         return StageLayout(mesh, fit.micro_batch, fit.logprob_chunk)
 
     def select(self, stage: str, bucket: int, stats: ContextStats) -> StageLayout:
@@ -395,7 +322,15 @@ class ParallelismSelector:
             self.observe(stats)
         self.last_stats = stats
         bucket = self.current_bucket
-        layouts = {s: (self.select(s, bucket, stats) if s in self.config.stages else None) for s in STAGES}
+        layouts = {s: None for s in STAGES}
+        # train first: its state stays resident beside rollout and experience, which are planned around it
+        self.memory.resident_bytes = 0
+        if "train" in self.config.stages:
+            layouts["train"] = self.select("train", bucket, stats)
+            self.memory.resident_bytes = self.memory.train_resident_bytes(layouts["train"].mesh)
+        for s in ("rollout", "experience"):
+            if s in self.config.stages:
+                layouts[s] = self.select(s, bucket, stats)
         plan = StagePlan(**layouts, context_bucket=bucket, smoothed_context_len=float(self._smoother.value))
         if self.last_plan is not None and str(self.last_plan) != str(plan):
             log.info("parallelism: %s -> %s (bucket %d, smoothed context %.0f)", self.last_plan, plan, bucket,
@@ -439,122 +374,3 @@ class ParallelismSelector:
         self.oom_marks = {(st, MeshShape.parse(m), int(b)) for st, m, b in d.get("oom_marks", [])}
         self.micro_batch_caps = {(st, MeshShape.parse(m), int(b)): int(v)
                                  for st, m, b, v in d.get("micro_batch_caps", [])}
-
-
-# What one attempt did on one process; after every attempt all processes exchange these (see below).
-_ATTEMPT_OK, _ATTEMPT_OOM, _ATTEMPT_FAILED = 0, 1, 2
-
-
-class OtherProcessOOMError(RuntimeError):
-    """Another process of the job ran out of memory on this attempt (this one did not): every process
-    treats the attempt as out of memory. The message says "out of memory", so `is_oom_error` is True."""
-
-
-class OtherProcessFailedError(RuntimeError):
-    """Another process of the job failed with an error that is not out of memory; raised on the others
-    so that none of them waits for it, or runs on alone."""
-
-
-def _layout_id(layout: StageLayout) -> int:
-    """The same small int on every process for the same layout (crc32, not Python's salted hash)."""
-    return zlib.crc32(layout.describe().encode()) & 0x7FFFFFFF  # fits the all-gather's int32
-
-
-def run_with_oom_fallback(stage: str, fn: Callable[[StageLayout], Any], plan: StagePlan,
-                          selector: ParallelismSelector, *, shrink_first: bool = False,
-                          max_attempts: int | None = None, rerun_after_success: bool = True,
-                          on_switch: Callable[[StageLayout, StageLayout, BaseException], None] | None = None
-                          ) -> tuple[Any, StagePlan]:
-    """Run `fn(plan[stage])`; on an out-of-memory error mark that mesh for the plan's bucket, re-plan the
-    stage (same statistics, no smoothing update) and call `fn` again with the next layout - `fn` must
-    be re-runnable with the same inputs (do not donate the batch), so the batch is not lost. Returns
-    (result, plan with the layout that worked). With `shrink_first`, an OOM on a micro-batch above 1
-    (experience / train; rollout only with `MemoryConfig.rollout_waves`) first halves the micro-batch
-    on the same mesh (remembered for that bucket) before giving up the mesh. Raises NoFeasibleLayoutError, chained to the last
-    OOM, when no candidate is left; other exceptions propagate unchanged.
-
-    Several processes (jax.distributed): every process runs this with the same plan and selector state,
-    and after every attempt they agree, in one small all-gather (`distributed.gather_ints`; nothing on
-    a single process), on what the attempt did:
-
-    - OOM on ANY process -> an OOM on EVERY process: each marks the same mesh (or caps the same
-      micro-batch), picks the same next layout and retries; a process whose attempt succeeded drops its
-      result (`OtherProcessOOMError` stands in for the OOM it did not see, for `on_switch` and chaining);
-    - a non-OOM error on any process -> that process re-raises its own error after the exchange, and the
-      others raise `OtherProcessFailedError` ("another process failed"), instead of waiting for it in
-      the next collective; this wins over an OOM elsewhere;
-    - the processes ran different layouts (their selectors diverged) -> RuntimeError everywhere;
-    - `rerun_after_success=False`, for a stage whose success changes state that a rerun would change
-      again (the trainer's train stage updates, and donates, the weights): an attempt that succeeded on
-      some processes and ran out of memory on others -> RuntimeError everywhere (nothing to retry from).
-
-    Not solved: the agreement happens only once every process has returned from `fn`. An OOM that
-    strikes one process while the others are inside a collective of `fn` (an all-reduce of the step)
-    leaves them waiting there until the collective's own timeout (NCCL's, or forever without one) or
-    until the launcher stops the job; then no process gets here. The same holds for a process that dies
-    or is interrupted (KeyboardInterrupt is not caught here). An OOM that surfaces only after `fn`
-    returned (asynchronous dispatch: `fn` should block on its outputs) is not seen by the retry either."""
-    layout = plan[stage]
-    bucket = plan.context_bucket
-    stats = selector.last_stats
-    attempts = 0
-    while True:
-        attempts += 1
-        result = error = None
-        try:
-            result = fn(layout)
-        except Exception as e:  # noqa: BLE001
-            error = e
-        outcome = _ATTEMPT_OK if error is None else _ATTEMPT_OOM if is_oom_error(error) else _ATTEMPT_FAILED
-        try:
-            rows = distributed.gather_ints(outcome, _layout_id(layout))  # every process must get here
-        except Exception:
-            if error is not None:
-                raise error  # this process's own failure is the one to report; the exchange's is its context
-            raise
-        outcomes = [o for o, _ in rows]
-        if outcome == _ATTEMPT_FAILED:
-            raise error
-        if _ATTEMPT_FAILED in outcomes:
-            failed = [i for i, o in enumerate(outcomes) if o == _ATTEMPT_FAILED]
-            raise OtherProcessFailedError(f"{stage}: another process failed (process {failed}) on "
-                                          f"{layout.describe()}; see its log") from error
-        if len({lid for _, lid in rows}) > 1:  # every process sees the same rows, so all raise
-            raise RuntimeError(f"{stage}: the processes ran different layouts (this one {layout.describe()}); "
-                               "their selector states diverged") from error
-        if _ATTEMPT_OOM not in outcomes:
-            return result, plan.replace(**{stage: layout})
-        ooms = [i for i, o in enumerate(outcomes) if o == _ATTEMPT_OOM]
-        if not rerun_after_success and _ATTEMPT_OK in outcomes:
-            done = [i for i, o in enumerate(outcomes) if o == _ATTEMPT_OK]
-            raise RuntimeError(f"{stage}: out of memory on process {ooms} after it had completed on process "
-                               f"{done} ({layout.describe()}); it changed state there and cannot be rerun: resume "
-                               "from the last checkpoint") from error
-        result = None  # another process ran out of memory: this result is dropped, everyone retries
-        if error is None:
-            error = OtherProcessOOMError(f"{stage}: out of memory on process {ooms} on {layout.describe()} "
-                                         "(not on this one)")
-        can_shrink = shrink_first and layout.micro_batch > 1 and (
-            stage != "rollout" or selector.memory.mem.rollout_waves)
-        if can_shrink:
-            selector.cap_micro_batch(stage, layout.mesh, bucket, layout.micro_batch // 2)
-        else:
-            selector.mark_oom(stage, layout.mesh, bucket)
-        if max_attempts is not None and attempts >= max_attempts:
-            raise NoFeasibleLayoutError(f"{stage}: out of memory after {attempts} attempts "
-                                        f"(last {layout.describe()})") from error
-        if stats is None:
-            raise NoFeasibleLayoutError(f"{stage}: out of memory on {layout.describe()} and the selector "
-                                        "has no statistics to re-plan from") from error
-        try:
-            new = selector.select(stage, bucket, stats)
-        except NoFeasibleLayoutError as nf:
-            raise NoFeasibleLayoutError(f"{stage}: out of memory on {layout.describe()}, and nothing else "
-                                        f"fits:\n{nf}") from error
-        if on_switch is not None:
-            on_switch(layout, new, error)
-        log.warning("%s: out of memory on %s, retrying the same batch on %s", stage, layout.describe(),
-                    new.describe())
-        layout = new
-        del error  # its traceback holds the failed attempt's frames and buffers
-        gc.collect()  # drop the failed attempt's buffers (cycles through the traceback) before retrying

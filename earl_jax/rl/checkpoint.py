@@ -1,52 +1,90 @@
 """Checkpoints with orbax: everything resuming needs (params, optimizer state, RNG, step, selector state).
 
 Orbax writes each step into a temporary folder and renames it when complete, so a crash mid-save never
-replaces the last good checkpoint. A missing or corrupt checkpoint raises `CheckpointError` naming the
-folder instead of starting silently from scratch.
+replaces the last good checkpoint. `restore_latest` resumes from the newest checkpoint that reads back:
+an unreadable newer one is moved aside (to `<run>/corrupt_checkpoints/<step>`, nothing is deleted) with
+one warning line naming it; when none reads back, `CheckpointError` names the folder.
+
+`keep=0` writes nothing (no folder either): benchmark runs whose weights are thrown away would otherwise
+write the fp32 weights and both AdamW moments at the end (16 bytes a parameter: ~45 GB for a 3B model).
 """
 
 from __future__ import annotations
 
+import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from earl_jax.errors import CheckpointError
 
-class CheckpointError(RuntimeError):
-    pass
+__all__ = ["CheckpointError", "Checkpointer"]
 
 
 class Checkpointer:
     def __init__(self, directory: str | Path, keep: int = 3):
         self.directory = Path(directory).absolute()
-        self.manager = ocp.CheckpointManager(
+        self.manager = None if keep == 0 else ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
         )
 
     def latest_step(self) -> int | None:
-        return self.manager.latest_step()
+        return None if self.manager is None else self.manager.latest_step()
 
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+        if self.manager is None:  # keep=0: checkpoints are off
+            return
         self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                         meta=ocp.args.JsonSave(meta)))
         self.manager.wait_until_finished()
 
-    def restore(self, abstract_state: Any, step: int | None = None) -> tuple[int, Any, dict[str, Any]]:
-        """Restore into the structure, dtypes and shardings of `abstract_state` (e.g. the fresh state)."""
-        step = self.latest_step() if step is None else step
-        if step is None:
-            raise CheckpointError(f"--resume: no checkpoint in {self.directory}")
+    def restore(self, abstract_state: Any, step: int) -> tuple[int, Any, dict[str, Any]]:
+        """Restore `step` into the structure, dtypes and shardings of `abstract_state` (e.g. the fresh state)."""
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
         try:
             out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                                                      meta=ocp.args.JsonRestore()))
         except Exception as e:
             raise CheckpointError(f"checkpoint {self.directory / str(step)} is unreadable or does not match "
-                                  f"this run's model/optimizer ({type(e).__name__}: {e})") from e
+                                  f"this run's model/optimizer ({type(e).__name__}: {str(e)[:300]})") from e
         return step, out.state, dict(out.meta)
 
+    def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]]:
+        """The newest checkpoint that reads back; newer unreadable ones are moved aside with a warning."""
+        steps = [] if self.manager is None else sorted(self.manager.all_steps(), reverse=True)
+        if not steps:
+            raise CheckpointError(f"--resume: no checkpoint in {self.directory}")
+        errors = []
+        for step in steps:
+            try:
+                out = self.restore(abstract_state, step)
+            except CheckpointError as e:
+                errors.append(e)
+                continue
+            for bad, error in zip(steps, errors):
+                self._move_aside(bad, error)
+            return out
+        raise CheckpointError(f"--resume: no checkpoint in {self.directory} reads back; the newest failed with: "
+                              f"{errors[0]}") from errors[0]
+
+    def _move_aside(self, step: int, error: CheckpointError) -> None:
+        """Keep the unreadable checkpoint for inspection, out of the manager's way (its step gets rewritten)."""
+        dest = self.directory.parent / "corrupt_checkpoints" / str(step)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if jax.process_index() == 0:
+            shutil.move(str(self.directory / str(step)), str(dest))
+        if jax.process_count() > 1:  # the others must not list the folder before it has moved
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"earl_jax_checkpoint_moved_{step}")
+        self.manager.reload()
+        warnings.warn(f"resume: checkpoint {self.directory / str(step)} is unreadable; moved to {dest}, resuming "
+                      f"from an older one ({str(error.__cause__ or error)[:200]})", stacklevel=3)
+
     def close(self) -> None:
-        self.manager.close()
+        if self.manager is not None:
+            self.manager.close()

@@ -20,12 +20,25 @@ class RLConfig:
     run_dir: str = _f("runs/connect4", "folder for config, metrics, checkpoints and plots")
     resume: bool = _f(False, "continue from the newest checkpoint in --run-dir")
     max_minutes: float = _f(0.0, "stop after this many minutes of wall time (0: no limit); a checkpoint is written")
+    compile_cache: str = _f("", "persistent JAX compilation cache folder (\"\" = default under the user's cache dir, "
+                                "$XDG_CACHE_HOME/earl_jax/jax_compile; \"off\" to disable; $EARL_COMPILE_CACHE if unset)")
     # --- model
     model: str = _f("tiny", "model preset: tiny, qwen2.5-0.5b, ... qwen2.5-72b")
     hf_checkpoint: str | None = _f(None, "local Hugging Face folder (config.json, *.safetensors, tokenizer.json)")
     dtype: Literal["auto", "float32", "bfloat16"] = _f("auto", "compute dtype; auto = float32 on CPU, bfloat16 on GPU")
     # --- games
-    opponent: str = _f("random", "training opponent: random, mcts:N, solver, alphabeta:D")
+    opponent: str = _f("random", "training opponent: random, mcts:N, solver, alphabeta:D, or curriculum (the "
+                                 "ladder of --curriculum, climbed by --promote-at)")
+    curriculum: str = _f("", "opponent ladder for --opponent curriculum, easiest first, e.g. "
+                             "'random,alphabeta:1,alphabeta:2,alphabeta:3' (empty: the game's default ladder, "
+                             "rl/curriculum.py)")
+    promote_at: float = _f(0.8, "curriculum: the next rung once the greedy evaluation win rate against the current "
+                                "rung reaches this, in (0, 1]; every evaluation plays the current rung")
+    league_size: int = _f(0, "K: frozen snapshots of the policy kept in host memory as self-play opponents "
+                             "(0: no league)")
+    league_every: int = _f(10, "N: iterations between league snapshots (the first right after the warm-up)")
+    league_share: float = _f(0.25, "share of each iteration's groups played against a league snapshot, in (0, 1] "
+                                   "(the rest play --opponent); the agent's seat is drawn per game")
     eval_opponents: tuple[str, ...] = _f(("random",), "comma-separated opponents for greedy evaluation")
     prompt_style: Literal["compact", "minimal", "chat"] = _f(
         "minimal", "observation text: minimal (board once, then the opponent's replies: short contexts for the "
@@ -43,6 +56,9 @@ class RLConfig:
     turn_tokens_schedule: str = _f("", "length curriculum: 'ITER:TOKENS,...' sets the per-turn token budget from "
                                        "iteration ITER on, e.g. '0:16,4:64,8:256' (empty: --max-turn-tokens throughout)")
     max_turns: int = _f(32, "max agent turns per game (then truncated)")
+    rollout_groups: int = _f(0, "groups of games that take turns on the device, so the host steps one group's games "
+                                "while the device decodes another's (0: auto = 1; see Trainer._pipeline_groups)")
+    compact_finished: bool = _f(True, "finished games leave the decode batch (gathered into a smaller batch bucket)")
     max_context: int = _f(2048, "max tokens per episode (then truncated, recorded)")
     temperature: float = _f(1.0, "sampling temperature during rollouts")
     top_k: int = _f(0, "top-k sampling (0: off)")
@@ -75,14 +91,19 @@ class RLConfig:
     weight_decay: float = _f(0.0, "AdamW weight decay")
     grad_clip: float = _f(1.0, "global gradient-norm clip")
     ppo_epochs: int = _f(1, "passes over each iteration's batch")
-    micro_batch_tokens: int = _f(32768, "tokens per micro-batch in the train stage (gradient accumulation)")
+    micro_batch_tokens: int = _f(32768, "cap on tokens per batch shard in one experience / train micro-batch; the "
+                                        "selector picks the micro-batch (rows per shard) below it from the memory model")
     remat: Literal["auto", "none", "full"] = _f(
         "auto", "per-layer rematerialization in training (the memory model assumes the same): "
                 "auto = full on accelerators, none on CPU")
-    logprob_chunk: int = _f(256, "sequence positions per vocabulary chunk in log-prob computation")
+    logprob_chunk: int = _f(256, "cap on the sequence positions per vocabulary chunk of the log-probs; the selector "
+                                 "picks the chunk below it from the memory model")
     # --- warm start (the tiny model starts from random weights and knows no answer format)
-    format_warmup_steps: int = _f(60, "supervised steps on uniformly random LEGAL moves before RL (0: off); "
+    format_warmup_steps: int = _f(20, "supervised steps on uniformly random LEGAL moves before RL (0: off); "
                                       "teaches the answer format only, no game skill")
+    format_warmup_games: int = _f(8, "random legal games per warm-up step (0: the RL batch, --groups x --group-size); "
+                                     "20 x 8 leaves the greedy policy 0.28 invalid against 0.16 for 60 x 64, in a "
+                                     "fraction of the time (experiments/results/warmup_tradeoff_cpu.json)")
     # --- parallelism (EARL's Parallelism Selector; every stage gets its own mesh)
     devices: int = _f(0, "devices to use (0: all)")
     selector_mode: Literal["auto", "static"] = _f(
@@ -100,7 +121,8 @@ class RLConfig:
     eval_every: int = _f(10, "iterations between greedy evaluations (0: only at the end)")
     eval_games: int = _f(64, "games per evaluation opponent")
     checkpoint_every: int = _f(25, "iterations between checkpoints (and one at the end)")
-    keep_checkpoints: int = _f(3, "checkpoints kept")
+    keep_checkpoints: int = _f(3, "checkpoints kept (0: none are written, e.g. benchmark runs thrown away after; "
+                                  "a 3B model's checkpoint is ~45 GB)")
     wandb_mode: Literal["auto", "online", "offline", "disabled"] = _f(
         "auto", "auto = online with WANDB_API_KEY set, else offline")
     wandb_project: str = _f("earl-jax", "wandb project")
@@ -116,10 +138,11 @@ class RLConfig:
                 raise ValueError(f"--{name.replace('_', '-')}: {msg} (got {getattr(self, name)!r})")
 
         for name in ("steps", "groups", "group_size", "max_turn_tokens", "max_turns", "max_context",
-                     "ppo_epochs", "micro_batch_tokens", "logprob_chunk", "eval_games", "keep_checkpoints"):
+                     "ppo_epochs", "micro_batch_tokens", "logprob_chunk", "eval_games"):
             need(getattr(self, name) > 0, name, "must be positive")
         for name in ("warmup_steps", "format_warmup_steps", "eval_every", "checkpoint_every", "invalid_retries",
-                     "top_k", "max_minutes", "kl_coef", "entropy_coef", "weight_decay"):
+                     "rollout_groups", "top_k", "max_minutes", "kl_coef", "entropy_coef", "weight_decay",
+                     "keep_checkpoints", "format_warmup_games"):
             need(getattr(self, name) >= 0, name, "must be >= 0")
         need(self.temperature > 0, "temperature", "must be > 0")
         need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
@@ -136,13 +159,27 @@ class RLConfig:
         need(not (self.between_group_weight and self.filter_constant_groups), "filter_constant_groups",
              "drops the constant groups that --between-group-weight gives an advantage: turn one of them off")
         need(self.agent_player in (None, 0, 1), "agent_player", "must be 0, 1 or none")
+        need(0 < self.promote_at <= 1, "promote_at", "must be in (0, 1]")
+        need(self.league_size >= 0, "league_size", "must be >= 0")
+        need(self.league_every > 0, "league_every", "must be positive")
+        need(0 < self.league_share <= 1, "league_share", "must be in (0, 1]")
+        need(not self.curriculum or self.opponent == "curriculum", "curriculum", "needs --opponent curriculum")
+        if self.opponent == "curriculum":
+            from earl_jax.rl.curriculum import parse_ladder
+
+            try:
+                parse_ladder(self.curriculum, self.game)
+            except ValueError as e:
+                raise ValueError(f"--curriculum: {e} (got {self.curriculum!r})") from None
+        need(not (self.resume and self.keep_checkpoints == 0), "keep_checkpoints",
+             "--resume needs checkpoints: 0 writes none")
         need(self.max_context > self.max_turn_tokens, "max_context", "must exceed --max-turn-tokens")
         try:
             schedule = parse_schedule(self.turn_tokens_schedule)
         except ValueError as e:
             raise ValueError(f"--turn-tokens-schedule: {e} (got {self.turn_tokens_schedule!r})") from None
         need(all(t < self.max_context for _, t in schedule), "max_context", "must exceed every scheduled turn budget")
-        need(self.group_size > 1 or self.algorithm in ("ppo", "reinforce_pp"), "group_size",
+        need(self.group_size > 1 or self.algorithm == "reinforce_pp", "group_size",
              f"{self.algorithm} compares games within a group: use at least 2")
 
     @property

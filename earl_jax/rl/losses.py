@@ -6,7 +6,8 @@ generated; everything at other positions is ignored, even NaN or inf, and gets z
 
 Algorithms differ in their advantages (see `advantages.compute_advantages`), not in their loss:
 
-- "ppo":          GAE advantages from a value model, PPO-clip surrogate.
+- "ppo":          GAE advantages (`advantages.gae`) from per-token values, PPO-clip surrogate. For forks that add
+                  a critic: the trainer has none and RLConfig does not offer it (without values, V = 0).
 - "grpo":         group-relative advantages (R - group mean) / group std, PPO-clip surrogate.
                   Dr. GRPO = `scale_by_std=False` (with "seq_mean_token_sum" aggregation if wanted).
 - "reinforce_pp": REINFORCE++ (EARL's estimator): token returns-to-go with an optional k1 KL penalty

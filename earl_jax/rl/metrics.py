@@ -37,17 +37,28 @@ class MetricsLogger:
 
     `auto` is online when WANDB_API_KEY is set and offline otherwise. wandb missing or failing to start
     never stops a run: the JSONL file is the record, and the failure is reported once.
+
+    Resuming (`resume_step` = the restored checkpoint's step): records past that step were written by
+    iterations the checkpoint does not hold, and the resumed run writes them again, so they are dropped
+    first; the file then holds each step once. wandb resumes the same run (its id is kept in the run
+    folder); wandb itself ignores a step it has already seen, so there the first record of a replayed
+    step stays.
     """
 
     def __init__(self, run_dir: str | Path, config: Mapping[str, Any], *, wandb_mode: str = "auto",
-                 project: str = "earl-jax", resume: bool = False, enabled: bool = True):
+                 project: str = "earl-jax", resume_step: int | None = None, enabled: bool = True):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled = enabled
         self._wandb = None
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a" if resume else "w")
+        if resume_step is not None and self.path.exists():
+            kept = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= resume_step]
+            tmp = self.path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            tmp.replace(self.path)
+        self._file = open(self.path, "a" if resume_step is not None else "w")
         mode = wandb_mode
         if mode == "auto":
             mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
@@ -55,8 +66,12 @@ class MetricsLogger:
             try:
                 import wandb
 
+                id_file = Path(run_dir) / "wandb_run_id"
+                run_id = id_file.read_text().strip() if resume_step is not None and id_file.exists() else None
                 self._wandb = wandb.init(project=project, config=dict(config), mode=mode, dir=str(run_dir),
-                                         name=Path(run_dir).name, resume="allow" if resume else None)
+                                         name=Path(run_dir).name, id=run_id,
+                                         resume="allow" if run_id else None)
+                id_file.write_text(self._wandb.id)
             except Exception as e:  # a logging backend must not take the run down with it
                 warnings.warn(f"wandb disabled for this run ({type(e).__name__}: {e}); metrics go to {self.path}")
 

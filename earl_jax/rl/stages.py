@@ -1,6 +1,8 @@
 """The experience and train stages as pure functions over pytrees (graphdef static, params and batch traced).
 
-Each is jitted by the trainer under its own stage mesh; nothing here knows which mesh that is.
+Each is compiled by `planner.StageRun.jit` under its own stage mesh; nothing here knows which mesh that is.
+What the plan decides arrives as arguments: `micro_batches` and `shards` (how rows split, from
+`StageRun.micro_batches`) and `chunk` (the layout's log-prob chunk).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from jaxtyping import Array, Bool, Float, Int
 from earl_jax.rl.advantages import compute_advantages, group_filter
 from earl_jax.rl.logprobs import token_logprobs
 from earl_jax.rl.losses import LossConfig, policy_loss
+from earl_jax.sharding.context import constrain
 
 # optax.tree.norm replaces the deprecated optax.global_norm (older optax has only the latter)
 _global_norm = optax.tree.norm if hasattr(getattr(optax, "tree", None), "norm") else optax.global_norm
@@ -43,17 +46,44 @@ def make_optimizer(learning_rate: float, warmup_steps: int, total_steps: int, we
                        optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=weight_decay))
 
 
-def experience_stage(graphdef: nnx.GraphDef, params: nnx.State, ref_params: nnx.State | None,
-                     tokens: Int[Array, "n t"], loss_mask: Bool[Array, "n t"], rewards: Float[Array, "n t"],
-                     group_ids: Int[Array, " n"], *, num_groups: int, loss_cfg: LossConfig, chunk: int,
-                     filter_constant_groups: bool) -> tuple[ExperienceBatch, dict[str, Array]]:
-    """Old-policy (and reference) log-probs in vocabulary chunks, rewards -> advantages."""
-    model = nnx.merge(graphdef, params)
-    old_logp, _ = token_logprobs(model, tokens, chunk=chunk)
-    if ref_params is not None:
-        ref_logp, _ = token_logprobs(nnx.merge(graphdef, ref_params), tokens, chunk=chunk)
-    else:
-        ref_logp = old_logp
+def split_rows(x: Array, micro_batches: int, shards: int) -> Array:
+    """[n, ...] -> [micro_batches, n / micro_batches, ...], micro-batch j taking rows j*m..(j+1)*m-1 of every
+    batch shard's block (m = n / (shards * micro_batches)): with rows sharded in blocks over `shards`
+    devices, every device keeps computing its own rows (a plain reshape would put micro-batch j on 1/k of
+    the devices and make XLA move or replicate it)."""
+    n = x.shape[0]
+    if n % (shards * micro_batches):
+        raise ValueError(f"{n} rows do not split into {micro_batches} micro-batches over {shards} shards")
+    y = x.reshape(shards, micro_batches, n // (shards * micro_batches), *x.shape[1:]).swapaxes(0, 1)
+    y = y.reshape(micro_batches, n // micro_batches, *x.shape[1:])
+    return constrain(y, (None, "batch") + (None,) * (x.ndim - 1))
+
+
+def merge_rows(y: Array, shards: int) -> Array:
+    """The inverse of `split_rows`: [micro_batches, n / micro_batches, ...] -> [n, ...] in the original order."""
+    k, m = y.shape[:2]
+    x = y.reshape(k, shards, m // shards, *y.shape[2:]).swapaxes(0, 1).reshape(k * m, *y.shape[2:])
+    return constrain(x, ("batch",) + (None,) * (y.ndim - 2))
+
+
+def logprob_step(params: nnx.State, out: Float[Array, "n t"], tokens: Int[Array, "n t"], j, *,
+                 graphdef: nnx.GraphDef, micro_batches: int, shards: int, width: int, chunk: int
+                 ) -> Float[Array, "n t"]:
+    """Write the log-probs of micro-batch j (`split_rows`), computed on its first `width` columns, into
+    `out`. Columns past `width` must be padding (causal attention: they change nothing before them)."""
+    t = tokens.shape[1]
+    tok = micro_batch(tokens, j, micro_batches, shards, width)
+    logp, _ = token_logprobs(nnx.merge(graphdef, params), tok, chunk=chunk)
+    logp = jnp.pad(logp, ((0, 0), (0, t - width)))
+    split = jax.lax.dynamic_update_index_in_dim(split_rows(out, micro_batches, shards), logp, j, 0)
+    return merge_rows(split, shards)
+
+
+def advantage_step(old_logp: Float[Array, "n t"], ref_logp: Float[Array, "n t"], tokens: Int[Array, "n t"],
+                   loss_mask: Bool[Array, "n t"], rewards: Float[Array, "n t"], group_ids: Int[Array, " n"], *,
+                   num_groups: int, loss_cfg: LossConfig, filter_constant_groups: bool
+                   ) -> tuple[ExperienceBatch, dict[str, Array]]:
+    """Rewards -> advantages over the whole batch (groups span micro-batches); constant groups masked out."""
     old_logp, ref_logp = jax.lax.stop_gradient(old_logp), jax.lax.stop_gradient(ref_logp)
     adv = compute_advantages(rewards, loss_mask, group_ids, num_groups, loss_cfg, old_logp=old_logp,
                              ref_logp=ref_logp)
@@ -65,6 +95,25 @@ def experience_stage(graphdef: nnx.GraphDef, params: nnx.State, ref_params: nnx.
         if filter_constant_groups:
             mask = loss_mask & keep.keep[:, None]
     return ExperienceBatch(tokens, mask, old_logp, ref_logp, adv), metrics
+
+
+def experience_stage(params: nnx.State, ref_params: nnx.State | None, tokens: Int[Array, "n t"],
+                     loss_mask: Bool[Array, "n t"], rewards: Float[Array, "n t"], group_ids: Int[Array, " n"], *,
+                     graphdef: nnx.GraphDef, num_groups: int, loss_cfg: LossConfig, micro_batches: int, shards: int,
+                     chunk: int, filter_constant_groups: bool) -> tuple[ExperienceBatch, dict[str, Array]]:
+    """Old-policy (and reference) log-probs, micro-batched over rows and chunked over the vocabulary as the
+    plan says, every micro-batch at the full width; then `advantage_step`. One program (the trainer runs the
+    same steps per micro-batch, each at its own width)."""
+    kw = dict(graphdef=graphdef, micro_batches=micro_batches, shards=shards, width=tokens.shape[1], chunk=chunk)
+
+    def logprobs(p):
+        out = jnp.zeros(tokens.shape, jnp.float32)
+        return jax.lax.fori_loop(0, micro_batches, lambda j, o: logprob_step(p, o, tokens, j, **kw), out)
+
+    old_logp = logprobs(params)
+    ref_logp = logprobs(ref_params) if ref_params is not None else old_logp
+    return advantage_step(old_logp, ref_logp, tokens, loss_mask, rewards, group_ids, num_groups=num_groups,
+                          loss_cfg=loss_cfg, filter_constant_groups=filter_constant_groups)
 
 
 def _policy_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: LossConfig, chunk: int):
@@ -80,33 +129,54 @@ def _sft_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: None, chunk: int)
     return loss, {"sft_loss": loss}
 
 
-def _step(loss_fn, graphdef, params, opt_state, batch: ExperienceBatch, optimizer, loss_cfg, micro_batches: int,
-          chunk: int, token_weighted: bool):
-    """Accumulate gradients over micro-batches (lax.scan), then one optimizer update, skipped if not finite."""
-    n = batch.tokens.shape[0]
-    if n % micro_batches:
-        raise ValueError(f"batch of {n} rows does not split into {micro_batches} micro-batches")
-    split = jax.tree.map(lambda x: x.reshape(micro_batches, n // micro_batches, *x.shape[1:]), batch)
-    # Each micro-batch's loss is weighted by its share of the tokens so a token mean matches one big batch.
-    tokens_per_mb = split.loss_mask.sum(axis=(1, 2)).astype(jnp.float32)
-    weights = tokens_per_mb / jnp.maximum(tokens_per_mb.sum(), 1.0)
-    if not token_weighted:
-        weights = jnp.full((micro_batches,), 1.0 / micro_batches)
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+def sft_batch(tokens: Int[Array, "n t"], loss_mask: Bool[Array, "n t"]) -> ExperienceBatch:
+    zeros = jnp.zeros(tokens.shape, jnp.float32)
+    return ExperienceBatch(tokens, loss_mask, zeros, zeros, zeros)
 
-    def accumulate(carry, xs):
-        mb, w = xs
-        (loss, metrics), grads = grad_fn(params, graphdef, mb, loss_cfg, chunk)
-        g_acc, l_acc, m_acc = carry
-        g_acc = jax.tree.map(lambda a, g: a + w * g, g_acc, grads)
-        m_acc = jax.tree.map(lambda a, m: a + w * m, m_acc, metrics)
-        return (g_acc, l_acc + w * loss, m_acc), None
 
-    first = jax.tree.map(lambda x: x[0], split)
-    m0 = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32),
-                      jax.eval_shape(lambda: loss_fn(params, graphdef, first, loss_cfg, chunk)[1]))
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    (grads, loss, metrics), _ = jax.lax.scan(accumulate, (zeros, jnp.zeros((), jnp.float32), m0), (split, weights))
+def micro_batch(batch: Any, j, micro_batches: int, shards: int, width: int) -> Any:
+    """Micro-batch j of `split_rows` (every leaf [n, ...]), its first `width` columns for [n, t] leaves."""
+    def one(x):
+        mb = jax.lax.dynamic_index_in_dim(split_rows(x, micro_batches, shards), j, 0, keepdims=False)
+        return mb[:, :width] if x.ndim == 2 else mb
+    return jax.tree.map(one, batch)
+
+
+LOSSES = {"policy": None, "sft": None}  # filled below: name -> loss_fn(params, graphdef, mb, loss_cfg, chunk)
+
+
+def grad_step(params: nnx.State, acc: Any, batch: ExperienceBatch, j, *, graphdef: nnx.GraphDef, loss: str,
+              loss_cfg: LossConfig | None, micro_batches: int, shards: int, width: int, chunk: int,
+              token_weighted: bool) -> Any:
+    """Add micro-batch j's weighted loss, metrics and gradient to `acc` = (grads, loss, metrics). Each
+    micro-batch's loss is weighted by its share of the batch's loss tokens (token mean) or of its rows
+    (sequence means), so the sum equals the loss of the whole batch. Columns past `width` must be padding:
+    with causal attention they change no log-prob of the columns kept."""
+    mb = micro_batch(batch, j, micro_batches, shards, width)
+    if token_weighted:
+        w = mb.loss_mask.sum().astype(jnp.float32) / jnp.maximum(batch.loss_mask.sum().astype(jnp.float32), 1.0)
+    else:
+        w = jnp.float32(1.0 / micro_batches)
+    (value, metrics), grads = jax.value_and_grad(LOSSES[loss], has_aux=True)(params, graphdef, mb, loss_cfg, chunk)
+    g_acc, l_acc, m_acc = acc
+    return (jax.tree.map(lambda a, g: a + w * g, g_acc, grads), l_acc + w * value,
+            jax.tree.map(lambda a, m: a + w * m, m_acc, metrics))
+
+
+def zero_acc(params: nnx.State, batch: ExperienceBatch, *, graphdef: nnx.GraphDef, loss: str,
+             loss_cfg: LossConfig | None, chunk: int) -> Any:
+    """The empty accumulator for `grad_step`: zero gradients, loss and metrics."""
+    m = jax.eval_shape(lambda: LOSSES[loss](params, graphdef, jax.tree.map(lambda x: x[:1], batch), loss_cfg,
+                                            chunk)[1])
+    return (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32),
+            jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), m))
+
+
+def apply_step(params: nnx.State, opt_state: Any, acc: Any, *, optimizer: optax.GradientTransformation
+               ) -> tuple[nnx.State, Any, dict[str, Array]]:
+    """One optimizer update from the accumulated gradient; skipped (params and state unchanged, metrics
+    "skipped" = 1) when the loss or the gradient is not finite: NaN never reaches the weights."""
+    grads, loss, metrics = acc
     grad_norm = _global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, new_opt_state = optimizer.update(grads, opt_state, params)
@@ -116,23 +186,36 @@ def _step(loss_fn, graphdef, params, opt_state, batch: ExperienceBatch, optimize
     return keep(new_params, params), keep(new_opt_state, opt_state), metrics
 
 
-def train_stage(graphdef: nnx.GraphDef, params: nnx.State, opt_state: Any, batch: ExperienceBatch, *,
-                optimizer: optax.GradientTransformation, loss_cfg: LossConfig, micro_batches: int,
+def _step(loss: str, graphdef, params, opt_state, batch: ExperienceBatch, optimizer, loss_cfg, micro_batches: int,
+          shards: int, chunk: int, token_weighted: bool):
+    """Every micro-batch at the full width in one program (a loop over `grad_step`), then `apply_step`."""
+    kw = dict(graphdef=graphdef, loss=loss, loss_cfg=loss_cfg, chunk=chunk)
+    acc = zero_acc(params, batch, **kw)
+    acc = jax.lax.fori_loop(0, micro_batches, lambda j, a: grad_step(
+        params, a, batch, j, micro_batches=micro_batches, shards=shards, width=batch.tokens.shape[1],
+        token_weighted=token_weighted, **kw), acc)
+    return apply_step(params, opt_state, acc, optimizer=optimizer)
+
+
+def train_stage(params: nnx.State, opt_state: Any, batch: ExperienceBatch, *, graphdef: nnx.GraphDef,
+                optimizer: optax.GradientTransformation, loss_cfg: LossConfig, micro_batches: int, shards: int = 1,
                 chunk: int) -> tuple[nnx.State, Any, dict[str, Array]]:
-    """One optimizer step of the policy loss over `micro_batches` accumulated micro-batches.
+    """One optimizer step of the policy loss over `micro_batches` accumulated micro-batches (rows split as
+    `split_rows` does over `shards` batch shards).
 
     A non-finite loss or gradient skips the update (params and optimizer state unchanged) and sets
     metrics["skipped"] = 1: NaN never reaches the weights.
     """
-    return _step(_policy_loss, graphdef, params, opt_state, batch, optimizer, loss_cfg, micro_batches, chunk,
-                 token_weighted=loss_cfg.aggregation == "token_mean")
+    return _step("policy", graphdef, params, opt_state, batch, optimizer, loss_cfg, micro_batches, shards,
+                 chunk, token_weighted=loss_cfg.aggregation == "token_mean")
 
 
-def sft_stage(graphdef: nnx.GraphDef, params: nnx.State, opt_state: Any, tokens: Int[Array, "n t"],
-              loss_mask: Bool[Array, "n t"], *, optimizer: optax.GradientTransformation, micro_batches: int,
+def sft_stage(params: nnx.State, opt_state: Any, tokens: Int[Array, "n t"], loss_mask: Bool[Array, "n t"], *,
+              graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, micro_batches: int, shards: int = 1,
               chunk: int) -> tuple[nnx.State, Any, dict[str, Array]]:
     """Cross-entropy on the masked tokens (the format warm-up): maximise log p of the demonstrated answers."""
-    zeros = jnp.zeros(tokens.shape, jnp.float32)
-    batch = ExperienceBatch(tokens, loss_mask, zeros, zeros, zeros)
-    return _step(_sft_loss, graphdef, params, opt_state, batch, optimizer, None, micro_batches, chunk,
+    return _step("sft", graphdef, params, opt_state, sft_batch(tokens, loss_mask), optimizer, None, micro_batches, shards, chunk,
                  token_weighted=True)
+
+
+LOSSES.update(policy=_policy_loss, sft=_sft_loss)

@@ -1,14 +1,14 @@
-"""The RL loop: rollout -> experience -> train, each a separately jitted stage on its own mesh.
+"""The RL loop: rollout -> experience -> train, each run through `StagePlanner.run` under its own layout.
 
 One iteration:
-    plan = selector.plan(last batch's context)          the rollout's mesh
-    weights train layout -> rollout layout            (dispatcher, device to device)
+    planner.plan()                                      the rollout's layout, from the last batch's context
+    weights train layout -> rollout layout             (dispatcher, device to device)
     rollout: B groups x G games in lock-step            (agent loop + sampler)
-    plan = selector.plan(this batch's context)          experience / train mesh, micro-batch, chunk
-    experience: old/ref log-probs in chunks, advantages (experience mesh)
+    planner.observe(this batch); planner.plan()         experience / train layouts for the batch they process
+    experience: old/ref log-probs, micro-batched and chunked as planned; advantages
     batch experience layout -> train layout           (dispatcher)
-    train: micro-batched PPO-clip update                 (train mesh)
-    metrics, evaluation, checkpoint
+    train: micro-batched PPO-clip update
+    metrics (the layouts that ran), evaluation, checkpoint
 
 Everything random derives from (seed, step), so a run killed and resumed from a checkpoint reaches the
 same parameters as one that never stopped (bit-exact on CPU).
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
+import logging
+import sys
 import time
 import warnings
-from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,38 +32,31 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from earl_jax.distributed import global_to_host, host_to_global
-from earl_jax.envs import EnvConfig, OpenSpielTextEnv
+from earl_jax.envs import EnvConfig
+from earl_jax.envs.vector import ObservationCodec, make_vector_env
 from earl_jax.models.config import ModelConfig, get_config
 from earl_jax.models.init import init_sharded
-from earl_jax.models.tokenizer import game_tokenizer, load_tokenizer, special_ids
-from earl_jax.parallel.context import use_mesh_rules
+from earl_jax.models.tokenizer import game_tokenizer, special_ids
 from earl_jax.parallel.dispatch import Dispatcher
 from earl_jax.parallel.memory import device_memory_stats
-from earl_jax.parallel.mesh import STAGE_RULES, mesh_shape_of, state_shardings
-from earl_jax.parallel.profile import is_oom_error
-from earl_jax.parallel.selector import StageLayout, run_with_oom_fallback
-from earl_jax.parallel.stage_plan import StagePlanner
+from earl_jax.parallel.plan import ContextStats
+from earl_jax.parallel.planner import StagePlanner, StageRun
 from earl_jax.rl.checkpoint import Checkpointer
 from earl_jax.rl.config import RLConfig
+from earl_jax.rl.league import host_copy
 from earl_jax.rl.losses import LossConfig
+from earl_jax.rl.matchmaking import Matchmaker
 from earl_jax.rl.metrics import MetricsLogger
-from earl_jax.rl.stages import ExperienceBatch, experience_stage, make_optimizer, sft_stage, train_stage
-from earl_jax.rollout.agent_loop import RolloutConfig, ScriptedPolicy, Trajectories, play_games
+from earl_jax.rl.packing import batch_width, grouped_logprobs, grouped_update, length_order, micro_batch_widths, rearrange
+from earl_jax.rl.stages import ExperienceBatch, advantage_step, make_optimizer, sft_batch
+from earl_jax.rl.warmup import random_legal_games
+from earl_jax.rollout.agent_loop import RolloutConfig, Trajectories, play_games
+from earl_jax.rollout.frozen_opponent import FrozenPolicyOpponent
 from earl_jax.rollout.policy import SamplerPolicy
-from earl_jax.rollout.sampler import DEFAULT_LENGTH_BUCKETS, Sampler, SamplingConfig, bucket
+from earl_jax.rollout.sampler import Sampler, SamplingConfig, cast_weights
+from earl_jax.sharding.mesh import MeshShape
 
-_MOVES = re.compile(r"moves:((?: \d+)+)")
-
-
-def _random_legal_answer(rng: np.random.Generator):
-    """A scripted answer: a uniformly random legal move read off the last observation (format warm-up)."""
-
-    def answer(context: str) -> str:
-        found = _MOVES.findall(context)
-        moves = found[-1].split() if found else ["0"]
-        return moves[int(rng.integers(len(moves)))]
-
-    return answer
+log = logging.getLogger(__name__)
 
 
 def _device_memory() -> dict[str, float]:
@@ -101,20 +94,21 @@ class Trainer:
             self.model_cfg = get_config(cfg.model, vocab_size=self.tokenizer.get_vocab_size())
         self.remat = cfg.remat if cfg.remat != "auto" else ("none" if jax.default_backend() == "cpu" else "full")
         self.planner = StagePlanner.from_config(cfg, self.model_cfg, remat=self.remat != "none")
-        train_mesh = self.planner.mesh("train")
+        train = self.planner.stage_run("train")
         if cfg.hf_checkpoint:
             from earl_jax.models.loader import from_pretrained
 
-            model, self.tokenizer = from_pretrained(cfg.hf_checkpoint, mesh=train_mesh, rules=STAGE_RULES["train"],
+            model, self.tokenizer = from_pretrained(cfg.hf_checkpoint, mesh=train.mesh, rules=train.rules,
                                                     dtype=self.dtype, param_dtype=jnp.float32)
             if self.tokenizer is None:
                 raise ValueError(f"--hf-checkpoint {cfg.hf_checkpoint}: no tokenizer.json in the folder")
         else:
-            model = init_sharded(self.model_cfg, train_mesh, STAGE_RULES["train"], seed=cfg.seed, dtype=self.dtype)
+            model = init_sharded(self.model_cfg, train.mesh, train.rules, seed=cfg.seed, dtype=self.dtype)
         self.ids = special_ids(self.tokenizer)
         model.remat = self.remat == "full"  # a static attribute: part of the graphdef the stages merge
         self.graphdef, self.params = nnx.split(model)
         self.dispatcher = Dispatcher()
+        self._cast = jax.jit(lambda p: cast_weights(p, self.dtype))  # keeps each leaf's sharding
         # A frozen copy: the train stage donates (overwrites) the policy's buffers.
         self.ref_params = jax.tree.map(jnp.copy, self.params) if cfg.kl_coef > 0 else None
 
@@ -126,25 +120,26 @@ class Trainer:
             turn_discount=cfg.turn_discount)
         self.optimizer = make_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps * cfg.ppo_epochs,
                                         cfg.weight_decay, cfg.grad_clip)
-        self.opt_state = jax.jit(self.optimizer.init)(self.params)
-        self.opt_state = self.dispatcher(self.opt_state, self._train_layout(train_mesh)[1])
+        self.opt_state = self._place_opt_state(train, jax.jit(self.optimizer.init)(self.params))
         self.sft_optimizer = make_optimizer(3e-3, 5, max(cfg.format_warmup_steps, 6), 0.0, cfg.grad_clip)
         self.step = 0
         self._no_signal = 0  # consecutive iterations without a gradient (see iteration())
-        self._samplers: dict[int, Sampler] = {}  # one per rollout mesh: each keeps its compiled programs
+        self._samplers: dict[MeshShape, Sampler] = {}  # one per rollout mesh: each keeps its compiled programs
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
-        self.rollout_cfg = RolloutConfig(cfg.max_turn_tokens, cfg.max_turns, cfg.max_context)
+        self.rollout_cfg = RolloutConfig(cfg.max_turn_tokens, cfg.max_turns, cfg.max_context,
+                                         compact=cfg.compact_finished)
         env_cfg = EnvConfig(game=cfg.game, opponent=cfg.opponent, agent_player=cfg.agent_player,
                             prompt_style=cfg.prompt_style, max_retries=cfg.invalid_retries,
                             win_reward=cfg.win_reward, loss_reward=cfg.loss_reward, draw_reward=cfg.draw_reward,
                             invalid_reward=cfg.invalid_reward, retry_reward=cfg.retry_reward)
-        self.env_cfg = env_cfg
-        make_env = env_factory or OpenSpielTextEnv
-        self.envs = [make_env(env_cfg) for _ in range(cfg.batch_size)]
-        self.eval_envs = {o: [make_env(dataclasses.replace(env_cfg, opponent=o))
-                              for _ in range(cfg.eval_games)] for o in cfg.eval_opponents}
-        self._compiled: set[tuple] = set()
-        self._jit_cache: dict[tuple, Any] = {}
+        self.env_cfg, self._env_factory = env_cfg, env_factory
+        # the training opponent (fixed, or the curriculum's rung) and the league of frozen snapshots
+        self.matchmaker = Matchmaker(cfg, env_cfg, env_factory, to_host=self._league_snapshot)
+        self._league_device: tuple[Any, Any] | None = None  # (snapshot step, rollout mesh), weights there
+        # every game of a batch stepped in one call (batched rules for Connect Four / Tic-Tac-Toe)
+        self.env = self.matchmaker.train_env()
+        self.eval_envs: dict[str, Any] = {}  # one per evaluation opponent, made on first use
+        self.codec = ObservationCodec(self.tokenizer)
 
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep=cfg.keep_checkpoints)
         if cfg.resume:
@@ -153,95 +148,154 @@ class Trainer:
             raise ValueError(f"--run-dir {self.run_dir} already holds checkpoints: pass --resume to continue it, "
                              f"or choose a new --run-dir (refusing to overwrite a run)")
         self.logger = MetricsLogger(self.run_dir, dataclasses.asdict(cfg), wandb_mode=cfg.wandb_mode,
-                                    project=cfg.wandb_project, resume=cfg.resume, enabled=log and self.is_main)
+                                    project=cfg.wandb_project, resume_step=self.step if cfg.resume else None,
+                                    enabled=log and self.is_main)
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
 
     # ---------------------------------------------------------------- checkpoints
     def _state(self) -> dict[str, Any]:
+        mesh = self.planner.stage_run("train").mesh
         return {"params": self.params, "opt_state": self.opt_state,
                 # a global (replicated) array: orbax cannot save a single-device array over several processes
-                "rng": host_to_global(jax.random.key_data(jax.random.key(self.cfg.seed)),
-                                      NamedSharding(self.planner.mesh("train"), P()))}
+                "rng": host_to_global(jax.random.key_data(jax.random.key(self.cfg.seed)), NamedSharding(mesh, P()))}
 
     def save(self) -> None:
-        self.checkpointer.save(self.step, self._state(), {"step": self.step, "planner": self.planner.state_dict()})
+        self.checkpointer.save(self.step, self._state(), {"step": self.step, "planner": self.planner.state_dict(),
+                                                          "matchmaker": self.matchmaker.state_dict()})
 
     def _restore(self) -> None:
-        step, state, meta = self.checkpointer.restore(self._state())
+        step, state, meta = self.checkpointer.restore_latest(self._state())
         self.params, self.opt_state, self.step = state["params"], state["opt_state"], step
         self.planner.load_state_dict(meta.get("planner", {}))
+        self.matchmaker.load_state_dict(meta.get("matchmaker") or {})  # the curriculum's rung
+        self.env = self.matchmaker.train_env()
+
+    # ---------------------------------------------------------------- layouts of the weights
+    def _place_opt_state(self, run: StageRun, opt_state: Any) -> Any:
+        """Optimizer state onto a train layout: moments follow their parameters, scalars are replicated."""
+        params_target = run.shardings(self.params)
+        replicated = NamedSharding(run.mesh, P())
+        target = jax.tree.map(lambda sub: params_target if isinstance(sub, nnx.State) else replicated, opt_state,
+                              is_leaf=lambda x: isinstance(x, nnx.State))
+        return self.dispatcher(opt_state, target)
+
+    def _params_for(self, run: StageRun, params: Any = None) -> Any:
+        """Weights in `run`'s layout. The inference stages get them in the compute dtype, cast where they are
+        (half the bytes to move, and what the memory model counts); the model casts at every use anyway."""
+        params = self.params if params is None else params
+        if run.stage != "train" and self.dtype != jnp.float32:
+            params = self._cast(params)
+        return self.dispatcher(params, run.shardings(params))
 
     # ---------------------------------------------------------------- stages
-    def _rollout(self, envs, seeds, group_ids, rng, sampling: SamplingConfig) -> Trajectories:
-        mesh = self.planner.mesh("rollout")
-        t0 = time.perf_counter()
-        params = self.dispatcher(self.params, state_shardings(self.params, mesh, STAGE_RULES["rollout"]))
-        dispatch_s = time.perf_counter() - t0
-        if id(mesh) not in self._samplers:
-            self._samplers[id(mesh)] = Sampler(self.graphdef, self.model_cfg, mesh=mesh, rules=STAGE_RULES["rollout"])
+    def _rollout(self, env, seeds, group_ids, rng, sampling: SamplingConfig, league=None
+                 ) -> tuple[Trajectories, float]:
+        """Play one game per row of `env` on the planned rollout layout; returns the episodes and the weights'
+        dispatch time. `league` (Matchmaker.league_games): the games a frozen snapshot plays, decoded on the
+        same sampler (its compiled programs) with its own cache."""
         turn_tokens = self.cfg.turn_tokens(self.step)
         stops = (self.ids.eos_id,) if self.cfg.stop_at_eos else ()
-        policy = SamplerPolicy(self._samplers[id(mesh)], params, sampling, stops, turn_tokens)
-        rollout_cfg = dataclasses.replace(self.rollout_cfg, max_turn_tokens=turn_tokens)
-        traj = play_games(policy, envs, self.tokenizer, rollout_cfg, rng, seeds, group_ids, bos_id=self.ids.bos_id)
-        traj.stats["dispatch_s"] = dispatch_s
-        return traj
+
+        def rollout(run: StageRun) -> tuple[Trajectories, float]:
+            t0 = time.perf_counter()
+            params = self._params_for(run)
+            jax.block_until_ready(params)
+            dispatch_s = time.perf_counter() - t0
+            sampler = self._samplers.get(run.layout.mesh)
+            if sampler is None:
+                sampler = self._samplers[run.layout.mesh] = Sampler(self.graphdef, self.model_cfg, mesh=run.mesh,
+                                                                     rules=run.rules)
+            groups = self._pipeline_groups(len(seeds), run.batch_shards)
+            policies = [SamplerPolicy(sampler, params, sampling, stops, turn_tokens) for _ in range(groups)]
+            rollout_cfg = dataclasses.replace(self.rollout_cfg, max_turn_tokens=turn_tokens, pipeline_groups=groups,
+                                              min_batch=run.batch_shards)
+            if league is not None:
+                games, snap_step, snap = league
+                frozen = SamplerPolicy(sampler, self._league_params(run, snap_step, snap), sampling, stops,
+                                       turn_tokens)
+                env.assign(FrozenPolicyOpponent(frozen, self.codec, jax.random.fold_in(rng, 0x0990),
+                                                max_turn_tokens=turn_tokens, bos_id=self.ids.bos_id,
+                                                min_batch=run.batch_shards), games)
+            try:
+                traj = play_games(policies, env, self.tokenizer, rollout_cfg, rng, seeds, group_ids,
+                                  bos_id=self.ids.bos_id, codec=self.codec)
+            finally:
+                if league is not None:
+                    env.assign(None)
+            return traj, dispatch_s
+
+        return self.planner.run("rollout", rollout)
+
+    def _league_snapshot(self, params: Any) -> Any:
+        """A league snapshot on the host, in the compute dtype (it only decodes)."""
+        return host_copy(self._cast(params) if self.dtype != jnp.float32 else params)
+
+    def _league_params(self, run: StageRun, step: int, snapshot: Any) -> Any:
+        """The snapshot's weights on the rollout layout, kept there while the same snapshot plays."""
+        key = (step, run.layout.mesh)
+        if self._league_device is None or self._league_device[0] != key:
+            leaves, treedef = jax.tree.flatten(snapshot)
+            targets = treedef.flatten_up_to(run.shardings(snapshot))
+            self._league_device = (key, treedef.unflatten([host_to_global(x, s) for x, s in zip(leaves, targets)]))
+        return self._league_device[1]
+
+    def _pipeline_groups(self, games: int, shards: int) -> int:
+        """Groups of games that take turns on the device (each a multiple of the data shards), so the host
+        steps one group while the device decodes another. auto (0) is 1: with the batched games the host's
+        share is ~1% of a rollout, while two groups double the decode launches (one H100, tiny model, 2048
+        games: rollout 8.1 s with 2 groups against 3.3 s before the change; experiments/results/NOTES.md)."""
+        want = self.cfg.rollout_groups or 1
+        while want > 1 and games % (want * shards):
+            want -= 1
+        return want
 
     def _batch_arrays(self, traj: Trajectories) -> dict[str, np.ndarray]:
-        width = max(64, bucket(traj.tokens.shape[1], DEFAULT_LENGTH_BUCKETS))  # bounded set of train shapes
+        width = batch_width(traj.tokens.shape[1])
         return {"tokens": _pad_cols(traj.tokens, width), "loss_mask": _pad_cols(traj.loss_mask, width),
                 "rewards": _pad_cols(traj.rewards, width), "group_ids": traj.group_ids}
 
-    def _to_stage(self, arrays: dict[str, np.ndarray], stage: str, mesh=None) -> dict[str, jax.Array]:
-        """Host arrays (built by the agent loop) onto a stage's mesh, rows over the batch axes."""
-        mesh = self.planner.mesh(stage) if mesh is None else mesh
-        rows = ("data", "fsdp") if stage == "train" else ("data",)
-        return {k: host_to_global(v, NamedSharding(mesh, P(rows))) for k, v in arrays.items()}  # all processes
+    def _experience(self, run: StageRun, arrays: dict[str, np.ndarray], lengths: np.ndarray
+                    ) -> tuple[ExperienceBatch, dict, np.ndarray]:
+        """Old (and reference) log-probs by length-grouped micro-batches, then advantages. Returns the batch
+        with its rows arranged by `packing.length_order` (the arrangement is returned too)."""
+        params = self._params_for(run)
+        ref = None if self.ref_params is None else self._params_for(run, self.ref_params)
+        perm = length_order(lengths, run.batch_shards)
+        x = run.put_rows({k: v[perm] for k, v in arrays.items()})
+        n, t = x["tokens"].shape
+        micro = run.micro_batches(n)
+        widths = micro_batch_widths(lengths[perm], micro, t)
+        old = grouped_logprobs(run, params, x["tokens"], widths, micro, graphdef=self.graphdef)
+        ref_logp = old if ref is None else grouped_logprobs(run, ref, x["tokens"], widths, micro, graphdef=self.graphdef)
+        fn = run.jit("advantages", advantage_step, num_groups=self.cfg.groups, loss_cfg=self.loss_cfg,
+                     filter_constant_groups=self.cfg.filter_constant_groups)
+        out = fn(old, ref_logp, x["tokens"], x["loss_mask"], x["rewards"], x["group_ids"])
+        return (*jax.block_until_ready(out), perm)  # an OOM must surface inside the planner's fallback
 
-    def _experience(self, arrays: dict[str, np.ndarray], layout: StageLayout) -> tuple[ExperienceBatch, dict]:
-        mesh = self.planner.mesh_of(layout.mesh)
-        params = self.dispatcher(self.params, state_shardings(self.params, mesh, STAGE_RULES["experience"]))
-        ref = None if self.ref_params is None else self.dispatcher(
-            self.ref_params, state_shardings(self.ref_params, mesh, STAGE_RULES["experience"]))
-        x = self._to_stage(arrays, "experience", mesh)
-        fn = self._jit("experience", mesh, partial(
-            experience_stage, self.graphdef, num_groups=self.cfg.groups, loss_cfg=self.loss_cfg,
-            chunk=min(layout.logprob_chunk, self.cfg.logprob_chunk),
-            filter_constant_groups=self.cfg.filter_constant_groups), x["tokens"].shape)
-        return fn(params, ref, x["tokens"], x["loss_mask"], x["rewards"], x["group_ids"])
-
-    def _train_layout(self, mesh, opt_state: Any = None) -> tuple[Any, Any]:
-        """Targets for params and optimizer state on a train mesh: moments follow their parameters,
-        scalars (the step count) are replicated."""
-        params_target = state_shardings(self.params, mesh, STAGE_RULES["train"])
-        replicated = NamedSharding(mesh, P())
-        opt_target = jax.tree.map(lambda sub: params_target if isinstance(sub, nnx.State) else replicated,
-                                  self.opt_state if opt_state is None else opt_state,
-                                  is_leaf=lambda x: isinstance(x, nnx.State))
-        return params_target, opt_target
-
-    def _train(self, batch: ExperienceBatch, layout: StageLayout) -> dict[str, Any]:
-        mesh = self.planner.mesh_of(layout.mesh)
-        rows_sharding = NamedSharding(mesh, P(("data", "fsdp")))
+    def _train(self, run: StageRun, batch: ExperienceBatch, lengths: np.ndarray, arranged: np.ndarray
+               ) -> dict[str, Any]:
+        """PPO epochs of length-grouped updates. `batch` rows are `lengths`' rows in the order `arranged`."""
         t0 = time.perf_counter()
         # The selector may have moved training to another mesh: weights and optimizer state follow.
-        params_target, opt_target = self._train_layout(mesh)
-        self.params = self.dispatcher(self.params, params_target)
-        self.opt_state = self.dispatcher(self.opt_state, opt_target)
-        batch = self.dispatcher(batch, jax.tree.map(lambda _: rows_sharding, batch))
+        self.params = self._params_for(run)
+        self.opt_state = self._place_opt_state(run, self.opt_state)
+        batch = self.dispatcher(batch, jax.tree.map(lambda x: run.row_sharding(x.ndim), batch))
+        perm = length_order(lengths, run.batch_shards)
+        batch = rearrange(run, batch, np.argsort(arranged)[perm])  # this layout's arrangement (as many shards)
         jax.block_until_ready(batch)
         dispatch_s = time.perf_counter() - t0
-        n, t = batch.tokens.shape
-        micro_batches = self._micro_batches(n, t, layout.micro_batch)
-        fn = self._jit("train", mesh, partial(train_stage, self.graphdef, optimizer=self.optimizer,
-                                              loss_cfg=self.loss_cfg, micro_batches=micro_batches,
-                                              chunk=self.cfg.logprob_chunk), (n, t), donate=(0, 1))
+        micro = run.micro_batches(batch.tokens.shape[0])
+        widths = micro_batch_widths(lengths[perm], micro, batch.tokens.shape[1])
         metrics = {}
         for _ in range(self.cfg.ppo_epochs):
             try:
-                self.params, self.opt_state, metrics = fn(self.params, self.opt_state, batch)
+                self.params, self.opt_state, metrics = grouped_update(
+                    run, self.params, self.opt_state, batch, widths, micro, graphdef=self.graphdef, loss="policy",
+                    loss_cfg=self.loss_cfg, optimizer=self.optimizer,
+                    token_weighted=self.loss_cfg.aggregation == "token_mean")
+                jax.block_until_ready(metrics)
             except Exception as e:
                 if any(x.is_deleted() for x in jax.tree.leaves(self.params)):  # donated buffers are gone
                     raise RuntimeError("the train stage failed after donating the weights; resume from the "
@@ -251,76 +305,88 @@ class Trainer:
         metrics["dispatch_s"] = dispatch_s
         return metrics
 
-    def _with_oom_fallback(self, stage: str, fn: Callable[[StageLayout], Any]) -> Any:
-        if self.cfg.selector_mode == "static":  # the baseline: an out-of-memory error ends the run
-            layout = self.planner.layout(stage)
-            try:
-                return fn(layout)
-            except Exception as e:
-                if is_oom_error(e):
-                    raise RuntimeError(f"{stage} stage ran out of memory on the static layout {layout.describe()} "
-                                       f"(--selector-mode static keeps the first plan; auto adapts it)") from e
-                raise
-        # An OOM first halves the micro-batch on the same mesh, then gives the mesh up (for this bucket);
-        # train updates (and donates) the weights, so it is never rerun on a process where it succeeded.
-        result, plan = run_with_oom_fallback(stage, fn, self.planner.current, self.planner.selector,
-                                             shrink_first=True, rerun_after_success=stage != "train")
-        self.planner.current = plan
-        return result
-
-    def _micro_batches(self, n: int, t: int, selector_rows: int | None) -> int:
-        """Micro-batches for n rows of t tokens: within the token budget and the selector's micro-batch."""
-        rows = max(1, min(n, self.cfg.micro_batch_tokens // t, selector_rows or n))
-        return n // max(d for d in range(1, rows + 1) if n % d == 0)
-
-    def _jit(self, stage: str, mesh, fn: partial, shape, donate=()):
-        """The stage's program traced under its mesh and rules; one jit per (stage, mesh, static settings).
-        Compiled variants are counted per (stage, mesh shape, length bucket): the compile/programs metric."""
-        self._compiled.add((stage, str(mesh_shape_of(mesh)), tuple(shape)))
-        key = (stage, id(mesh), tuple(sorted(fn.keywords.items())))
-        if key not in self._jit_cache:
-            rules = STAGE_RULES[stage]
-
-            def traced(*args):
-                with use_mesh_rules(mesh, rules):
-                    return fn(*args)
-
-            self._jit_cache[key] = jax.jit(traced, donate_argnums=donate)
-        return self._jit_cache[key]
+    def _plan_batch(self, arrays: dict[str, np.ndarray], mean_context_len: float, **extends: int) -> None:
+        """Experience / train layouts for the batch they are about to process (its padded width is known)."""
+        n, width = arrays["tokens"].shape
+        self.planner.observe(ContextStats(mean_context_len, width, n, **extends))
+        self.planner.plan()
 
     # ---------------------------------------------------------------- warm-up, evaluation
     def format_warmup(self) -> dict[str, float]:
-        """Supervised steps on uniformly random legal moves: teaches the answer format, not the game."""
+        """Supervised steps on games of uniformly random LEGAL moves (from the rules, no sampling): teaches the
+        answer format, not the game. Runs on the train layout planned for the warm-up's own batch.
+
+        Every step has the same shape, so its three programs compile once: `--format-warmup-games` games (a
+        multiple of the devices), cut to the length bucket of the first batch's 95th-percentile game (Connect
+        Four, minimal style: 256 tokens; a cut game loses only late answers, the format is in every turn)."""
         cfg = self.cfg
         rng = np.random.default_rng(cfg.seed + 12345)
-        policy = ScriptedPolicy(_random_legal_answer(rng), self.tokenizer, self.ids.eos_id)
-        opt_state = jax.jit(self.sft_optimizer.init)(self.params)
-        opt_state = self.dispatcher(opt_state, self._train_layout(self.planner.mesh("train"), opt_state)[1])
-        sft = {}
+        n_dev = len(self.planner.devices)
+        games = -(-(cfg.format_warmup_games or cfg.batch_size) // n_dev) * n_dev
+        env = self.env if games == self.env.num_games else make_vector_env(
+            dataclasses.replace(self.env_cfg, opponent=self.matchmaker.opponent), games, self._env_factory)
+        opt_state = None
         metrics = {}
+        width = None
         for i in range(cfg.format_warmup_steps):
-            seeds = [10_000_000 + i * len(self.envs) + j for j in range(len(self.envs))]
-            traj = play_games(policy, self.envs, self.tokenizer, self.rollout_cfg, jax.random.key(i), seeds,
-                              bos_id=self.ids.bos_id)
-            arrays = self._to_stage(self._batch_arrays(traj), "train")
-            n, t = arrays["tokens"].shape
-            mb = self._micro_batches(n, t, self.planner.layout("train").micro_batch)
-            if mb not in sft:
-                sft[mb] = jax.jit(partial(sft_stage, self.graphdef, optimizer=self.sft_optimizer, micro_batches=mb,
-                                          chunk=cfg.logprob_chunk), donate_argnums=(0, 1))
-            self.params, opt_state, metrics = sft[mb](self.params, opt_state, arrays["tokens"], arrays["loss_mask"])
+            seeds = [10_000_000 + i * games + j for j in range(games)]
+            tokens, mask, lengths = random_legal_games(env, self.tokenizer, seeds, rng, eos_id=self.ids.eos_id,
+                                                       bos_id=self.ids.bos_id, max_context=cfg.max_context,
+                                                       max_turns=cfg.max_turns, codec=self.codec)
+            if width is None:  # one shape for every step: one compile of each warm-up program
+                width = batch_width(int(np.percentile(lengths, 95)))
+            lengths = np.minimum(lengths, width)
+            arrays = {"tokens": _pad_cols(tokens[:, :width], width), "loss_mask": _pad_cols(mask[:, :width], width)}
+            if i == 0:  # one plan for the warm-up (its games are all alike), not fed to the selector's smoothing
+                self._plan_batch(arrays, float(lengths.mean()))
+
+            def sft(run: StageRun):
+                nonlocal opt_state
+                self.params = self._params_for(run)
+                opt_state = self._place_opt_state(run, jax.jit(self.sft_optimizer.init)(self.params)
+                                                  if opt_state is None else opt_state)
+                perm = length_order(lengths, run.batch_shards)
+                x = run.put_rows({k: v[perm] for k, v in arrays.items()})
+                micro = run.micro_batches(len(perm))
+                batch = run.jit("sft_batch", sft_batch)(x["tokens"], x["loss_mask"])
+                self.params, opt_state, out = grouped_update(
+                    run, self.params, opt_state, batch, [width] * micro.count, micro, graphdef=self.graphdef,
+                    loss="sft", loss_cfg=None, optimizer=self.sft_optimizer, token_weighted=True)
+                return jax.block_until_ready(out)
+
+            metrics = self.planner.run("train", sft, rerun_after_success=False)
         return {k: float(v) for k, v in global_to_host(metrics).items()}
 
+    def _evaluate_logged(self, bar) -> dict[str, float]:
+        """`evaluate`, a phase line, and the curriculum's promotion when the current rung is beaten."""
+        from earl_jax.progress import phase
+
+        opponents = ", ".join(self.matchmaker.eval_opponents())
+        bar.status(f"evaluation vs {opponents}")
+        with phase(f"evaluation: {self.cfg.eval_games} greedy games vs {opponents}") as p:
+            out = self.evaluate()
+            p.note(", ".join(f"{k} {v:.2f}" for k, v in out.items() if k.endswith("win_rate")))
+        if "curriculum/eval_win_rate" in out:  # promotes (and logs a line) when the current rung is beaten
+            self.matchmaker.after_evaluation(out["curriculum/eval_win_rate"], self.step)
+        return out
+
     def evaluate(self) -> dict[str, float]:
-        """Greedy games against each evaluation opponent (fixed seeds, so evaluations are comparable)."""
+        """Greedy games against each evaluation opponent and the curriculum's current rung (fixed seeds, so
+        evaluations are comparable)."""
         out: dict[str, float] = {}
         greedy = SamplingConfig(greedy=True)
-        for name, envs in self.eval_envs.items():
-            seeds = [20_000_000 + i for i in range(len(envs))]
-            traj = self._rollout(envs, seeds, None, jax.random.key(0), greedy)
+        for name in self.matchmaker.eval_opponents():
+            env = self.eval_envs.get(name)
+            if env is None:
+                env = self.eval_envs[name] = make_vector_env(dataclasses.replace(self.env_cfg, opponent=name),
+                                                             self.cfg.eval_games, self._env_factory)
+            seeds = [20_000_000 + i for i in range(env.num_games)]
+            traj, _ = self._rollout(env, seeds, None, jax.random.key(0), greedy)
             prefix = "eval" if name == self.cfg.eval_opponents[0] else f"eval_{name}"
             for k in ("win_rate", "draw_rate", "loss_rate", "invalid_rate"):
-                out[f"{prefix}/{k}"] = traj.stats[k]
+                out[f"{prefix}/{k}"] = getattr(traj.stats, k)
+            if self.matchmaker.curriculum and name == self.matchmaker.curriculum.opponent:
+                out["curriculum/eval_win_rate"] = traj.stats.win_rate
         return out
 
     # ---------------------------------------------------------------- the loop
@@ -333,24 +399,26 @@ class Trainer:
         group_ids = np.repeat(np.arange(cfg.groups), cfg.group_size)
 
         n_dispatch = len(self.dispatcher.history)
-        traj = self._rollout(self.envs, seeds, group_ids, rng, self.sampling)
-        # Experience and train are planned for the batch they process (its longest context is known now);
-        # the OOM fallback may still change their layouts.
+        t_start = time.perf_counter()
+        self.env = self.matchmaker.train_env()  # a new env when the curriculum moved to another rung
+        league = self.matchmaker.league_games(self.step, self.params)
+        traj, rollout_dispatch_s = self._rollout(self.env, seeds, group_ids, rng, self.sampling, league=league)
         s = traj.stats
-        self.planner.observe(s["turn_context_len_mean"], s["context_len_max"], traj.num_games,
-                             s["prompt_tokens"], s["first_cache_len"], s["observation_tokens"])
-        self.planner.plan()
-        t0 = time.perf_counter()
         arrays = self._batch_arrays(traj)
-        # An out-of-memory error marks that mesh infeasible for this context bucket and reruns the stage
-        # on the next candidate, with the same batch.
-        batch, exp_metrics = self._with_oom_fallback(
-            "experience", lambda layout: jax.block_until_ready(self._experience(arrays, layout)))
+        # Experience and train are planned for the batch they process; the OOM fallback may still change them.
+        self._plan_batch(arrays, s.turn_context_len_mean, prompt_tokens=s.prompt_tokens,
+                         first_cache_len=s.first_cache_len, observation_tokens=s.observation_tokens)
+        t0 = time.perf_counter()
+        batch, exp_metrics, arranged = self.planner.run("experience",
+                                                        lambda run: self._experience(run, arrays, traj.lengths))
         t1 = time.perf_counter()
-        train_metrics = self._with_oom_fallback("train", lambda layout: self._train(batch, layout))
-        plan = self.planner.current
+        # train updates (and donates) the weights: never rerun on a process where it already succeeded
+        train_metrics = self.planner.run("train", lambda run: self._train(run, batch, traj.lengths, arranged),
+                                         rerun_after_success=False)
         t2 = time.perf_counter()
         self.step += 1
+        dispatch_s = rollout_dispatch_s + train_metrics.pop("dispatch_s")
+        iteration_s, n_dev = t2 - t_start, len(self.planner.devices)
         # A zero gradient means every advantage was 0 (every group constant or filtered): the weights do not move
         # until some group's rewards vary again, so a collapsed policy stays collapsed. Say so (first, every 10th).
         self._no_signal = self._no_signal + 1 if train_metrics["grad_norm"] == 0.0 else 0
@@ -359,63 +427,100 @@ class Trainer:
                           f"gradient; {float(exp_metrics.get('filtered_frac', 0.0)):.0%} of games in constant groups); "
                           "see --entropy-floor and --between-group-weight", RuntimeWarning, stacklevel=2)
 
-        record = {
+        return {
             "step": self.step,
             "episode/return_mean": float(traj.returns.mean()),
-            "episode/win_rate": s["win_rate"], "episode/invalid_rate": s["invalid_rate"],
-            "episode/turns_mean": s["turns_mean"], "episode/truncated_rate": s["truncated_rate"],
-            "rollout/context_len_mean": s["context_len_mean"], "rollout/context_len_max": s["context_len_max"],
+            "episode/win_rate": s.win_rate, "episode/invalid_rate": s.invalid_rate,
+            "episode/turns_mean": s.turns_mean, "episode/truncated_rate": s.truncated_rate,
+            "rollout/context_len_mean": s.context_len_mean, "rollout/context_len_max": s.context_len_max,
             "rollout/turn_tokens": cfg.turn_tokens(self.step - 1),
-            "rollout/turn_context_len_mean": s["turn_context_len_mean"],
-            "rollout/tokens": s["tokens"], "rollout/generated_tokens": s["generated_tokens"],
-            "rollout/env_frac": s["env_s"] / max(s["rollout_s"], 1e-9),
-            "time/rollout_s": s["rollout_s"], "time/experience_s": t1 - t0, "time/train_s": t2 - t1,
-            "time/dispatch_s": s["dispatch_s"] + train_metrics.pop("dispatch_s"),
+            "rollout/turn_context_len_mean": s.turn_context_len_mean,
+            "rollout/tokens": s.tokens, "rollout/generated_tokens": s.generated_tokens,
+            "rollout/env_frac": s.env_s / max(s.rollout_s, 1e-9),
+            "rollout/wait_frac": s.wait_s / max(s.rollout_s, 1e-9),
+            "rollout/decode_rows": s.decode_rows,
+            "time/rollout_s": s.rollout_s, "time/experience_s": t1 - t0, "time/train_s": t2 - t1,
+            "time/dispatch_s": dispatch_s, "time/iteration_s": iteration_s,
+            # tokens per device per second (EARL's TGS): generated tokens in the rollout, the batch's real
+            # (unpadded) tokens in experience, train and the whole iteration
+            "throughput/rollout_tgs": s.generated_tokens / max(s.rollout_s, 1e-9) / n_dev,
+            "throughput/experience_tgs": s.tokens / max(t1 - t0, 1e-9) / n_dev,
+            "throughput/train_tgs": s.tokens * cfg.ppo_epochs / max(t2 - t1, 1e-9) / n_dev,
+            "throughput/iteration_tgs": s.tokens / max(iteration_s, 1e-9) / n_dev,
+            "time/dispatch_share": dispatch_s / max(iteration_s, 1e-9),
             "train/loss": train_metrics["loss"], "train/kl": train_metrics.get("kl", 0.0),
             "train/entropy": train_metrics.get("entropy", 0.0), "train/grad_norm": train_metrics["grad_norm"],
             "train/clip_frac": train_metrics.get("clip_frac", 0.0), "train/skipped": train_metrics["skipped"],
             "train/filtered_frac": float(exp_metrics.get("filtered_frac", 0.0)),
             "train/no_signal_iters": self._no_signal,
             "dispatch/bytes": sum(h.bytes for h in self.dispatcher.history[n_dispatch:]),
-            "compile/programs": len(self._compiled),
-            **plan.log_dict(), **_device_memory(),
+            "compile/programs": len(self.planner.programs) + sum(sp.compile_count for sp in self._samplers.values()),
+            **self.planner.ran_log_dict(), **_device_memory(), **self.matchmaker.metrics(),
+            **self._league_metrics(traj, league),
         }
-        return record
+
+    def _league_metrics(self, traj: Trajectories, league) -> dict[str, Any]:
+        """Outcomes of the games against the frozen snapshot and against the scripted opponent, apart."""
+        if league is None:
+            return {}
+        games, snap_step, _ = league
+        won = np.array([w == "agent" for w in traj.winners])
+        return {"league/games_frac": float(games.mean()), "league/snapshot_step": snap_step,
+                "league/win_rate": float(won[games].mean()),
+                "league/scripted_win_rate": float(won[~games].mean()) if (~games).any() else float("nan"),
+                "league/opponent_fallback_rate": self.env.policy_fallbacks / max(self.env.policy_moves, 1)}
 
     def run(self, stop_after: int | None = None) -> list[dict[str, Any]]:
         """Train to cfg.steps (or cfg.max_minutes). `stop_after` ends the process's work after that many
         iterations without the end-of-run evaluation or checkpoint, as a kill would (resume tests)."""
+        from earl_jax.progress import phase, process_age_s
         from earl_jax.rl.progress import Progress
 
         cfg = self.cfg
         start = time.perf_counter()
         history = []
         last_eval: dict[str, float] = {}
-        with Progress(cfg.steps, enabled=cfg.progress and self.is_main) as bar:
+        # a live bar in a terminal; elsewhere (logs, CI) one plain line per phase and iteration instead
+        with Progress(cfg.steps, enabled=cfg.progress and self.is_main and sys.stderr.isatty()) as bar:
             if self.step == 0 and cfg.format_warmup_steps:
                 bar.status("format warm-up (random legal moves)")
-                warm = self.format_warmup()
-                last_eval = self.evaluate()
+                with phase(f"format warm-up: {cfg.format_warmup_steps} supervised steps on random legal games"):
+                    warm = self.format_warmup()
+                last_eval = self._evaluate_logged(bar)
                 self.logger.log({"step": 0, **{f"warmup/{k}": v for k, v in warm.items()}, **last_eval,
                                  "eval/fresh": True})
             elif self.step == 0:
-                last_eval = self.evaluate()
+                last_eval = self._evaluate_logged(bar)
             bar.advance_to(self.step)
             while self.step < cfg.steps:
                 if stop_after is not None and len(history) >= stop_after:
                     return history
+                bar.status(f"iteration {self.step + 1}")
                 record = self.iteration()
+                if not history:  # what a user waits for: the command to the first finished iteration
+                    age = process_age_s()
+                    record["time/command_to_first_iteration_s"] = age
+                    log.info("first RL iteration finished %.1f s after the command (rollout %.1f s, experience "
+                             "%.1f s, train %.1f s, compiles included)", age or float("nan"), record["time/rollout_s"],
+                             record["time/experience_s"], record["time/train_s"])
                 last_step = self.step == cfg.steps
                 out_of_time = cfg.max_minutes and (time.perf_counter() - start) / 60 > cfg.max_minutes
                 evaluated = bool((cfg.eval_every and self.step % cfg.eval_every == 0) or last_step or out_of_time)
                 if evaluated:
-                    last_eval = self.evaluate()
+                    last_eval = self._evaluate_logged(bar)
                 record.update(last_eval)  # carried between evaluations; eval/fresh marks a new one
                 record["eval/fresh"] = evaluated
                 record["time/elapsed_s"] = time.perf_counter() - start
                 self.logger.log(record)
                 history.append(record)
                 bar.update(self.step, record)
+                if not bar.enabled:  # no live display (not a terminal, or --progress false): one line per iteration
+                    log.info("iteration %d/%d: return %+.2f, win %.2f, context %.0f, %.2f s (rollout %.2f, "
+                             "experience %.2f, train %.2f), meshes %s / %s / %s", self.step, cfg.steps,
+                             record["episode/return_mean"], record["episode/win_rate"],
+                             record["rollout/context_len_mean"], record["time/iteration_s"], record["time/rollout_s"],
+                             record["time/experience_s"], record["time/train_s"], record["parallel/rollout_mesh"],
+                             record["parallel/experience_mesh"], record["parallel/train_mesh"])
                 if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or last_step or out_of_time:
                     self.save()
                 if out_of_time:

@@ -1,13 +1,23 @@
-"""The multi-turn agent loop: N games in lock-step, one growing KV cache per game.
+"""The multi-turn agent loop: N games in lock-step, one growing KV cache row per live game.
 
-Each turn: every live game decodes its answer (one jitted decode loop for the whole batch), the answers
-are parsed and stepped in their environments, and each game's next observation is appended to its own
-cache row (`extend`, no re-prefill of the history). Finished games get a zero budget, so they stop
-costing decode steps; the batch shrinks in work, not in shape (shapes stay bucketed and compiled once).
+Each turn: every live game decodes its answer (one jitted decode loop for its batch), the answers are
+read and stepped in a vector environment (`envs.vector`: every game of the batch in one call), and each
+game's next observation is appended to its own cache row (`extend`, no re-prefill of the history).
+
+What keeps the host and the padding off the critical path:
+- batched game rules, a batched parser and table-driven tokenization (`envs.vector`), and numpy
+  buffers for the episodes (no per-game Python lists);
+- finished games leave the decode batch: when half of a batch's rows have finished, the live rows are
+  gathered into the next smaller batch bucket (`min_batch` x a power of two), so compiled programs stay
+  bounded while the tail of long games stops paying for finished rows;
+- pipelining: the games are split into `pipeline_groups` groups that take turns on the device; the host
+  steps one group's games while the device decodes another's. Each game samples from its own key
+  (fold_in(fold_in(rng, turn), game id)), so what a game plays does not depend on its group, its row,
+  compaction or the schedule: `overlap=False` (each decode waited for at once) gives identical games.
 
 The result is a `Trajectories` batch ready for the experience stage: token ids, a loss mask on generated
-tokens only, the sampler's log-probs, per-turn rewards at the last generated token of each turn, and
-the context length of every turn (the numbers the Parallelism Selector reacts to).
+tokens only, the sampler's log-probs, per-turn rewards at the last generated token of each turn, and the
+context length of every turn (the numbers the Parallelism Selector reacts to).
 """
 
 from __future__ import annotations
@@ -21,7 +31,8 @@ import numpy as np
 import tokenizers
 from jaxtyping import Bool, Float, Int
 
-from earl_jax.envs.openspiel_env import OpenSpielTextEnv
+from earl_jax.envs.openspiel_env import WINNERS
+from earl_jax.envs.vector import NO_WINNER, ObservationCodec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,18 +40,68 @@ class RolloutConfig:
     max_turn_tokens: int = 4  # tokens the policy may generate per turn
     max_turns: int = 32  # agent turns per game, then truncated
     max_context: int = 2048  # tokens per episode (prompt + all turns), then truncated
+    pipeline_groups: int = 1  # groups of games that take turns on the device (2: host work overlaps decoding)
+    overlap: bool = True  # False: wait for each decode at once (the reference schedule; same games)
+    compact: bool = True  # finished games leave the decode batch
+    min_batch: int = 1  # decode batches are multiples of this (the rollout mesh's data shards)
+
+    def __post_init__(self):
+        if self.pipeline_groups < 1 or self.min_batch < 1:
+            raise ValueError(f"RolloutConfig: pipeline_groups and min_batch must be >= 1, got {self}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Decoded:
+    """One turn's answers, per slot of the decode batch (host arrays)."""
+
+    tokens: Int[np.ndarray, "b t"]  # slot r's answer is tokens[r, :counts[r]]
+    logprobs: Float[np.ndarray, "b t"]
+    counts: Int[np.ndarray, " b"]
+    stopped: Bool[np.ndarray, " b"]
 
 
 class Policy(Protocol):
-    """What the loop needs from a policy: a batch of growing contexts it can extend and decode from."""
+    """What the loop needs from a policy: a batch of slots with growing contexts to extend and decode from."""
 
     def reset(self, batch: int, max_len: int) -> None: ...
 
-    def extend(self, new_tokens: Sequence[Sequence[int]]) -> None: ...
-
-    def generate(self, budgets: np.ndarray, rng: jax.Array) -> list[tuple[list[int], list[float], bool]]:
-        """Per row: (generated tokens incl. the stop token, their log-probs, stopped at a stop token)."""
+    def extend(self, tokens: Int[np.ndarray, "b t"], counts: Int[np.ndarray, " b"]) -> None:
+        """Append slot r's tokens[r, :counts[r]] to its context (counts 0: unchanged)."""
         ...
+
+    def generate(self, budgets: Int[np.ndarray, " b"], rng: jax.Array,
+                 row_ids: Int[np.ndarray, " b"]) -> Callable[[], Decoded]:
+        """Start decoding up to budgets[r] tokens per slot (slot r draws from fold_in(rng, row_ids[r]));
+        returns a function that waits for the answers. Nothing else is called on the policy before it."""
+        ...
+
+    def take_rows(self, rows: Int[np.ndarray, " k"], batch: int) -> None:
+        """Keep slots `rows` (in that order) in a batch of `batch` slots."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutStats:
+    """What one `play_games` call measured: outcomes, context lengths (what the selector reacts to), timing."""
+
+    win_rate: float
+    draw_rate: float
+    loss_rate: float
+    invalid_rate: float  # games ended by an invalid answer
+    context_len_mean: float  # final episode lengths
+    context_len_max: int
+    turn_context_len_mean: float  # context length when each turn's decoding started
+    turns_mean: float
+    truncated_rate: float
+    generated_tokens: int
+    tokens: int
+    env_s: float  # host time in the games: stepping, reading answers, tokenizing observations
+    wait_s: float  # host time waiting for the device's answers
+    rollout_s: float
+    decode_rows: int  # decode-batch slots summed over turns (compaction lowers it)
+    prompt_tokens: int  # widest first extend (the prompt)
+    first_cache_len: int  # the cache the prompt was written into
+    observation_tokens: int  # widest later extend (a turn's observation); 0 if none
 
 
 @dataclasses.dataclass
@@ -59,134 +120,233 @@ class Trajectories:
     winners: list[str | None]  # "agent" | "opponent" | "draw" | None (truncated)
     invalid: Bool[np.ndarray, " n"]  # ended by an invalid move
     turn_context_lens: list[list[int]]  # context length when each turn's decoding started
-    stats: dict[str, float]
+    stats: RolloutStats
 
     @property
     def num_games(self) -> int:
         return len(self.lengths)
 
 
-def _outcome_stats(winners: Sequence[str | None], invalid: np.ndarray) -> dict[str, float]:
-    n = max(len(winners), 1)
-    return {
-        "win_rate": sum(w == "agent" for w in winners) / n,
-        "draw_rate": sum(w == "draw" for w in winners) / n,
-        "loss_rate": sum(w == "opponent" for w in winners) / n,
-        "invalid_rate": float(np.mean(invalid)) if len(invalid) else 0.0,
-    }
+class _Episodes:
+    """The episodes being written: one row of every buffer per game (numpy, written a batch at a time)."""
+
+    def __init__(self, n: int, max_context: int, max_turns: int):
+        self.tokens = np.zeros((n, max_context), np.int32)
+        self.mask = np.zeros((n, max_context), bool)
+        self.logp = np.zeros((n, max_context), np.float32)
+        self.rewards = np.zeros((n, max_context), np.float32)
+        self.length = np.zeros(n, np.int64)
+        self.turns = np.zeros(n, np.int32)
+        self.turn_ctx = np.full((n, max_turns), -1, np.int64)
+        self.winner = np.full(n, NO_WINNER, np.int8)
+        self.invalid = np.zeros(n, bool)
+        self.truncated = np.zeros(n, bool)
+
+    def append(self, games, ids, counts, generated: bool, logp=None) -> None:
+        """Game games[k] gets ids[k, :counts[k]] after its current length."""
+        counts = np.asarray(counts, np.int64)
+        valid = np.arange(ids.shape[1])[None, :] < counts[:, None]
+        rows = np.repeat(games, counts)
+        cols = (self.length[games][:, None] + np.arange(ids.shape[1])[None, :])[valid]
+        self.tokens[rows, cols] = ids[valid]
+        self.mask[rows, cols] = generated
+        if logp is not None:
+            self.logp[rows, cols] = logp[valid]
+        self.length[games] += counts
 
 
-def play_games(policy: Policy, envs: Sequence[OpenSpielTextEnv], tokenizer: tokenizers.Tokenizer,
-               cfg: RolloutConfig, rng: jax.Array, seeds: Sequence[int], group_ids: Sequence[int] | None = None,
-               bos_id: int | None = None, progress: Callable[[int, int], Any] | None = None) -> Trajectories:
-    """Play one game per env to the end (or a budget) and return the episodes.
+def _outcomes(winner: np.ndarray, invalid: np.ndarray) -> dict[str, float]:
+    n = max(len(winner), 1)
+    return {"win_rate": float(np.sum(winner == 0)) / n, "loss_rate": float(np.sum(winner == 1)) / n,
+            "draw_rate": float(np.sum(winner == 2)) / n, "invalid_rate": float(np.mean(invalid)) if len(invalid) else 0.0}
 
-    `seeds[i]` resets env i: games of one GRPO group share a seed, so they start from the same
-    position against the same opponent randomness.
-    """
-    n = len(envs)
+
+@dataclasses.dataclass
+class _Group:
+    """Games that decode together: slot r of `policy` holds game games[r] (-1: an empty slot)."""
+
+    policy: Policy
+    games: np.ndarray
+    first_batch: int = 0
+    turn: int = 0
+    fetch: Callable[[], Decoded] | None = None
+    budgets: np.ndarray | None = None
+
+
+def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizers.Tokenizer, cfg: RolloutConfig,
+               rng: jax.Array, seeds: Sequence[int], group_ids: Sequence[int] | None = None,
+               bos_id: int | None = None, codec: ObservationCodec | None = None) -> Trajectories:
+    """Play one game per row of the vector env `env` (`envs.vector.make_vector_env`) to its end (or a budget).
+
+    `seeds[i]` resets game i: games of one GRPO group share a seed, so they start from the same position
+    against the same opponent randomness. `policy`: one policy, or one per pipeline group (games are split
+    in contiguous, equal parts; `cfg.pipeline_groups` is then len(policy))."""
+    policies = [policy] if not isinstance(policy, (list, tuple)) else list(policy)
+    n = len(seeds)
+    if n != env.num_games:
+        raise ValueError(f"{n} seeds for an env of {env.num_games} games")
+    if n % len(policies):
+        raise ValueError(f"{n} games do not split into {len(policies)} pipeline groups")
+    codec = codec or ObservationCodec(tokenizer)
     t_start = time.perf_counter()
-    env_s = 0.0
-    seq: list[list[int]] = [[] for _ in range(n)]
-    mask: list[list[bool]] = [[] for _ in range(n)]
-    logp: list[list[float]] = [[] for _ in range(n)]
-    rew: list[list[float]] = [[] for _ in range(n)]
-    winners: list[str | None] = [None] * n
-    invalid = np.zeros(n, bool)
-    truncated = np.zeros(n, bool)
-    turns = np.zeros(n, np.int32)
-    turn_ctx: list[list[int]] = [[] for _ in range(n)]
+    env_s = wait_s = 0.0
+    decode_rows = 0
+    ep = _Episodes(n, cfg.max_context, cfg.max_turns)
     live = np.ones(n, bool)
 
-    def append(i: int, toks: Sequence[int], gen: bool, lps: Sequence[float] | None = None):
-        seq[i].extend(toks)
-        mask[i].extend([gen] * len(toks))
-        logp[i].extend(lps if lps is not None else [0.0] * len(toks))
-        rew[i].extend([0.0] * len(toks))
-
     t0 = time.perf_counter()
-    first = [env.reset(seed=int(s))[0] for env, s in zip(envs, seeds)]
+    first = env.reset(list(map(int, seeds)))
+    ids, counts = codec.encode_padded(first.obs)
+    if bos_id is not None:
+        ids, counts = np.concatenate([np.full((n, 1), bos_id, np.int32), ids], 1), counts + 1
     env_s += time.perf_counter() - t0
-    prefix = [bos_id] if bos_id is not None else []
-    new_tokens = [prefix + tokenizer.encode(o).ids for o in first]
-    for i, toks in enumerate(new_tokens):
-        if len(toks) + 1 > cfg.max_context:
-            raise ValueError(f"the first observation is {len(toks)} tokens: more than max_context={cfg.max_context}")
-        append(i, toks, False)
-    prompt_tokens = max(len(t) for t in new_tokens)
+    if counts.max() + 1 > cfg.max_context:
+        raise ValueError(f"the first observation is {int(counts.max())} tokens: more than max_context={cfg.max_context}")
+    ep.append(np.arange(n), ids, counts, False)
+    _finish(ep, live, np.arange(n), first)  # games over at reset (possible only in odd games)
+    prompt_tokens = int(counts.max())
     first_cache_len = min(cfg.max_context, prompt_tokens + cfg.max_turn_tokens)
     observation_tokens = 0  # widest later extend: with the prompt's, what the selector's rollout memory estimate needs
-    policy.reset(n, first_cache_len)
-    policy.extend(new_tokens)
 
-    for turn in range(cfg.max_turns):
-        lens = np.array([len(s) for s in seq])
-        budgets = np.where(live, np.minimum(cfg.max_turn_tokens, cfg.max_context - lens), 0)
-        out_of_room = live & (budgets <= 0)
-        truncated |= out_of_room
-        live &= ~out_of_room
-        if not live.any():
-            break
-        for i in np.flatnonzero(live):
-            turn_ctx[i].append(int(lens[i]))
-        generated = policy.generate(budgets.astype(np.int32), jax.random.fold_in(rng, turn))
-        new_tokens = [[] for _ in range(n)]
+    size = n // len(policies)
+    groups = []
+    for k, pol in enumerate(policies):
+        games = np.arange(k * size, (k + 1) * size)
+        pol.reset(size, first_cache_len)
+        pol.extend(ids[games], counts[games])
+        groups.append(_Group(pol, games, first_batch=len(games)))
+
+    def issue(g: _Group) -> None:
+        """Start the group's next decode, or retire it when none of its games can go on."""
+        nonlocal decode_rows, wait_s
+        slots = np.flatnonzero(g.games >= 0)
+        games = g.games[slots]
+        going = live[games]
+        if g.turn >= cfg.max_turns:
+            ep.truncated[games[going]] = True
+            live[games] = False
+            going[:] = False
+        room = cfg.max_context - ep.length[games]
+        out_of_room = going & (room <= 0)
+        ep.truncated[games[out_of_room]] = True
+        live[games[out_of_room]] = False
+        going &= ~out_of_room
+        if not going.any():
+            g.fetch = None
+            return
+        budgets = np.zeros(len(g.games), np.int32)
+        budgets[slots[going]] = np.minimum(cfg.max_turn_tokens, room[going])
+        ep.turn_ctx[games[going], g.turn] = ep.length[games[going]]
+        row_ids = np.where(g.games >= 0, g.games, 0).astype(np.int32)
+        g.budgets = budgets
+        g.fetch = g.policy.generate(budgets, jax.random.fold_in(rng, g.turn), row_ids)
+        decode_rows += len(g.games)
+        if not cfg.overlap:  # the reference schedule: nothing else runs while this group decodes
+            t0 = time.perf_counter()
+            g.fetch = _ready(g.fetch())
+            wait_s += time.perf_counter() - t0
+
+    def advance(g: _Group, out: Decoded) -> None:
+        """Write the group's answers, step its games, extend the survivors' caches, maybe compact."""
+        nonlocal env_s, observation_tokens
+        slots = np.flatnonzero(g.budgets > 0)
+        games = g.games[slots]
+        ep.append(games, out.tokens[slots], out.counts[slots], True, out.logprobs[slots])
+        ep.turns[games] += 1
         t0 = time.perf_counter()
-        for i in np.flatnonzero(live):
-            toks, lps, _ = generated[i]
-            append(i, toks, True, lps)
-            turns[i] += 1
-            answer = tokenizer.decode(toks, skip_special_tokens=True)
-            obs, reward, term, trunc, info = envs[i].step(answer)
-            rew[i][-1] += reward  # the turn's reward sits on its last generated token
-            if term or trunc:
-                live[i] = False
-                winners[i] = info.get("winner")
-                invalid[i] = bool(info.get("invalid", False)) and term
-                truncated[i] |= trunc and not term
-                continue
-            obs_ids = tokenizer.encode(obs).ids
-            if len(seq[i]) + len(obs_ids) + 1 > cfg.max_context:  # no room to answer the next turn
-                live[i] = False
-                truncated[i] = True
-                continue
-            append(i, obs_ids, False)
-            new_tokens[i] = obs_ids
+        answers = [row[:c] for row, c in zip(out.tokens[slots].tolist(), out.counts[slots].tolist())]
+        if getattr(env, "accepts_moves", False):
+            step = env.step(games, moves=codec.answers_to_moves(answers))
+        else:
+            step = env.step(games, codec.decode(answers))
+        last = ep.length[games] - 1
+        np.add.at(ep.rewards, (games, last), step.reward.astype(np.float32))  # the turn's reward: its last token
+        done = step.terminated | step.truncated
+        _finish(ep, live, games, step)
+        going = ~done
+        obs = [o for o, k in zip(step.obs, going.tolist()) if k]
+        ids, counts = codec.encode_padded(obs) if obs else (np.zeros((0, 0), np.int32), np.zeros(0, np.int64))
         env_s += time.perf_counter() - t0
-        if progress is not None:
-            progress(turn + 1, int(live.sum()))
-        if not live.any():
-            break
-        observation_tokens = max(observation_tokens, max(len(t) for t in new_tokens))
-        policy.extend(new_tokens)
-    truncated |= live  # still playing after max_turns
+        cont_games, cont_slots = games[going], slots[going]
+        no_room = ep.length[cont_games] + counts + 1 > cfg.max_context  # no room to answer the next turn
+        ep.truncated[cont_games[no_room]] = True
+        live[cont_games[no_room]] = False
+        keep = ~no_room
+        if keep.any():
+            ep.append(cont_games[keep], ids[keep], counts[keep], False)
+            observation_tokens = max(observation_tokens, int(counts[keep].max()))
+            new = np.zeros((len(g.games), ids.shape[1]), np.int32)
+            new_counts = np.zeros(len(g.games), np.int32)
+            new[cont_slots[keep]], new_counts[cont_slots[keep]] = ids[keep], counts[keep]
+            g.policy.extend(new, new_counts)
+        g.turn += 1
+        if cfg.compact:
+            _compact(g, live, cfg.min_batch)
 
-    lengths = np.array([len(s) for s in seq], np.int32)
-    t_len = int(lengths.max())
-    pad = lambda rows, dtype: np.array([r + [0] * (t_len - len(r)) for r in rows], dtype)  # noqa: E731
-    rewards = pad(rew, np.float32)
-    all_ctx = [c for row in turn_ctx for c in row] or [0]
-    total_s = time.perf_counter() - t_start
-    stats = {
-        **_outcome_stats(winners, invalid),
-        "context_len_mean": float(np.mean(lengths)),
-        "context_len_max": float(np.max(lengths)),
-        "turn_context_len_mean": float(np.mean(all_ctx)),
-        "turns_mean": float(np.mean(turns)),
-        "truncated_rate": float(np.mean(truncated)),
-        "generated_tokens": float(sum(sum(m) for m in mask)),
-        "tokens": float(lengths.sum()),
-        "env_s": env_s,
-        "rollout_s": total_s,
-        "prompt_tokens": float(prompt_tokens),
-        "first_cache_len": float(first_cache_len),
-        "observation_tokens": float(observation_tokens),
-    }
+    for g in groups:
+        issue(g)
+    while any(g.fetch is not None for g in groups):
+        for g in groups:
+            if g.fetch is None:
+                continue
+            t0 = time.perf_counter()
+            out = g.fetch()
+            wait_s += time.perf_counter() - t0
+            advance(g, out)
+            issue(g)
+    ep.truncated |= live  # still playing after max_turns
+
+    t_len = int(ep.length.max())
+    ctx = ep.turn_ctx[ep.turn_ctx >= 0]
+    stats = RolloutStats(
+        **_outcomes(ep.winner, ep.invalid), context_len_mean=float(ep.length.mean()),
+        context_len_max=int(ep.length.max()), turn_context_len_mean=float(ctx.mean()) if len(ctx) else 0.0,
+        turns_mean=float(ep.turns.mean()), truncated_rate=float(ep.truncated.mean()),
+        generated_tokens=int(ep.mask.sum()), tokens=int(ep.length.sum()), env_s=env_s, wait_s=wait_s,
+        rollout_s=time.perf_counter() - t_start, decode_rows=decode_rows, prompt_tokens=prompt_tokens,
+        first_cache_len=first_cache_len, observation_tokens=observation_tokens)
+    rewards = ep.rewards[:, :t_len]
     return Trajectories(
-        tokens=pad(seq, np.int32), loss_mask=pad(mask, bool), logprobs=pad(logp, np.float32), rewards=rewards,
-        lengths=lengths, returns=rewards.sum(1), num_turns=turns, truncated=truncated,
+        tokens=ep.tokens[:, :t_len], loss_mask=ep.mask[:, :t_len], logprobs=ep.logp[:, :t_len], rewards=rewards,
+        lengths=ep.length.astype(np.int32), returns=rewards.sum(1), num_turns=ep.turns, truncated=ep.truncated,
         group_ids=np.asarray(group_ids if group_ids is not None else np.arange(n), np.int32),
-        winners=winners, invalid=invalid, turn_context_lens=turn_ctx, stats=stats)
+        winners=[None if w == NO_WINNER else WINNERS[w] for w in ep.winner.tolist()], invalid=ep.invalid,
+        turn_context_lens=[row[row >= 0].tolist() for row in ep.turn_ctx], stats=stats)
+
+
+def _ready(out: Decoded) -> Callable[[], Decoded]:
+    return lambda: out
+
+
+def _finish(ep: _Episodes, live: np.ndarray, games: np.ndarray, step) -> None:
+    """Record the games `step` ended: winner, forfeit, truncation."""
+    done = step.terminated | step.truncated
+    if not done.any():
+        return
+    ended = games[done]
+    live[ended] = False
+    ep.winner[ended] = step.winner[done]
+    ep.invalid[ended] = step.invalid[done] & step.terminated[done]
+    ep.truncated[ended] |= step.truncated[done] & ~step.terminated[done]
+
+
+COMPACT_FACTOR = 4  # a batch shrinks by 4x at a time...
+COMPACT_LEVELS = 2  # ...at most twice (B -> B/4 -> B/16): each level compiles its own decode / extend programs
+
+
+def _compact(g: _Group, live: np.ndarray, min_batch: int) -> None:
+    """Gather the live games into a 4x smaller batch once three quarters of the batch has finished. Decode
+    programs are compiled per batch size, so the sizes are few: B, B/4, B/16 (B the group's first batch)."""
+    slots = np.flatnonzero((g.games >= 0) & live[np.maximum(g.games, 0)])
+    batch = len(g.games)
+    floor = max(min_batch, g.first_batch // COMPACT_FACTOR ** COMPACT_LEVELS)
+    target = batch // COMPACT_FACTOR
+    if not len(slots) or len(slots) > target or target < floor or target % min_batch:
+        return
+    g.policy.take_rows(slots, target)
+    games = np.full(target, -1, np.int64)
+    games[:len(slots)] = g.games[slots]
+    g.games = games
 
 
 class ScriptedPolicy:
@@ -196,20 +356,25 @@ class ScriptedPolicy:
         self.answer, self.tokenizer, self.stop_id = answer, tokenizer, stop_id
 
     def reset(self, batch: int, max_len: int) -> None:
-        self.context = [[] for _ in range(batch)]
+        self.context: list[list[int]] = [[] for _ in range(batch)]
 
-    def extend(self, new_tokens):
-        for row, toks in zip(self.context, new_tokens):
-            row.extend(toks)
+    def extend(self, tokens, counts) -> None:
+        for row, toks, c in zip(self.context, np.asarray(tokens).tolist(), np.asarray(counts).tolist()):
+            row.extend(toks[:c])
 
-    def generate(self, budgets, rng):
-        out = []
-        for row, budget in zip(self.context, budgets):
+    def generate(self, budgets, rng, row_ids) -> Callable[[], Decoded]:
+        width = max(1, int(np.max(budgets, initial=0)))
+        b = len(self.context)
+        tokens, counts = np.zeros((b, width), np.int32), np.zeros(b, np.int32)
+        stopped = np.zeros(b, bool)
+        for r, (row, budget) in enumerate(zip(self.context, np.asarray(budgets).tolist())):
             if budget <= 0:
-                out.append(([], [], False))
                 continue
             text = self.tokenizer.decode(row, skip_special_tokens=True)
             toks = (self.tokenizer.encode(self.answer(text), add_special_tokens=False).ids + [self.stop_id])[:budget]
             row.extend(toks)
-            out.append((toks, [0.0] * len(toks), toks[-1] == self.stop_id))
-        return out
+            tokens[r, :len(toks)], counts[r], stopped[r] = toks, len(toks), toks[-1] == self.stop_id
+        return _ready(Decoded(tokens, np.zeros(tokens.shape, np.float32), counts, stopped))
+
+    def take_rows(self, rows, batch: int) -> None:
+        self.context = [self.context[r] for r in rows] + [[] for _ in range(batch - len(rows))]

@@ -73,8 +73,7 @@ def _rms_norm(x, scale, eps):
 
 
 def decode_hidden(model: Qwen2, w: DecodeWeights, tokens: Int[Array, "b"], positions: Int[Array, "b"],
-                  cache: KVCache, *, interpret: bool = False, rope_in_kernel: bool = False
-                  ) -> tuple[Float[Array, "b d"], KVCache]:
+                  cache: KVCache, *, interpret: bool = False) -> tuple[Float[Array, "b d"], KVCache]:
     """Final-norm hidden state after one token per row at `positions` (>= cache length: no write)."""
     cfg: ModelConfig = model.cfg
     n, kv, h, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.dim_per_head, cfg.hidden_size
@@ -88,11 +87,9 @@ def decode_hidden(model: Qwen2, w: DecodeWeights, tokens: Int[Array, "b"], posit
             y = y + lw.qkv_bias
         nq, nk = kv * gp * h, kv * h
         q, k, v = y[:, :nq].reshape(b, kv, gp, h), y[:, nq:nq + nk].reshape(b, kv, h), y[:, nq + nk:].reshape(b, kv, h)
-        if not rope_in_kernel:
-            q = rope(q.reshape(b, 1, kv * gp, h), positions[:, None], cfg.rope_theta).reshape(b, kv, gp, h)
-            k = rope(k.reshape(b, 1, kv, h), positions[:, None], cfg.rope_theta).reshape(b, kv, h)
-        o, lc = write_and_attend_grouped(q, k, v, lc, positions, interpret=interpret,
-                                         rope_theta=cfg.rope_theta if rope_in_kernel else None)
+        q = rope(q.reshape(b, 1, kv * gp, h), positions[:, None], cfg.rope_theta).reshape(b, kv, gp, h)
+        k = rope(k.reshape(b, 1, kv, h), positions[:, None], cfg.rope_theta).reshape(b, kv, h)
+        o, lc = write_and_attend_grouped(q, k, v, lc, positions, interpret=interpret)
         new_layers.append(lc)
         x = x + o.reshape(b, nq) @ lw.out
         gu = _rms_norm(x, lw.post_norm, cfg.rms_norm_eps) @ lw.gate_up

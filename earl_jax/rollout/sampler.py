@@ -14,7 +14,8 @@ Decode step implementations (`decode_attention`): on one GPU ("auto" -> "step") 
 `decode_step.decode_hidden`, whose weights are laid out once per `generate` call and whose cache write +
 attention is one Pallas kernel (`decode_attention.write_and_attend_grouped`) reading only each row's
 valid cache prefix; on a mesh ("xla") it is the model's own `hidden` under the stage's sharding rules.
-Both are tested against full forwards. Measurements: experiments/results/bench_rollout_notes.md.
+Both are tested against each other and against full forwards ("step_interpret" runs the kernel on CPU).
+Measurements: experiments/results/bench_rollout_notes.md.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
-import functools
 from typing import Any, Sequence
 
 import jax
@@ -35,12 +35,11 @@ from jaxtyping import Array, Bool, Float, Int
 from earl_jax.distributed import host_to_global
 from earl_jax.models.cache import KVCache, LayerCache, cache_shardings, init_cache
 from earl_jax.models.config import ModelConfig
-from earl_jax.models.qwen2 import use_decode_attention
-from earl_jax.parallel.context import use_mesh_rules
-from earl_jax.parallel.mesh import Rules, logical_sharding
+from earl_jax.sharding.context import use_mesh_rules
+from earl_jax.sharding.mesh import Rules, logical_sharding
 from earl_jax.rollout import decode_step
-from earl_jax.rollout.decode_attention import block_size, decode_attention, write_and_attend
-from earl_jax.rollout.sampling import SamplingConfig, sample_logits
+from earl_jax.rollout.decode_attention import block_size
+from earl_jax.rollout.sampling import SamplingConfig, program_key, runtime_values, sample_logits
 
 DEFAULT_LENGTH_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_CACHE_BUCKETS = (128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384,
@@ -82,7 +81,7 @@ def bucket(n: int, buckets: Sequence[int]) -> int:
     return -(-n // top) * top
 
 
-def _cast_weights(params: nnx.State, dtype) -> nnx.State:
+def cast_weights(params: nnx.State, dtype) -> nnx.State:
     """Matrices to the compute dtype once (the model casts them at every use anyway, so numerics are
     unchanged); vectors (norm scales, biases) stay as they are, since RMSNorm applies scales in float32."""
     def one(x):
@@ -103,16 +102,12 @@ class Sampler:
         self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, rules
         self.cache_dtype = cache_dtype
         self.steps_per_check = steps_per_check  # decode steps per while_loop iteration (early-exit check)
-        # "pallas": flash-decoding kernel after XLA's cache write; "fused": one kernel writes the new k/v in
-        # place and attends (one device; GPU, or CPU with the *_interpret variants for tests);
-        # "step": the fused kernel inside decode_step.decode_hidden (weights laid out once per call);
-        # "steprope": the same with RoPE applied inside the kernel;
-        # "xla": plain XLA ops (any mesh); "auto": step on a single GPU, else xla.
+        # "step": decode_step.decode_hidden with the fused write+attend kernel (one device; "step_interpret"
+        # runs it on CPU for tests); "xla": the model's own forward (any mesh); "auto": step on one GPU, else xla.
         if decode_attention == "auto":
             single = mesh is None or mesh.devices.size == 1
             decode_attention = "step" if single and jax.default_backend() == "gpu" else "xla"
-        if decode_attention not in ("xla", "pallas", "pallas_interpret", "fused", "fused_interpret", "step",
-                                    "step_interpret", "steprope", "steprope_interpret"):
+        if decode_attention not in ("xla", "step", "step_interpret"):
             raise ValueError(f"Sampler: unknown decode_attention {decode_attention!r}")
         self.decode_attention = decode_attention
         self.length_buckets = tuple(sorted(length_buckets))
@@ -120,6 +115,7 @@ class Sampler:
         self._traces = 0
         self._init = jax.jit(self._init_impl, static_argnums=(0, 1))
         self._grow = jax.jit(self._grow_impl, static_argnums=(1,))
+        self._take = jax.jit(self._take_impl, static_argnums=(2,))  # a new batch size: nothing to donate into
         # XLA options for the extend / generate programs only (e.g. {"xla_gpu_enable_triton_gemm": False}).
         opts = dict(compiler_options) if compiler_options else None
         self._extend = jax.jit(self._extend_impl, donate_argnums=(1,), compiler_options=opts)
@@ -142,6 +138,17 @@ class Sampler:
             return state
         return self._grow(state, bucket(needed_len, self.cache_buckets))
 
+    def take_rows(self, state: SamplerState, rows, batch: int) -> SamplerState:
+        """A state of `batch` rows holding `state`'s rows `rows` in that order (then empty rows): finished
+        games leave the decode batch. `state` is donated."""
+        rows = np.asarray(rows, np.int32)
+        if len(rows) > batch:
+            raise ValueError(f"take_rows: {len(rows)} rows do not fit a batch of {batch}")
+        idx = np.zeros(batch, np.int32)
+        idx[:len(rows)] = rows
+        valid = np.arange(batch) < len(rows)
+        return self._take(state, self._put(idx, ("batch",)), batch, self._put(valid, ("batch",)))
+
     def extend(self, params: nnx.State, state: SamplerState, tokens, num_new) -> SamplerState:
         """Append row b's first num_new[b] tokens at positions lengths[b]...; rows with num_new == 0 are
         unchanged. Updates next_logits of the extended rows. Prefill == extend on an empty state.
@@ -159,16 +166,24 @@ class Sampler:
         return self._extend(params, state, self._put(tokens, ("batch", "length")), self._put(num_new, ("batch",)))
 
     def generate(self, params: nnx.State, state: SamplerState, rng: jax.Array, *, max_new_tokens: int,
-                 budget, stop_tokens: tuple[int, ...] = (), sampling: SamplingConfig = SamplingConfig()
-                 ) -> tuple[SamplerState, Generation]:
+                 budget, stop_tokens: tuple[int, ...] = (), sampling: SamplingConfig = SamplingConfig(),
+                 row_ids=None) -> tuple[SamplerState, Generation]:
         """Decode up to min(budget[b], max_new_tokens, free cache slots) tokens per row, lock-step, in
         one jitted while_loop. A row ends at a stop token (fed into the cache and counted) or its budget;
-        rows with budget 0 and finished rows do not advance. `state` is donated."""
+        rows with budget 0 and finished rows do not advance. `state` is donated.
+
+        With `row_ids` ([b] ints, e.g. game ids) row r draws its tokens from fold_in(rng, row_ids[r]) alone,
+        so what a row samples does not depend on which rows share its batch, or where it sits in it
+        (compaction, pipelined halves); without, the batch draws from `rng` as a whole. Asynchronous: the
+        returned arrays are device arrays still being computed."""
         budget = self._put(np.broadcast_to(np.asarray(budget, np.int32), (state.batch_size,)), ("batch",))
         n_bucket = bucket(max(int(max_new_tokens), 1), self.length_buckets)
         stop_tokens = tuple(int(s) for s in stop_tokens)
-        state, gen = self._generate(params, state, rng, budget, n_bucket, stop_tokens, sampling,
-                                    jnp.int32(max_new_tokens))
+        if row_ids is not None:
+            row_ids = self._put(np.asarray(row_ids, np.int32), ("batch",))
+        temperature, greedy = runtime_values(sampling)  # runtime values: greedy and sampled share programs
+        state, gen = self._generate(params, state, rng, budget, n_bucket, stop_tokens, program_key(sampling),
+                                    jnp.int32(max_new_tokens), row_ids, temperature, greedy)
         if n_bucket != max_new_tokens:
             gen = Generation(gen.tokens[:, :max_new_tokens], gen.logprobs[:, :max_new_tokens],
                              gen.num_tokens, gen.stopped)
@@ -198,23 +213,10 @@ class Sampler:
 
     def _model(self, params):
         dtype = nnx.merge(self.graphdef, params).dtype
-        return nnx.merge(self.graphdef, _cast_weights(params, dtype))
+        return nnx.merge(self.graphdef, cast_weights(params, dtype))
 
     def _ctx(self):
         return contextlib.nullcontext() if self.mesh is None else use_mesh_rules(self.mesh, self.rules)
-
-    def _attention_ctx(self, cache_len: int):
-        if self.decode_attention == "xla" or self.decode_attention.startswith("step") or block_size(cache_len) is None:
-            return contextlib.nullcontext()
-        interpret = self.decode_attention.endswith("_interpret")
-        if self.decode_attention.startswith("fused"):
-            return use_decode_attention(functools.partial(write_and_attend, interpret=interpret))
-        attend = functools.partial(decode_attention, interpret=interpret)
-
-        def write_then_attend(q, k, v, cache, positions):
-            cache = cache.write(k, v, positions)
-            return attend(q, cache.k, cache.v, positions), cache
-        return use_decode_attention(write_then_attend)
 
     # ---- traced programs ---------------------------------------------------------------------------
     def _init_impl(self, batch: int, max_len: int) -> SamplerState:
@@ -232,6 +234,14 @@ class Sampler:
             grow = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0)))  # b k s h
             cache = KVCache(tuple(LayerCache(grow(l.k), grow(l.v)) for l in state.cache.layers))
             return self._constrain_state(SamplerState(cache, state.lengths, state.next_logits))
+
+    def _take_impl(self, state: SamplerState, idx, batch: int, valid) -> SamplerState:
+        self._traces += 1
+        with self._ctx():
+            cache = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), state.cache)
+            lengths = jnp.where(valid, jnp.take(state.lengths, idx), 0)
+            logits = jnp.where(valid[:, None], jnp.take(state.next_logits, idx, axis=0), 0.0)
+            return self._constrain_state(SamplerState(cache, lengths, logits))
 
     def _extend_impl(self, params, state: SamplerState, tokens, num_new) -> SamplerState:
         self._traces += 1
@@ -251,9 +261,9 @@ class Sampler:
             return self._constrain_state(SamplerState(cache, state.lengths + num_new, next_logits))
 
     def _generate_impl(self, params, state: SamplerState, rng, budget, n: int, stop_tokens: tuple[int, ...],
-                       sampling: SamplingConfig, max_new_tokens):
+                       sampling: SamplingConfig, max_new_tokens, row_ids, temperature, greedy):
         self._traces += 1
-        with self._ctx(), self._attention_ctx(state.cache.max_len):
+        with self._ctx():
             model = self._model(params)
             b = state.lengths.shape[0]
             s = state.cache.max_len
@@ -262,12 +272,20 @@ class Sampler:
             stops = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
             use_step = self.decode_attention.startswith("step") and block_size(s) is not None
             weights = decode_step.prepare(model) if use_step else None
+            if row_ids is not None:  # each row's own stream: draw i of row r is fold_in(fold_in(rng, id_r), i)
+                row_keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(row_ids)
+
+            def draw(rng, i):
+                """(the key(s) for draw i, the carried rng)."""
+                if row_ids is None:
+                    rng, key = jax.random.split(rng)
+                    return key, rng
+                return jax.vmap(lambda k: jax.random.fold_in(k, i))(row_keys), rng
 
             def hidden(tok, positions, cache):  # [b], [b] -> h [b, 1, d]
                 if use_step:
                     h, cache = decode_step.decode_hidden(
-                        model, weights, tok, positions, cache, interpret=self.decode_attention.endswith("_interpret"),
-                        rope_in_kernel=self.decode_attention.startswith("steprope"))
+                        model, weights, tok, positions, cache, interpret=self.decode_attention.endswith("_interpret"))
                     return h[:, None], cache
                 return model.hidden(self._constrain(tok[:, None], ("batch", "length")), positions[:, None], cache)
 
@@ -287,8 +305,8 @@ class Sampler:
                 hit = active & jnp.any(tok[:, None] == stops[None], axis=-1) & bool(stop_tokens)
                 stopped = stopped | hit
                 done = done | hit | (num >= limit)
-                rng, key = jax.random.split(rng)
-                tok, lp = sample_logits(key, model.logits(h)[:, 0], sampling)
+                key, rng = draw(rng, step + 1)
+                tok, lp = sample_logits(key, model.logits(h)[:, 0], sampling, temperature, greedy)
                 return step + 1, cache, lengths, h_last, rng, tok, lp, toks, lps, num, stopped, done
 
             def cond(c):
@@ -300,8 +318,8 @@ class Sampler:
                     c = step_fn(c)
                 return c
 
-            rng, key = jax.random.split(rng)
-            tok, lp = sample_logits(key, state.next_logits, sampling)
+            key, rng = draw(rng, 0)
+            tok, lp = sample_logits(key, state.next_logits, sampling, temperature, greedy)
             width = n + k_steps - 1  # room for the unrolled steps past n (sliced off below)
             toks = self._constrain(jnp.full((b, width), PAD_TOKEN, jnp.int32), ("batch", None))
             lps = self._constrain(jnp.zeros((b, width), jnp.float32), ("batch", None))

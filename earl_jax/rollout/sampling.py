@@ -59,6 +59,14 @@ def _num_chunks(v: int, cap: int = 128) -> int:
     return c
 
 
+def _uniform_rows(rng: jax.Array, b: int) -> Float[Array, "b"]:
+    """One uniform per row: from one key, or from each row's own key (then a row's draw does not depend on
+    which other rows share its batch)."""
+    if rng.ndim == 0:
+        return jax.random.uniform(rng, (b,), jnp.float32)
+    return jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(rng)
+
+
 def _sample_inverse_cdf(rng: jax.Array, scaled: Float[Array, "b v"]) -> tuple[Int[Array, "b"], Float[Array, "b"]]:
     """Exact categorical draw by inverting the CDF, two passes over the logits (max; per-chunk sums of
     exp) plus work on one chunk per row; one uniform per row instead of a Gumbel per vocab entry, and the
@@ -71,7 +79,7 @@ def _sample_inverse_cdf(rng: jax.Array, scaled: Float[Array, "b v"]) -> tuple[In
     chunk = jnp.sum(e, axis=-1)  # b c
     cum = jnp.cumsum(chunk, axis=-1)
     total = cum[:, -1]
-    u = jax.random.uniform(rng, (b,), jnp.float32) * total
+    u = _uniform_rows(rng, b) * total
     ci = jnp.minimum(jnp.sum(cum <= u[:, None], axis=-1), c - 1)  # chunk holding u
     before = jnp.where(ci > 0, jnp.take_along_axis(cum, jnp.maximum(ci - 1, 0)[:, None], axis=-1)[:, 0], 0.0)
     within = jnp.take_along_axis(e, ci[:, None, None], axis=1)[:, 0]  # b cs
@@ -83,20 +91,45 @@ def _sample_inverse_cdf(rng: jax.Array, scaled: Float[Array, "b v"]) -> tuple[In
     return (ci * cs + wi).astype(jnp.int32), m[:, 0] + jnp.log(total)
 
 
-def sample_logits(rng: jax.Array, logits: Float[Array, "b v"], cfg: SamplingConfig
+def program_key(cfg: SamplingConfig) -> SamplingConfig:
+    """What a compiled decode program depends on: top-k / top-p change its ops. Temperature and greedy are
+    runtime values (`runtime_values`), so greedy evaluations and sampled rollouts share one program per shape
+    (the CPU default's first iteration compiled its decode loops twice, once per mode)."""
+    return SamplingConfig(top_k=cfg.top_k, top_p=cfg.top_p)
+
+
+def runtime_values(cfg: SamplingConfig) -> tuple[jax.Array, jax.Array]:
+    """(temperature, greedy) as arrays for `sample_logits`; temperature <= 0 counts as 1 (greedy log-probs)."""
+    return jnp.float32(cfg.temperature if cfg.temperature > 0 else 1.0), jnp.bool_(cfg.is_greedy)
+
+
+def sample_logits(rng: jax.Array, logits: Float[Array, "b v"], cfg: SamplingConfig,
+                  temperature: jax.Array | None = None, greedy: jax.Array | None = None
                   ) -> tuple[Int[Array, "b"], Float[Array, "b"]]:
-    """One token per row and its log-prob under log_softmax(logits / temperature) (untruncated)."""
+    """One token per row and its log-prob under log_softmax(logits / temperature) (untruncated). `rng` is one
+    key for the batch, or a key per row ([b]). Given `temperature` and `greedy` (traced values, see
+    `runtime_values`), they replace cfg's and both modes run in the same program: the draw is made and, when
+    greedy, replaced by the argmax."""
     logits = logits.astype(jnp.float32)
-    temperature = cfg.temperature if cfg.temperature > 0 else 1.0
-    scaled = logits / temperature if temperature != 1.0 else logits
+    if temperature is None:
+        temperature = cfg.temperature if cfg.temperature > 0 else 1.0
+        scaled = logits / temperature if temperature != 1.0 else logits
+        greedy = cfg.is_greedy
+    else:
+        scaled = logits / temperature
     lse = None
-    if cfg.is_greedy:
+    if greedy is True:
         tokens = jnp.argmax(scaled, axis=-1)
     elif cfg.top_k == 0 and cfg.top_p >= 1.0:
         tokens, lse = _sample_inverse_cdf(rng, scaled)
     else:
         masked = _truncate(scaled, cfg.top_k, cfg.top_p)
-        tokens = jax.random.categorical(rng, masked, axis=-1)
+        if rng.ndim == 0:
+            tokens = jax.random.categorical(rng, masked, axis=-1)
+        else:
+            tokens = jax.vmap(lambda k, row: jax.random.categorical(k, row))(rng, masked)
+    if greedy is not True and greedy is not False:  # a traced flag: one program for both modes
+        tokens = jnp.where(greedy, jnp.argmax(scaled, axis=-1), tokens)
     tokens = tokens.astype(jnp.int32)
     picked = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0]
     if lse is None:

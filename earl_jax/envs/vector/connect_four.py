@@ -1,0 +1,185 @@
+"""Connect Four rules and depth-limited search on uint64 bitboards, for a whole batch at once.
+
+Bit layout as in `connect_four_search`: column c owns bits c*7 .. c*7+5, bottom row first, and
+bit c*7+6 is an always-empty sentinel, so shifted four-in-a-row tests never wrap into the next
+column. A batch is `stones: uint64[n, 2]` (player 0's stones, player 1's stones); player 0 is
+OpenSpiel's 'x' and moves first. Actions are columns 0..6, OpenSpiel's ids and legal order.
+
+Every function takes and returns arrays over the batch; none loops over games.
+"""
+from __future__ import annotations
+
+import numpy as np
+from jaxtyping import Bool, Int, UInt8, UInt64
+
+from earl_jax.envs import connect_four_search as _ref
+
+ROWS, COLS = 6, 7
+NUM_ACTIONS = COLS
+BOARD_SHAPE = (ROWS, COLS)
+H1 = ROWS + 1
+_U = np.uint64
+BOTTOM: UInt64[np.ndarray, " 7"] = np.array(_ref.BOTTOM, _U)
+TOP: UInt64[np.ndarray, " 7"] = np.array(_ref.TOP, _U)
+COLUMN: UInt64[np.ndarray, " 7"] = np.array(_ref.COLUMN, _U)
+BOARD = _U(_ref.BOARD)
+BOTTOM_ROW = _U(sum(_ref.BOTTOM))
+CENTER = _U(_ref.CENTER)
+ORDER = np.array(_ref.ORDER)  # the reference's search order: its first immediate win is the one it plays
+WIN = _ref.WIN
+MAX_LEAVES = 1 << 22  # positions searched at once, at most (x 8 bytes, a few arrays): ~100 MB at depth 5
+DIRECTIONS = tuple(_U(d) for d in (1, H1, H1 - 1, H1 + 1))  # vertical, horizontal, two diagonals
+# Cell k of the printed board (top row first, left to right) is bit PRINT_BITS[k].
+PRINT_BITS: UInt64[np.ndarray, " 42"] = np.array(
+    [c * H1 + r for r in reversed(range(ROWS)) for c in range(COLS)], _U
+)
+
+
+# ---- rules ----------------------------------------------------------------------------------------
+def legal_mask(stones: UInt64[np.ndarray, "n 2"]) -> Bool[np.ndarray, "n 7"]:
+    """Columns with room left."""
+    mask = stones[:, 0] | stones[:, 1]
+    return (mask[:, None] & TOP) == 0
+
+
+def drop(stones: UInt64[np.ndarray, "n 2"], actions: Int[np.ndarray, " n"]) -> UInt64[np.ndarray, " n"]:
+    """The bit a stone dropped into each row's column lands on (0 if the column is full)."""
+    mask = stones[:, 0] | stones[:, 1]
+    return (mask + BOTTOM[actions]) & COLUMN[actions]
+
+
+def is_win(p: UInt64[np.ndarray, " n"]) -> Bool[np.ndarray, " n"]:
+    """Four in a row in any direction: `connect_four_search.is_win`, batched."""
+    win = np.zeros(p.shape, bool)
+    for d in DIRECTIONS:
+        m = p & (p >> d)
+        win |= (m & (m >> (d + d))) != 0
+    return win
+
+
+def is_full(stones: UInt64[np.ndarray, "n 2"]) -> Bool[np.ndarray, " n"]:
+    return (stones[:, 0] | stones[:, 1]) == BOARD
+
+
+def print_index(bits: UInt64[np.ndarray, " n"]) -> Int[np.ndarray, " n"]:
+    """Where single-stone bitboards sit on the printed board (top row first): the inverse of PRINT_BITS."""
+    i = np.bitwise_count(bits - _U(1)).astype(np.int64)  # the bit's index
+    return (ROWS - 1 - i % H1) * COLS + i // H1
+
+
+def cells(stones: UInt64[np.ndarray, "n 2"]) -> UInt8[np.ndarray, "n 42"]:
+    """The printed board, top row first: 0 empty, 1 player 0 ('x'), 2 player 1 ('o')."""
+    p0 = (stones[:, 0, None] >> PRINT_BITS) & _U(1)
+    p1 = (stones[:, 1, None] >> PRINT_BITS) & _U(1)
+    return (p0 + 2 * p1).astype(np.uint8)
+
+
+# ---- search -------------------------------------------------------------------------------------
+def _winning_cells(p: UInt64[np.ndarray, " n"], mask: UInt64[np.ndarray, " n"]) -> UInt64[np.ndarray, " n"]:
+    """Empty cells where a stone of p completes four (Pascal Pons' formula): one pass per direction
+    instead of one `is_win` per candidate move."""
+    r = (p << _U(1)) & (p << _U(2)) & (p << _U(3))  # vertical: only three below can complete it
+    for d in DIRECTIONS[1:]:
+        d2, d3 = d + d, d + d + d
+        left = (p << d) & (p << d2)
+        r |= left & (p << d3)
+        r |= left & (p >> d)
+        right = (p >> d) & (p >> d2)
+        r |= right & (p << d)
+        r |= right & (p >> d3)
+    return r & (BOARD ^ mask)
+
+
+def evaluate(me: UInt64[np.ndarray, " n"], opp: UInt64[np.ndarray, " n"]) -> Int[np.ndarray, " n"]:
+    """`connect_four_search.evaluate`, batched: open threes and centre stones, mine minus theirs.
+
+    A window of four holds three stones and one empty cell in at most one way, so the reference's
+    four counts per direction are one count of the OR of its four patterns (a third of the work).
+    """
+    empty = BOARD & ~(me | opp)
+    threes = np.zeros(me.shape, np.int64)
+    for d in DIRECTIONS:
+        e1, e2, e3 = empty >> d, empty >> (d + d), empty >> (d + d + d)
+        for p, sign in ((me, 1), (opp, -1)):
+            p1, p2, p3 = p >> d, p >> (d + d), p >> (d + d + d)
+            p23, p01 = p2 & p3, p & p1
+            windows = (empty & p1 & p23) | (p & e1 & p23) | (p01 & e2 & p3) | (p01 & p2 & e3)
+            if sign > 0:
+                threes += np.bitwise_count(windows)
+            else:
+                threes -= np.bitwise_count(windows)
+    centre = np.bitwise_count(me & CENTER).astype(np.int64) - np.bitwise_count(opp & CENTER)
+    return 8 * threes + 3 * centre
+
+
+def _values(me: UInt64[np.ndarray, " m"], opp: UInt64[np.ndarray, " m"], depth: int, ply: int) -> Int[np.ndarray, " m"]:
+    """What `connect_four_search._negamax` returns with a full window, for every position at once.
+
+    Full width, no pruning: alpha-beta with a full window returns the exact minimax value, so this
+    is the same number. Node order as in the reference: full board 0, then an immediate win
+    (WIN - ply - 1) before the depth test, then the best child. `depth` >= 1 (leaves: `_child_scores`).
+    """
+    mask = me | opp
+    moves = (mask + BOTTOM_ROW) & BOARD
+    win = (_winning_cells(me, mask) & moves) != 0
+    value = np.where(win, WIN - ply - 1, 0).astype(np.int64)
+    open_ = np.flatnonzero((moves != 0) & ~win)  # only these need their children
+    value[open_] = _child_scores(me[open_], opp[open_], depth - 1, ply + 1).max(1)
+    return value
+
+
+def _child_scores(me: UInt64[np.ndarray, " k"], opp: UInt64[np.ndarray, " k"], depth: int, ply: int
+                  ) -> Int[np.ndarray, "k 7"]:
+    """Minus the value of each child (me plays column c; the child is at `ply`, `depth` plies left to
+    search), -2 WIN for a full column. Leaves (depth 0) are scored from the parent: the child's side to
+    move is `opp`, whose winning cells do not change when me fills a cell, so one `_winning_cells` per
+    parent serves its seven children."""
+    mask = me | opp
+    bits = (mask[:, None] + BOTTOM) & COLUMN  # (k, 7): the landing bit per column, 0 if full
+    legal = bits != 0
+    child_me = np.broadcast_to(opp[:, None], bits.shape)
+    child_opp = me[:, None] | bits
+    scores = np.full(bits.shape, -2 * WIN, np.int64)
+    if depth > 0:
+        scores[legal] = -_values(child_me[legal], child_opp[legal], depth, ply)
+        return scores
+    moves = (mask + BOTTOM_ROW) & BOARD
+    child_moves = (moves[:, None] & ~bits) | ((bits << _U(1)) & BOARD)  # the cell above replaces bit
+    child_win = (_winning_cells(opp, mask)[:, None] & child_moves) != 0  # a full board has no moves: 0
+    values = np.where(child_win, WIN - ply - 1, 0).astype(np.int64)
+    scored = legal & ~child_win & (child_moves != 0)
+    values[scored] = evaluate(child_me[scored], child_opp[scored])
+    scores[legal] = -values[legal]
+    return scores
+
+
+def best_moves(me: UInt64[np.ndarray, " n"], opp: UInt64[np.ndarray, " n"], depth: int
+               ) -> tuple[Bool[np.ndarray, "n 7"], Int[np.ndarray, " n"]]:
+    """`connect_four_search.best_moves` for n positions (me to move): (best columns as a mask, score).
+
+    An immediate win is returned alone: the first winning column in `ORDER`, score WIN - 1. Else the
+    columns whose depth-limited minimax score is the best. Cost grows 7x per ply: see the
+    `earl_jax.envs.vector` docstring for timings.
+    """
+    if depth < 1:
+        raise ValueError(f"depth must be >= 1, got {depth}")
+    n = len(me)
+    chunk = max(1, MAX_LEAVES // COLS ** depth)
+    if n > chunk:  # bounded memory: deep searches go a slice of the batch at a time
+        parts = [best_moves(me[i:i + chunk], opp[i:i + chunk], depth) for i in range(0, n, chunk)]
+        return np.concatenate([b for b, _ in parts]), np.concatenate([s for _, s in parts])
+    mask = me | opp
+    moves = (mask + BOTTOM_ROW) & BOARD
+    if np.any(moves == 0):
+        raise ValueError("no legal move: a board is full")
+    wins_in_order = ((_winning_cells(me, mask) & moves)[:, None] & COLUMN[ORDER]) != 0  # (n, 7)
+    has_win = wins_in_order.any(1)
+    best = np.zeros((n, COLS), bool)
+    score = np.full(n, WIN - 1, np.int64)
+    best[np.flatnonzero(has_win), ORDER[wins_in_order.argmax(1)][has_win]] = True
+    rest = np.flatnonzero(~has_win)
+    scores = _child_scores(me[rest], opp[rest], depth - 1, 1)  # columns in id order: the result is sorted
+    top = scores.max(1)
+    best[rest] = scores == top[:, None]
+    score[rest] = top
+    return best, score

@@ -1,0 +1,280 @@
+"""`VectorTextEnv`: N games of Connect Four or Tic-Tac-Toe stepped by one call, as array code.
+
+Observationally identical to N `OpenSpielTextEnv(config)` reset with the same seeds and fed the same
+answers: the same observation strings, rewards, flags and info fields, the same RNG streams. The
+reference stays the definition; tests replay thousands of games through both.
+
+Per game, what is left in Python is a seeded RNG draw for the opponent and gluing the observation
+string from cached pieces; rules, win tests, legal masks, board text and the opponent's search
+run over arrays of the whole batch.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import numpy as np
+import pyspiel
+from gymnasium.utils import seeding
+from jaxtyping import Int
+
+from earl_jax.envs.openspiel_env import WINNERS, EnvConfig, OpenSpielTextEnv
+from earl_jax.envs.vector import connect_four, tic_tac_toe
+from earl_jax.envs.vector.opponents import make_vector_opponent
+from earl_jax.envs.vector.parser import parse_actions
+from earl_jax.envs.vector.render import BoardRenderer
+from earl_jax.envs.vector.step import NO_WINNER, VectorStep, check_answers, check_reset, check_rows
+
+RULES = {"connect_four": connect_four, "tic_tac_toe": tic_tac_toe}
+AGENT_WINS, OPPONENT_WINS, DRAW = (WINNERS.index(w) for w in ("agent", "opponent", "draw"))
+_RESULTS = {AGENT_WINS: "win", OPPONENT_WINS: "loss", DRAW: "draw"}
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _seed_draws(seed: int, draw_agent: bool) -> tuple[int | None, int, int]:
+    """What OpenSpielTextEnv.reset(seed=seed) draws from gymnasium's np_random, in its order:
+    (agent_player or None, opponent seed, chance seed). Cached: a GRPO group shares one seed, and
+    building the Generator is most of a reset's cost (~20 us)."""
+    rng, _ = seeding.np_random(seed)
+    agent = int(rng.integers(2)) if draw_agent else None
+    return agent, int(rng.integers(1 << 31)), int(rng.integers(1 << 31))
+
+
+class VectorTextEnv:
+    """`num_games` games of one `EnvConfig` (standard connect_four or tic_tac_toe; opponent random,
+    alphabeta:D (Connect Four) or solver (Tic-Tac-Toe)). Use `make_vector_env` for any config.
+
+        env = VectorTextEnv(EnvConfig.connect_four(opponent="alphabeta:2"), 512)
+        first = env.reset(seeds)                 # VectorStep for every game, first observations
+        step = env.step(rows, answers)           # the games in `rows` (unique, still running)
+        step = env.step(rows, moves=moves)       # or moves already parsed (-1: no move)
+        step.obs, step.reward, step.terminated, step.winners, step.infos()
+
+    A finished game stays finished (`live[i]` False) until it is reset; stepping it raises.
+    """
+
+    accepts_moves = True  # step(rows, moves=...) means the same as answering str(move)
+
+    def __init__(self, config: EnvConfig, num_games: int):
+        reference = OpenSpielTextEnv(config)  # validates the config and the opponent spec as the reference does
+        self.config = cfg = reference.config
+        self.text = reference.text
+        short = reference.game.get_type().short_name
+        if not self.text.is_preset or short not in RULES:
+            raise ValueError(f"VectorTextEnv plays standard {sorted(RULES)}, not {cfg.game!r}: use make_vector_env")
+        if num_games < 1:
+            raise ValueError(f"num_games must be >= 1, got {num_games}")
+        self.game_name = short
+        self.num_games = n = num_games
+        self.rules = RULES[short]
+        self.num_actions = self.rules.NUM_ACTIONS
+        self.opponent = make_vector_opponent(cfg.opponent, short, n)
+        self.renderer = BoardRenderer(self.text, cfg.prompt_style)
+        self._pyspiel_game = reference.game
+        self._draw_agent = cfg.agent_player is None
+        # Indexed by winner code: agent, opponent, draw, then NO_WINNER (-1): a game that goes on.
+        self._rewards = np.array([cfg.win_reward, cfg.loss_reward, cfg.draw_reward, 0.0], np.float64)
+        self.stones = np.zeros((n, 2), np.uint64)  # [:, p]: player p's stones (connect_four / tic_tac_toe layout)
+        # The printed board (rules.cells of stones), kept up to date move by move: rendering reads it as is.
+        self.cells = np.zeros((n, self.renderer.rows * self.renderer.cols), np.uint8)
+        self.agent_player = np.full(n, cfg.agent_player or 0, np.int64)
+        self.turn = np.zeros(n, np.int64)
+        self.retries_left = np.full(n, cfg.max_retries, np.int64)
+        self.legal = np.zeros((n, self.num_actions), bool)
+        self.live = np.zeros(n, bool)  # reset and not finished
+        # Per game, what gymnasium's np_random would be after the last reset: the seed (Generator not
+        # built yet: see _seed_draws), a Generator, or None (never reset). Only seed=None reads it.
+        self._np_random: list[int | np.random.Generator | None] = [None] * n
+
+    # ---- reset --------------------------------------------------------------------------------
+    def reset(self, seeds: Sequence[int | None], rows: Sequence[int] | None = None,
+              histories: Sequence[Sequence[int]] | None = None) -> VectorStep:
+        """New games in `rows` (default: all), game rows[k] as OpenSpielTextEnv.reset(seed=seeds[k]).
+
+        A seed None continues that game's own stream, as gymnasium does. `histories[k]`: moves to
+        start from, as the reference's `options={"history": ...}`. Returns the first observations.
+        Everything is checked before anything changes: a bad seed or history leaves the batch as it was.
+        """
+        rows = check_rows(np.arange(self.num_games) if rows is None else rows, self.num_games, self.live, False)
+        check_reset(rows, seeds, histories)
+        start = self._positions(histories) if histories is not None else None
+        cfg = self.config
+        draws = [self._draws(i, seed) for i, seed in zip(rows.tolist(), seeds)]
+        if self._draw_agent:
+            self.agent_player[rows] = [d[0] for d in draws]
+        self.opponent.reset(rows.tolist(), [d[1] for d in draws])
+        self.stones[rows], self.cells[rows] = start if start is not None else (0, 0)
+        self.turn[rows] = 0
+        self.retries_left[rows] = cfg.max_retries
+        # The opponent opens where it is to move (the agent is player 1, or a history left it to move).
+        s = self.stones[rows]
+        waiting = ~_over(self.rules, s) & (_to_move(s) != self.agent_player[rows])
+        opponent_action = np.full(len(rows), -1, np.int64)
+        opponent_action[waiting] = self._opponent_moves(rows[waiting])
+        winner = self._winner(rows)
+        ended = winner != NO_WINNER
+        self.live[rows] = ~ended
+        self.legal[rows] = self.rules.legal_mask(self.stones[rows]) & ~ended[:, None]
+        cells = self.cells[rows]
+        agent = self.agent_player[rows]
+        results = [_RESULTS.get(w) for w in winner.tolist()]
+        obs = self.renderer.texts(cells, agent, self.legal[rows], opponent_action, results, first=True)
+        return self._result(rows, obs, np.zeros(len(rows)), ended, np.zeros(len(rows), bool), winner,
+                            np.full(len(rows), -1, np.int64), opponent_action, cells)
+
+    def _draws(self, i: int, seed: int | None) -> tuple[int | None, int, int]:
+        """Game i's (agent_player or None, opponent seed, chance seed), as the reference draws them."""
+        if seed is not None:
+            self._np_random[i] = int(seed)
+            return _seed_draws(int(seed), self._draw_agent)
+        state = self._np_random[i]  # gymnasium: keep the current Generator (a fresh random one if none)
+        if state is None:
+            state = seeding.np_random(None)[0]
+        elif not isinstance(state, np.random.Generator):  # rebuild it: the seed, then the last reset's draws
+            state = seeding.np_random(state)[0]
+            if self._draw_agent:
+                state.integers(2)
+            state.integers(1 << 31), state.integers(1 << 31)
+        self._np_random[i] = state
+        agent = int(state.integers(2)) if self._draw_agent else None
+        return agent, int(state.integers(1 << 31)), int(state.integers(1 << 31))
+
+    def _positions(self, histories) -> tuple[np.ndarray, np.ndarray]:
+        """(stones, cells) after each history, checked like the reference: every move legal, none after
+        the end (ValueError naming the move and the position)."""
+        k = len(histories)
+        stones = np.zeros((k, 2), np.uint64)
+        cells = np.zeros((k, self.cells.shape[1]), np.uint8)
+        for j, history in enumerate(histories):
+            state = self._pyspiel_game.new_initial_state()  # for the error message only
+            one = np.array([j])
+            for a in history:
+                s = stones[one]
+                legal = (not _over(self.rules, s)[0] and isinstance(a, (int, np.integer)) and 0 <= a < self.num_actions
+                         and bool(self.rules.legal_mask(s)[0, a]))
+                if not legal:
+                    raise ValueError(f"histories[{j}]: {a!r} is not legal in\n{state}")
+                _play(self.rules, stones, cells, one, np.array([a]), _to_move(s))
+                state.apply_action(int(a))
+        return stones, cells
+
+    # ---- step ---------------------------------------------------------------------------------
+    def step(self, rows: Sequence[int], answers: Sequence[str] | None = None, *,
+             moves: Int[np.ndarray, " r"] | None = None) -> VectorStep:
+        """One agent answer per game in `rows` (then the opponent's reply), as OpenSpielTextEnv.step.
+
+        `answers[k]` is game rows[k]'s text (parsed as parse_action does; non-str reads as no move), or
+        `moves[k]` its parsed move (-1: none). Rows must be unique games that are still running.
+        """
+        rows = check_rows(rows, self.num_games, self.live, True)
+        answers, moves = check_answers(rows, answers, moves)
+        if answers is not None:
+            moves = parse_actions(answers)
+        cfg, r = self.config, len(rows)
+        in_range = (moves >= 0) & (moves < self.num_actions)
+        ok = in_range & self.legal[rows, np.where(in_range, moves, 0)]
+        retry = ~ok & (self.retries_left[rows] > 0)
+        forfeit = ~ok & ~retry
+
+        winner = np.full(r, NO_WINNER, np.int8)
+        winner[forfeit] = OPPONENT_WINS
+        opponent_action = np.full(r, -1, np.int64)
+        self.retries_left[rows[retry]] -= 1
+
+        valid = np.flatnonzero(ok)
+        if len(valid):
+            v = rows[valid]
+            agent = self.agent_player[v]
+            self.retries_left[v] = cfg.max_retries
+            self._play(v, moves[valid], agent)
+            self.turn[v] += 1
+            # Only the player who just moved can have won.
+            won = np.where(self.rules.is_win(self.stones[v, agent]), AGENT_WINS,
+                           np.where(self.rules.is_full(self.stones[v]), DRAW, NO_WINNER)).astype(np.int8)
+            going = np.flatnonzero(won == NO_WINNER)
+            if len(going):
+                g = v[going]
+                opponent_action[valid[going]] = self._opponent_moves(g)
+                won[going] = np.where(self.rules.is_win(self.stones[g, 1 - agent[going]]), OPPONENT_WINS,
+                                      np.where(self.rules.is_full(self.stones[g]), DRAW, NO_WINNER))
+            winner[valid] = won
+        # The reward by outcome; invalid answers get theirs (a forfeit's winner is the opponent, its reward not).
+        reward = self._rewards[winner]
+        reward[retry] = cfg.retry_reward
+        reward[forfeit] = cfg.invalid_reward
+
+        terminated = winner != NO_WINNER
+        self.live[rows] = ~terminated
+        self.legal[rows] = self.rules.legal_mask(self.stones[rows]) & ~terminated[:, None]
+        cells = self.cells[rows]
+        obs = self._observations(rows, ok, retry, forfeit, terminated, winner, opponent_action, cells)
+        return self._result(rows, obs, reward, terminated, ~ok, winner, np.where(ok, moves, -1), opponent_action, cells)
+
+    def _observations(self, rows, ok, retry, forfeit, terminated, winner, opponent_action, cells) -> list[str]:
+        obs: list[str | None] = [None] * len(rows)
+        code = self.legal[rows] @ (1 << np.arange(self.num_actions))  # the legal set as bits: cached texts
+        agent = self.agent_player[rows]
+
+        def put(where, texts):
+            for k, t in zip(np.flatnonzero(where).tolist(), texts):
+                obs[k] = t
+
+        turn = ok & ~terminated
+        if turn.all():  # the common case: no scatter
+            return self.renderer.turn_texts(cells, agent, opponent_action, code)
+        put(turn, self.renderer.turn_texts(cells[turn], agent[turn], opponent_action[turn], code[turn]))
+        put(retry, self.renderer.retry_obs(code[retry]))
+        put(forfeit, [self.renderer.forfeit_text] * int(forfeit.sum()))
+        end = ok & terminated
+        results = [_RESULTS[w] for w in winner[end].tolist()]
+        put(end, self.renderer.texts(cells[end], agent[end], self.legal[rows][end], opponent_action[end],
+                                     results, first=False))
+        return obs
+
+    # ---- helpers ----------------------------------------------------------------------------
+    def _play(self, rows, actions, players) -> None:
+        _play(self.rules, self.stones, self.cells, rows, actions, players)
+
+    def _opponent_moves(self, rows) -> Int[np.ndarray, " r"]:
+        """The opponent's replies in `rows` (the opponent is to move there), played on the boards."""
+        if not len(rows):
+            return np.zeros(0, np.int64)
+        agent = self.agent_player[rows]
+        me, opp = self.stones[rows, 1 - agent], self.stones[rows, agent]
+        actions = self.opponent.act(rows, me, opp, self.rules.legal_mask(self.stones[rows]))
+        self._play(rows, actions, 1 - agent)
+        return actions
+
+    def _winner(self, rows) -> np.ndarray:
+        """WINNERS index from the agent's side, NO_WINNER while the game runs."""
+        s = self.stones[rows]
+        agent = self.agent_player[rows]
+        ar = np.arange(len(rows))
+        agent_won, opp_won = self.rules.is_win(s[ar, agent]), self.rules.is_win(s[ar, 1 - agent])
+        return np.select([agent_won, opp_won, self.rules.is_full(s)], [AGENT_WINS, OPPONENT_WINS, DRAW],
+                         NO_WINNER).astype(np.int8)
+
+    def _result(self, rows, obs, reward, terminated, invalid, winner, action, opponent_action, cells) -> VectorStep:
+        agent = self.agent_player[rows]
+        return VectorStep(
+            rows=rows, obs=obs, reward=reward.astype(np.float64), terminated=terminated,
+            truncated=np.zeros(len(rows), bool), invalid=invalid, winner=winner, action=action,
+            opponent_action=opponent_action, turn=self.turn[rows], retries_left=self.retries_left[rows],
+            agent_player=agent, legal=self.legal[rows], _board=lambda: self.renderer.values(cells, agent),
+        )
+
+
+def _play(rules, stones, cells, rows, actions, players) -> None:
+    """Drop each row's stone: the bitboards and the printed board, in place."""
+    bits = rules.drop(stones[rows], actions)
+    stones[rows, players] |= bits
+    cells[rows, rules.print_index(bits)] = players + 1
+
+
+def _over(rules, stones) -> np.ndarray:
+    return rules.is_win(stones[:, 0]) | rules.is_win(stones[:, 1]) | rules.is_full(stones)
+
+
+def _to_move(stones) -> np.ndarray:
+    """The player to move (0 or 1): stones alternate, player 0 first."""
+    return np.bitwise_count(stones[:, 0] | stones[:, 1]).astype(np.int64) & 1

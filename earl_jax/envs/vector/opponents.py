@@ -1,0 +1,151 @@
+"""Batched opponents: one call picks the replies of every game that waits for one.
+
+Each game has its own `random.Random` stream, seeded at reset exactly as `opponents.py` seeds its
+opponent, and consumed exactly as the per-game opponent consumes it, so a seeded game replays move
+for move. The choice of candidate moves (legal cells, the alpha-beta best set, the solver's table)
+is array code:
+
+    RandomOpponents         legal[rng.randrange(len(legal))], every move
+    AlphaBetaOpponents(d)   connect_four.best_moves; rng.randrange(len(best)) only when there are several
+    SolverOpponents         tic_tac_toe.solver_best_moves; rng.randrange(len(best)) every move (even of 1)
+
+The draws are batched too (`StreamBank`): CPython's `randrange(n)` for small n is one 32-bit
+Mersenne Twister word shifted right, redrawn while it is >= n, and `getrandbits(32 * m)` returns
+the next m words, first word lowest. So each game's next words are kept in a buffer, and a draw
+for a batch is a gather and a shift; a game's words are fetched from its generator 64 at a time.
+"""
+from __future__ import annotations
+
+import functools
+import random
+from typing import Sequence
+
+import numpy as np
+from jaxtyping import Bool, Int, UInt32, UInt64
+
+from earl_jax.envs.opponents import DEFAULT_ALPHABETA_DEPTH
+from earl_jax.envs.vector import connect_four, tic_tac_toe
+
+BLOCK = 64  # words fetched per generator call: a move draws one or two, so most games never fetch a second
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _first_block(seed: int) -> UInt32[np.ndarray, " 64"]:
+    """random.Random(seed)'s first BLOCK words. Cached: a GRPO group resets its games with one seed."""
+    return _words(random.Random(seed), BLOCK)
+
+
+def _words(rng: random.Random, count: int) -> UInt32[np.ndarray, " count"]:
+    return np.frombuffer(rng.getrandbits(32 * count).to_bytes(4 * count, "little"), "<u4")
+
+
+class StreamBank:
+    """`random.Random(seed)` streams of n games, drawn from in batches, word for word as CPython would."""
+
+    def __init__(self, num_games: int):
+        self.seeds = np.zeros(num_games, np.int64)
+        self.words = np.zeros((num_games, BLOCK), np.uint32)  # each game's next words
+        self.used = np.zeros(num_games, np.int64)  # words of the current block already drawn
+        self.blocks = np.ones(num_games, np.int64)  # blocks fetched since the seed
+        self._rngs: dict[int, random.Random] = {}  # generators past their first block (rare)
+        self.reset(range(num_games), [0] * num_games)
+
+    def reset(self, rows: Sequence[int], seeds: Sequence[int]) -> None:
+        rows = np.asarray(rows, np.int64)
+        if not len(rows):
+            return
+        self.seeds[rows] = seeds
+        self.words[rows] = np.stack([_first_block(int(s)) for s in seeds])
+        self.used[rows] = 0
+        self.blocks[rows] = 1
+        for i in rows.tolist():
+            self._rngs.pop(i, None)
+
+    def randbelow(self, rows: Int[np.ndarray, " r"], n: Int[np.ndarray, " r"]) -> Int[np.ndarray, " r"]:
+        """`random.Random.randrange(n)` per row (CPython 3.11 `_randbelow_with_getrandbits`): the top
+        n.bit_length() bits of the next word, until they are below n. 1 <= n < 2**32."""
+        rows, n = np.asarray(rows, np.int64), np.asarray(n, np.int64)
+        shift = (32 - np.frexp(n.astype(np.float64))[1]).astype(np.uint32)  # frexp's exponent = bit_length
+        out = np.zeros(len(rows), np.int64)
+        todo = np.arange(len(rows))
+        while len(todo):  # rejection: only the rows whose draw was >= n draw again
+            games = rows[todo]
+            self._refill(games[self.used[games] == BLOCK])
+            draw = (self.words[games, self.used[games]] >> shift[todo]).astype(np.int64)
+            self.used[games] += 1
+            accept = draw < n[todo]
+            out[todo[accept]] = draw[accept]
+            todo = todo[~accept]
+        return out
+
+    def _refill(self, games: np.ndarray) -> None:
+        for i in games.tolist():
+            rng = self._rngs.get(i)
+            if rng is None:  # past the cached first block: the generator, advanced to where the game is
+                rng = self._rngs[i] = random.Random(int(self.seeds[i]))
+                rng.getrandbits(32 * BLOCK * int(self.blocks[i]))
+            self.words[i] = _words(rng, BLOCK)
+            self.used[i] = 0
+            self.blocks[i] += 1
+
+
+def kth_true(mask: Bool[np.ndarray, "r a"], k: Int[np.ndarray, " r"]) -> Int[np.ndarray, " r"]:
+    """Column of the k-th True of each row (0-based, left to right)."""
+    return (np.cumsum(mask, 1) > k[:, None]).argmax(1)
+
+
+class BatchedOpponent:
+    """Per-game RNG streams; subclasses say which moves are candidates and when a draw is made."""
+
+    def __init__(self, num_games: int):
+        self.streams = StreamBank(num_games)
+
+    def reset(self, rows: Sequence[int], seeds: Sequence[int]) -> None:
+        self.streams.reset(rows, seeds)
+
+    def act(self, rows: Int[np.ndarray, " r"], me: UInt64[np.ndarray, " r"], opp: UInt64[np.ndarray, " r"],
+            legal: Bool[np.ndarray, "r a"]) -> Int[np.ndarray, " r"]:
+        """A move per row for the side to move (`me`: its stones; `opp`: the agent's)."""
+        raise NotImplementedError
+
+
+class RandomOpponents(BatchedOpponent):
+    def act(self, rows, me, opp, legal):
+        return kth_true(legal, self.streams.randbelow(rows, legal.sum(1)))
+
+
+class AlphaBetaOpponents(BatchedOpponent):
+    def __init__(self, num_games: int, depth: int = DEFAULT_ALPHABETA_DEPTH):
+        super().__init__(num_games)
+        self.depth = depth
+
+    def act(self, rows, me, opp, legal):
+        best, _ = connect_four.best_moves(me, opp, self.depth)
+        counts = best.sum(1)
+        pick = np.zeros(len(rows), np.int64)
+        ties = np.flatnonzero(counts > 1)  # choose_move draws only when it has a choice
+        pick[ties] = self.streams.randbelow(rows[ties], counts[ties])
+        return kth_true(best, pick)
+
+
+class SolverOpponents(BatchedOpponent):
+    def act(self, rows, me, opp, legal):
+        # The table is indexed by (player 0's cells, player 1's cells); `me` is whoever is to move.
+        me_first = (np.bitwise_count(me | opp) & 1) == 0
+        x, o = np.where(me_first, me, opp), np.where(me_first, opp, me)
+        masks = tic_tac_toe.solver_best_moves(np.stack([x, o], 1)).astype(np.int64)
+        best = ((masks[:, None] >> np.arange(tic_tac_toe.NUM_ACTIONS)) & 1).astype(bool)
+        return kth_true(best, self.streams.randbelow(rows, best.sum(1)))
+
+
+def make_vector_opponent(spec: str, game: str, num_games: int) -> BatchedOpponent:
+    """The batched opponent for a spec `opponents.make_opponent` accepted for `game` (its short name);
+    ValueError for a spec that has none (mcts: use make_vector_env's per-game path)."""
+    kind, _, arg = spec.strip().lower().partition(":")
+    if kind == "random" and not arg:
+        return RandomOpponents(num_games)
+    if kind == "alphabeta" and game == "connect_four":
+        return AlphaBetaOpponents(num_games, int(arg) if arg else DEFAULT_ALPHABETA_DEPTH)
+    if kind == "solver" and not arg and game == "tic_tac_toe":
+        return SolverOpponents(num_games)
+    raise ValueError(f"no batched opponent for {spec!r} in {game}: use make_vector_env (per-game path)")

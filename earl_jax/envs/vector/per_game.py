@@ -1,0 +1,88 @@
+"""The vector interface over a list of per-game envs, and `make_vector_env`, which picks the path.
+
+Any game OpenSpiel has, mcts opponents, and user envs (anything with `reset(seed=...)` and
+`step(text)`, such as tests' SayDigitEnv) go through `PerGameVectorEnv`: the same calls and the
+same `VectorStep` as `VectorTextEnv`, with the envs stepped one by one.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from jaxtyping import Int
+
+from earl_jax.envs.openspiel_env import WINNERS, EnvConfig, OpenSpielTextEnv
+from earl_jax.envs.vector.env import VectorTextEnv
+from earl_jax.envs.vector.opponents import make_vector_opponent
+from earl_jax.envs.vector.step import NO_WINNER, VectorStep, check_answers, check_reset, check_rows
+
+
+class PerGameVectorEnv:
+    """Row i is `envs[i]`. Fills the flags of `VectorStep`; `infos()` returns the envs' own dicts."""
+
+    def __init__(self, envs: Sequence[Any]):
+        if not len(envs):
+            raise ValueError("no envs")
+        self.envs = list(envs)
+        self.num_games = len(self.envs)
+        self.live = np.zeros(self.num_games, bool)
+        # Moves stand for their decimal text only where the env reads answers with parse_action.
+        self.accepts_moves = all(isinstance(e, OpenSpielTextEnv) for e in self.envs)
+
+    def reset(self, seeds: Sequence[int | None], rows: Sequence[int] | None = None,
+              histories: Sequence[Sequence[int]] | None = None) -> VectorStep:
+        rows = check_rows(np.arange(self.num_games) if rows is None else rows, self.num_games, self.live, False)
+        check_reset(rows, seeds, histories)
+        obs, infos = [], []
+        self.live[rows] = False  # until each env's reset has returned: a failing one is not stepped half-reset
+        for k, (i, seed) in enumerate(zip(rows.tolist(), seeds)):
+            kwargs = {"options": {"history": list(histories[k])}} if histories is not None else {}
+            o, info = self.envs[i].reset(seed=None if seed is None else int(seed), **kwargs)
+            obs.append(o), infos.append(info)
+        # A game can end at reset (a history, or a game where the agent never moves): it says so by a winner.
+        terminated = np.array([info.get("winner") is not None for info in infos], bool)
+        self.live[rows] = ~terminated
+        return _step(rows, obs, np.zeros(len(rows)), terminated, np.zeros(len(rows), bool), infos)
+
+    def step(self, rows: Sequence[int], answers: Sequence[str] | None = None, *,
+             moves: Int[np.ndarray, " r"] | None = None) -> VectorStep:
+        rows = check_rows(rows, self.num_games, self.live, True)
+        answers, moves = check_answers(rows, answers, moves)
+        if moves is not None:
+            if not self.accepts_moves:
+                raise ValueError("these envs read their own answer texts: step(rows, answers=...)")
+            answers = [str(m) if m >= 0 else "" for m in moves.tolist()]  # parse_action(str(m)) == m; "" is no move
+        obs, reward, terminated, truncated, infos = [], [], [], [], []
+        for i, answer in zip(rows.tolist(), answers):
+            o, r, term, trunc, info = self.envs[i].step(answer)
+            obs.append(o), reward.append(r), terminated.append(term), truncated.append(trunc), infos.append(info)
+        terminated, truncated = np.array(terminated, bool), np.array(truncated, bool)
+        self.live[rows] = ~(terminated | truncated)
+        return _step(rows, obs, np.array(reward, np.float64), terminated, truncated, infos)
+
+
+def _step(rows, obs, reward, terminated, truncated, infos) -> VectorStep:
+    winner = np.array([WINNERS.index(w) if w in WINNERS else NO_WINNER for w in (i.get("winner") for i in infos)],
+                      np.int8)
+    invalid = np.array([bool(i.get("invalid", False)) for i in infos], bool)
+    return VectorStep(rows=rows, obs=obs, reward=reward, terminated=terminated, truncated=truncated,
+                      invalid=invalid, winner=winner.reshape(len(rows)), _infos=infos)
+
+
+def make_vector_env(config: EnvConfig, num_games: int,
+                    env_factory: Callable[[EnvConfig], Any] | None = None) -> VectorTextEnv | PerGameVectorEnv:
+    """The batched env where there is one (standard connect_four / tic_tac_toe against random,
+    alphabeta:D or solver), else the per-game wrapper: over `env_factory(config)` per game when given
+    (the trainer's hook), else over OpenSpielTextEnv(config). Both have the same interface."""
+    if env_factory is not None:
+        return PerGameVectorEnv([env_factory(config) for _ in range(num_games)])
+    reference = OpenSpielTextEnv(config)  # a bad config fails here, with the reference's message
+    short = reference.game.get_type().short_name
+    try:
+        make_vector_opponent(reference.config.opponent, short, 1)
+        batched = reference.text.is_preset
+    except ValueError:
+        batched = False
+    if batched:
+        return VectorTextEnv(config, num_games)
+    return PerGameVectorEnv([reference] + [OpenSpielTextEnv(config) for _ in range(num_games - 1)])

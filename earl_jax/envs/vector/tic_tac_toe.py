@@ -1,0 +1,112 @@
+"""Tic-Tac-Toe rules on 9-bit boards for a whole batch, and a perfect-play table over every position.
+
+Bit k is cell k, row-major from the top left: OpenSpiel's action ids and its printed order. A batch
+is `stones: uint64[n, 2]` (player 0's cells, player 1's cells), the layout the Connect Four module
+uses, so the vector env treats both games alike. Player 0 is OpenSpiel's 'x' and moves first.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from jaxtyping import Bool, Int, UInt8, UInt16, UInt64
+
+NUM_ACTIONS = 9
+BOARD_SHAPE = (3, 3)
+_U = np.uint64
+CELL: UInt64[np.ndarray, " 9"] = np.array([1 << k for k in range(9)], _U)
+BOARD = _U(0x1FF)
+LINES: UInt64[np.ndarray, " 8"] = np.array(  # the eight winning lines, as cell masks
+    [sum(1 << k for k in line) for line in (
+        (0, 1, 2), (3, 4, 5), (6, 7, 8),  # rows
+        (0, 3, 6), (1, 4, 7), (2, 5, 8),  # columns
+        (0, 4, 8), (2, 4, 6),  # diagonals
+    )], _U)
+DISCOUNT = 0.99  # as opponents.SolverOpponent: win fast, lose late
+
+
+def legal_mask(stones: UInt64[np.ndarray, "n 2"]) -> Bool[np.ndarray, "n 9"]:
+    """Empty cells."""
+    return ((stones[:, 0] | stones[:, 1])[:, None] & CELL) == 0
+
+
+def drop(stones: UInt64[np.ndarray, "n 2"], actions: Int[np.ndarray, " n"]) -> UInt64[np.ndarray, " n"]:
+    """The bit of each row's cell, 0 if it is taken (the same contract as connect_four.drop)."""
+    bits = CELL[actions]
+    return np.where(((stones[:, 0] | stones[:, 1]) & bits) == 0, bits, _U(0))
+
+
+def is_win(p: UInt64[np.ndarray, " n"]) -> Bool[np.ndarray, " n"]:
+    return ((p[:, None] & LINES) == LINES).any(1)
+
+
+def is_full(stones: UInt64[np.ndarray, "n 2"]) -> Bool[np.ndarray, " n"]:
+    return (stones[:, 0] | stones[:, 1]) == BOARD
+
+
+def print_index(bits: UInt64[np.ndarray, " n"]) -> Int[np.ndarray, " n"]:
+    """Where single-cell bitboards sit on the printed board: the cell number."""
+    return np.bitwise_count(bits - _U(1)).astype(np.int64)
+
+
+def cells(stones: UInt64[np.ndarray, "n 2"]) -> UInt8[np.ndarray, "n 9"]:
+    """The printed board: 0 empty, 1 player 0 ('x'), 2 player 1 ('o')."""
+    shifts = np.arange(9, dtype=_U)
+    return (((stones[:, 0, None] >> shifts) & _U(1)) + 2 * ((stones[:, 1, None] >> shifts) & _U(1))).astype(np.uint8)
+
+
+# ---- perfect play -------------------------------------------------------------------------------------
+def solver_best_moves(stones: UInt64[np.ndarray, "n 2"]) -> UInt16[np.ndarray, " n"]:
+    """The cells (as a 9-bit mask) that `opponents.SolverOpponent` chooses among, for the side to move."""
+    x, o = stones[:, 0].astype(np.int64), stones[:, 1].astype(np.int64)
+    return _solver_table()[x | (o << 9)]
+
+
+@functools.cache
+def _solver_table() -> UInt16[np.ndarray, " 262144"]:
+    """best-moves mask indexed by x | o << 9, for every position reachable in play (~5.5k; 0 elsewhere).
+
+    Values replay `opponents._solve` float for float: (v0, v1) per position, terminal returns as is,
+    else 0.99 times the first child that is best for the mover; the best set keeps moves within
+    1e-9 of the best, in cell order, as `SolverOpponent.act` does.
+    """
+    table = np.zeros(1 << 18, np.uint16)
+    memo: dict[tuple[int, int], tuple[float, float]] = {}
+    lines = [int(line) for line in LINES]
+
+    def won(p: int) -> bool:
+        return any(p & line == line for line in lines)
+
+    def children(x: int, o: int):
+        player = bin(x | o).count("1") & 1
+        for cell in range(9):
+            bit = 1 << cell
+            if not (x | o) & bit:
+                yield cell, (x | bit, o) if player == 0 else (x, o | bit)
+
+    def solve(x: int, o: int) -> tuple[float, float]:
+        if won(x):
+            return (1.0, -1.0)
+        if won(o):
+            return (-1.0, 1.0)
+        if x | o == 0x1FF:
+            return (0.0, 0.0)
+        if (x, o) in memo:
+            return memo[x, o]
+        player = bin(x | o).count("1") & 1
+        best = None
+        for _, child in children(x, o):
+            v = solve(*child)
+            if best is None or v[player] > best[player]:
+                best = v
+        value = (DISCOUNT * best[0], DISCOUNT * best[1])
+        memo[x, o] = value
+        player_moves = {}
+        for cell, child in children(x, o):
+            player_moves[cell] = solve(*child)[player]
+        top = max(player_moves.values())
+        table[x | (o << 9)] = sum(1 << c for c, v in player_moves.items() if v >= top - 1e-9)
+        return value
+
+    solve(0, 0)
+    return table

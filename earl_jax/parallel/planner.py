@@ -1,0 +1,412 @@
+"""The one entry point through which every stage runs under its plan.
+
+`StagePlanner.run(stage, fn)` calls `fn(run)` with a `StageRun`: the stage's `StageLayout` (from the
+Parallelism Selector's current `StagePlan`), its `Mesh` and logical-axis rules, the row sharding taken
+from the rules table's "batch" entry, the micro-batch split and the compiled programs. An out-of-memory
+error reruns `fn` on the next layout (auto mode) or ends the run naming the stage (static mode). Nothing
+else in the trainer builds a mesh, a row sharding or a jit: what the selector decides is what runs.
+
+    planner.plan()                                       # once per iteration: the rollout's layout
+    traj = planner.run("rollout", lambda run: play(run.mesh, ...))
+    planner.plan_batch(ContextStats(...))                # experience / train for the batch they process
+    batch = planner.run("experience", lambda run: run.jit("experience", experience_stage, ...)(...))
+
+Micro-batches have one meaning everywhere: `StageLayout.micro_batch` is rows per batch shard (one slice of
+the rules' batch axes: data, or data x fsdp in training), what the memory model sizes. `StageRun.micro_batches`
+is the only place that turns it into a count of micro-batches for a batch of global rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import math
+import time
+import zlib
+from functools import partial
+from typing import Any, Callable, Mapping, TypeVar
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from earl_jax import distributed
+from earl_jax.models.config import ModelConfig
+from earl_jax.parallel.memory import MemoryConfig, candidate_meshes, mesh_problem
+from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
+from earl_jax.parallel.profile import ProfileTable, is_oom_error
+from earl_jax.parallel.selector import (SMALL_BUCKET_EDGES, NoFeasibleLayoutError, ParallelismSelector,
+                                        SelectorConfig)
+from earl_jax.sharding.context import use_mesh_rules
+from earl_jax.sharding.mesh import STAGE_RULES, STAGES, MeshShape, Rules, logical_sharding, make_mesh, state_shardings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def parse_thresholds(text: str) -> list[tuple[int, MeshShape]]:
+    """'0:d8f1t1,1024:d4f1t2' -> [(0, d8f1t1), (1024, d4f1t2)]."""
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        try:
+            ctx, mesh = item.split(":")
+            out.append((int(ctx), MeshShape.parse(mesh)))
+        except ValueError as e:
+            raise ValueError(f"threshold {item!r}: expected CONTEXT:MESH such as 1024:d4f1t2 ({e})") from e
+    return out
+
+
+def _checked_thresholds(cfg, model_cfg: ModelConfig, num_devices: int, stage: str) -> list[tuple[int, MeshShape]]:
+    """`--<stage>-thresholds` parsed and checked against the model and the job before anything compiles; an
+    error names the flag, the mesh and what is wrong with it (devices, heads, fsdp, the batch)."""
+    flag = f"--{stage}-thresholds"
+    try:
+        entries = parse_thresholds(getattr(cfg, f"{stage}_thresholds"))
+    except ValueError as e:
+        raise ValueError(f"{flag}: {e}") from None
+    for _, mesh in entries:
+        why = mesh_problem(model_cfg, num_devices, stage, mesh)
+        if why is None and cfg.batch_size % (mesh.data * mesh.fsdp):
+            why = (f"splits rows over {mesh.data * mesh.fsdp} batch shards (data x fsdp), which --groups x "
+                   f"--group-size = {cfg.batch_size} games do not divide")
+        if why is not None:
+            valid = [str(m) for m in candidate_meshes(model_cfg, num_devices, stage)
+                     if cfg.batch_size % (m.data * m.fsdp) == 0]
+            raise ValueError(f"{flag}: {mesh} {why}; valid {stage} meshes here: {', '.join(valid) or 'none'}")
+    return entries
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatches:
+    """How a batch of global rows splits: `count` micro-batches of `rows` global rows, each taking
+    rows / shards rows from every batch shard (so every device computes its own rows, no reshard)."""
+
+    count: int
+    rows: int  # global rows in one micro-batch
+    shards: int  # batch shards the rows are spread over
+
+    @property
+    def rows_per_shard(self) -> int:
+        return self.rows // self.shards
+
+
+@dataclasses.dataclass(frozen=True)
+class StageRun:
+    """What a stage receives from its plan: the layout, and everything derived from it."""
+
+    stage: str
+    layout: StageLayout
+    mesh: Mesh
+    rules: Rules
+    programs: "ProgramCache" = dataclasses.field(repr=False, compare=False)
+
+    @property
+    def batch_axes(self) -> tuple[str, ...]:
+        """The mesh axes rows are split over: the rules table's "batch" entry."""
+        entry = self.rules.get("batch")
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        return tuple(a for a in axes if a in self.mesh.shape)
+
+    @property
+    def batch_shards(self) -> int:
+        return math.prod(self.mesh.shape[a] for a in self.batch_axes)
+
+    def row_sharding(self, ndim: int = 2) -> NamedSharding:
+        """Rows (the leading dimension) over the batch axes, everything else replicated."""
+        return logical_sharding(self.mesh, self.rules, ("batch",) + (None,) * (ndim - 1))
+
+    def put_rows(self, arrays: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+        """Host arrays [rows, ...] (the same on every process) onto the mesh, rows over the batch axes."""
+        out = {}
+        for k, v in arrays.items():
+            v = np.asarray(v)
+            if v.shape[0] % self.batch_shards:
+                raise ValueError(f"{self.stage}: {v.shape[0]} rows of {k!r} do not split over {self.batch_shards} "
+                                 f"batch shards of mesh {self.layout.mesh}")
+            out[k] = distributed.host_to_global(v, self.row_sharding(v.ndim))
+        return out
+
+    def shardings(self, state: Any) -> Any:
+        """Target shardings of a parameter state (nnx.State) under this stage's rules."""
+        return state_shardings(state, self.mesh, self.rules)
+
+    def micro_batches(self, rows: int) -> MicroBatches:
+        """The one conversion of the plan's micro-batch (rows per batch shard) into a split of `rows` global
+        rows: the fewest micro-batches of at most `micro_batch` rows per shard that divide the shard evenly."""
+        if self.layout.micro_batch is None:
+            raise ValueError(f"{self.stage}: its layout has no micro-batch ({self.layout.describe()})")
+        shards = self.batch_shards
+        if rows % shards:
+            raise ValueError(f"{self.stage}: {rows} rows do not split over {shards} batch shards")
+        per_shard = rows // shards
+        count = next(k for k in range(-(-per_shard // self.layout.micro_batch), per_shard + 1) if per_shard % k == 0)
+        return MicroBatches(count, rows // count, shards)
+
+    def jit(self, name: str, fn: Callable, *, donate: tuple[int, ...] = (), **static: Any) -> Callable:
+        """`fn(*args, **static)` compiled for this stage's mesh, traced under its logical-axis rules; one
+        compiled program per (stage, name, mesh, static settings, argument shapes)."""
+        return self.programs.get(self, name, fn, donate, static)
+
+
+class ProgramCache:
+    """The stages' compiled programs: one jit per (stage, name, mesh, static settings), and a record of every
+    (stage, name, mesh, argument shapes) that ran, i.e. every compiled program (`len(cache)`), with a log
+    line for each first call."""
+
+    def __init__(self):
+        self._jits: dict[tuple, Callable] = {}
+        self.seen: set[tuple] = set()
+
+    def __len__(self) -> int:
+        return len(self.seen)
+
+    def get(self, run: StageRun, name: str, fn: Callable, donate: tuple[int, ...], static: dict[str, Any]) -> Callable:
+        key = (run.stage, name, run.layout.mesh, tuple(sorted(static.items(), key=lambda kv: kv[0])))
+        if key not in self._jits:
+            body = partial(fn, **static)
+
+            def traced(*args):
+                with use_mesh_rules(run.mesh, run.rules):
+                    return body(*args)
+
+            jitted = jax.jit(traced, donate_argnums=donate)
+
+            def call(*args):
+                shapes = tuple(tuple(x.shape) for x in jax.tree.leaves(args) if hasattr(x, "shape") and x.ndim >= 2)
+                sig = (run.stage, name, str(run.layout.mesh), key[3], shapes)
+                if sig in self.seen:
+                    return jitted(*args)
+                t0 = time.perf_counter()
+                out = jitted(*args)
+                self.seen.add(sig)
+                width = f", width {static['width']}" if "width" in static else ""
+                log.info("%s/%s on %s, batch %s%s: first call (compile or cache load) %.1f s", run.stage, name,
+                         run.layout.mesh, shapes[0] if shapes else "-", width, time.perf_counter() - t0)
+                return out
+
+            self._jits[key] = call
+        return self._jits[key]
+
+
+class StagePlanner:
+    """The selector's plan per iteration, a Mesh per mesh shape, and `run`, the stages' one entry point."""
+
+    def __init__(self, selector: ParallelismSelector, devices: list[jax.Device], num_responses: int,
+                 first_context_len: int = 64, static: bool = False):
+        """`static`: keep the first plan for the whole run, no fallback (the baseline the selector is measured
+        against)."""
+        self.selector, self.devices, self.static = selector, devices, static
+        self.num_responses = num_responses
+        self._meshes: dict[MeshShape, Mesh] = {}
+        self._stats = ContextStats(first_context_len, first_context_len, num_responses)
+        self._fresh = False  # whether _stats holds an observation the selector has not seen yet
+        self.current: StagePlan = selector.plan(self._stats)
+        self.ran: dict[str, StageLayout] = {}  # the layout each stage last ran on (after any fallback)
+        self.programs = ProgramCache()
+
+    @classmethod
+    def from_config(cls, cfg, model_cfg: ModelConfig, remat: bool = True) -> "StagePlanner":
+        devices = jax.devices()[: cfg.devices or None]
+        thresholds = {s: v for s in STAGES if (v := _checked_thresholds(cfg, model_cfg, len(devices), s))}
+        edges = cfg.selector_edges or (SMALL_BUCKET_EDGES if cfg.model == "tiny" else None)
+        sel_cfg = SelectorConfig(**({"bucket_edges": edges} if edges else {}), margin=cfg.selector_margin,
+                                 ema_alpha=cfg.selector_ema, thresholds=thresholds or None)
+        budget = int(cfg.memory_budget_gib * 2**30) or None
+        memory = MemoryConfig(budget_bytes=budget, remat=remat, max_logprob_chunk=cfg.logprob_chunk,
+                              max_micro_batch_tokens=cfg.micro_batch_tokens)
+        table = ProfileTable.load(cfg.selector_table) if cfg.selector_table else None
+        selector = ParallelismSelector(model_cfg, len(devices), memory=memory, config=sel_cfg, table=table,
+                                       device_kind=devices[0].device_kind)
+        # Rows shard over data (x fsdp in training): only meshes whose batch axes divide the batch qualify.
+        for stage, cands in selector.candidates.items():
+            ok = [m for m in cands if cfg.batch_size % (m.data * m.fsdp) == 0]
+            if not ok:
+                raise ValueError(f"--groups x --group-size = {cfg.batch_size} games do not split over any {stage} "
+                                 f"mesh of {len(devices)} devices: use a multiple of the device count")
+            selector.candidates[stage] = ok
+        return cls(selector, devices, cfg.batch_size, static=cfg.selector_mode == "static")
+
+    # ---------------------------------------------------------------- plans
+    def mesh_of(self, shape: MeshShape) -> Mesh:
+        """One Mesh object per shape, so compiled programs keyed on it are reused."""
+        if shape not in self._meshes:
+            self._meshes[shape] = make_mesh(shape, self.devices)
+        return self._meshes[shape]
+
+    def stage_run(self, stage: str, layout: StageLayout | None = None) -> StageRun:
+        """The StageRun of `stage` under `layout` (default: the current plan's)."""
+        layout = self.current[stage] if layout is None else layout
+        return StageRun(stage, layout, self.mesh_of(layout.mesh), STAGE_RULES[stage], self.programs)
+
+    def plan(self) -> StagePlan:
+        """The plan for what runs next; advances the selector's smoothing once per new observation."""
+        if self.static:
+            return self.current
+        self.current = self.selector.plan(self._stats, update=self._fresh)
+        self._fresh = False
+        return self.current
+
+    def observe(self, stats: ContextStats) -> None:
+        """The statistics the next plan() reacts to (smoothed inside the selector)."""
+        self._stats = stats
+        self._fresh = True
+
+    # ---------------------------------------------------------------- running a stage
+    def run(self, stage: str, fn: Callable[[StageRun], T], *, rerun_after_success: bool = True) -> T:
+        """`fn(run)` under the current plan's layout of `stage`. Auto mode: an out-of-memory error first halves
+        the micro-batch, then gives the mesh up for this context bucket, and reruns `fn` with the same inputs
+        (`fn` must not donate what a rerun needs; `rerun_after_success=False` for a stage whose success changes
+        state, see run_with_oom_fallback). Static mode: an out-of-memory error ends the run, naming the stage."""
+        if self.static:
+            layout = self.current[stage]
+            try:
+                result = fn(self.stage_run(stage, layout))
+            except Exception as e:
+                if is_oom_error(e):
+                    raise RuntimeError(f"{stage} stage ran out of memory on the static layout {layout.describe()} "
+                                       "(--selector-mode static keeps the first plan; auto adapts it)") from e
+                raise
+        else:
+            result, plan = run_with_oom_fallback(stage, lambda lay: fn(self.stage_run(stage, lay)), self.current,
+                                                 self.selector, shrink_first=True,
+                                                 rerun_after_success=rerun_after_success)
+            self.current, layout = plan, plan[stage]
+        self.ran[stage] = layout
+        return result
+
+    def ran_log_dict(self, prefix: str = "parallel/") -> dict[str, Any]:
+        """Metrics of the layouts that ran (not of the plan made for the next iteration)."""
+        plan = StagePlan(**{s: self.ran.get(s) for s in STAGES}, context_bucket=self.current.context_bucket,
+                         smoothed_context_len=self.current.smoothed_context_len)
+        return plan.log_dict(prefix)
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {"selector": self.selector.state_dict(), "stats": dataclasses.asdict(self._stats)}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        if d:
+            self.selector.load_state_dict(d["selector"])
+            stats = d["stats"]
+            self._stats = ContextStats(**stats) if isinstance(stats, dict) else ContextStats(*stats)
+            if not self.static:
+                self.current = self.selector.plan(self._stats, update=False)
+
+
+# What one attempt did on one process; after every attempt all processes exchange these (see below).
+_ATTEMPT_OK, _ATTEMPT_OOM, _ATTEMPT_FAILED = 0, 1, 2
+
+
+class OtherProcessOOMError(RuntimeError):
+    """Another process of the job ran out of memory on this attempt (this one did not): every process
+    treats the attempt as out of memory. The message says "out of memory", so `is_oom_error` is True."""
+
+
+class OtherProcessFailedError(RuntimeError):
+    """Another process of the job failed with an error that is not out of memory; raised on the others
+    so that none of them waits for it, or runs on alone."""
+
+
+def _layout_id(layout: StageLayout) -> int:
+    """The same small int on every process for the same layout (crc32, not Python's salted hash)."""
+    return zlib.crc32(layout.describe().encode()) & 0x7FFFFFFF  # fits the all-gather's int32
+
+
+def run_with_oom_fallback(stage: str, fn: Callable[[StageLayout], Any], plan: StagePlan,
+                          selector: ParallelismSelector, *, shrink_first: bool = False,
+                          max_attempts: int | None = None, rerun_after_success: bool = True,
+                          on_switch: Callable[[StageLayout, StageLayout, BaseException], None] | None = None
+                          ) -> tuple[Any, StagePlan]:
+    """Run `fn(plan[stage])`; on an out-of-memory error mark that mesh for the plan's bucket, re-plan the
+    stage (same statistics, no smoothing update) and call `fn` again with the next layout - `fn` must
+    be re-runnable with the same inputs (do not donate the batch), so the batch is not lost. Returns
+    (result, plan with the layout that worked). With `shrink_first`, an OOM on a micro-batch above 1
+    (experience / train) first halves the micro-batch on the same mesh (remembered for that bucket) before
+    giving up the mesh. Raises NoFeasibleLayoutError, chained to the last OOM, when no candidate is left;
+    other exceptions propagate unchanged.
+
+    Several processes (jax.distributed): every process runs this with the same plan and selector state,
+    and after every attempt they agree, in one small all-gather (`distributed.gather_ints`; nothing on
+    a single process), on what the attempt did:
+
+    - OOM on ANY process -> an OOM on EVERY process: each marks the same mesh (or caps the same
+      micro-batch), picks the same next layout and retries; a process whose attempt succeeded drops its
+      result (`OtherProcessOOMError` stands in for the OOM it did not see, for `on_switch` and chaining);
+    - a non-OOM error on any process -> that process re-raises its own error after the exchange, and the
+      others raise `OtherProcessFailedError` ("another process failed"), instead of waiting for it in
+      the next collective; this wins over an OOM elsewhere;
+    - the processes ran different layouts (their selectors diverged) -> RuntimeError everywhere;
+    - `rerun_after_success=False`, for a stage whose success changes state that a rerun would change
+      again (the trainer's train stage updates, and donates, the weights): an attempt that succeeded on
+      some processes and ran out of memory on others -> RuntimeError everywhere (nothing to retry from).
+
+    Not solved: the agreement happens only once every process has returned from `fn`. An OOM that
+    strikes one process while the others are inside a collective of `fn` (an all-reduce of the step)
+    leaves them waiting there until the collective's own timeout (NCCL's, or forever without one) or
+    until the launcher stops the job; then no process gets here. The same holds for a process that dies
+    or is interrupted (KeyboardInterrupt is not caught here). An OOM that surfaces only after `fn`
+    returned (asynchronous dispatch: `fn` should block on its outputs) is not seen by the retry either."""
+    layout = plan[stage]
+    bucket = plan.context_bucket
+    stats = selector.last_stats
+    attempts = 0
+    while True:
+        attempts += 1
+        result = error = None
+        try:
+            result = fn(layout)
+        except Exception as e:  # noqa: BLE001
+            error = e
+        outcome = _ATTEMPT_OK if error is None else _ATTEMPT_OOM if is_oom_error(error) else _ATTEMPT_FAILED
+        try:
+            rows = distributed.gather_ints(outcome, _layout_id(layout))  # every process must get here
+        except Exception:
+            if error is not None:
+                raise error  # this process's own failure is the one to report; the exchange's is its context
+            raise
+        outcomes = [o for o, _ in rows]
+        if outcome == _ATTEMPT_FAILED:
+            raise error
+        if _ATTEMPT_FAILED in outcomes:
+            failed = [i for i, o in enumerate(outcomes) if o == _ATTEMPT_FAILED]
+            raise OtherProcessFailedError(f"{stage}: another process failed (process {failed}) on "
+                                          f"{layout.describe()}; see its log") from error
+        if len({lid for _, lid in rows}) > 1:  # every process sees the same rows, so all raise
+            raise RuntimeError(f"{stage}: the processes ran different layouts (this one {layout.describe()}); "
+                               "their selector states diverged") from error
+        if _ATTEMPT_OOM not in outcomes:
+            return result, plan.replace(**{stage: layout})
+        ooms = [i for i, o in enumerate(outcomes) if o == _ATTEMPT_OOM]
+        if not rerun_after_success and _ATTEMPT_OK in outcomes:
+            done = [i for i, o in enumerate(outcomes) if o == _ATTEMPT_OK]
+            raise RuntimeError(f"{stage}: out of memory on process {ooms} after it had completed on process "
+                               f"{done} ({layout.describe()}); it changed state there and cannot be rerun: resume "
+                               "from the last checkpoint") from error
+        result = None  # another process ran out of memory: this result is dropped, everyone retries
+        if error is None:
+            error = OtherProcessOOMError(f"{stage}: out of memory on process {ooms} on {layout.describe()} "
+                                         "(not on this one)")
+        can_shrink = shrink_first and layout.micro_batch is not None and layout.micro_batch > 1
+        if can_shrink:
+            selector.cap_micro_batch(stage, layout.mesh, bucket, layout.micro_batch // 2)
+        else:
+            selector.mark_oom(stage, layout.mesh, bucket)
+        if max_attempts is not None and attempts >= max_attempts:
+            raise NoFeasibleLayoutError(f"{stage}: out of memory after {attempts} attempts "
+                                        f"(last {layout.describe()})") from error
+        if stats is None:
+            raise NoFeasibleLayoutError(f"{stage}: out of memory on {layout.describe()} and the selector "
+                                        "has no statistics to re-plan from") from error
+        try:
+            new = selector.select(stage, bucket, stats)
+        except NoFeasibleLayoutError as nf:
+            raise NoFeasibleLayoutError(f"{stage}: out of memory on {layout.describe()}, and nothing else "
+                                        f"fits:\n{nf}") from error
+        if on_switch is not None:
+            on_switch(layout, new, error)
+        log.warning("%s: out of memory on %s, retrying the same batch on %s", stage, layout.describe(),
+                    new.describe())
+        layout = new
+        del error  # its traceback holds the failed attempt's frames and buffers
+        gc.collect()  # drop the failed attempt's buffers (cycles through the traceback) before retrying

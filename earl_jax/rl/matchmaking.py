@@ -1,0 +1,111 @@
+"""Who the agent plays: the fixed `--opponent` or the curriculum's current rung, and, with a league, frozen
+snapshots of itself for a share of the groups. The trainer asks this object for its training env, the
+opponents to evaluate against and the league games of an iteration, and hands it every evaluation.
+
+Decisions:
+- A rung change builds a new vector env for the batch (a few ms; envs hold no model state), so the
+  rollout path is the same for every opponent.
+- League games are whole GRPO groups (the last round(share x groups) groups): games compared in a group
+  face the same kind of opponent. The other groups play the scripted opponent / current rung.
+- League games need the batched env (standard Connect Four / Tic-Tac-Toe, a batched scripted opponent):
+  the frozen policy plays inside its step (`envs/vector/model_opponent.py`); other setups are refused at
+  start, naming the flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable
+
+import numpy as np
+
+from earl_jax.envs import EnvConfig
+from earl_jax.envs.vector import make_vector_env
+from earl_jax.envs.vector.model_opponent import ModelOpponentEnv
+from earl_jax.rl.config import RLConfig
+from earl_jax.rl.curriculum import Curriculum, parse_ladder
+from earl_jax.rl.league import League
+
+log = logging.getLogger("earl_jax")
+
+
+class Matchmaker:
+    def __init__(self, cfg: RLConfig, env_cfg: EnvConfig, env_factory: Callable[[EnvConfig], Any] | None = None,
+                 to_host: Callable[[Any], Any] | None = None):
+        self.cfg, self.env_cfg, self.env_factory = cfg, env_cfg, env_factory
+        self.curriculum = (Curriculum(parse_ladder(cfg.curriculum, cfg.game), cfg.promote_at)
+                           if cfg.opponent == "curriculum" else None)
+        self.league = League(cfg.league_size, cfg.league_every, to_host) if cfg.league_size else None
+        self._env, self._env_opponent = None, None
+        if self.league is not None:  # refuse a setup without the batched env now, not at a later promotion
+            for rung in self.curriculum.ladder if self.curriculum else (cfg.opponent,):
+                self._build(rung)
+
+    @property
+    def opponent(self) -> str:
+        """The scripted opponent of this iteration's training games."""
+        return self.curriculum.opponent if self.curriculum else self.cfg.opponent
+
+    def train_env(self):
+        """The training batch's vector env, rebuilt when the rung changed."""
+        if self._env is None or self._env_opponent != self.opponent:
+            self._env, self._env_opponent = self._build(self.opponent), self.opponent
+        return self._env
+
+    def _build(self, opponent: str):
+        env_cfg = dataclasses.replace(self.env_cfg, opponent=opponent)
+        if self.league is None:
+            return make_vector_env(env_cfg, self.cfg.batch_size, self.env_factory)
+        if self.env_factory is not None:
+            raise ValueError("--league-size: self-play needs the built-in batched game env, not a custom env_factory")
+        try:
+            return ModelOpponentEnv(env_cfg, self.cfg.batch_size)
+        except ValueError as e:
+            raise ValueError(f"--league-size: self-play needs standard connect_four or tic_tac_toe with a batched "
+                             f"scripted opponent (random, alphabeta:D, solver), here {opponent!r}: {e}") from None
+
+    def eval_opponents(self) -> tuple[str, ...]:
+        """--eval-opponents, and the current rung when it is not among them."""
+        extra = (self.curriculum.opponent,) if self.curriculum and self.curriculum.opponent not in \
+            self.cfg.eval_opponents else ()
+        return tuple(self.cfg.eval_opponents) + extra
+
+    def after_evaluation(self, rung_win_rate: float, step: int) -> str | None:
+        """The greedy win rate against the current rung: promotes when it reaches --promote-at, logging a line
+        (returned too)."""
+        if self.curriculum is None:
+            return None
+        line = self.curriculum.observe(rung_win_rate, step)
+        if line:
+            log.info(line)
+        return line
+
+    # ---- league -------------------------------------------------------------------------------
+    def league_games(self, step: int, params: Any) -> tuple[np.ndarray, int, Any] | None:
+        """Snapshot the weights when due; then (mask of the batch's league games, snapshot step, host weights),
+        or None without a league."""
+        if self.league is None:
+            return None
+        self.league.maybe_add(step, params)
+        cfg = self.cfg
+        groups = max(1, round(cfg.league_share * cfg.groups))
+        mask = np.zeros(cfg.batch_size, bool)
+        mask[(cfg.groups - groups) * cfg.group_size:] = True  # group g holds rows g*G .. (g+1)*G - 1
+        snap_step, snap = self.league.sample(cfg.seed, step)
+        return mask, snap_step, snap
+
+    def metrics(self) -> dict[str, Any]:
+        out = self.curriculum.metrics() if self.curriculum else {}
+        if self.league is not None:
+            out["league/size"] = len(self.league)
+        return out
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"curriculum": self.curriculum.state_dict() if self.curriculum else None,
+                "league": self.league.state_dict() if self.league else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.curriculum is not None and state.get("curriculum"):
+            self.curriculum.load_state_dict(state["curriculum"])

@@ -1,0 +1,215 @@
+"""The Parallelism Selector's profile mode on real hardware: tokens per device per second (TGS) of each stage, measured
+on the same code the trainer runs (the Sampler; the experience and train stages through `StageRun`, so a
+measured layout is split into micro-batches and chunks exactly as the trainer would).
+
+    measure = RealMeasure(get_config("qwen2.5-0.5b"))
+    table = profile_rows(memory, measure, contexts=[1024, 8192], responses=[8, 32], stages=("rollout",),
+                         num_devices=2, device_kind=jax.devices()[0].device_kind, save=Path("profile.json"))
+
+`profile_rows` measures one context row at a time in the given order and saves the table after each, so a
+call cut short by its time budget (or a timeout) still leaves a usable table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from pathlib import Path
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from earl_jax.models.config import ModelConfig
+from earl_jax.parallel.memory import MemoryModel, candidate_meshes
+from earl_jax.parallel.plan import StageLayout
+from earl_jax.parallel.planner import ProgramCache, StageRun
+from earl_jax.parallel.profile import ProfileTable, run_profile
+from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, logical_sharding, make_mesh
+
+
+class RealMeasure:
+    """Measures TGS (tokens per device per second) on the real code, random weights in bf16:
+
+    * rollout: a `Sampler` on the candidate mesh; the state's KV cache is filled directly with random
+      keys/values for `context_len - decode_steps` tokens in each of `num_responses` rows (no prefill), then
+      `generate` of `decode_steps` new tokens (ending at `context_len`, so the cache is `context_len`'s
+      bucket), stop tokens ignored; TGS = rows x decode_steps / seconds / devices.
+    * experience: `experience_stage` (old-policy log-probs, micro-batched and vocabulary-chunked as the layout
+      says, advantages) over `num_responses` x `context_len` random tokens; TGS = tokens / seconds / devices.
+    * train: one `train_stage` step (float32 masters, bf16 compute, per-layer remat, AdamW, GRPO loss),
+      micro-batched as the layout says.
+    Each is the median of `repeats` after a warm-up (compile) call. Models are cached per mesh, one
+    stage's models at a time."""
+
+    def __init__(self, cfg: ModelConfig, *, decode_steps: int = 16, repeats: int = 2, seed: int = 0):
+        self.cfg, self.decode_steps, self.repeats, self.seed = cfg, decode_steps, repeats, seed
+        self._models: dict = {}
+        self.programs = ProgramCache()
+
+    def _run(self, stage: str, layout: StageLayout) -> tuple[StageRun, nnx.GraphDef, nnx.State]:
+        from earl_jax.models.init import init_sharded
+
+        key = (stage, layout.mesh)
+        if key not in self._models:
+            for k in [k for k in self._models if k[0] != stage]:  # one stage's models at a time
+                del self._models[k]
+            mesh = make_mesh(layout.mesh, jax.devices()[:layout.mesh.size])
+            # train holds float32 masters (bf16 compute, per-layer remat as the memory model assumes)
+            kw = dict(param_dtype=jnp.float32, remat=True) if stage == "train" else dict(param_dtype=jnp.bfloat16)
+            model = init_sharded(self.cfg, mesh, STAGE_RULES[stage], seed=self.seed, dtype=jnp.bfloat16, **kw)
+            graphdef, params = nnx.split(model)
+            self._models[key] = (mesh, graphdef, params)
+        mesh, graphdef, params = self._models[key]
+        return StageRun(stage, layout, mesh, STAGE_RULES[stage], self.programs), graphdef, params
+
+    def __call__(self, stage: str, mesh: MeshShape, context_len: int, num_responses: int,
+                 layout: StageLayout | None = None) -> float:
+        layout = layout or StageLayout(mesh, None if stage == "rollout" else 1, None if stage == "rollout" else 1024)
+        if stage == "rollout":
+            return self.rollout(layout, context_len, num_responses)
+        if stage == "experience":
+            return self.experience(layout, context_len, num_responses)
+        if stage == "train":
+            return self.train(layout, context_len, num_responses)
+        raise ValueError(f"unknown stage {stage!r}")
+
+    def _timed(self, fn) -> float:
+        """Median seconds of `fn()` over `repeats` calls after one warm-up call."""
+        times = []
+        for _ in range(self.repeats + 1):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[1:])
+
+    def _random_rows(self, run: StageRun, n: int, t: int, key: int):
+        sharding = logical_sharding(run.mesh, run.rules, ("batch", "length"), (n, t))
+        return jax.device_put(jax.random.randint(jax.random.key(key), (n, t), 0, self.cfg.vocab_size), sharding)
+
+    def train(self, layout: StageLayout, context_len: int, num_responses: int) -> float:
+        from earl_jax.rl.losses import LossConfig
+        from earl_jax.rl.stages import ExperienceBatch, make_optimizer, train_stage
+
+        run, graphdef, params = self._run("train", layout)
+        micro = run.micro_batches(num_responses)
+        optimizer = make_optimizer(1e-6, 10, 1000, 0.0, 1.0)
+        shape = (num_responses, context_len)
+        sh = run.row_sharding(2)
+        keys = jax.random.split(jax.random.key(self.seed), 3)
+        batch = ExperienceBatch(
+            self._random_rows(run, *shape, self.seed), jax.device_put(jnp.ones(shape, bool), sh),
+            jax.device_put(-jax.random.uniform(keys[0], shape, jnp.float32, 5, 15), sh),
+            jax.device_put(-jax.random.uniform(keys[1], shape, jnp.float32, 5, 15), sh),
+            jax.device_put(jax.random.normal(keys[2], shape, jnp.float32), sh))
+        step = run.jit("train", train_stage, donate=(0, 1), graphdef=graphdef, optimizer=optimizer,
+                       loss_cfg=LossConfig(algorithm="grpo"), micro_batches=micro.count, shards=micro.shards,
+                       chunk=layout.logprob_chunk)
+        state = [jax.tree.map(jnp.copy, params), jax.jit(optimizer.init)(params)]  # the cached params survive
+
+        def once():
+            state[0], state[1], metrics = step(state[0], state[1], batch)
+            return metrics["loss"]
+
+        seconds = self._timed(once)
+        del state
+        return num_responses * context_len / seconds / layout.mesh.size
+
+    def experience(self, layout: StageLayout, context_len: int, num_responses: int) -> float:
+        from earl_jax.rl.losses import LossConfig
+        from earl_jax.rl.stages import experience_stage
+
+        run, graphdef, params = self._run("experience", layout)
+        micro = run.micro_batches(num_responses)
+        tokens = self._random_rows(run, num_responses, context_len, self.seed)
+        rows = run.put_rows({"mask": jnp.ones((num_responses, context_len), bool),
+                             "rewards": jnp.zeros((num_responses, context_len), jnp.float32),
+                             "groups": jnp.arange(num_responses, dtype=jnp.int32) // 2})
+        fn = run.jit("experience", experience_stage, graphdef=graphdef, num_groups=-(-num_responses // 2),
+                     loss_cfg=LossConfig(algorithm="grpo"), micro_batches=micro.count, shards=micro.shards,
+                     chunk=layout.logprob_chunk, filter_constant_groups=False)
+        seconds = self._timed(lambda: fn(params, None, tokens, rows["mask"], rows["rewards"], rows["groups"]))
+        return num_responses * context_len / seconds / layout.mesh.size
+
+    def rollout(self, layout: StageLayout, context_len: int, num_responses: int) -> float:
+        from earl_jax.rollout.sampler import Sampler, SamplerState
+
+        run, graphdef, params = self._run("rollout", layout)
+        sampler = Sampler(graphdef, self.cfg, mesh=run.mesh, rules=run.rules)
+        # Rows hold context_len - steps tokens and end at context_len, so the cache stays in context_len's
+        # bucket (1K + 16 would round a 1K cache up to 1.5K; 32K + 16 to 64K).
+        steps = min(self.decode_steps, max(1, context_len // 2))
+        filled = context_len - steps
+        state = sampler.init_state(num_responses, context_len)
+        shardings = jax.tree.map(lambda x: x.sharding, state)
+
+        def random_like(key, x):
+            # Random keys/values (never zeros), one short block tiled over rows and slots: a full-size draw per
+            # leaf (48 x 24 GiB at 32K x 128 rows) made XLA's compile of this fill take minutes.
+            b, k, s, h = x.shape
+            block = jax.random.normal(key, (1, k, min(s, 256), h), x.dtype)
+            return jnp.broadcast_to(jnp.tile(block, (1, 1, -(-s // block.shape[2]), 1))[:, :, :s], x.shape)
+
+        def fill(state: SamplerState, key) -> SamplerState:
+            leaves, treedef = jax.tree.flatten(state.cache)
+            keys = jax.random.split(key, len(leaves) + 1)
+            cache = jax.tree.unflatten(treedef, [random_like(k, x) if jnp.issubdtype(x.dtype, jnp.floating) else x
+                                                 for k, x in zip(keys, leaves)])
+            lengths = jnp.full(state.lengths.shape, filled, jnp.int32)
+            logits = jax.random.normal(keys[-1], state.next_logits.shape, jnp.float32)
+            return dataclasses.replace(state, cache=cache, lengths=lengths, next_logits=logits)
+
+        def reset(state: SamplerState) -> SamplerState:
+            return dataclasses.replace(state, lengths=jnp.full(state.lengths.shape, filled, jnp.int32))
+
+        fill = jax.jit(fill, donate_argnums=(0,), out_shardings=shardings)
+        reset = jax.jit(reset, donate_argnums=(0,), out_shardings=shardings)
+        holder = [fill(state, jax.random.key(self.seed))]
+        rng = jax.random.key(self.seed + 1)
+        calls = [0]
+
+        def once():
+            state, gen = sampler.generate(params, holder[0], jax.random.fold_in(rng, calls[0]), max_new_tokens=steps,
+                                          budget=steps, stop_tokens=())
+            calls[0] += 1
+            jax.block_until_ready(gen.tokens)
+            if int(gen.num_tokens.min()) != steps:
+                raise RuntimeError(f"rollout measure: expected {steps} tokens per row, got {gen.num_tokens}")
+            holder[0] = reset(state)
+            return gen.tokens
+
+        seconds = self._timed(once)
+        del holder
+        return num_responses * steps / seconds / layout.mesh.size
+
+
+def profile_rows(memory: MemoryModel, measure: RealMeasure, *, contexts: Sequence[int], responses: Sequence[int],
+                 stages: Sequence[str], num_devices: int, device_kind: str, tensors: Sequence[int] | None = None,
+                 table: ProfileTable | None = None, save: Path | None = None, time_budget: float | None = None,
+                 progress: bool = True) -> ProfileTable:
+    """Profile with `measure`, one context row at a time (in the given order), the table saved after each row;
+    rows not started within `time_budget` seconds are left out (table.meta["contexts_cut"])."""
+    meshes = {st: [m for m in candidate_meshes(memory.cfg, num_devices, st) if tensors is None or m.tensor in tensors]
+              for st in stages}
+    start = time.perf_counter()
+    done = list(table.meta.get("contexts_measured", [])) if table is not None else []
+    cut = []
+    for ctx in contexts:  # in the given order: put the rows that matter most first
+        if time_budget is not None and time.perf_counter() - start > time_budget:
+            cut.append(ctx)
+            continue
+        table = run_profile(memory, measure, num_devices=num_devices, context_lens=[ctx], response_counts=responses,
+                            stages=stages, meshes=meshes, device_kind=device_kind, table=table, progress=progress)
+        done.append(ctx)
+        table.meta.update(measure="RealMeasure", decode_steps=measure.decode_steps, contexts_measured=done,
+                          contexts_cut=cut, seconds=round(time.perf_counter() - start, 1))
+        if save is not None:
+            table.save(save)
+    if table is None:
+        table = ProfileTable(device_kind, num_devices, memory.cfg.name)
+    table.meta.update(contexts_cut=cut)
+    if save is not None:
+        table.save(save)
+    return table

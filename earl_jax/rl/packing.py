@@ -1,0 +1,103 @@
+"""Experience and train on real tokens: every micro-batch holds rows of similar length, cut to its own width.
+
+Games end at very different lengths, and a batch padded to the longest spends most of its compute on
+padding (CPU default: mean ~165 tokens, rows of 512). Instead of packing several games into one row
+(segment ids through every attention kernel), rows are *grouped by length*:
+
+1. `length_order` sorts the rows by length (longest first) and deals them round-robin over the batch
+   shards, so that `split_rows`' micro-batch j (the j-th slice of every shard's block) holds the
+   consecutive ranks j*m*D .. (j+1)*m*D - 1: rows of similar length, spread over every device;
+2. `micro_batch_widths` gives each micro-batch the length bucket of its longest row;
+3. `grouped_logprobs` / `grouped_update` run one compiled program per (stage, width bucket): a micro-batch
+   at its own width. Columns past a row's length are padding and, with causal attention, change no
+   log-prob before them, so the results equal the padded computation (tests/test_packing.py).
+
+The number of programs is bounded by the length buckets. The memory model plans for the widest micro-batch
+(the batch's width), which bounds the peak; the throughput metrics count real tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jaxtyping import Int
+
+from earl_jax.parallel.planner import MicroBatches, StageRun
+from earl_jax.rl import stages
+from earl_jax.rl.losses import LossConfig
+from earl_jax.rollout.sampler import DEFAULT_LENGTH_BUCKETS, bucket
+from earl_jax.sharding.context import constrain
+
+MIN_WIDTH = 64
+
+
+def batch_width(t: int) -> int:
+    """The padded width of a batch whose longest row has t tokens (a bounded set of shapes)."""
+    return max(MIN_WIDTH, bucket(t, DEFAULT_LENGTH_BUCKETS))
+
+
+def length_order(lengths: Int[np.ndarray, " n"], shards: int) -> Int[np.ndarray, " n"]:
+    """perm: row i of the arranged batch is row perm[i] of the original. Rank k (k-th longest) goes to shard
+    k % shards, position k // shards of its block."""
+    n = len(lengths)
+    if n % shards:
+        raise ValueError(f"{n} rows do not split over {shards} batch shards")
+    ranks = np.argsort(-np.asarray(lengths), kind="stable")
+    k = np.arange(n)
+    perm = np.empty(n, np.int64)
+    perm[(k % shards) * (n // shards) + k // shards] = ranks
+    return perm
+
+
+def micro_batch_widths(arranged_lengths: Int[np.ndarray, " n"], micro: MicroBatches, full_width: int) -> list[int]:
+    """Each micro-batch's width: the length bucket of its longest row (at most the batch's width)."""
+    split = arranged_lengths.reshape(micro.shards, micro.count, -1).swapaxes(0, 1).reshape(micro.count, -1)
+    return [min(full_width, batch_width(int(m))) for m in split.max(axis=1)]
+
+
+def _zeros_like_rows(x):
+    return constrain(jnp.zeros(x.shape, jnp.float32), ("batch", None))
+
+
+def grouped_logprobs(run: StageRun, params: nnx.State, tokens: jax.Array, widths: list[int], micro: MicroBatches, *,
+                     graphdef: nnx.GraphDef) -> jax.Array:
+    """log p of every token, micro-batch j computed at widths[j] (one program per width bucket)."""
+    out = run.jit("zeros", _zeros_like_rows)(tokens)
+    for j, width in enumerate(widths):
+        step = run.jit("logprobs", stages.logprob_step, donate=(1,), graphdef=graphdef, micro_batches=micro.count,
+                       shards=micro.shards, width=width, chunk=run.layout.logprob_chunk)
+        out = step(params, out, tokens, j)
+    return out
+
+
+def grouped_update(run: StageRun, params: nnx.State, opt_state: Any, batch: stages.ExperienceBatch,
+                   widths: list[int], micro: MicroBatches, *, graphdef: nnx.GraphDef, loss: str,
+                   loss_cfg: LossConfig | None, optimizer: optax.GradientTransformation, token_weighted: bool
+                   ) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
+    """One optimizer step: gradients accumulated over the micro-batches, each at its width, then applied
+    (skipped when not finite). Donates `params` and `opt_state`."""
+    chunk = run.layout.logprob_chunk
+    acc = run.jit(f"{loss}_zero", stages.zero_acc, graphdef=graphdef, loss=loss, loss_cfg=loss_cfg,
+                  chunk=chunk)(params, batch)
+    for j, width in enumerate(widths):
+        step = run.jit(f"{loss}_grad", stages.grad_step, donate=(1,), graphdef=graphdef, loss=loss, loss_cfg=loss_cfg,
+                       micro_batches=micro.count, shards=micro.shards, width=width, chunk=chunk,
+                       token_weighted=token_weighted)
+        acc = step(params, acc, batch, j)
+    return run.jit(f"{loss}_apply", stages.apply_step, donate=(0, 1), optimizer=optimizer)(params, opt_state, acc)
+
+
+def _take_rows(batch, index):
+    return jax.tree.map(lambda x: constrain(jnp.take(x, index, axis=0), ("batch",) + (None,) * (x.ndim - 1)), batch)
+
+
+def rearrange(run: StageRun, batch: Any, index: Int[np.ndarray, " n"]) -> Any:
+    """Rows `index` of every leaf (row i <- row index[i]), in the stage's row sharding; nothing when identity."""
+    if np.array_equal(index, np.arange(len(index))):
+        return batch
+    return run.jit("rearrange", _take_rows)(batch, run.put_rows({"i": index.astype(np.int32)})["i"])

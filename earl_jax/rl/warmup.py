@@ -1,0 +1,84 @@
+"""The format warm-up's data: games of uniformly random legal moves, generated straight from the rules.
+
+Each game is played by reading the environment's own legal moves (`VectorStep.legal`, or the per-game
+envs' `info["legal_actions"]`; never by parsing the prompt text) and answering with the move's text and
+the end token, exactly as the agent loop tokenizes a policy's answers. No model and no sampling loop run,
+so a warm-up batch costs only the batched game steps. The warm-up teaches the answer format (a legal move
+number, then the end token), not the game.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import tokenizers
+from jaxtyping import Bool, Int
+
+from earl_jax.envs.vector import ObservationCodec
+from earl_jax.rollout.agent_loop import _Episodes
+
+
+def _legal_moves(step) -> list[list[int]]:
+    if step.legal is not None:
+        return [np.flatnonzero(row).tolist() for row in step.legal]
+    return [info.get("legal_actions") or [] for info in step.infos()]
+
+
+def random_legal_games(env: Any, tokenizer: tokenizers.Tokenizer, seeds: Sequence[int], rng: np.random.Generator, *,
+                       eos_id: int, bos_id: int | None, max_context: int, max_turns: int = 64,
+                       codec: ObservationCodec | None = None
+                       ) -> tuple[Int[np.ndarray, "n t"], Bool[np.ndarray, "n t"], Int[np.ndarray, " n"]]:
+    """One game per row of the vector env `env`: token ids (right-padded with 0), a mask on the answers, and
+    each game's length."""
+    codec = codec or ObservationCodec(tokenizer)
+    n = len(seeds)
+    ep = _Episodes(n, max_context, max_turns)
+    step = env.reset(list(map(int, seeds)))
+    ids, counts = codec.encode_padded(step.obs)
+    if bos_id is not None:
+        ids, counts = np.concatenate([np.full((n, 1), bos_id, np.int32), ids], 1), counts + 1
+    ep.append(np.arange(n), ids, counts, False)
+    live = ~(step.terminated | step.truncated)
+    for _ in range(max_turns):
+        rows = np.flatnonzero(live)
+        if not len(rows):
+            break
+        legal = _legal_moves(step) if len(step.rows) == len(rows) else None
+        if legal is None or any(not m for m in legal):
+            raise ValueError(f"format warm-up: {type(env).__name__} gives no legal moves to draw from; pass "
+                             "--format-warmup-steps 0 for such environments")
+        moves = np.array([m[int(rng.integers(len(m)))] for m in legal], np.int64)
+        texts = [str(m) for m in moves.tolist()]
+        answers = [e.ids + [eos_id] for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+        width = max(map(len, answers))
+        fits = ep.length[rows] + np.array([len(a) for a in answers]) <= max_context
+        live[rows[~fits]] = False
+        rows, answers, moves, texts = rows[fits], [a for a, f in zip(answers, fits) if f], moves[fits], \
+            [t for t, f in zip(texts, fits) if f]
+        if not len(rows):
+            break
+        padded = np.array([a + [0] * (width - len(a)) for a in answers], np.int32)
+        ep.append(rows, padded, [len(a) for a in answers], True)
+        step = env.step(rows, moves=moves) if getattr(env, "accepts_moves", False) else env.step(rows, texts)
+        going = ~(step.terminated | step.truncated)
+        live[rows[~going]] = False
+        step = _subset(step, going)
+        ids, counts = codec.encode_padded(step.obs) if going.any() else (np.zeros((0, 0), np.int32), np.zeros(0))
+        room = ep.length[rows[going]] + counts + 1 <= max_context  # room for another answer
+        live[rows[going][~room]] = False
+        ep.append(rows[going][room], ids[room], counts[room], False)
+        step = _subset(step, room)
+    width = int(ep.length.max())
+    return ep.tokens[:, :width], ep.mask[:, :width], ep.length.copy()
+
+
+def _subset(step, keep: np.ndarray):
+    """The entries of a VectorStep where `keep` is True (what the next turn reads: obs, legal moves)."""
+    import dataclasses
+
+    infos = step._infos
+    return dataclasses.replace(
+        step, rows=step.rows[keep], obs=[o for o, k in zip(step.obs, keep.tolist()) if k],
+        legal=None if step.legal is None else step.legal[keep],
+        _infos=None if infos is None else [i for i, k in zip(infos, keep.tolist()) if k])

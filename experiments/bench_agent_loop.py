@@ -1,0 +1,189 @@
+"""The rollout stage and the whole iteration, before / after the batched agent loop (issue 13), same device.
+
+Each case is a real training job (`experiments/connect4.py`, a few iterations, no warm-up) in its own
+process, once with this checkout ("current") and once with the code before the change ("baseline": a
+checkout of commit 4fdd9ec at .baseline, `git worktree add --detach .baseline 4fdd9ec`). From the
+iterations after the first (compiles) it takes the medians of: the rollout's wall time, games and generated
+tokens per second, the host's share of the rollout (env stepping, parsing, tokenizing), and the experience
+and train times. A reference for how fast batched game rules can go: pgx's Connect Four (pure JAX, `pip
+install pgx`) stepping uniformly random legal moves for the same number of games on the same device.
+
+    python experiments/bench_agent_loop.py --cpu          # the CPU default (64 games, minimal prompts)
+    python experiments/bench_agent_loop.py --gpu          # one GPU: 512 and 2048 compact games, tiny model
+
+Writes experiments/results/bench_agent_loop_<device>.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
+RESULTS = ROOT / "experiments" / "results"
+BASELINE = ROOT / ".baseline"
+
+COMMON = ["--format-warmup-steps", "0", "--eval-every", "0", "--eval-games", "8", "--checkpoint-every", "0",
+          "--wandb-mode", "disabled", "--progress", "false", "--learning-rate", "1e-6"]
+CASES = {
+    "cpu": {"cpu64": ["--groups", "16", "--group-size", "4", "--steps", "5"]},
+    "gpu": {"gpu512": ["--groups", "64", "--group-size", "8", "--steps", "6", "--prompt-style", "compact"],
+            "gpu2048": ["--groups", "256", "--group-size", "8", "--steps", "4", "--prompt-style", "compact"]},
+}
+TIMES = ("time/rollout_s", "time/experience_s", "time/train_s", "time/dispatch_s")
+
+
+def run_case(code: str, flags: list[str], timeout: float, env: dict) -> dict:
+    """One training job; medians over its iterations after the first."""
+    root = ROOT if code == "current" else BASELINE
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, str(root / "experiments" / "connect4.py"), *COMMON, *flags, "--run-dir", f"{tmp}/run"]
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+            rc, out = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as e:
+            rc, out = None, str(e.stderr or "")[-2000:]
+        wall = time.perf_counter() - t0
+        path = Path(tmp) / "run" / "metrics.jsonl"
+        recs = [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+    recs = [r for r in recs if r.get("step", 0) >= 2]  # iteration 1 compiles
+    if rc != 0 or not recs:
+        return {"code": code, "status": "error" if rc is not None else "timeout", "tail": out[-3000:], "wall_s": wall}
+    med = lambda k: statistics.median(r[k] for r in recs if r.get(k) is not None)  # noqa: E731
+    games = int(flags[flags.index("--groups") + 1]) * int(flags[flags.index("--group-size") + 1])
+    out_ = {"code": code, "status": "ok", "iterations": len(recs), "wall_s": wall, "games": games,
+            **{k.split("/")[1]: med(k) for k in TIMES},
+            "env_frac": med("rollout/env_frac"), "generated_tokens": med("rollout/generated_tokens"),
+            "tokens": med("rollout/tokens"), "turns_mean": med("episode/turns_mean")}
+    out_["iteration_s"] = out_["rollout_s"] + out_["experience_s"] + out_["train_s"]
+    out_["games_per_s"] = games / out_["rollout_s"]
+    out_["generated_tok_per_s"] = out_["generated_tokens"] / out_["rollout_s"]
+    return out_
+
+
+def pgx_reference(games: int, steps: int = 200) -> dict:
+    """pgx Connect Four, `games` in lock-step, uniformly random legal moves, finished games reset in place."""
+    try:
+        import jax
+        import jax.numpy as jnp
+        import pgx
+    except ImportError as e:
+        return {"status": f"not installed ({e})"}
+    env = pgx.make("connect_four")
+    init, step = jax.vmap(env.init), jax.vmap(env.step)
+
+    @jax.jit
+    def turn(state, key):
+        k_act, k_init = jax.random.split(key)
+        logits = jnp.where(state.legal_action_mask, 0.0, -jnp.inf)
+        actions = jax.random.categorical(k_act, logits, axis=-1)
+        state = step(state, actions)
+        fresh = init(jax.random.split(k_init, games))
+        done = state.terminated | state.truncated
+        return jax.tree.map(lambda a, b: jnp.where(done.reshape(done.shape + (1,) * (a.ndim - 1)), b, a), state, fresh), done
+
+    state = jax.jit(init)(jax.random.split(jax.random.key(0), games))
+    state, done = turn(state, jax.random.key(1))
+    jax.block_until_ready(state)
+    finished = 0
+    t0 = time.perf_counter()
+    for i in range(steps):
+        state, done = turn(state, jax.random.key(i + 2))
+        finished += done  # device-side sum: no host sync per step
+    finished = int(jax.device_get(finished).sum())
+    secs = time.perf_counter() - t0
+    return {"status": "ok", "games": games, "ms_per_lockstep_turn": secs / steps * 1e3,
+            "moves_per_s": games * steps / secs, "games_per_s": finished / secs, "device": jax.devices()[0].device_kind}
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = list(result["cases"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.38
+    for k, code in enumerate(("baseline", "current")):
+        runs = [result["cases"][c].get(code, {}) for c in cases]
+        xs = [i + (k - 0.5) * width for i in range(len(cases))]
+        bottoms = [0.0] * len(cases)
+        for stage, color in (("rollout_s", "tab:blue"), ("experience_s", "tab:orange"), ("train_s", "tab:green")):
+            vals = [r.get(stage, 0.0) for r in runs]
+            axes[0].bar(xs, vals, width, bottom=bottoms, color=color, alpha=0.5 + 0.5 * k,
+                        label=f"{code}: {stage[:-2]}")
+            bottoms = [b + v for b, v in zip(bottoms, vals)]
+        axes[1].bar(xs, [r.get("games_per_s", 0.0) for r in runs], width, alpha=0.5 + 0.5 * k, label=code)
+    for ax, title in zip(axes, ("seconds per iteration (median)", "rollout games per second")):
+        ax.set_xticks(range(len(cases)), cases)
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"agent loop before / after, {result['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--cpu", action="store_true")
+    which.add_argument("--gpu", action="store_true")
+    p.add_argument("--cases", default=None, help="comma list of case names (default: all of the setting)")
+    p.add_argument("--codes", default="baseline,current")
+    p.add_argument("--timeout", type=float, default=400.0, help="seconds per job")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("extra", nargs="*", help="more connect4.py flags for every job (after --)")
+    args = p.parse_args(argv)
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # this process (pgx) must leave the jobs their memory
+    setting = "gpu" if args.gpu else "cpu"
+    cases = {k: v + args.extra for k, v in CASES[setting].items() if args.cases is None or k in args.cases.split(",")}
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if args.cpu:
+        env["JAX_PLATFORMS"] = "cpu"
+    result = {"what": "experiments/connect4.py jobs, medians of iterations 2+; baseline = commit 4fdd9ec",
+              "cases": {}, "pgx": {}}
+    for name, flags in cases.items():
+        result["cases"][name] = {}
+        for code in args.codes.split(","):
+            r = run_case(code, flags, args.timeout, env)
+            result["cases"][name][code] = r
+            print(name, code, {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k != "tail"},
+                  flush=True)
+            if r["status"] != "ok":
+                print(r.get("tail", ""), flush=True)
+        games = int(flags[flags.index("--groups") + 1]) * int(flags[flags.index("--group-size") + 1])
+        result["pgx"][name] = pgx_reference(games)
+        print(name, "pgx", result["pgx"][name], flush=True)
+    import jax
+
+    from earl_jax.parallel.profile import device_slug
+
+    kind = jax.devices()[0].device_kind
+    result["device"] = kind
+    for c in result["cases"].values():
+        b, cur = c.get("baseline", {}), c.get("current", {})
+        if b.get("status") == "ok" and cur.get("status") == "ok":
+            c["speedup"] = {"rollout": b["rollout_s"] / cur["rollout_s"], "iteration": b["iteration_s"] / cur["iteration_s"],
+                            "experience": b["experience_s"] / cur["experience_s"], "train": b["train_s"] / cur["train_s"]}
+            print("speedup", c["speedup"])
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"bench_agent_loop_{device_slug(kind)}.json"
+    path.write_text(json.dumps(result, indent=1))
+    plot(result, path.with_suffix(".png"))
+    print(f"wrote {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

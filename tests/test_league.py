@@ -1,0 +1,178 @@
+"""Opponents that keep teaching: the curriculum (promotion, resume, bad input), the league of frozen snapshots,
+and the trainer playing both."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import jax
+import numpy as np
+import pytest
+
+from earl_jax.cli import parse_config
+from earl_jax.rl.config import RLConfig
+from earl_jax.rl.curriculum import Curriculum, parse_ladder
+from earl_jax.rl.league import League
+from earl_jax.rl.metrics import read_metrics
+from earl_jax.rl.trainer import Trainer
+
+SMALL = RLConfig(groups=4, group_size=2, steps=2, eval_every=1, eval_games=4, format_warmup_steps=0, devices=2,
+                 checkpoint_every=1, max_turns=6, max_context=256, progress=False, wandb_mode="disabled",
+                 micro_batch_tokens=1024)
+
+
+# ---- curriculum ------------------------------------------------------------------------------------------
+def test_ladders_parse_and_default_per_game():
+    assert parse_ladder(" random , alphabeta:1 ", "connect_four") == ("random", "alphabeta:1")
+    assert parse_ladder("", "connect_four")[-1] == "alphabeta:3"
+    assert parse_ladder("", "tic_tac_toe")[-1] == "solver"
+
+
+@pytest.mark.parametrize("kw, flag", [
+    (dict(opponent="curriculum", curriculum="random,alphabeta:x"), "--curriculum"),
+    (dict(opponent="curriculum", curriculum="random,solver"), "--curriculum"),  # no solver for Connect Four
+    (dict(opponent="curriculum", curriculum="random,,curriculum"), "--curriculum"),
+    (dict(opponent="curriculum", game="tic_tac_toe", curriculum="random,alphabeta:2"), "--curriculum"),
+    (dict(opponent="random", curriculum="random,alphabeta:1"), "--curriculum"),  # a ladder without the opponent
+    (dict(opponent="curriculum", promote_at=0.0), "--promote-at"),
+    (dict(opponent="curriculum", promote_at=1.2), "--promote-at"),
+    (dict(league_share=0.0), "--league-share"),
+    (dict(league_every=0), "--league-every"),
+    (dict(league_size=-1), "--league-size"),
+])
+def test_bad_curriculum_and_league_input_names_the_flag(kw, flag):
+    with pytest.raises(ValueError, match=flag):
+        RLConfig(**kw)
+
+
+def test_bad_ladder_on_the_command_line_exits_naming_the_flag(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(RLConfig, ["--opponent", "curriculum", "--curriculum", "random,alphabeta:0"])
+    assert "--curriculum" in capsys.readouterr().err
+
+
+def test_curriculum_climbs_one_rung_at_a_time_and_stays_at_the_top():
+    c = Curriculum(("random", "alphabeta:1", "alphabeta:2"), promote_at=0.8)
+    assert c.observe(0.79, 1) is None and c.opponent == "random"
+    assert "promoted at iteration 2 from random to alphabeta:1" in c.observe(0.8, 2)
+    assert c.observe(1.0, 3) and c.opponent == "alphabeta:2" and c.at_top
+    assert c.observe(1.0, 4) is None and c.rung == 2
+    resumed = Curriculum(("random", "alphabeta:1", "alphabeta:2"), promote_at=0.8)
+    resumed.load_state_dict(c.state_dict())
+    assert resumed.rung == 2 and resumed.promotions == c.promotions
+    with pytest.warns(UserWarning, match="curriculum changed"):
+        other = Curriculum(("random", "alphabeta:2", "alphabeta:3"), promote_at=0.8)
+        other.load_state_dict(c.state_dict())
+    assert other.opponent == "alphabeta:2"
+
+
+def test_trainer_promotes_on_a_forced_evaluation_and_the_rung_survives_resume(tmp_path, monkeypatch, caplog):
+    cfg = dataclasses.replace(SMALL, opponent="curriculum", curriculum="random,alphabeta:1,alphabeta:2",
+                              promote_at=0.75, run_dir=str(tmp_path / "run"))
+    forced = iter([0.5, 0.9, 0.2])  # before iteration 1: stay; after 1: promote; after 2: stay
+
+    def evaluate(self):
+        win = next(forced)
+        return {"eval/win_rate": win, "eval/draw_rate": 0.0, "eval/loss_rate": 1 - win, "eval/invalid_rate": 0.0,
+                "curriculum/eval_win_rate": win}
+
+    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+    trainer = Trainer(cfg)
+    assert trainer.env.config.opponent == "random"
+    with caplog.at_level(logging.INFO, logger="earl_jax"):
+        history = trainer.run()
+    # the rung each iteration trained on: promoted by the evaluation after iteration 1
+    assert [r["curriculum/opponent"] for r in history] == ["random", "alphabeta:1"]
+    assert [r["curriculum/promotions"] for r in history] == [0, 1]
+    assert trainer.matchmaker.curriculum.rung == 1 and trainer.env.config.opponent == "alphabeta:1"
+    assert any("promoted at iteration 1 from random to alphabeta:1" in r.message for r in caplog.records)
+    logged = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["curriculum/rung"] for r in logged if r["step"] >= 1] == [0, 1]
+
+    resumed = Trainer(dataclasses.replace(cfg, steps=3, resume=True))
+    assert resumed.step == 2 and resumed.matchmaker.curriculum.rung == 1
+    assert resumed.env.config.opponent == "alphabeta:1"
+    forced = iter([0.1])
+    record = resumed.run()[-1]
+    assert record["step"] == 3 and record["curriculum/opponent"] == "alphabeta:1"
+
+
+def test_evaluation_plays_the_current_rung(tmp_path):
+    cfg = dataclasses.replace(SMALL, opponent="curriculum", curriculum="random,alphabeta:1", eval_games=2,
+                              run_dir=str(tmp_path / "run"))
+    trainer = Trainer(cfg, log=False)
+    trainer.matchmaker.curriculum.rung = 1
+    out = trainer.evaluate()
+    assert set(trainer.eval_envs) == {"random", "alphabeta:1"}
+    assert out["curriculum/eval_win_rate"] == out["eval_alphabeta:1/win_rate"] and "eval/win_rate" in out
+
+
+# ---- league ----------------------------------------------------------------------------------------------
+def test_league_keeps_at_most_k_snapshots_on_a_schedule_and_samples_them_all():
+    league = League(size=2, every=3)
+    params = {"w": np.zeros(3, np.float32)}
+    added = [league.maybe_add(s, {"w": params["w"] + s}) for s in range(10)]
+    assert added == [s % 3 == 0 for s in range(10)]
+    assert league.steps == [6, 9] and len(league) == 2
+    assert league.snapshots[0][1]["w"][0] == 6  # the snapshot holds that step's values
+    drawn = {league.sample(0, step)[0] for step in range(20)}
+    assert drawn == {6, 9}
+    assert league.sample(0, 5)[0] == league.sample(0, 5)[0]  # deterministic per (seed, step)
+    empty = League(size=2, every=100)
+    assert empty.maybe_add(7, params)  # an empty league (a resumed run) takes a snapshot at once
+
+
+def test_league_iterations_play_frozen_snapshots_that_do_not_train(tmp_path):
+    cfg = dataclasses.replace(SMALL, steps=3, eval_every=0, checkpoint_every=0, league_size=2, league_every=1,
+                              league_share=0.5, run_dir=str(tmp_path / "run"))
+    trainer = Trainer(cfg, log=False)
+    before = [np.array(x) for x in jax.tree.leaves(trainer.params)]
+    history = trainer.run()
+    league = trainer.matchmaker.league
+    assert league.steps == [1, 2]  # at most K = 2, one per iteration
+    r = history[-1]
+    assert r["league/games_frac"] == 0.5 and r["league/size"] == 2 and r["league/snapshot_step"] in (1, 2)
+    assert 0 <= r["league/win_rate"] <= 1 and 0 <= r["league/opponent_fallback_rate"] <= 1
+    # snapshot 1 holds the weights after iteration 1, and training on does not touch it
+    snap1 = jax.tree.leaves(league.snapshots[0][1])
+    now = [np.asarray(x) for x in jax.tree.leaves(trainer.params)]
+    assert all(isinstance(x, np.ndarray) for x in snap1)
+    assert any(not np.array_equal(a, b) for a, b in zip(snap1, now))
+    assert any(not np.array_equal(a, b) for a, b in zip(snap1, before))
+    copy = [x.copy() for x in snap1]
+    trainer.iteration()
+    assert all(np.array_equal(a, b) for a, b in zip(copy, snap1))
+
+
+def test_league_refuses_an_env_without_the_batched_path():
+    with pytest.raises(ValueError, match="--league-size"):
+        Trainer(dataclasses.replace(SMALL, league_size=2, opponent="mcts:5"), log=False)
+
+
+# ---- the GPU preset --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("script, last_rung", [("connect4", "alphabeta:3"), ("tictactoe", "solver")])
+def test_gpu_preset_parses_validates_and_yields_to_flags(script, last_rung, capsys):
+    import importlib
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    mod = importlib.import_module(script)
+    cfg = parse_config(RLConfig, ["--preset", "gpu"], presets=mod.PRESETS, base=mod.DEFAULT)
+    assert cfg.batch_size == 512 and cfg.group_size == 8 and cfg.prompt_style == "compact"
+    assert cfg.opponent == "curriculum" and parse_ladder(cfg.curriculum, cfg.game)[-1] == last_rung
+    assert cfg.game == mod.DEFAULT.game and cfg.max_minutes == 15 and cfg.run_dir.endswith("-gpu")
+    cfg = parse_config(RLConfig, ["--preset", "gpu", "--promote-at", "0.9", "--league-size", "4"], presets=mod.PRESETS,
+                       base=mod.DEFAULT)
+    assert cfg.promote_at == 0.9 and cfg.league_size == 4 and cfg.batch_size == 512
+    with pytest.raises(SystemExit):
+        parse_config(RLConfig, ["--preset", "gpu", "--promote-at", "1.5"], presets=mod.PRESETS, base=mod.DEFAULT)
+    assert "--promote-at" in capsys.readouterr().err
+
+
+def test_league_refuses_a_ladder_with_a_per_game_rung_at_start():
+    cfg = dataclasses.replace(SMALL, game="tic_tac_toe", opponent="curriculum", curriculum="random,mcts:5,solver",
+                              league_size=2)
+    with pytest.raises(ValueError, match="--league-size.*mcts:5"):
+        Trainer(cfg, log=False)

@@ -1,0 +1,87 @@
+"""The agent loop with the real sampler: pipelined groups, overlap and compaction change no game.
+
+Every game samples from its own key (fold_in(fold_in(rng, turn), game id)), so which group it decodes in,
+which row it sits in and when the host steps it must not change a single token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from earl_jax.envs import EnvConfig
+from earl_jax.envs.vector import make_vector_env
+from earl_jax.models.config import ModelConfig
+from earl_jax.models.qwen2 import Qwen2
+from earl_jax.models.tokenizer import game_tokenizer, special_ids
+from earl_jax.rollout.agent_loop import RolloutConfig, play_games
+from earl_jax.rollout.policy import SamplerPolicy
+from earl_jax.rollout.sampler import Sampler, SamplingConfig
+
+TOK = game_tokenizer()
+IDS = special_ids(TOK)
+CFG = ModelConfig.tiny(vocab_size=TOK.get_vocab_size()).replace(num_hidden_layers=2, hidden_size=64,
+                                                                 intermediate_size=128)
+N = 16
+
+
+@pytest.fixture(scope="module")
+def model():
+    graphdef, params = nnx.split(Qwen2(CFG, rngs=nnx.Rngs(0), dtype=jnp.float32))
+    return graphdef, params, Sampler(graphdef, CFG, cache_dtype=jnp.float32)
+
+
+def _rollout(model, cfg: RolloutConfig, groups: int = 1, sampling=SamplingConfig(temperature=1.0)):
+    graphdef, params, sampler = model
+    env = make_vector_env(EnvConfig(game="tic_tac_toe", prompt_style="compact", max_retries=2), N)
+    policies = [SamplerPolicy(sampler, params, sampling, (IDS.eos_id,), cfg.max_turn_tokens) for _ in range(groups)]
+    seeds = [7 + i // 4 for i in range(N)]  # GRPO-like groups of 4 share a start
+    return play_games(policies, env, TOK, dataclasses.replace(cfg, pipeline_groups=groups), jax.random.key(3), seeds,
+                      bos_id=IDS.bos_id)
+
+
+def _same(a, b):
+    for field in ("tokens", "loss_mask", "rewards", "lengths", "num_turns", "truncated", "invalid"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
+    assert a.winners == b.winners and a.turn_context_lens == b.turn_context_lens
+
+
+def test_overlapped_pipeline_plays_the_same_games_as_the_reference_schedule(model):
+    base = RolloutConfig(max_turn_tokens=3, max_turns=9, max_context=256, compact=False)
+    reference = _rollout(model, dataclasses.replace(base, overlap=False), groups=2)
+    overlapped = _rollout(model, base, groups=2)
+    _same(reference, overlapped)
+    assert reference.stats.turns_mean > 1.5  # the games went on for several turns: the test exercises extends
+    # and one group of 16 rows (no pipelining) plays the same games too: each game draws from its own key
+    _same(reference, _rollout(model, dataclasses.replace(base, overlap=False), groups=1))
+
+
+def test_finished_games_leave_the_batch_without_changing_any_game(model):
+    base = RolloutConfig(max_turn_tokens=3, max_turns=9, max_context=256)
+    full = _rollout(model, dataclasses.replace(base, compact=False))
+    compacted = _rollout(model, base)
+    _same(full, compacted)
+    # fewer decode rows: the tail of the longest games no longer pays for finished ones
+    assert compacted.stats.decode_rows < full.stats.decode_rows
+    assert full.stats.decode_rows == N * max(full.num_turns)
+
+
+def test_compiled_programs_stay_bounded(model):
+    """Many rollouts of varied lengths compile a bounded set of programs (batch and length buckets)."""
+    graphdef, params, _ = model
+    sampler = Sampler(graphdef, CFG, cache_dtype=jnp.float32)
+    counts = []
+    for k in range(6):
+        env = make_vector_env(EnvConfig(game="tic_tac_toe", prompt_style="compact", max_retries=k % 3), N)
+        policy = SamplerPolicy(sampler, params, SamplingConfig(temperature=1.0), (IDS.eos_id,), 3)
+        play_games(policy, env, TOK, RolloutConfig(max_turn_tokens=3, max_turns=9, max_context=256),
+                   jax.random.key(k), list(range(100 * k, 100 * k + N)), bos_id=IDS.bos_id)
+        counts.append(sampler.compile_count)
+    # batch buckets 16, 8, 4, 2, 1 x a few length buckets; the later rollouts add (almost) nothing
+    assert counts[-1] <= 60 and counts[-1] - counts[2] <= 6, counts
