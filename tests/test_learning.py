@@ -12,7 +12,6 @@ import pytest
 
 from earl_jax.envs.probe import ShowDigitEnv
 from earl_jax.rl.config import RLConfig
-from earl_jax.parallel.mesh import STAGE_RULES
 from earl_jax.rl.trainer import Trainer
 from earl_jax.rollout.sampler import Sampler
 
@@ -22,12 +21,16 @@ TINY = RLConfig(groups=4, group_size=4, steps=1, format_warmup_steps=0, devices=
 
 def _sampled_and_recomputed(trainer: Trainer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One rollout's sampler log-probs, the experience stage's old-policy log-probs of the same batch under
-    the same weights, and the loss mask (generated tokens)."""
+    the same weights (rows back in game order), and the loss mask (generated tokens)."""
     cfg = trainer.cfg
-    traj = trainer._rollout(trainer.envs, list(range(cfg.batch_size)), np.repeat(np.arange(cfg.groups), cfg.group_size),
-                            jax.random.key(1), trainer.sampling)
-    batch, _ = trainer._experience(trainer._batch_arrays(traj), trainer.planner.layout("experience"))
-    return traj.logprobs, np.asarray(batch.old_logp)[:, :traj.tokens.shape[1]], traj.loss_mask
+    traj, _ = trainer._rollout(trainer.env, list(range(cfg.batch_size)), np.repeat(np.arange(cfg.groups), cfg.group_size),
+                               jax.random.key(1), trainer.sampling)
+    arrays = trainer._batch_arrays(traj)
+    trainer._plan_batch(arrays, traj.stats.turn_context_len_mean)
+    batch, _, arranged = trainer.planner.run("experience", lambda run: trainer._experience(run, arrays, traj.lengths))
+    old = np.empty(np.shape(batch.old_logp), np.float32)
+    old[arranged] = np.asarray(batch.old_logp)  # the stage arranges rows by length
+    return traj.logprobs, old[:, :traj.tokens.shape[1]], traj.loss_mask
 
 
 @pytest.mark.parametrize("env_factory, extra", [
@@ -50,9 +53,9 @@ def test_train_pass_scores_exactly_the_sampled_tokens(tmp_path, env_factory, ext
     shifted = np.abs(sampled[:, 1:] - old[:, :-1])[mask[:, 1:]]
     assert shifted.mean() > 0.1, shifted.mean()  # the comparison can tell a position apart
 
-    mesh = trainer.planner.mesh("rollout")
-    trainer._samplers[id(mesh)] = Sampler(trainer.graphdef, trainer.model_cfg, mesh=mesh, rules=STAGE_RULES["rollout"],
-                                          cache_dtype=jnp.float32)
+    run = trainer.planner.stage_run("rollout")
+    trainer._samplers[run.layout.mesh] = Sampler(trainer.graphdef, trainer.model_cfg, mesh=run.mesh, rules=run.rules,
+                                                 cache_dtype=jnp.float32)
     sampled, old, mask = _sampled_and_recomputed(trainer)
     np.testing.assert_allclose(sampled[mask], old[mask], atol=1e-5, rtol=0)
 
@@ -105,20 +108,27 @@ def test_policy_learns_to_read_a_later_observation(tmp_path, hidden):
 
 
 def test_a_collapsed_run_has_no_gradient_and_says_so(tmp_path):
-    """Force the collapse the issue describes: the format warm-up on the probe (no move list to draw from)
-    teaches the constant answer "0". Every group is then constant (always right where d = 0, always wrong
-    where d = 1), every advantage is 0, the weights do not move, and the trainer warns and counts it."""
-    cfg = dataclasses.replace(PROBE, steps=3, format_warmup_steps=40, run_dir=str(tmp_path))
-    trainer = Trainer(cfg, log=False, env_factory=functools.partial(ShowDigitEnv, choices=2))
+    """Force the collapse the issue describes: the format warm-up on the probe, drawing from the one answer "0"
+    (`warmup_moves`), teaches that constant answer. Every group is then constant (always right where d = 0,
+    always wrong where d = 1), every advantage is 0, the weights do not move, and the trainer warns and counts it."""
+    cfg = dataclasses.replace(PROBE, steps=3, format_warmup_steps=40, format_warmup_games=64, run_dir=str(tmp_path))
+    trainer = Trainer(cfg, log=False, env_factory=functools.partial(ShowDigitEnv, choices=2, warmup_moves=(0,)))
     trainer.format_warmup()
     before = [np.asarray(x) for x in jax.tree.leaves(trainer.params)]
     with pytest.warns(RuntimeWarning, match="no learning signal"):
-        records = [trainer.iteration() for _ in range(3)]
-    assert [r["train/no_signal_iters"] for r in records] == [1, 2, 3]
-    assert all(r["train/filtered_frac"] == 1.0 and r["train/grad_norm"] == 0.0 for r in records)
-    assert 0 < np.mean([r["episode/win_rate"] for r in records]) < 1  # right exactly where d happens to be 0
+        first = trainer.iteration()
+    assert first["train/no_signal_iters"] == 1
+    assert first["train/filtered_frac"] == 1.0 and first["train/grad_norm"] == 0.0
+    assert 0 < first["episode/win_rate"] < 1  # right exactly where d happens to be 0
     for a, b in zip(before, jax.tree.leaves(trainer.params)):
         np.testing.assert_array_equal(a, b)
+    # The counter runs while every group stays constant and resets on the first gradient. (A rare sampled
+    # "1", p ~ 3e-3 a game after this warm-up, gives its group a signal: at this seed iteration 2 has one.)
+    records = [first] + [trainer.iteration() for _ in range(4)]
+    for prev, r in zip(records, records[1:]):
+        silent = r["train/grad_norm"] == 0.0
+        assert silent == (r["train/filtered_frac"] == 1.0)
+        assert r["train/no_signal_iters"] == (prev["train/no_signal_iters"] + 1 if silent else 0)
 
 
 def test_the_entropy_floor_keeps_a_collapsed_run_learning(tmp_path):
@@ -127,9 +137,9 @@ def test_the_entropy_floor_keeps_a_collapsed_run_learning(tmp_path):
     rather than a nudge: Adam turns the floor's tiny but steady gradient into full steps, and the entropy went
     0.004 -> 4.6 nats (uniform) at iteration 6 before RL sharpened it again. It does not promise the answer is
     found quickly: the greedy policy was still the constant "0" after 60 iterations (learning_notes.md)."""
-    cfg = dataclasses.replace(PROBE, steps=15, format_warmup_steps=40, filter_constant_groups=False,
+    cfg = dataclasses.replace(PROBE, steps=15, format_warmup_steps=40, format_warmup_games=64, filter_constant_groups=False,
                               entropy_coef=1.0, entropy_floor=0.5, run_dir=str(tmp_path))
-    trainer = Trainer(cfg, log=False, env_factory=functools.partial(ShowDigitEnv, choices=2))
+    trainer = Trainer(cfg, log=False, env_factory=functools.partial(ShowDigitEnv, choices=2, warmup_moves=(0,)))
     trainer.format_warmup()
     records = [trainer.iteration() for _ in range(15)]
     entropy = [float(r["train/entropy"]) for r in records]
