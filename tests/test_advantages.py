@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from earl_jax.rl.advantages import (compute_advantages, discounted_returns, gae, group_filter, grpo_advantages,
+from earl_jax.rl.advantages import (between_group_advantages, compute_advantages, discount_by_turn, later_turns, discounted_returns, gae, group_filter, grpo_advantages,
                                     masked_mean, masked_sum, masked_var, masked_whiten, reinforce_pp_advantages,
                                     rloo_advantages, sequence_returns)
 from earl_jax.rl.losses import LossConfig
@@ -131,6 +131,40 @@ def test_rloo_by_hand():
     adv = per_seq(rloo_advantages(jnp.asarray(REWARDS), jnp.asarray(MASK), jnp.asarray(GROUP_IDS), 2))
     # Row 1: 2 - mean(-1, 2) = 1.5; row 3: -1 - mean(2, 2) = -3; row 0: 1 - 0; row 2: 0 - 1.
     np.testing.assert_allclose(adv, [1.0, 1.5, -1.0, -3.0, 1.5], atol=1e-6)
+
+
+def test_between_group_term_by_hand():
+    adv = per_seq(between_group_advantages(jnp.asarray(REWARDS), jnp.asarray(MASK), jnp.asarray(GROUP_IDS), 2))
+    # R = [1, 2, 0, -1, 2]: batch mean 0.8, population std sqrt(1.36); group means 0.5 (rows 0, 2), 1 (rows 1, 3, 4).
+    sd = np.sqrt(np.mean((np.array([1, 2, 0, -1, 2]) - 0.8) ** 2))
+    np.testing.assert_allclose(adv, np.array([-0.3, 0.2, -0.3, 0.2, 0.2]) / sd, rtol=1e-5)
+    # Added with its weight to GRPO; constant groups that differ from each other now get an advantage.
+    cfg = LossConfig(algorithm="grpo", between_group_weight=0.5)
+    got = per_seq(compute_advantages(jnp.asarray(REWARDS), jnp.asarray(MASK), jnp.asarray(GROUP_IDS), 2, cfg))
+    plain = per_seq(grpo_advantages(jnp.asarray(REWARDS), jnp.asarray(MASK), jnp.asarray(GROUP_IDS), 2))
+    np.testing.assert_allclose(got, plain + 0.5 * adv, rtol=1e-5)
+    r = np.zeros((4, 2), np.float32)
+    r[:2, 1] = 1.0  # two constant groups: one always right, one always wrong
+    const = compute_advantages(jnp.asarray(r), jnp.ones((4, 2)), jnp.asarray([0, 0, 1, 1]), 2, cfg)
+    np.testing.assert_allclose(np.asarray(const)[:, 0], [0.5, 0.5, -0.5, -0.5], atol=1e-5)
+    with pytest.raises(ValueError, match="between_group_weight"):
+        LossConfig(algorithm="reinforce_pp", between_group_weight=0.5)
+
+
+def test_turn_discount_credits_late_turns_more():
+    # Row 0: turns at t = 1-2, 4, 6-7 (three turns); row 1: one turn.
+    m = np.array([[0, 1, 1, 0, 1, 0, 1, 1], [0, 0, 1, 0, 0, 0, 0, 0]], bool)
+    np.testing.assert_array_equal(later_turns(jnp.asarray(m)), [[0, 2, 2, 0, 1, 0, 0, 0], [0] * 8])
+    adv = discount_by_turn(jnp.where(jnp.asarray(m), 2.0, 0.0), jnp.asarray(m), 0.5)
+    np.testing.assert_allclose(adv, [[0, 0.5, 0.5, 0, 1, 0, 2, 2], [0, 0, 2, 0, 0, 0, 0, 0]])
+    # Through compute_advantages: the same GRPO advantages, discounted per later turn (MASK: two turns a row).
+    got = np.asarray(compute_advantages(jnp.asarray(REWARDS), jnp.asarray(MASK), jnp.asarray(GROUP_IDS), 2,
+                                        LossConfig(algorithm="grpo", turn_discount=0.5)))
+    plain = np.asarray(grpo_advantages(jnp.asarray(REWARDS), jnp.asarray(MASK), jnp.asarray(GROUP_IDS), 2))
+    np.testing.assert_allclose(got[:, 4:], plain[:, 4:], rtol=1e-6)  # the last turn keeps its credit
+    np.testing.assert_allclose(got[:, :4], 0.5 * plain[:, :4], rtol=1e-6)
+    with pytest.raises(ValueError, match="turn_discount"):
+        LossConfig(algorithm="reinforce_pp", turn_discount=0.5)
 
 
 def test_reinforce_pp_by_hand():

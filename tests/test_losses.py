@@ -150,6 +150,19 @@ def test_entropy_bonus():
     np.testing.assert_allclose(g, -0.1 * MASK / 7, atol=1e-7)
 
 
+def test_entropy_floor_bounds_the_bonus():
+    ent = np.array([[1.0, 2.0, 3.0, 4.0], [0.5, 0.5, 0.5, 99.0]], np.float32)  # token mean 11.5 / 7 = 1.64
+    base, _ = loss_fn(cfg())
+    below = lambda e: loss_fn(cfg(entropy_coef=0.1, entropy_floor=2.0), entropy=e)[0]  # noqa: E731
+    above = lambda e: loss_fn(cfg(entropy_coef=0.1, entropy_floor=1.0), entropy=e)[0]  # noqa: E731
+    assert float(below(ent)) == pytest.approx(float(base) - 0.1 * 11.5 / 7, rel=1e-5)  # the plain bonus
+    np.testing.assert_allclose(jax.grad(below)(jnp.asarray(ent)), -0.1 * MASK / 7, atol=1e-7)
+    assert float(above(ent)) == pytest.approx(float(base) - 0.1 * 1.0, rel=1e-5)  # capped at the floor
+    np.testing.assert_array_equal(jax.grad(above)(jnp.asarray(ent)), 0.0)  # and no push above it
+    with pytest.raises(ValueError, match="entropy_floor"):
+        cfg(entropy_floor=1.0)  # a floor without a bonus does nothing
+
+
 def test_aggregation_modes_on_ragged_mask():
     x = jnp.array([[1.0, 1.0, 1.0, 1.0], [5.0, 7.0, 7.0, 7.0]])
     mask = jnp.array([[1, 1, 1, 1], [1, 0, 0, 0]])

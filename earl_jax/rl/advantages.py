@@ -205,6 +205,45 @@ def reinforce_pp_advantages(
     return masked_whiten(discounted_returns(r, m, gamma), m, eps)
 
 
+@functools.partial(jax.jit, static_argnames=("num_groups",))
+def between_group_advantages(
+    rewards: Float[Array, "n t"], loss_mask: TokenMask, group_ids: Int[Array, " n"], num_groups: int,
+    eps: float = 1e-6,
+) -> Float[Array, "n t"]:
+    """(group mean - batch mean) / batch std on every generated token: how a group did against the batch.
+
+    GRPO's group baseline removes exactly this part of R - batch mean (R - batch mean = (R - group mean)
+    + (group mean - batch mean)). Added back with a small weight it is the signal that says "this answer
+    is good *here*, not everywhere": a policy that always answers the same scores in the groups where that
+    answer fits and not elsewhere, so its constant groups differ from each other even when no group varies
+    inside. Rows without generated tokens get 0; a batch of equal returns gets 0.
+    """
+    returns = sequence_returns(rewards, loss_mask)
+    s = _group_stats(returns, loss_mask, group_ids, num_groups)
+    centered_batch, _, count = _masked_center(returns, s.valid, None)
+    std = jnp.sqrt(jnp.square(jnp.where(s.valid, centered_batch, 0.0)).sum() / jnp.maximum(count, 1))
+    between = jnp.where(s.valid, centered_batch - s.centered, 0.0)  # group mean - batch mean
+    return _broadcast(between / (std + eps), loss_mask)
+
+
+@jax.jit
+def later_turns(loss_mask: TokenMask) -> Int[Array, "n t"]:
+    """For each generated token, how many of its sequence's turns (runs of generated tokens) come after its own."""
+    m = loss_mask.astype(bool)
+    starts = m & ~jnp.pad(m[:, :-1], ((0, 0), (1, 0)))
+    after = jnp.cumsum(starts[:, ::-1], axis=1)[:, ::-1] - starts  # turn starts strictly after t
+    return jnp.where(m, after, 0).astype(jnp.int32)
+
+
+def discount_by_turn(advantages: Float[Array, "n t"], loss_mask: TokenMask, turn_discount: float) -> Float[Array, "n t"]:
+    """advantage x turn_discount ** (turns after this token's turn): a game's outcome credits its last moves most.
+
+    A sequence-level advantage (GRPO, RLOO) credits every turn of a game equally, also turns that did not
+    matter; the discount trades that variance for a bias towards late moves (REINFORCE++'s gamma, per turn).
+    """
+    return advantages * jnp.asarray(turn_discount, jnp.float32) ** later_turns(loss_mask)
+
+
 # ---------------------------------------------------------------------------------------------
 # Group filter
 
@@ -249,14 +288,20 @@ def compute_advantages(
 ) -> Float[Array, "n t"]:
     """Advantages [N, T] for cfg.algorithm (0 on masked-out tokens). jit with cfg, num_groups static.
 
-    grpo / rloo: group estimators (group_ids, num_groups). reinforce_pp: global REINFORCE++
+    grpo / rloo: group estimators (group_ids, num_groups), plus cfg.between_group_weight times
+    `between_group_advantages`, discounted by cfg.turn_discount per later turn. reinforce_pp: global REINFORCE++
     (old_logp, ref_logp when cfg.reward_kl_coef > 0). ppo: GAE from `values` (V = 0 without a
     critic, then it equals reinforce_pp with gamma * gae_lambda), globally whitened.
     """
-    if cfg.algorithm == "grpo":
-        return grpo_advantages(rewards, loss_mask, group_ids, num_groups, cfg.scale_by_std, cfg.adv_eps)
-    if cfg.algorithm == "rloo":
-        return rloo_advantages(rewards, loss_mask, group_ids, num_groups)
+    if cfg.algorithm in ("grpo", "rloo"):
+        if cfg.algorithm == "grpo":
+            adv = grpo_advantages(rewards, loss_mask, group_ids, num_groups, cfg.scale_by_std, cfg.adv_eps)
+        else:
+            adv = rloo_advantages(rewards, loss_mask, group_ids, num_groups)
+        if cfg.between_group_weight:
+            adv = adv + cfg.between_group_weight * between_group_advantages(
+                rewards, loss_mask, group_ids, num_groups, cfg.adv_eps)
+        return adv if cfg.turn_discount == 1.0 else discount_by_turn(adv, loss_mask, cfg.turn_discount)
     if cfg.algorithm == "reinforce_pp":
         return reinforce_pp_advantages(rewards, loss_mask, cfg.gamma, cfg.reward_kl_coef,
                                        old_logp, ref_logp, cfg.adv_eps)

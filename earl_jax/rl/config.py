@@ -71,10 +71,16 @@ class RLConfig:
     kl_coef: float = _f(0.0, "KL-to-reference coefficient (0: no reference model)")
     kl_estimator: Literal["k1", "k3"] = _f("k3", "KL estimator")
     entropy_coef: float = _f(0.0, "entropy bonus over the whole vocabulary (0.01 pushed the tiny model towards invalid tokens)")
+    entropy_floor: float | None = _f(None, "if set, the entropy bonus acts only while the mean entropy per generated "
+                                           "token is below this (nats): it stops a collapse without flattening")
     aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"] = _f(
         "token_mean", "how token losses are averaged")
     gamma: float = _f(1.0, "discount for REINFORCE++ returns")
+    turn_discount: float = _f(1.0, "grpo/rloo: a token's advantage x this ** (turns after its own): later moves of a "
+                                   "game get more of its outcome's credit (1: every turn the same)")
     filter_constant_groups: bool = _f(True, "drop groups whose rewards do not vary (no signal, guards collapse)")
+    between_group_weight: float = _f(0.0, "grpo/rloo: add this x (group mean - batch mean) / batch std to the "
+                                          "advantages (constant groups then still teach; needs the filter off)")
     win_reward: float = _f(1.0, "reward for a win")
     draw_reward: float = _f(0.0, "reward for a draw")
     loss_reward: float = _f(-1.0, "reward for a loss")
@@ -143,9 +149,15 @@ class RLConfig:
         need(self.learning_rate > 0, "learning_rate", "must be > 0")
         need(self.grad_clip > 0, "grad_clip", "must be > 0")
         need(0 < self.gamma <= 1, "gamma", "must be in (0, 1]")
+        need(0 < self.turn_discount <= 1, "turn_discount", "must be in (0, 1]")
         need(0 <= self.selector_margin < 1, "selector_margin", "must be in [0, 1)")
         need(0 < self.selector_ema <= 1, "selector_ema", "must be in (0, 1]")
         need(self.devices >= 0 and self.memory_budget_gib >= 0, "devices", "must be >= 0")
+        need(self.entropy_floor is None or (self.entropy_floor > 0 and self.entropy_coef > 0), "entropy_floor",
+             "must be > 0, with --entropy-coef > 0 (the bonus it bounds)")
+        need(self.between_group_weight >= 0, "between_group_weight", "must be >= 0")
+        need(not (self.between_group_weight and self.filter_constant_groups), "filter_constant_groups",
+             "drops the constant groups that --between-group-weight gives an advantage: turn one of them off")
         need(self.agent_player in (None, 0, 1), "agent_player", "must be 0, 1 or none")
         need(0 < self.promote_at <= 1, "promote_at", "must be in (0, 1]")
         need(self.league_size >= 0, "league_size", "must be >= 0")

@@ -54,12 +54,15 @@ class LossConfig:
     kl_coef: float = 0.0  # weight of the KL-to-reference term in the loss
     kl_estimator: KLEstimator | None = None  # "k1", "k3" or None (no KL term)
     entropy_coef: float = 0.0  # loss -= entropy_coef * entropy
+    entropy_floor: float | None = None  # if set, loss -= entropy_coef * min(entropy, floor): a bonus only below it
     aggregation: Aggregation = "token_mean"
     surrogate: Literal["ppo_clip", "reinforce"] = "ppo_clip"
     # Advantage estimation (see advantages.compute_advantages).
     gamma: float = 1.0  # discount per generated token (reinforce_pp, ppo)
     gae_lambda: float = 1.0  # GAE lambda (ppo)
     scale_by_std: bool = True  # grpo: divide by the group std; False = Dr. GRPO
+    between_group_weight: float = 0.0  # grpo / rloo: + this x (group mean - batch mean) / batch std
+    turn_discount: float = 1.0  # grpo / rloo: advantage x this ** (turns after the token's turn)
     reward_kl_coef: float = 0.0  # reinforce_pp / ppo: k1 KL to the reference folded into token rewards
     adv_eps: float = 1e-6  # added to standard deviations before dividing
 
@@ -83,6 +86,8 @@ class LossConfig:
             fail("kl_coef", "is positive but kl_estimator is None; set kl_estimator='k1' or 'k3'")
         if not self.entropy_coef >= 0.0:
             fail("entropy_coef", "must be >= 0")
+        if self.entropy_floor is not None and not (self.entropy_floor > 0.0 and self.entropy_coef > 0.0):
+            fail("entropy_floor", "must be > 0, with entropy_coef > 0 (the bonus it bounds)")
         if self.aggregation not in AGGREGATIONS:
             fail("aggregation", f"must be one of {AGGREGATIONS}")
         if self.surrogate not in SURROGATES:
@@ -96,6 +101,14 @@ class LossConfig:
         if self.reward_kl_coef > 0.0 and self.algorithm not in ("reinforce_pp", "ppo"):
             fail("reward_kl_coef", "only token-level estimators (reinforce_pp, ppo) fold KL into rewards; "
                  "use kl_coef with kl_estimator for a KL loss term")
+        if not self.between_group_weight >= 0.0:
+            fail("between_group_weight", "must be >= 0")
+        if self.between_group_weight > 0.0 and self.algorithm not in ("grpo", "rloo"):
+            fail("between_group_weight", "only group estimators (grpo, rloo) have a group baseline to mix with")
+        if not 0.0 < self.turn_discount <= 1.0:
+            fail("turn_discount", "must be in (0, 1]")
+        if self.turn_discount < 1.0 and self.algorithm not in ("grpo", "rloo"):
+            fail("turn_discount", "applies to sequence-level estimators (grpo, rloo); reinforce_pp has gamma")
         if not self.adv_eps > 0.0:
             fail("adv_eps", "must be > 0")
 
@@ -191,7 +204,7 @@ def policy_loss(
     entropy: Float[Array, "n t"] | None,
     cfg: LossConfig,
 ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
-    """loss = agg(pg) + kl_coef * agg(kl) - entropy_coef * agg(entropy), and metrics.
+    """loss = agg(pg) + kl_coef * agg(kl) - entropy_coef * min(agg(entropy), entropy_floor), and metrics.
 
     `ref_logp` may be None when `cfg.kl_estimator` is None, `entropy` when not needed (metric 0).
     Gradient flows only through `logp` and `entropy` (old_logp, ref_logp, advantages are stopped).
@@ -229,7 +242,9 @@ def policy_loss(
     if entropy is not None:
         ent = agg(_f32(entropy, m))
         if cfg.entropy_coef:
-            loss = loss - cfg.entropy_coef * ent
+            # With a floor the bonus has no gradient above it: it only stops a collapse, it does not flatten.
+            bonus = ent if cfg.entropy_floor is None else jnp.minimum(ent, cfg.entropy_floor)
+            loss = loss - cfg.entropy_coef * bonus
     elif cfg.entropy_coef:
         raise ValueError("policy_loss: cfg.entropy_coef > 0 but entropy is None")
 

@@ -89,10 +89,11 @@ def advantage_step(old_logp: Float[Array, "n t"], ref_logp: Float[Array, "n t"],
                              ref_logp=ref_logp)
     metrics = {}
     mask = loss_mask
-    if filter_constant_groups and loss_cfg.algorithm in ("grpo", "rloo"):
+    if loss_cfg.algorithm in ("grpo", "rloo"):
         keep = group_filter(rewards, loss_mask, group_ids, num_groups)
-        mask = loss_mask & keep.keep[:, None]
-        metrics["filtered_frac"] = keep.filtered_frac
+        metrics["filtered_frac"] = keep.filtered_frac  # games in constant groups (dropped when filtering)
+        if filter_constant_groups:
+            mask = loss_mask & keep.keep[:, None]
     return ExperienceBatch(tokens, mask, old_logp, ref_logp, adv), metrics
 
 

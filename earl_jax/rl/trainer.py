@@ -21,6 +21,7 @@ import json
 import logging
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -114,12 +115,15 @@ class Trainer:
         self.loss_cfg = LossConfig(
             algorithm=cfg.algorithm, clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
             dual_clip=cfg.dual_clip, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator if cfg.kl_coef > 0 else None,
-            entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation, gamma=cfg.gamma)
+            entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation, gamma=cfg.gamma,
+            between_group_weight=cfg.between_group_weight, entropy_floor=cfg.entropy_floor,
+            turn_discount=cfg.turn_discount)
         self.optimizer = make_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps * cfg.ppo_epochs,
                                         cfg.weight_decay, cfg.grad_clip)
         self.opt_state = self._place_opt_state(train, jax.jit(self.optimizer.init)(self.params))
         self.sft_optimizer = make_optimizer(3e-3, 5, max(cfg.format_warmup_steps, 6), 0.0, cfg.grad_clip)
         self.step = 0
+        self._no_signal = 0  # consecutive iterations without a gradient (see iteration())
         self._samplers: dict[MeshShape, Sampler] = {}  # one per rollout mesh: each keeps its compiled programs
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
         self.rollout_cfg = RolloutConfig(cfg.max_turn_tokens, cfg.max_turns, cfg.max_context,
@@ -415,6 +419,13 @@ class Trainer:
         self.step += 1
         dispatch_s = rollout_dispatch_s + train_metrics.pop("dispatch_s")
         iteration_s, n_dev = t2 - t_start, len(self.planner.devices)
+        # A zero gradient means every advantage was 0 (every group constant or filtered): the weights do not move
+        # until some group's rewards vary again, so a collapsed policy stays collapsed. Say so (first, every 10th).
+        self._no_signal = self._no_signal + 1 if train_metrics["grad_norm"] == 0.0 else 0
+        if self._no_signal % 10 == 1:
+            warnings.warn(f"iteration {self.step}: no learning signal for {self._no_signal} iteration(s) in a row (zero "
+                          f"gradient; {float(exp_metrics.get('filtered_frac', 0.0)):.0%} of games in constant groups); "
+                          "see --entropy-floor and --between-group-weight", RuntimeWarning, stacklevel=2)
 
         return {
             "step": self.step,
@@ -441,6 +452,7 @@ class Trainer:
             "train/entropy": train_metrics.get("entropy", 0.0), "train/grad_norm": train_metrics["grad_norm"],
             "train/clip_frac": train_metrics.get("clip_frac", 0.0), "train/skipped": train_metrics["skipped"],
             "train/filtered_frac": float(exp_metrics.get("filtered_frac", 0.0)),
+            "train/no_signal_iters": self._no_signal,
             "dispatch/bytes": sum(h.bytes for h in self.dispatcher.history[n_dispatch:]),
             "compile/programs": len(self.planner.programs) + sum(sp.compile_count for sp in self._samplers.values()),
             **self.planner.ran_log_dict(), **_device_memory(), **self.matchmaker.metrics(),

@@ -1,0 +1,137 @@
+"""Learning that depends on the observation, and the train pass scoring exactly what the rollout sampled."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from earl_jax.envs.probe import ShowDigitEnv
+from earl_jax.rl.config import RLConfig
+from earl_jax.rl.trainer import Trainer
+from earl_jax.rollout.sampler import Sampler
+
+TINY = RLConfig(groups=4, group_size=4, steps=1, format_warmup_steps=0, devices=1, eval_games=8, checkpoint_every=0,
+                max_context=512, micro_batch_tokens=8192, progress=False, wandb_mode="disabled")
+
+
+def _sampled_and_recomputed(trainer: Trainer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One rollout's sampler log-probs, the experience stage's old-policy log-probs of the same batch under
+    the same weights (rows back in game order), and the loss mask (generated tokens)."""
+    cfg = trainer.cfg
+    traj, _ = trainer._rollout(trainer.env, list(range(cfg.batch_size)), np.repeat(np.arange(cfg.groups), cfg.group_size),
+                               jax.random.key(1), trainer.sampling)
+    arrays = trainer._batch_arrays(traj)
+    trainer._plan_batch(arrays, traj.stats.turn_context_len_mean)
+    batch, _, arranged = trainer.planner.run("experience", lambda run: trainer._experience(run, arrays, traj.lengths))
+    old = np.empty(np.shape(batch.old_logp), np.float32)
+    old[arranged] = np.asarray(batch.old_logp)  # the stage arranges rows by length
+    return traj.logprobs, old[:, :traj.tokens.shape[1]], traj.loss_mask
+
+
+@pytest.mark.parametrize("env_factory, extra", [
+    # Connect Four, minimal style: multi-turn cache extends, invalid answers and retries (random weights).
+    (None, {"game": "connect_four"}),
+    # The probe's digit arrives on turn 3, after two extends of generated and observed tokens.
+    (functools.partial(ShowDigitEnv, reveal_turn=2), {"max_turn_tokens": 3, "max_context": 64}),
+])
+def test_train_pass_scores_exactly_the_sampled_tokens(tmp_path, env_factory, extra):
+    """The sampler's log-prob of every generated token equals the experience stage's recomputation.
+
+    With a float32 KV cache they agree to float tolerance; the Trainer's bf16 cache (its default) to ~2e-3.
+    An off-by-one in positions, padding, BOS or the extend path would be off by nats: the same comparison
+    one position over must fail.
+    """
+    trainer = Trainer(dataclasses.replace(TINY, run_dir=str(tmp_path), **extra), log=False, env_factory=env_factory)
+    sampled, old, mask = _sampled_and_recomputed(trainer)  # the Trainer's own sampler (bf16 cache)
+    assert mask.sum() > 50 and (mask.sum(1) > mask.sum(1).min()).any()  # many tokens, ragged rows
+    np.testing.assert_allclose(sampled[mask], old[mask], atol=1e-2, rtol=0)
+    shifted = np.abs(sampled[:, 1:] - old[:, :-1])[mask[:, 1:]]
+    assert shifted.mean() > 0.1, shifted.mean()  # the comparison can tell a position apart
+
+    run = trainer.planner.stage_run("rollout")
+    trainer._samplers[run.layout.mesh] = Sampler(trainer.graphdef, trainer.model_cfg, mesh=run.mesh, rules=run.rules,
+                                                 cache_dtype=jnp.float32)
+    sampled, old, mask = _sampled_and_recomputed(trainer)
+    np.testing.assert_allclose(sampled[mask], old[mask], atol=1e-5, rtol=0)
+
+
+# The probe runs: 8 groups of 8 one-token answers, learning rate 1e-3, plain GRPO (group filter on, no entropy
+# term). The digit shown is 0 or 1, so a policy that does not read it scores about 0.5 (always the same digit);
+# the 50 evaluation games are greedy, on fixed seeds. At 2e-3 the same run flips between "always 0" and
+# "always 1" and ends at 0.46 (experiments/results/learning_notes.md).
+PROBE = dataclasses.replace(TINY, groups=8, group_size=8, learning_rate=1e-3, max_turn_tokens=1, max_turns=2,
+                            max_context=32, eval_games=50, eval_every=0, filter_constant_groups=True,
+                            entropy_coef=0.0, entropy_floor=None, turn_discount=1.0)
+
+
+def _probe_success(tmp_path, steps: int, reveal_turn: int = 0, hidden: bool = False, **config
+                   ) -> tuple[float, list[dict]]:
+    cfg = dataclasses.replace(PROBE, steps=steps, run_dir=str(tmp_path), **config)
+    env = {"reveal_turn": reveal_turn, "hidden": hidden}
+    trainer = Trainer(cfg, log=False, env_factory=functools.partial(ShowDigitEnv, choices=2, **env))
+    history = [trainer.iteration() for _ in range(steps)]
+    return trainer.evaluate()["eval/win_rate"], history
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hidden", [False, True])
+def test_policy_learns_to_read_the_first_observation(tmp_path, hidden):
+    """The first observation shows a digit d; only the answer d is rewarded. After 80 iterations the greedy
+    policy answers it in >= 90% of the games (seed 0: 0.54 up to iteration 60, 1.00 at 70 and 80). The control
+    hides the digit (reward unchanged): then no policy can pass, and the run stays at a one-digit habit (~0.5).
+
+    Not tested because it does not pass yet: the same digit shown on turn 2, through the cache extend, is not
+    learned in 80 iterations (0.46 with plain GRPO, with a turn discount of 0.5 or 0.05, or with the entropy
+    floor); the trajectories and log-probs of that path are checked above (learning_notes.md)."""
+    success, _ = _probe_success(tmp_path, 80, hidden=hidden)
+    if hidden:
+        assert success <= 0.6, success
+    else:
+        assert success >= 0.9, success
+
+
+def test_a_collapsed_run_has_no_gradient_and_says_so(tmp_path):
+    """Force the collapse the issue describes: the format warm-up on the probe, drawing from the one answer "0"
+    (`warmup_moves`), teaches that constant answer. Every group is then constant (always right where d = 0,
+    always wrong where d = 1), every advantage is 0, the weights do not move, and the trainer warns and counts it."""
+    cfg = dataclasses.replace(PROBE, steps=3, format_warmup_steps=40, format_warmup_games=64, run_dir=str(tmp_path))
+    trainer = Trainer(cfg, log=False, env_factory=functools.partial(ShowDigitEnv, choices=2, warmup_moves=(0,)))
+    trainer.format_warmup()
+    before = [np.asarray(x) for x in jax.tree.leaves(trainer.params)]
+    with pytest.warns(RuntimeWarning, match="no learning signal"):
+        first = trainer.iteration()
+    assert first["train/no_signal_iters"] == 1
+    assert first["train/filtered_frac"] == 1.0 and first["train/grad_norm"] == 0.0
+    assert 0 < first["episode/win_rate"] < 1  # right exactly where d happens to be 0
+    for a, b in zip(before, jax.tree.leaves(trainer.params)):
+        np.testing.assert_array_equal(a, b)
+    # The counter runs while every group stays constant and resets on the first gradient. (A rare sampled
+    # "1", p ~ 3e-3 a game after this warm-up, gives its group a signal: at this seed iteration 2 has one.)
+    records = [first] + [trainer.iteration() for _ in range(4)]
+    for prev, r in zip(records, records[1:]):
+        silent = r["train/grad_norm"] == 0.0
+        assert silent == (r["train/filtered_frac"] == 1.0)
+        assert r["train/no_signal_iters"] == (prev["train/no_signal_iters"] + 1 if silent else 0)
+
+
+def test_the_entropy_floor_keeps_a_collapsed_run_learning(tmp_path):
+    """The same forced collapse with the entropy floor (and the filter off, so the collapsed groups' tokens count):
+    the floor's gradient un-freezes the run and groups vary again. From this saturated start it acts as a reset
+    rather than a nudge: Adam turns the floor's tiny but steady gradient into full steps, and the entropy went
+    0.004 -> 4.6 nats (uniform) at iteration 6 before RL sharpened it again. It does not promise the answer is
+    found quickly: the greedy policy was still the constant "0" after 60 iterations (learning_notes.md)."""
+    cfg = dataclasses.replace(PROBE, steps=15, learning_rate=2e-3, format_warmup_steps=40, format_warmup_games=64,
+                              filter_constant_groups=False, entropy_coef=1.0, entropy_floor=0.5, run_dir=str(tmp_path))
+    trainer = Trainer(cfg, log=False, env_factory=functools.partial(ShowDigitEnv, choices=2, warmup_moves=(0,)))
+    trainer.format_warmup()
+    records = [trainer.iteration() for _ in range(15)]
+    entropy = [float(r["train/entropy"]) for r in records]
+    assert all(r["train/grad_norm"] > 0 and r["train/no_signal_iters"] == 0 for r in records)
+    assert entropy[0] < 0.1 and max(entropy) > 0.5, entropy
+    rise = int(np.argmax(np.asarray(entropy) > 0.5))
+    assert min(r["train/filtered_frac"] for r in records[rise:]) < 1.0  # some group's answers differ again
