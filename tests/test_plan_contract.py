@@ -200,3 +200,32 @@ def test_micro_batched_stages_equal_one_batch_on_every_mesh(stage, mesh):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
             moved |= not np.allclose(a, before)
         assert moved, "a step with non-zero advantages must move the weights"
+
+
+def test_stage_programs_compile_with_the_planner_s_xla_options(monkeypatch):
+    """Experience and train on a multi-device GPU mesh compile without the latency-hiding scheduler (it tripled
+    a data-parallel grad step's temp memory on H100s); the rollout, one device and CPUs keep XLA's defaults."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from earl_jax.parallel import planner
+
+    cpu2 = Mesh(np.array(jax.devices()[:2]), ("data",))
+    cpu1 = Mesh(np.array(jax.devices()[:1]), ("data",))
+    assert planner.stage_compiler_options("train", cpu2) is None  # CPU: the scheduler is a GPU pass
+
+    class FakeGpu:
+        platform = "gpu"
+
+    class FakeMesh:
+        def __init__(self, n):
+            self.devices = np.array([FakeGpu()] * n)
+
+    assert planner.stage_compiler_options("train", FakeMesh(4)) == planner.NO_LATENCY_HIDING
+    assert planner.stage_compiler_options("experience", FakeMesh(2)) == planner.NO_LATENCY_HIDING
+    assert planner.stage_compiler_options("rollout", FakeMesh(4)) is None
+    assert planner.stage_compiler_options("train", FakeMesh(1)) is None
+    monkeypatch.setenv("EARL_XLA_LHS", "1")
+    assert planner.stage_compiler_options("train", FakeMesh(4)) is None
+    assert planner.stage_compiler_options("train", cpu1) is None

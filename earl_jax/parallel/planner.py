@@ -22,6 +22,7 @@ import dataclasses
 import gc
 import logging
 import math
+import os
 import time
 import zlib
 from functools import partial
@@ -149,6 +150,23 @@ class StageRun:
         return self.programs.get(self, name, fn, donate, static)
 
 
+# Experience and train programs on a multi-device GPU mesh compile without XLA's latency-hiding scheduler. With
+# it, a data-parallel grad step of Qwen2.5-1.5B (4 layers, 16 rows x 2048 per device, 2 H100s) asked for 11.8 GiB
+# of temp against 3.8 on one device: the scheduler moves work early to overlap the gradient all-reduces and
+# keeps activations alive for it, sized to the whole device's memory rather than to the stage's share, which
+# the memory model cannot see (the 4-H100 pod run's train stage asked for 50 GiB and ran out of memory). Off:
+# 3.85 GiB, the one-device plan (experiments/probe_train_collectives.py, results/NOTES.md). The rollout keeps it:
+# its memory is the cache, an argument. EARL_XLA_LHS=1 keeps the scheduler everywhere.
+NO_LATENCY_HIDING = {"xla_gpu_enable_latency_hiding_scheduler": False}
+
+
+def stage_compiler_options(stage: str, mesh: Mesh) -> dict[str, Any] | None:
+    """XLA options for a stage's programs on `mesh` (None: XLA's defaults)."""
+    if stage == "rollout" or mesh.devices.size == 1 or os.environ.get("EARL_XLA_LHS") == "1":
+        return None
+    return dict(NO_LATENCY_HIDING) if mesh.devices.flat[0].platform == "gpu" else None
+
+
 class ProgramCache:
     """The stages' compiled programs: one jit per (stage, name, mesh, static settings), and a record of every
     (stage, name, mesh, argument shapes) that ran, i.e. every compiled program (`len(cache)`), with a log
@@ -170,7 +188,8 @@ class ProgramCache:
                 with use_mesh_rules(run.mesh, run.rules):
                     return body(*args)
 
-            jitted = jax.jit(traced, donate_argnums=donate)
+            jitted = jax.jit(traced, donate_argnums=donate,
+                             compiler_options=stage_compiler_options(run.stage, run.mesh))
 
             def call(*args):
                 shapes = tuple(tuple(x.shape) for x in jax.tree.leaves(args) if hasattr(x, "shape") and x.ndim >= 2)
