@@ -160,12 +160,12 @@ def test_gpu_preset_parses_validates_and_yields_to_flags(script, last_rung, caps
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
     mod = importlib.import_module(script)
     cfg = parse_config(RLConfig, ["--preset", "gpu"], presets=mod.PRESETS, base=mod.DEFAULT)
-    assert cfg.batch_size == 512 and cfg.group_size == 8 and cfg.prompt_style == "compact"
+    assert cfg.batch_size == 2048 and cfg.group_size == 8 and cfg.prompt_style == "compact"
     assert cfg.opponent == "curriculum" and parse_ladder(cfg.curriculum, cfg.game)[-1] == last_rung
     assert cfg.game == mod.DEFAULT.game and cfg.max_minutes == 15 and cfg.run_dir.endswith("-gpu")
     cfg = parse_config(RLConfig, ["--preset", "gpu", "--promote-at", "0.9", "--league-size", "4"], presets=mod.PRESETS,
                        base=mod.DEFAULT)
-    assert cfg.promote_at == 0.9 and cfg.league_size == 4 and cfg.batch_size == 512
+    assert cfg.promote_at == 0.9 and cfg.league_size == 4 and cfg.batch_size == 2048
     with pytest.raises(SystemExit):
         parse_config(RLConfig, ["--preset", "gpu", "--promote-at", "1.5"], presets=mod.PRESETS, base=mod.DEFAULT)
     assert "--promote-at" in capsys.readouterr().err

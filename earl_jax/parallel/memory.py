@@ -131,6 +131,14 @@ class ParamGroup:
         return self.name.startswith("layers/")
 
 
+def _bucket(n: int, buckets: tuple[int, ...]) -> int:
+    """The smallest of `buckets` >= n (past the largest: the next multiple of it), as the sampler sizes caches."""
+    for b in buckets:
+        if b >= n:
+            return b
+    return -(-n // buckets[-1]) * buckets[-1]
+
+
 @functools.lru_cache(maxsize=64)
 def param_groups(cfg: ModelConfig) -> tuple[ParamGroup, ...]:
     """The decoder's parameters, read from the abstract model (shapes and logical axes, no memory).
@@ -203,6 +211,7 @@ class MemoryConfig:
     kv_cache_bytes: int = 2
     experience_models: int = 2  # reference + old policy resident together
     prefill_len: int = 256  # rollout tokens prefilled per step (prompt chunk / a turn's observation)
+    cache_buckets: tuple[int, ...] | None = None  # the sampler's cache sizes when not its default: KV at the bucket
     # models/attention.py never materializes [t, t] scores: query blocks of Q_BLOCK (CPU), cuDNN flash (GPU)
     attn_q_block: int | None = Q_BLOCK  # None: full attention scores materialized
     remat: bool = True  # per-layer activation checkpointing in training
@@ -341,7 +350,8 @@ class MemoryModel:
             mb = per_shard if micro_batch is None else micro_batch
             chunk = 1
             params = params_per_device(c, stage, mesh) * m.param_bytes_inference
-            kv = mb * ctx * self.kv_bytes_per_token_per_device(t)
+            cached = ctx if m.cache_buckets is None else _bucket(ctx, m.cache_buckets)  # coarse buckets pad more
+            kv = mb * cached * self.kv_bytes_per_token_per_device(t)
             if extends is None:
                 pre = min(m.prefill_len, ctx)
                 acts = self._layer_workspace(mb * pre, t) + self._attn_scores(mb, pre, ctx, t, blocked=False)

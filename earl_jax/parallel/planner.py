@@ -225,7 +225,8 @@ class StagePlanner:
         self.programs = ProgramCache()
 
     @classmethod
-    def from_config(cls, cfg, model_cfg: ModelConfig, remat: bool = True) -> "StagePlanner":
+    def from_config(cls, cfg, model_cfg: ModelConfig, remat: bool = True,
+                    cache_buckets: tuple[int, ...] | None = None) -> "StagePlanner":
         devices = jax.devices()[: cfg.devices or None]
         thresholds = {s: v for s in STAGES if (v := _checked_thresholds(cfg, model_cfg, len(devices), s))}
         edges = cfg.selector_edges or (SMALL_BUCKET_EDGES if cfg.model == "tiny" else None)
@@ -233,7 +234,7 @@ class StagePlanner:
                                  ema_alpha=cfg.selector_ema, thresholds=thresholds or None)
         budget = int(cfg.memory_budget_gib * 2**30) or None
         memory = MemoryConfig(budget_bytes=budget, remat=remat, max_logprob_chunk=cfg.logprob_chunk,
-                              max_micro_batch_tokens=cfg.micro_batch_tokens)
+                              max_micro_batch_tokens=cfg.micro_batch_tokens, cache_buckets=cache_buckets)
         table = ProfileTable.load(cfg.selector_table) if cfg.selector_table else None
         selector = ParallelismSelector(model_cfg, len(devices), memory=memory, config=sel_cfg, table=table,
                                        device_kind=devices[0].device_kind)

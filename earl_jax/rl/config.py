@@ -60,6 +60,9 @@ class RLConfig:
                                 "while the device decodes another's (0: auto = 1; see Trainer._pipeline_groups)")
     compact_finished: bool = _f(True, "finished games leave the decode batch (gathered into a smaller batch bucket)")
     max_context: int = _f(2048, "max tokens per episode (then truncated, recorded)")
+    rollout_cache_growth: float = _f(0.0, "KV cache sizes as a game grows: 0 = the default buckets (x1.33-1.5 steps, "
+                                          "least padded attention); 2 or 4 = fewer, larger sizes, so fewer decode "
+                                          "programs compile (a real-size model's first iteration is mostly compiles)")
     temperature: float = _f(1.0, "sampling temperature during rollouts")
     top_k: int = _f(0, "top-k sampling (0: off)")
     top_p: float = _f(1.0, "nucleus sampling threshold (1: off)")
@@ -174,6 +177,8 @@ class RLConfig:
         need(not (self.resume and self.keep_checkpoints == 0), "keep_checkpoints",
              "--resume needs checkpoints: 0 writes none")
         need(self.max_context > self.max_turn_tokens, "max_context", "must exceed --max-turn-tokens")
+        need(self.rollout_cache_growth == 0 or self.rollout_cache_growth >= 1.5, "rollout_cache_growth",
+             "must be 0 (default buckets) or >= 1.5")
         try:
             schedule = parse_schedule(self.turn_tokens_schedule)
         except ValueError as e:

@@ -53,7 +53,8 @@ from earl_jax.rl.warmup import random_legal_games
 from earl_jax.rollout.agent_loop import RolloutConfig, Trajectories, play_games
 from earl_jax.rollout.frozen_opponent import FrozenPolicyOpponent
 from earl_jax.rollout.policy import SamplerPolicy
-from earl_jax.rollout.sampler import Sampler, SamplingConfig, cast_weights
+from earl_jax.rollout.sampler import (DEFAULT_CACHE_BUCKETS, Sampler, SamplingConfig, cast_weights,
+                                      geometric_cache_buckets)
 from earl_jax.sharding.mesh import MeshShape
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,10 @@ class Trainer:
             self.tokenizer = game_tokenizer()
             self.model_cfg = get_config(cfg.model, vocab_size=self.tokenizer.get_vocab_size())
         self.remat = cfg.remat if cfg.remat != "auto" else ("none" if jax.default_backend() == "cpu" else "full")
-        self.planner = StagePlanner.from_config(cfg, self.model_cfg, remat=self.remat != "none")
+        # --rollout-cache-growth: coarser KV cache sizes, so fewer decode programs; the memory model prices them
+        coarse = geometric_cache_buckets(cfg.rollout_cache_growth) if cfg.rollout_cache_growth else None
+        self.cache_buckets = coarse or DEFAULT_CACHE_BUCKETS
+        self.planner = StagePlanner.from_config(cfg, self.model_cfg, remat=self.remat != "none", cache_buckets=coarse)
         train = self.planner.stage_run("train")
         if cfg.hf_checkpoint:
             from earl_jax.models.loader import from_pretrained
@@ -206,6 +210,7 @@ class Trainer:
             sampler = self._samplers.get(run.layout.mesh)
             if sampler is None:
                 sampler = self._samplers[run.layout.mesh] = Sampler(self.graphdef, self.model_cfg, mesh=run.mesh,
+                                                                     cache_buckets=self.cache_buckets,
                                                                      rules=run.rules)
             groups = self._pipeline_groups(len(seeds), run.batch_shards)
             policies = [SamplerPolicy(sampler, params, sampling, stops, turn_tokens) for _ in range(groups)]
