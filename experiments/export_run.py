@@ -14,8 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def export(run_dir: Path, name: str, note: str = "") -> Path:
-    out = ROOT / "experiments" / "results" / f"{name}.json"
+def export(run_dir: Path, name: str, note: str = "", results: Path = ROOT / "experiments" / "results") -> Path:
+    out = results / f"{name}.json"
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     result = {"config": json.loads((run_dir / "config.json").read_text()), "records": records}
     if (run_dir / "evaluation.json").exists():

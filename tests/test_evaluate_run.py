@@ -47,3 +47,20 @@ def test_evaluates_the_checkpoint_against_each_opponent_and_leaves_the_run_as_it
 def test_a_folder_without_a_run_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="no config.json"):
         _script().main([str(tmp_path)])
+
+
+def test_export_run_keeps_config_records_evaluation_and_curves(tmp_path):
+    spec = importlib.util.spec_from_file_location("export_run", ROOT / "experiments" / "export_run.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"groups": 4}))
+    (run / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1, "eval/win_rate": 0.5}\n')
+    (run / "evaluation.json").write_text(json.dumps({"step": 1}))
+    (run / "curves.png").write_bytes(b"png")
+    out = mod.export(run, "x", "a note", results=tmp_path)
+    got = json.loads(out.read_text())
+    assert got == {"config": {"groups": 4}, "records": [{"step": 0}, {"step": 1, "eval/win_rate": 0.5}],
+                   "evaluation": {"step": 1}, "note": "a note"}
+    assert (tmp_path / "x.png").read_bytes() == b"png"
