@@ -4,7 +4,7 @@
     python experiments/connect4.py --help                 # every field of RLConfig as a flag
     python experiments/connect4.py --preset qwen0.5b --hf-checkpoint /path/to/Qwen2.5-0.5B-Instruct
     python experiments/connect4.py --preset pod           # GPUs: the largest model that fits them (earl_jax/rl/pod.py)
-    python experiments/connect4.py --preset gpu           # one GPU, 15 minutes: 512 games, curriculum (earl_jax/rl/gpu_preset.py)
+    python experiments/connect4.py --preset gpu           # one GPU, 15 minutes: 2048 games, curriculum, entropy floor (earl_jax/rl/gpu_preset.py)
 
 The run folder (--run-dir) receives config.json, metrics.jsonl, checkpoints/ and curves.png.
 """
