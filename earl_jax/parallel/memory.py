@@ -44,6 +44,7 @@ import jax
 from earl_jax.models.attention import Q_BLOCK
 from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.plan import RolloutExtends
+from earl_jax.rollout.sampler import bucket
 from earl_jax.sharding.mesh import STAGE_RULES, STAGES, MeshShape, logical_to_spec
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -129,14 +130,6 @@ class ParamGroup:
     @property
     def per_layer(self) -> bool:
         return self.name.startswith("layers/")
-
-
-def _bucket(n: int, buckets: tuple[int, ...]) -> int:
-    """The smallest of `buckets` >= n (past the largest: the next multiple of it), as the sampler sizes caches."""
-    for b in buckets:
-        if b >= n:
-            return b
-    return -(-n // buckets[-1]) * buckets[-1]
 
 
 @functools.lru_cache(maxsize=64)
@@ -350,7 +343,7 @@ class MemoryModel:
             mb = per_shard if micro_batch is None else micro_batch
             chunk = 1
             params = params_per_device(c, stage, mesh) * m.param_bytes_inference
-            cached = ctx if m.cache_buckets is None else _bucket(ctx, m.cache_buckets)  # coarse buckets pad more
+            cached = ctx if m.cache_buckets is None else bucket(ctx, m.cache_buckets)  # coarse buckets pad more
             kv = mb * cached * self.kv_bytes_per_token_per_device(t)
             if extends is None:
                 pre = min(m.prefill_len, ctx)
