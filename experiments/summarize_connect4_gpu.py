@@ -72,6 +72,9 @@ def summarize(rows: list[dict], evaluation: dict | None, device: str) -> dict:
             "median_excluding_first_of_each_segment": statistics.median(steady) if steady else None,
             "first_of_each_segment": [r["time/iteration_s"] for r in iters if r["step"] in first_of_seg],
         },
+        # the rollout once compiles have settled (the last 3/4 of the iterations): issue 13's 512-game numbers
+        "rollout_steady_state": {k: statistics.median(r[k] for r in iters[len(iters) // 4:] if k in r)
+                                 for k in ("time/rollout_s", "rollout/env_frac", "time/iteration_s")} if iters else None,
         "curriculum": {"final_opponent": last.get("curriculum/opponent"), "final_rung": last.get("curriculum/rung"),
                        "promotions": promotions},
         "end_of_training": {

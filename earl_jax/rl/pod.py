@@ -45,8 +45,9 @@ TRAIN_SHARE = 0.5  # of the usable memory per device, for the train stage (the r
 GAMES_PER_DEVICE = 16
 GROUP_SIZE = 8
 # rollout_cache_growth 4: the cold first iteration on 4 H100s was 122 s of decode compiles (one program per batch x
-# cache size as games grow); KV sizes 512, 2048, 8192 compile 9 sampler programs for a tiny-model iteration of
-# this job where the default sizes compile 26 (tests/test_cache_growth.py), at up to 4x padded decode attention.
+# cache size as games grow); KV sizes 512, 2048, 8192 compile 16 sampler programs for the first evaluation and
+# iteration of this job where the default sizes compile 33 (experiments/count_decode_programs.py), at up to 4x
+# padded decode attention.
 RANDOM_INIT = dict(prompt_style="compact", max_turn_tokens=8, max_context=4096, rollout_cache_growth=4.0,
                    learning_rate=1e-4, kl_coef=0.0)
 PRETRAINED = dict(prompt_style="chat", max_turn_tokens=128, max_context=8192, learning_rate=1e-6, kl_coef=0.001,
