@@ -26,6 +26,7 @@ class ShowDigitEnv:
     def __init__(self, cfg=None, *, reveal_turn: int = 0, shift: int = 0, hidden: bool = False, choices: int = 10,
                  miss_reward: float = 0.0, warmup_moves: tuple[int, ...] = tuple(range(10))):
         self.legal = list(warmup_moves)
+        self.num_actions = 10  # answers 0..9 (constrained moves draw among `legal`)
         self.reveal_turn, self.shift, self.hidden, self.choices = reveal_turn, shift, hidden, choices
         self.miss_reward = miss_reward
 

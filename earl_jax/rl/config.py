@@ -51,6 +51,10 @@ class RLConfig:
     groups: int = _f(16, "B: groups of games per iteration (each group shares a start seed)")
     group_size: int = _f(4, "G: games per group (GRPO / RLOO baselines compare within a group)")
     max_turn_tokens: int = _f(4, "max tokens the policy may generate per turn")
+    constrain_moves: bool = _f(False, "the policy picks each move among the legal moves' tokens (a masked softmax; "
+                                      "the experience and train stages score it the same way), then the turn ends: "
+                                      "no invalid answers, one scored token per turn, no decode loop "
+                                      "(earl_jax/rollout/moves.py); false: free-text answers, invalid ones forfeit")
     stop_at_eos: bool = _f(True, "a turn ends at the end token; false: every answer uses its whole turn budget "
                                  "(fixed-length thinking; the move is the first number in it)")
     turn_tokens_schedule: str = _f("", "length curriculum: 'ITER:TOKENS,...' sets the per-turn token budget from "
@@ -184,6 +188,14 @@ class RLConfig:
         except ValueError as e:
             raise ValueError(f"--turn-tokens-schedule: {e} (got {self.turn_tokens_schedule!r})") from None
         need(all(t < self.max_context for _, t in schedule), "max_context", "must exceed every scheduled turn budget")
+        if self.constrain_moves:
+            need(self.top_k == 0 and self.top_p == 1.0, "constrain_moves", "samples the legal moves' softmax whole: "
+                 "top-k / top-p do not apply, leave them off")
+            need(not self.turn_tokens_schedule, "constrain_moves", "answers are one move token: a turn-token "
+                 "schedule has nothing to schedule")
+            need(self.league_size == 0, "constrain_moves", "the league's frozen opponents answer in free text; "
+                 "a constrained policy was never trained to: use --league-size 0")
+            need(self.max_turn_tokens >= 2, "max_turn_tokens", "constrained moves take 2 tokens a turn (move, stop)")
         need(self.group_size > 1 or self.algorithm == "reinforce_pp", "group_size",
              f"{self.algorithm} compares games within a group: use at least 2")
 

@@ -65,29 +65,30 @@ def _zeros_like_rows(x):
 
 
 def grouped_logprobs(run: StageRun, params: nnx.State, tokens: jax.Array, widths: list[int], micro: MicroBatches, *,
-                     graphdef: nnx.GraphDef) -> jax.Array:
+                     graphdef: nnx.GraphDef, choices: jax.Array | None = None, choice_tokens: tuple[int, ...] = ()
+                     ) -> jax.Array:
     """log p of every token, micro-batch j computed at widths[j] (one program per width bucket)."""
     out = run.jit("zeros", _zeros_like_rows)(tokens)
     for j, width in enumerate(widths):
         step = run.jit("logprobs", stages.logprob_step, donate=(1,), graphdef=graphdef, micro_batches=micro.count,
-                       shards=micro.shards, width=width, chunk=run.layout.logprob_chunk)
-        out = step(params, out, tokens, j)
+                       shards=micro.shards, width=width, chunk=run.layout.logprob_chunk, choice_tokens=choice_tokens)
+        out = step(params, out, tokens, j, choices)
     return out
 
 
 def grouped_update(run: StageRun, params: nnx.State, opt_state: Any, batch: stages.ExperienceBatch,
                    widths: list[int], micro: MicroBatches, *, graphdef: nnx.GraphDef, loss: str,
-                   loss_cfg: LossConfig | None, optimizer: optax.GradientTransformation, token_weighted: bool
-                   ) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
+                   loss_cfg: LossConfig | None, optimizer: optax.GradientTransformation, token_weighted: bool,
+                   choice_tokens: tuple[int, ...] = ()) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
     """One optimizer step: gradients accumulated over the micro-batches, each at its width, then applied
     (skipped when not finite). Donates `params` and `opt_state`."""
     chunk = run.layout.logprob_chunk
     acc = run.jit(f"{loss}_zero", stages.zero_acc, graphdef=graphdef, loss=loss, loss_cfg=loss_cfg,
-                  chunk=chunk)(params, batch)
+                  chunk=chunk, choice_tokens=choice_tokens)(params, batch)
     for j, width in enumerate(widths):
         step = run.jit(f"{loss}_grad", stages.grad_step, donate=(1,), graphdef=graphdef, loss=loss, loss_cfg=loss_cfg,
                        micro_batches=micro.count, shards=micro.shards, width=width, chunk=chunk,
-                       token_weighted=token_weighted)
+                       token_weighted=token_weighted, choice_tokens=choice_tokens)
         acc = step(params, acc, batch, j)
     return run.jit(f"{loss}_apply", stages.apply_step, donate=(0, 1), optimizer=optimizer)(params, opt_state, acc)
 

@@ -35,6 +35,7 @@ class ExperienceBatch:
     old_logp: Float[Array, "n t"]
     ref_logp: Float[Array, "n t"]
     advantages: Float[Array, "n t"]
+    choices: Int[Array, "n t"]  # legal-move bitmask of a constrained move token, 0 elsewhere (rollout/moves.py)
 
 
 def make_optimizer(learning_rate: float, warmup_steps: int, total_steps: int, weight_decay: float,
@@ -66,21 +67,33 @@ def merge_rows(y: Array, shards: int) -> Array:
     return constrain(x, ("batch",) + (None,) * (y.ndim - 2))
 
 
-def logprob_step(params: nnx.State, out: Float[Array, "n t"], tokens: Int[Array, "n t"], j, *,
-                 graphdef: nnx.GraphDef, micro_batches: int, shards: int, width: int, chunk: int
-                 ) -> Float[Array, "n t"]:
+def logprob_step(params: nnx.State, out: Float[Array, "n t"], tokens: Int[Array, "n t"], j,
+                 choices: Int[Array, "n t"] | None = None, *, graphdef: nnx.GraphDef, micro_batches: int, shards: int, width: int, chunk: int,
+                 choice_tokens: tuple[int, ...] = ()) -> Float[Array, "n t"]:
     """Write the log-probs of micro-batch j (`split_rows`), computed on its first `width` columns, into
-    `out`. Columns past `width` must be padding (causal attention: they change nothing before them)."""
+    `out`. Columns past `width` must be padding (causal attention: they change nothing before them).
+    `choice_tokens` (static): the move tokens of constrained moves, scored where `choices` != 0."""
     t = tokens.shape[1]
-    tok = micro_batch(tokens, j, micro_batches, shards, width)
-    logp, _ = token_logprobs(nnx.merge(graphdef, params), tok, chunk=chunk)
+    tok, ch = micro_batch((tokens, _or_zeros(choices, tokens)), j, micro_batches, shards, width)
+    logp, _ = token_logprobs(nnx.merge(graphdef, params), tok, chunk=chunk, **_choice_kw(ch, choice_tokens))
     logp = jnp.pad(logp, ((0, 0), (0, t - width)))
     split = jax.lax.dynamic_update_index_in_dim(split_rows(out, micro_batches, shards), logp, j, 0)
     return merge_rows(split, shards)
 
 
+def _or_zeros(choices: Int[Array, "n t"] | None, tokens: Int[Array, "n t"]) -> Int[Array, "n t"]:
+    """No constrained moves: an all-zero bitmask (every token scored over the whole vocabulary)."""
+    return jnp.zeros(tokens.shape, jnp.int32) if choices is None else choices
+
+
+def _choice_kw(choices: Int[Array, "n t"], choice_tokens: tuple[int, ...]) -> dict[str, Any]:
+    """token_logprobs' arguments for constrained moves; none (the plain path) when the run has none."""
+    return dict(choices=choices, choice_tokens=choice_tokens) if choice_tokens else {}
+
+
 def advantage_step(old_logp: Float[Array, "n t"], ref_logp: Float[Array, "n t"], tokens: Int[Array, "n t"],
-                   loss_mask: Bool[Array, "n t"], rewards: Float[Array, "n t"], group_ids: Int[Array, " n"], *,
+                   loss_mask: Bool[Array, "n t"], rewards: Float[Array, "n t"], group_ids: Int[Array, " n"],
+                   choices: Int[Array, "n t"] | None = None, *,
                    num_groups: int, loss_cfg: LossConfig, filter_constant_groups: bool
                    ) -> tuple[ExperienceBatch, dict[str, Array]]:
     """Rewards -> advantages over the whole batch (groups span micro-batches); constant groups masked out."""
@@ -94,36 +107,38 @@ def advantage_step(old_logp: Float[Array, "n t"], ref_logp: Float[Array, "n t"],
         metrics["filtered_frac"] = keep.filtered_frac  # games in constant groups (dropped when filtering)
         if filter_constant_groups:
             mask = loss_mask & keep.keep[:, None]
-    return ExperienceBatch(tokens, mask, old_logp, ref_logp, adv), metrics
+    return ExperienceBatch(tokens, mask, old_logp, ref_logp, adv, _or_zeros(choices, tokens)), metrics
 
 
 def experience_stage(params: nnx.State, ref_params: nnx.State | None, tokens: Int[Array, "n t"],
-                     loss_mask: Bool[Array, "n t"], rewards: Float[Array, "n t"], group_ids: Int[Array, " n"], *,
-                     graphdef: nnx.GraphDef, num_groups: int, loss_cfg: LossConfig, micro_batches: int, shards: int,
-                     chunk: int, filter_constant_groups: bool) -> tuple[ExperienceBatch, dict[str, Array]]:
+                     loss_mask: Bool[Array, "n t"], rewards: Float[Array, "n t"], group_ids: Int[Array, " n"],
+                     choices: Int[Array, "n t"] | None = None, *, graphdef: nnx.GraphDef, num_groups: int, loss_cfg: LossConfig,
+                     micro_batches: int, shards: int, chunk: int, filter_constant_groups: bool,
+                     choice_tokens: tuple[int, ...] = ()) -> tuple[ExperienceBatch, dict[str, Array]]:
     """Old-policy (and reference) log-probs, micro-batched over rows and chunked over the vocabulary as the
     plan says, every micro-batch at the full width; then `advantage_step`. One program (the trainer runs the
     same steps per micro-batch, each at its own width)."""
-    kw = dict(graphdef=graphdef, micro_batches=micro_batches, shards=shards, width=tokens.shape[1], chunk=chunk)
+    kw = dict(graphdef=graphdef, micro_batches=micro_batches, shards=shards, width=tokens.shape[1], chunk=chunk,
+              choice_tokens=choice_tokens)
 
     def logprobs(p):
         out = jnp.zeros(tokens.shape, jnp.float32)
-        return jax.lax.fori_loop(0, micro_batches, lambda j, o: logprob_step(p, o, tokens, j, **kw), out)
+        return jax.lax.fori_loop(0, micro_batches, lambda j, o: logprob_step(p, o, tokens, j, choices, **kw), out)
 
     old_logp = logprobs(params)
     ref_logp = logprobs(ref_params) if ref_params is not None else old_logp
-    return advantage_step(old_logp, ref_logp, tokens, loss_mask, rewards, group_ids, num_groups=num_groups,
+    return advantage_step(old_logp, ref_logp, tokens, loss_mask, rewards, group_ids, choices, num_groups=num_groups,
                           loss_cfg=loss_cfg, filter_constant_groups=filter_constant_groups)
 
 
-def _policy_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: LossConfig, chunk: int):
+def _policy_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: LossConfig, chunk: int, choice_tokens=()):
     model = nnx.merge(graphdef, params)
-    logp, entropy = token_logprobs(model, mb.tokens, chunk=chunk)
+    logp, entropy = token_logprobs(model, mb.tokens, chunk=chunk, **_choice_kw(mb.choices, choice_tokens))
     return policy_loss(logp, mb.old_logp, mb.ref_logp, mb.advantages, mb.loss_mask, entropy, loss_cfg)
 
 
-def _sft_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: None, chunk: int):
-    logp, _ = token_logprobs(nnx.merge(graphdef, params), mb.tokens, chunk=chunk)
+def _sft_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: None, chunk: int, choice_tokens=()):
+    logp, _ = token_logprobs(nnx.merge(graphdef, params), mb.tokens, chunk=chunk, **_choice_kw(mb.choices, choice_tokens))
     m = mb.loss_mask.astype(jnp.float32)
     loss = -(logp * m).sum() / jnp.maximum(m.sum(), 1.0)
     return loss, {"sft_loss": loss}
@@ -131,7 +146,7 @@ def _sft_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: None, chunk: int)
 
 def sft_batch(tokens: Int[Array, "n t"], loss_mask: Bool[Array, "n t"]) -> ExperienceBatch:
     zeros = jnp.zeros(tokens.shape, jnp.float32)
-    return ExperienceBatch(tokens, loss_mask, zeros, zeros, zeros)
+    return ExperienceBatch(tokens, loss_mask, zeros, zeros, zeros, jnp.zeros(tokens.shape, jnp.int32))
 
 
 def micro_batch(batch: Any, j, micro_batches: int, shards: int, width: int) -> Any:
@@ -142,12 +157,12 @@ def micro_batch(batch: Any, j, micro_batches: int, shards: int, width: int) -> A
     return jax.tree.map(one, batch)
 
 
-LOSSES = {"policy": None, "sft": None}  # filled below: name -> loss_fn(params, graphdef, mb, loss_cfg, chunk)
+LOSSES = {"policy": None, "sft": None}  # filled below: name -> loss_fn(params, graphdef, mb, loss_cfg, chunk, choice_tokens)
 
 
 def grad_step(params: nnx.State, acc: Any, batch: ExperienceBatch, j, *, graphdef: nnx.GraphDef, loss: str,
               loss_cfg: LossConfig | None, micro_batches: int, shards: int, width: int, chunk: int,
-              token_weighted: bool) -> Any:
+              token_weighted: bool, choice_tokens: tuple[int, ...] = ()) -> Any:
     """Add micro-batch j's weighted loss, metrics and gradient to `acc` = (grads, loss, metrics). Each
     micro-batch's loss is weighted by its share of the batch's loss tokens (token mean) or of its rows
     (sequence means), so the sum equals the loss of the whole batch. Columns past `width` must be padding:
@@ -157,17 +172,18 @@ def grad_step(params: nnx.State, acc: Any, batch: ExperienceBatch, j, *, graphde
         w = mb.loss_mask.sum().astype(jnp.float32) / jnp.maximum(batch.loss_mask.sum().astype(jnp.float32), 1.0)
     else:
         w = jnp.float32(1.0 / micro_batches)
-    (value, metrics), grads = jax.value_and_grad(LOSSES[loss], has_aux=True)(params, graphdef, mb, loss_cfg, chunk)
+    (value, metrics), grads = jax.value_and_grad(LOSSES[loss], has_aux=True)(params, graphdef, mb, loss_cfg, chunk,
+                                                                             choice_tokens)
     g_acc, l_acc, m_acc = acc
     return (jax.tree.map(lambda a, g: a + w * g, g_acc, grads), l_acc + w * value,
             jax.tree.map(lambda a, m: a + w * m, m_acc, metrics))
 
 
 def zero_acc(params: nnx.State, batch: ExperienceBatch, *, graphdef: nnx.GraphDef, loss: str,
-             loss_cfg: LossConfig | None, chunk: int) -> Any:
+             loss_cfg: LossConfig | None, chunk: int, choice_tokens: tuple[int, ...] = ()) -> Any:
     """The empty accumulator for `grad_step`: zero gradients, loss and metrics."""
     m = jax.eval_shape(lambda: LOSSES[loss](params, graphdef, jax.tree.map(lambda x: x[:1], batch), loss_cfg,
-                                            chunk)[1])
+                                            chunk, choice_tokens)[1])
     return (jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32),
             jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), m))
 
@@ -187,9 +203,9 @@ def apply_step(params: nnx.State, opt_state: Any, acc: Any, *, optimizer: optax.
 
 
 def _step(loss: str, graphdef, params, opt_state, batch: ExperienceBatch, optimizer, loss_cfg, micro_batches: int,
-          shards: int, chunk: int, token_weighted: bool):
+          shards: int, chunk: int, token_weighted: bool, choice_tokens: tuple[int, ...] = ()):
     """Every micro-batch at the full width in one program (a loop over `grad_step`), then `apply_step`."""
-    kw = dict(graphdef=graphdef, loss=loss, loss_cfg=loss_cfg, chunk=chunk)
+    kw = dict(graphdef=graphdef, loss=loss, loss_cfg=loss_cfg, chunk=chunk, choice_tokens=choice_tokens)
     acc = zero_acc(params, batch, **kw)
     acc = jax.lax.fori_loop(0, micro_batches, lambda j, a: grad_step(
         params, a, batch, j, micro_batches=micro_batches, shards=shards, width=batch.tokens.shape[1],
@@ -199,7 +215,7 @@ def _step(loss: str, graphdef, params, opt_state, batch: ExperienceBatch, optimi
 
 def train_stage(params: nnx.State, opt_state: Any, batch: ExperienceBatch, *, graphdef: nnx.GraphDef,
                 optimizer: optax.GradientTransformation, loss_cfg: LossConfig, micro_batches: int, shards: int = 1,
-                chunk: int) -> tuple[nnx.State, Any, dict[str, Array]]:
+                chunk: int, choice_tokens: tuple[int, ...] = ()) -> tuple[nnx.State, Any, dict[str, Array]]:
     """One optimizer step of the policy loss over `micro_batches` accumulated micro-batches (rows split as
     `split_rows` does over `shards` batch shards).
 
@@ -207,7 +223,7 @@ def train_stage(params: nnx.State, opt_state: Any, batch: ExperienceBatch, *, gr
     metrics["skipped"] = 1: NaN never reaches the weights.
     """
     return _step("policy", graphdef, params, opt_state, batch, optimizer, loss_cfg, micro_batches, shards,
-                 chunk, token_weighted=loss_cfg.aggregation == "token_mean")
+                 chunk, token_weighted=loss_cfg.aggregation == "token_mean", choice_tokens=choice_tokens)
 
 
 def sft_stage(params: nnx.State, opt_state: Any, tokens: Int[Array, "n t"], loss_mask: Bool[Array, "n t"], *,

@@ -52,6 +52,7 @@ from earl_jax.rl.stages import ExperienceBatch, advantage_step, make_optimizer, 
 from earl_jax.rl.warmup import random_legal_games
 from earl_jax.rollout.agent_loop import RolloutConfig, Trajectories, play_games
 from earl_jax.rollout.frozen_opponent import FrozenPolicyOpponent
+from earl_jax.rollout.moves import MoveTokens
 from earl_jax.rollout.policy import SamplerPolicy
 from earl_jax.rollout.sampler import (DEFAULT_CACHE_BUCKETS, Sampler, SamplingConfig, cast_weights,
                                       geometric_cache_buckets)
@@ -131,7 +132,7 @@ class Trainer:
         self._samplers: dict[MeshShape, Sampler] = {}  # one per rollout mesh: each keeps its compiled programs
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
         self.rollout_cfg = RolloutConfig(cfg.max_turn_tokens, cfg.max_turns, cfg.max_context,
-                                         compact=cfg.compact_finished)
+                                         compact=cfg.compact_finished, constrain_moves=cfg.constrain_moves)
         env_cfg = EnvConfig(game=cfg.game, opponent=cfg.opponent, agent_player=cfg.agent_player,
                             prompt_style=cfg.prompt_style, max_retries=cfg.invalid_retries,
                             win_reward=cfg.win_reward, loss_reward=cfg.loss_reward, draw_reward=cfg.draw_reward,
@@ -144,6 +145,9 @@ class Trainer:
         self.env = self.matchmaker.train_env()
         self.eval_envs: dict[str, Any] = {}  # one per evaluation opponent, made on first use
         self.codec = ObservationCodec(self.tokenizer)
+        # --constrain-moves: each action's token (rollout) and the static token tuple the stages score it over
+        self.moves = MoveTokens.build(self.tokenizer, self.env.num_actions, self.ids.eos_id) if cfg.constrain_moves else None
+        self.choice_tokens = self.moves.token_ids if self.moves else ()
 
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep=cfg.keep_checkpoints)
         if cfg.resume:
@@ -213,7 +217,8 @@ class Trainer:
                                                                      cache_buckets=self.cache_buckets,
                                                                      rules=run.rules)
             groups = self._pipeline_groups(len(seeds), run.batch_shards)
-            policies = [SamplerPolicy(sampler, params, sampling, stops, turn_tokens) for _ in range(groups)]
+            policies = [SamplerPolicy(sampler, params, sampling, stops, turn_tokens, moves=self.moves)
+                        for _ in range(groups)]
             rollout_cfg = dataclasses.replace(self.rollout_cfg, max_turn_tokens=turn_tokens, pipeline_groups=groups,
                                               min_batch=run.batch_shards)
             if league is not None:
@@ -259,7 +264,8 @@ class Trainer:
     def _batch_arrays(self, traj: Trajectories) -> dict[str, np.ndarray]:
         width = batch_width(traj.tokens.shape[1])
         return {"tokens": _pad_cols(traj.tokens, width), "loss_mask": _pad_cols(traj.loss_mask, width),
-                "rewards": _pad_cols(traj.rewards, width), "group_ids": traj.group_ids}
+                "rewards": _pad_cols(traj.rewards, width), "group_ids": traj.group_ids,
+                "choices": _pad_cols(traj.choices, width)}
 
     def _experience(self, run: StageRun, arrays: dict[str, np.ndarray], lengths: np.ndarray
                     ) -> tuple[ExperienceBatch, dict, np.ndarray]:
@@ -272,11 +278,12 @@ class Trainer:
         n, t = x["tokens"].shape
         micro = run.micro_batches(n)
         widths = micro_batch_widths(lengths[perm], micro, t)
-        old = grouped_logprobs(run, params, x["tokens"], widths, micro, graphdef=self.graphdef)
-        ref_logp = old if ref is None else grouped_logprobs(run, ref, x["tokens"], widths, micro, graphdef=self.graphdef)
+        kw = dict(graphdef=self.graphdef, choices=x["choices"], choice_tokens=self.choice_tokens)
+        old = grouped_logprobs(run, params, x["tokens"], widths, micro, **kw)
+        ref_logp = old if ref is None else grouped_logprobs(run, ref, x["tokens"], widths, micro, **kw)
         fn = run.jit("advantages", advantage_step, num_groups=self.cfg.groups, loss_cfg=self.loss_cfg,
                      filter_constant_groups=self.cfg.filter_constant_groups)
-        out = fn(old, ref_logp, x["tokens"], x["loss_mask"], x["rewards"], x["group_ids"])
+        out = fn(old, ref_logp, x["tokens"], x["loss_mask"], x["rewards"], x["group_ids"], x["choices"])
         return (*jax.block_until_ready(out), perm)  # an OOM must surface inside the planner's fallback
 
     def _train(self, run: StageRun, batch: ExperienceBatch, lengths: np.ndarray, arranged: np.ndarray
@@ -299,7 +306,7 @@ class Trainer:
                 self.params, self.opt_state, metrics = grouped_update(
                     run, self.params, self.opt_state, batch, widths, micro, graphdef=self.graphdef, loss="policy",
                     loss_cfg=self.loss_cfg, optimizer=self.optimizer,
-                    token_weighted=self.loss_cfg.aggregation == "token_mean")
+                    token_weighted=self.loss_cfg.aggregation == "token_mean", choice_tokens=self.choice_tokens)
                 jax.block_until_ready(metrics)
             except Exception as e:
                 if any(x.is_deleted() for x in jax.tree.leaves(self.params)):  # donated buffers are gone

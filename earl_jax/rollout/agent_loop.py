@@ -44,6 +44,7 @@ class RolloutConfig:
     overlap: bool = True  # False: wait for each decode at once (the reference schedule; same games)
     compact: bool = True  # finished games leave the decode batch
     min_batch: int = 1  # decode batches are multiples of this (the rollout mesh's data shards)
+    constrain_moves: bool = False  # the policy picks among the legal moves' tokens (rollout/moves.py)
 
     def __post_init__(self):
         if self.pipeline_groups < 1 or self.min_batch < 1:
@@ -58,6 +59,8 @@ class Decoded:
     logprobs: Float[np.ndarray, "b t"]
     counts: Int[np.ndarray, " b"]
     stopped: Bool[np.ndarray, " b"]
+    scored: Bool[np.ndarray, "b t"] | None = None  # tokens the policy chose (None: all); a forced stop token is not
+    choices: Int[np.ndarray, "b t"] | None = None  # legal-move bitmask of constrained tokens, 0 elsewhere
 
 
 class Policy(Protocol):
@@ -69,10 +72,11 @@ class Policy(Protocol):
         """Append slot r's tokens[r, :counts[r]] to its context (counts 0: unchanged)."""
         ...
 
-    def generate(self, budgets: Int[np.ndarray, " b"], rng: jax.Array,
-                 row_ids: Int[np.ndarray, " b"]) -> Callable[[], Decoded]:
+    def generate(self, budgets: Int[np.ndarray, " b"], rng: jax.Array, row_ids: Int[np.ndarray, " b"],
+                 legal: Bool[np.ndarray, "b a"] | None = None) -> Callable[[], Decoded]:
         """Start decoding up to budgets[r] tokens per slot (slot r draws from fold_in(rng, row_ids[r]));
-        returns a function that waits for the answers. Nothing else is called on the policy before it."""
+        returns a function that waits for the answers. Nothing else is called on the policy before it.
+        `legal` (constrained moves only): each slot's legal moves; the answer is one of them."""
         ...
 
     def take_rows(self, rows: Int[np.ndarray, " k"], batch: int) -> None:
@@ -109,8 +113,9 @@ class Trajectories:
     """A batch of finished episodes, right-padded to a common length T."""
 
     tokens: Int[np.ndarray, "n t"]
-    loss_mask: Bool[np.ndarray, "n t"]  # tokens the policy generated (never prompt or observation)
+    loss_mask: Bool[np.ndarray, "n t"]  # tokens the policy generated (never prompt or observation, nor a forced stop)
     logprobs: Float[np.ndarray, "n t"]  # sampler log-prob of each generated token, 0 elsewhere
+    choices: Int[np.ndarray, "n t"]  # legal-move bitmask where a constrained move was drawn, 0 elsewhere
     rewards: Float[np.ndarray, "n t"]  # each turn's reward at its last generated token
     lengths: Int[np.ndarray, " n"]
     returns: Float[np.ndarray, " n"]
@@ -135,6 +140,7 @@ class _Episodes:
         self.mask = np.zeros((n, max_context), bool)
         self.logp = np.zeros((n, max_context), np.float32)
         self.rewards = np.zeros((n, max_context), np.float32)
+        self.choices = np.zeros((n, max_context), np.int32)
         self.length = np.zeros(n, np.int64)
         self.turns = np.zeros(n, np.int32)
         self.turn_ctx = np.full((n, max_turns), -1, np.int64)
@@ -142,16 +148,19 @@ class _Episodes:
         self.invalid = np.zeros(n, bool)
         self.truncated = np.zeros(n, bool)
 
-    def append(self, games, ids, counts, generated: bool, logp=None) -> None:
-        """Game games[k] gets ids[k, :counts[k]] after its current length."""
+    def append(self, games, ids, counts, generated: bool, logp=None, scored=None, choices=None) -> None:
+        """Game games[k] gets ids[k, :counts[k]] after its current length; `scored` ([k, t]) narrows the loss
+        mask of generated tokens to the policy's own choices."""
         counts = np.asarray(counts, np.int64)
         valid = np.arange(ids.shape[1])[None, :] < counts[:, None]
         rows = np.repeat(games, counts)
         cols = (self.length[games][:, None] + np.arange(ids.shape[1])[None, :])[valid]
         self.tokens[rows, cols] = ids[valid]
-        self.mask[rows, cols] = generated
+        self.mask[rows, cols] = generated if scored is None else scored[valid]
         if logp is not None:
             self.logp[rows, cols] = logp[valid]
+        if choices is not None:
+            self.choices[rows, cols] = choices[valid]
         self.length[games] += counts
 
 
@@ -193,6 +202,7 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
     decode_rows = 0
     ep = _Episodes(n, cfg.max_context, cfg.max_turns)
     live = np.ones(n, bool)
+    legal = None  # constrained moves: every game's legal moves now
 
     t0 = time.perf_counter()
     first = env.reset(list(map(int, seeds)))
@@ -204,6 +214,10 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         raise ValueError(f"the first observation is {int(counts.max())} tokens: more than max_context={cfg.max_context}")
     ep.append(np.arange(n), ids, counts, False)
     _finish(ep, live, np.arange(n), first)  # games over at reset (possible only in odd games)
+    if cfg.constrain_moves:
+        if getattr(env, "num_actions", None) is None:
+            raise ValueError("constrained moves need an env that knows its number of actions (env.num_actions)")
+        legal = _legal_moves(first, env.num_actions)
     prompt_tokens = int(counts.max())
     first_cache_len = min(cfg.max_context, prompt_tokens + cfg.max_turn_tokens)
     observation_tokens = 0  # widest later extend: with the prompt's, what the selector's rollout memory estimate needs
@@ -239,7 +253,11 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         ep.turn_ctx[games[going], g.turn] = ep.length[games[going]]
         row_ids = np.where(g.games >= 0, g.games, 0).astype(np.int32)
         g.budgets = budgets
-        g.fetch = g.policy.generate(budgets, jax.random.fold_in(rng, g.turn), row_ids)
+        kw = {}
+        if legal is not None:
+            kw["legal"] = np.zeros((len(g.games), legal.shape[1]), bool)
+            kw["legal"][slots[going]] = legal[games[going]]
+        g.fetch = g.policy.generate(budgets, jax.random.fold_in(rng, g.turn), row_ids, **kw)
         decode_rows += len(g.games)
         if not cfg.overlap:  # the reference schedule: nothing else runs while this group decodes
             t0 = time.perf_counter()
@@ -251,7 +269,10 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         nonlocal env_s, observation_tokens
         slots = np.flatnonzero(g.budgets > 0)
         games = g.games[slots]
-        ep.append(games, out.tokens[slots], out.counts[slots], True, out.logprobs[slots])
+        scored = None if out.scored is None else out.scored[slots]
+        last = ep.length[games] + _last_scored(out.counts[slots], scored)  # the turn's reward goes here
+        ep.append(games, out.tokens[slots], out.counts[slots], True, out.logprobs[slots], scored,
+                  None if out.choices is None else out.choices[slots])
         ep.turns[games] += 1
         t0 = time.perf_counter()
         answers = [row[:c] for row, c in zip(out.tokens[slots].tolist(), out.counts[slots].tolist())]
@@ -259,10 +280,11 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
             step = env.step(games, moves=codec.answers_to_moves(answers))
         else:
             step = env.step(games, codec.decode(answers))
-        last = ep.length[games] - 1
-        np.add.at(ep.rewards, (games, last), step.reward.astype(np.float32))  # the turn's reward: its last token
+        np.add.at(ep.rewards, (games, last), step.reward.astype(np.float32))  # the turn's reward: its last choice
         done = step.terminated | step.truncated
         _finish(ep, live, games, step)
+        if legal is not None:
+            legal[games] = _legal_moves(step, legal.shape[1])
         going = ~done
         obs = [o for o, k in zip(step.obs, going.tolist()) if k]
         ids, counts = codec.encode_padded(obs) if obs else (np.zeros((0, 0), np.int32), np.zeros(0, np.int64))
@@ -307,11 +329,32 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         first_cache_len=first_cache_len, observation_tokens=observation_tokens)
     rewards = ep.rewards[:, :t_len]
     return Trajectories(
-        tokens=ep.tokens[:, :t_len], loss_mask=ep.mask[:, :t_len], logprobs=ep.logp[:, :t_len], rewards=rewards,
+        tokens=ep.tokens[:, :t_len], loss_mask=ep.mask[:, :t_len], logprobs=ep.logp[:, :t_len],
+        choices=ep.choices[:, :t_len], rewards=rewards,
         lengths=ep.length.astype(np.int32), returns=rewards.sum(1), num_turns=ep.turns, truncated=ep.truncated,
         group_ids=np.asarray(group_ids if group_ids is not None else np.arange(n), np.int32),
         winners=[None if w == NO_WINNER else WINNERS[w] for w in ep.winner.tolist()], invalid=ep.invalid,
         turn_context_lens=[row[row >= 0].tolist() for row in ep.turn_ctx], stats=stats)
+
+
+def _last_scored(counts: np.ndarray, scored: np.ndarray | None) -> np.ndarray:
+    """Offset of each row's last token the policy chose (its last token when all are)."""
+    counts = np.asarray(counts, np.int64)
+    if scored is None:
+        return counts - 1
+    valid = scored & (np.arange(scored.shape[1])[None, :] < counts[:, None])
+    return scored.shape[1] - 1 - np.argmax(valid[:, ::-1], axis=1)
+
+
+def _legal_moves(step, num_actions: int) -> np.ndarray:
+    """The agent's legal moves per game of a vector-env step (`VectorStep.legal`, else from its info dicts)."""
+    if step.legal is not None:
+        return np.array(step.legal, bool)
+    infos = step.infos()
+    out = np.zeros((len(infos), num_actions), bool)
+    for k, info in enumerate(infos):
+        out[k, info.get("legal_actions", [])] = True
+    return out
 
 
 def _ready(out: Decoded) -> Callable[[], Decoded]:
@@ -362,7 +405,9 @@ class ScriptedPolicy:
         for row, toks, c in zip(self.context, np.asarray(tokens).tolist(), np.asarray(counts).tolist()):
             row.extend(toks[:c])
 
-    def generate(self, budgets, rng, row_ids) -> Callable[[], Decoded]:
+    def generate(self, budgets, rng, row_ids, legal=None) -> Callable[[], Decoded]:
+        if legal is not None:
+            raise ValueError("ScriptedPolicy answers in free text: it cannot play constrained moves")
         width = max(1, int(np.max(budgets, initial=0)))
         b = len(self.context)
         tokens, counts = np.zeros((b, width), np.int32), np.zeros(b, np.int32)

@@ -10,28 +10,43 @@ from flax import nnx
 
 from earl_jax.distributed import global_to_host
 from earl_jax.rollout.agent_loop import Decoded
+from earl_jax.rollout.moves import MoveTokens, legal_bits
 from earl_jax.rollout.sampler import Sampler, SamplingConfig
 
 
 class SamplerPolicy:
+    """Free-text answers (`generate`: a decode loop up to the turn budget), or, with `moves`, constrained moves:
+    each turn's answer is one legal move's token drawn from the logits the last extend left (no decode loop)
+    and the stop token; both are appended to the cache with the next extend (`_pending`)."""
+
     def __init__(self, sampler: Sampler, params: nnx.State, sampling: SamplingConfig, stop_tokens: Sequence[int],
-                 max_new_tokens: int):
+                 max_new_tokens: int, moves: MoveTokens | None = None):
         self.sampler, self.params, self.sampling = sampler, params, sampling
-        self.stop_tokens, self.max_new_tokens = tuple(stop_tokens), max_new_tokens
+        self.stop_tokens, self.max_new_tokens, self.moves = tuple(stop_tokens), max_new_tokens, moves
 
     def reset(self, batch: int, max_len: int) -> None:
         self.state = self.sampler.init_state(batch, max_len)
         self.lengths = np.zeros(batch, np.int64)
+        self._pending = np.zeros((batch, 2), np.int32)  # constrained answers not yet in the cache
+        self._pending_n = np.zeros(batch, np.int64)
 
     def extend(self, tokens: np.ndarray, counts: np.ndarray) -> None:
-        counts = np.asarray(counts, np.int32)
+        tokens, counts = np.asarray(tokens, np.int32), np.asarray(counts, np.int64)
+        if self._pending_n.any():  # the last answers go in first, in the same call (only for games that go on)
+            tokens, counts = _prepend(self._pending, np.where(counts > 0, self._pending_n, 0), tokens, counts)
+            self._pending_n[:] = 0
         if not counts.any():
             return
         self.state = self.sampler.ensure_capacity(self.state, int((self.lengths + counts).max()))
         self.state = self.sampler.extend(self.params, self.state, tokens, counts)  # it pads to its length bucket
         self.lengths += counts
 
-    def generate(self, budgets: np.ndarray, rng: jax.Array, row_ids: np.ndarray) -> Callable[[], Decoded]:
+    def generate(self, budgets: np.ndarray, rng: jax.Array, row_ids: np.ndarray,
+                 legal: np.ndarray | None = None) -> Callable[[], Decoded]:
+        if self.moves is not None:
+            return self._pick(np.asarray(budgets), rng, row_ids, legal)
+        if legal is not None:
+            raise ValueError("SamplerPolicy: legal moves given to a free-text policy (build it with moves=)")
         self.state = self.sampler.ensure_capacity(self.state, int((self.lengths + budgets).max()))
         self.state, gen = self.sampler.generate(
             self.params, self.state, rng, max_new_tokens=self.max_new_tokens, budget=budgets,
@@ -45,6 +60,54 @@ class SamplerPolicy:
 
         return fetch
 
+    def _pick(self, budgets: np.ndarray, rng: jax.Array, row_ids: np.ndarray, legal: np.ndarray | None
+              ) -> Callable[[], Decoded]:
+        if legal is None:
+            raise ValueError("SamplerPolicy: constrained moves need the legal moves of every slot (legal=)")
+        going = budgets > 0
+        bits = np.where(going, legal_bits(legal), 0)
+        if (going & (bits == 0)).any():
+            raise ValueError(f"constrained moves: slots {np.flatnonzero(going & (bits == 0)).tolist()} are to move "
+                             "but have no legal move")
+        action, logp = self.sampler.pick_moves(self.state, bits, rng, row_ids, token_ids=self.moves.token_ids,
+                                               sampling=self.sampling)
+
+        def fetch() -> Decoded:
+            action_h, logp_h = global_to_host((action, logp))
+            b = len(budgets)
+            tokens = np.zeros((b, 2), np.int32)
+            tokens[:, 0] = np.asarray(self.moves.token_ids, np.int32)[action_h]
+            tokens[:, 1] = self.moves.stop_id
+            counts = np.where(going, np.minimum(budgets, 2), 0).astype(np.int32)
+            logprobs = np.zeros((b, 2), np.float32)
+            logprobs[:, 0] = np.where(going, logp_h, 0.0)
+            self._pending[:], self._pending_n[:] = tokens, counts
+            scored = np.zeros((b, 2), bool)
+            scored[:, 0] = going  # the move is the policy's choice; the stop token is not
+            choices = np.zeros((b, 2), np.int32)
+            choices[:, 0] = bits
+            return Decoded(tokens, logprobs, counts, counts == 2, scored=scored, choices=choices)
+
+        return fetch
+
     def take_rows(self, rows: np.ndarray, batch: int) -> None:
         self.state = self.sampler.take_rows(self.state, rows, batch)
         self.lengths = np.concatenate([self.lengths[rows], np.zeros(batch - len(rows), np.int64)])
+        self._pending = np.concatenate([self._pending[rows], np.zeros((batch - len(rows), 2), np.int32)])
+        self._pending_n = np.concatenate([self._pending_n[rows], np.zeros(batch - len(rows), np.int64)])
+
+
+def _prepend(first: np.ndarray, first_n: np.ndarray, tokens: np.ndarray, counts: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Row r: first[r, :first_n[r]] then tokens[r, :counts[r]] (ragged rows, right-padded with 0)."""
+    b = len(first_n)
+    width = int((first_n + counts).max(initial=0))
+    out = np.zeros((b, max(width, first.shape[1])), np.int32)
+    a_cols = np.arange(first.shape[1])[None, :]
+    out[:, :first.shape[1]] = np.where(a_cols < first_n[:, None], first, 0)
+    if tokens.shape[1]:
+        t_cols = np.arange(tokens.shape[1])[None, :]
+        valid = t_cols < counts[:, None]
+        rows = np.repeat(np.arange(b), counts)
+        out[rows, (first_n[:, None] + t_cols)[valid]] = tokens[valid]
+    return out, first_n + counts

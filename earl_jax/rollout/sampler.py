@@ -37,7 +37,7 @@ from earl_jax.models.cache import KVCache, LayerCache, cache_shardings, init_cac
 from earl_jax.models.config import ModelConfig
 from earl_jax.sharding.context import use_mesh_rules
 from earl_jax.sharding.mesh import Rules, logical_sharding
-from earl_jax.rollout import decode_step
+from earl_jax.rollout import decode_step, moves
 from earl_jax.rollout.decode_attention import block_size
 from earl_jax.rollout.sampling import SamplingConfig, program_key, runtime_values, sample_logits
 
@@ -133,6 +133,7 @@ class Sampler:
         self._extend = jax.jit(self._extend_impl, donate_argnums=(1,), compiler_options=opts)
         self._generate = jax.jit(self._generate_impl, static_argnums=(4, 5, 6), donate_argnums=(1,),
                                  compiler_options=opts)
+        self._pick = jax.jit(self._pick_impl, static_argnums=(6,))
 
     # ---- public API --------------------------------------------------------------------------------
     @property
@@ -200,6 +201,16 @@ class Sampler:
             gen = Generation(gen.tokens[:, :max_new_tokens], gen.logprobs[:, :max_new_tokens],
                              gen.num_tokens, gen.stopped)
         return state, gen
+
+    def pick_moves(self, state: SamplerState, bits, rng: jax.Array, row_ids, *, token_ids: tuple[int, ...],
+                   sampling: SamplingConfig = SamplingConfig()) -> tuple[jax.Array, jax.Array]:
+        """Constrained moves (rollout/moves.py): per row, an action among those set in `bits` (int32 legal-move
+        bitmasks) drawn from `state.next_logits` restricted to `token_ids` (one token per action), and its
+        log-prob under that masked, tempered softmax. The cache is not touched: the caller appends the move's
+        token (with the next extend). Top-k / top-p do not apply. Asynchronous, like `generate`."""
+        temperature, greedy = runtime_values(sampling)
+        return self._pick(state.next_logits, self._put(np.asarray(bits, np.int32), ("batch",)), rng,
+                          self._put(np.asarray(row_ids, np.int32), ("batch",)), temperature, greedy, tuple(token_ids))
 
     # ---- sharding helpers --------------------------------------------------------------------------
     def _put(self, x: np.ndarray, axes) -> jax.Array:
@@ -271,6 +282,12 @@ class Sampler:
             logits = model.logits(last)[:, 0]
             next_logits = jnp.where((num_new > 0)[:, None], logits, state.next_logits)
             return self._constrain_state(SamplerState(cache, state.lengths + num_new, next_logits))
+
+    def _pick_impl(self, next_logits, bits, rng, row_ids, temperature, greedy, token_ids: tuple[int, ...]):
+        self._traces += 1
+        with self._ctx():
+            action, logp = moves.pick_moves(next_logits, bits, rng, row_ids, temperature, greedy, token_ids=token_ids)
+            return self._constrain(action, ("batch",)), self._constrain(logp, ("batch",))
 
     def _generate_impl(self, params, state: SamplerState, rng, budget, n: int, stop_tokens: tuple[int, ...],
                        sampling: SamplingConfig, max_new_tokens, row_ids, temperature, greedy):

@@ -25,6 +25,7 @@ class PerGameVectorEnv:
             raise ValueError("no envs")
         self.envs = list(envs)
         self.num_games = len(self.envs)
+        self.num_actions = getattr(self.envs[0], "num_actions", None)  # answers 0 .. num_actions - 1, if known
         self.live = np.zeros(self.num_games, bool)
         # Moves stand for their decimal text only where the env reads answers with parse_action.
         self.accepts_moves = all(isinstance(e, OpenSpielTextEnv) for e in self.envs)
