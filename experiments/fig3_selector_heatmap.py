@@ -15,7 +15,7 @@ configuration (one mesh for the whole grid).
     python experiments/fig3_selector_heatmap.py --gpu --save-table t1.json
     python experiments/fig3_selector_heatmap.py --gpu --continue-table t1.json --save-table t1.json \
         --remeasure --save-remeasure-table t2.json
-    python experiments/fig3_selector_heatmap.py --table t1.json --eval-table t2.json --devices 2 \
+    python experiments/fig3_selector_heatmap.py --table t1.json --eval-table t2.json [--eval-table ...] --devices 2 \
         --device-kind "NVIDIA H100 80GB HBM3"
 
 Writes experiments/results/<name>.json and <name>.png.
@@ -87,8 +87,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="evaluate the selector's choices on a second, independent measurement")
     p.add_argument("--save-remeasure-table", type=Path, default=None,
                    help="real measure: save the --remeasure pass's table here (after each context row)")
-    p.add_argument("--eval-table", type=Path, default=None,
-                   help="score the selector on this saved second measurement (instead of --remeasure)")
+    p.add_argument("--eval-table", type=Path, action="append", default=None,
+                   help="score the selector on this saved second measurement (instead of --remeasure); "
+                        "repeat it for a second measurement saved over several calls (rows merged)")
     p.add_argument("--noise", type=float, default=0.0, help="synthetic: relative measurement noise (e.g. 0.02)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -333,7 +334,8 @@ def _draw_pair(fig, axes, result: dict) -> None:
             c = by[(ctx, n)]
             g, vs = c["gap_to_best_pct"], c["gain_vs_static_pct"]
             txt = ("-" if g is None else f"gap {g:.1f}") + "\n" + (
-                "static OOM" if c["static_tgs"] is None else "" if vs is None else f"vs static {vs:+.1f}")
+                ("static no fit" if "infeasible" in (c.get("status_a"), c.get("status_b")) else "static OOM")
+                if c["static_tgs"] is None else "" if vs is None else f"vs static {vs:+.1f}")
             axes[1].text(j, i, txt, ha="center", va="center", fontsize=8)
     for ax, t in zip(axes, (f"{result['stage']}: Speedup% TP{a} -> TP{b}", f"selector: gap % to best per cell; gain % vs best static ({result['summary']['static_mesh']})")):
         ax.set_xticks(range(len(ress)), [str(n) for n in ress])
@@ -403,8 +405,15 @@ def main(argv=None) -> dict:
         measured = set(table.context_lens(args.stage))
         args.contexts = [c for c in args.contexts if c in measured]  # rows the time budget cut are left out
     eval_table = None
-    if args.eval_table is not None:  # a second measurement saved by an earlier call (--save-remeasure-table)
-        eval_table = load_table(args.eval_table, device_count=n_dev, model_name=cfg.name, device_kind=table.device_kind)
+    if args.eval_table:  # a second measurement saved by earlier calls (--save-remeasure-table), merged
+        for path in args.eval_table:
+            part = load_table(path, device_count=n_dev, model_name=cfg.name, device_kind=table.device_kind)
+            if eval_table is None:
+                eval_table = part
+            else:
+                for e in part.entries.values():
+                    eval_table.add(e)
+                eval_table.meta.setdefault("merged_from", []).append(part.meta)
     elif args.remeasure:
         if synthetic:
             eval_table = run_profile(memory, _noisy(SyntheticThroughput(memory), args.noise, args.seed + 1),
@@ -425,7 +434,7 @@ def main(argv=None) -> dict:
         result["next_pair"] = compute_heatmap(table, memory, stage=args.stage, tp_a=args.tp_b, tp_b=args.tp_c,
                                               contexts=sorted(args.contexts), responses=args.responses,
                                               eval_table=eval_table)
-    result.update(synthetic=synthetic, remeasured=args.remeasure or args.eval_table is not None, noise=args.noise,
+    result.update(synthetic=synthetic, remeasured=args.remeasure or bool(args.eval_table), noise=args.noise,
                   memory=dataclasses.asdict(memory.mem) | {"budget_bytes": budget})
     stem = args.name or f"fig3_{cfg.name}_{args.stage}_" + "_".join(f"tp{t}" for t in args.tps) + "_" + (
         "synthetic" if synthetic else device_slug(kind, n_dev))
