@@ -10,6 +10,13 @@ configuration (one mesh for the whole grid).
     python experiments/fig3_selector_heatmap.py --table experiments/results/profile_72b.json
     # measuring on this machine's devices (earl_jax.rl.measure.RealMeasure):
     python experiments/fig3_selector_heatmap.py --gpu --remeasure
+    # split over device calls: first measurement, then the rest + the second (scoring) measurement, each
+    # table saved after every context row; a call cut short is drawn afterwards from its tables, on the CPU:
+    python experiments/fig3_selector_heatmap.py --gpu --save-table t1.json
+    python experiments/fig3_selector_heatmap.py --gpu --continue-table t1.json --save-table t1.json \
+        --remeasure --save-remeasure-table t2.json
+    python experiments/fig3_selector_heatmap.py --table t1.json --eval-table t2.json [--eval-table ...] --devices 2 \
+        --device-kind "NVIDIA H100 80GB HBM3"
 
 Writes experiments/results/<name>.json and <name>.png.
 """
@@ -78,6 +85,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--synthetic", action="store_true", help="measure with the analytic throughput model")
     p.add_argument("--remeasure", action="store_true",
                    help="evaluate the selector's choices on a second, independent measurement")
+    p.add_argument("--save-remeasure-table", type=Path, default=None,
+                   help="real measure: save the --remeasure pass's table here (after each context row)")
+    p.add_argument("--eval-table", type=Path, action="append", default=None,
+                   help="score the selector on this saved second measurement (instead of --remeasure); "
+                        "repeat it for a second measurement saved over several calls (rows merged)")
     p.add_argument("--noise", type=float, default=0.0, help="synthetic: relative measurement noise (e.g. 0.02)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -131,11 +143,37 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+class _Logged:
+    """A measure that prints one line per measured cell: TGS, or the error, and its seconds (compiles in)."""
+
+    def __init__(self, measure, label: str):
+        self.measure, self.label, self.t0 = measure, label, time.perf_counter()
+
+    def __getattr__(self, name):  # decode_steps, ... (profile_rows reads them)
+        return getattr(self.measure, name)
+
+    def __call__(self, stage, mesh, ctx, n, **kw):
+        t, res = time.perf_counter(), "interrupted"
+        try:
+            v = self.measure(stage, mesh, ctx, n, **kw)
+            res = f"{float(v):,.1f} tok/s/dev"
+            return v
+        except Exception as e:  # noqa: BLE001 - reported, then re-raised (run_profile records an OOM)
+            res = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+            raise
+        finally:
+            now = time.perf_counter()
+            print(f"[{self.label} {now - self.t0:6.1f} s] {stage} {mesh} ctx {ctx} n {n}: {res} "
+                  f"({now - t:.1f} s)", flush=True)
+
+
 def measure_table(memory: MemoryModel, args, n_dev: int, kind: str, stages: tuple[str, ...],
                   tensors: tuple[int, ...] | None = None, table: ProfileTable | None = None,
-                  save: Path | None = None, time_budget: float | None = None) -> ProfileTable:
+                  save: Path | None = None, time_budget: float | None = None, label: str = "measure") -> ProfileTable:
     """Profile with the library's `RealMeasure`, one context row at a time (`profile_rows`)."""
     measure = RealMeasure(memory.cfg, decode_steps=args.decode_steps, repeats=args.measure_repeats, seed=args.seed)
+    if args.no_progress:
+        measure = _Logged(measure, label)
     return profile_rows(memory, measure, contexts=args.contexts, responses=args.responses, stages=stages,
                         num_devices=n_dev, device_kind=kind, tensors=tensors, table=table, save=save,
                         time_budget=time_budget, progress=not args.no_progress)
@@ -174,6 +212,12 @@ def best_tgs(table: ProfileTable, stage: str, ctx: int, n: int, tensor: int | No
     return best
 
 
+def _status(table: ProfileTable, stage: str, ctx: int, n: int, tensor: int) -> str:
+    found = [e.status for m in table.meshes(stage) if m.tensor == tensor
+             for e in [table.get(stage, m, ctx, n)] if e is not None]
+    return "ok" if "ok" in found else "oom" if "oom" in found else found[0] if found else "missing"
+
+
 def compute_heatmap(table: ProfileTable, memory: MemoryModel, *, stage: str, tp_a: int, tp_b: int,
                     contexts: list[int], responses: list[int], eval_table: ProfileTable | None = None) -> dict:
     """Cells of the figure. `table` drives the selector; `eval_table` (default: the same) scores it."""
@@ -194,6 +238,9 @@ def compute_heatmap(table: ProfileTable, memory: MemoryModel, *, stage: str, tp_
             cell = {"context_len": ctx, "num_responses": n, "tgs_a": a, "tgs_b": b,
                     "mesh_a": str(ma) if ma else None, "mesh_b": str(mb) if mb else None,
                     "oom_a": a is None, "oom_b": b is None,
+                    # why a side has no number: "oom" (ran out of memory when measured), "infeasible" (the
+                    # memory model rejected it, so it was never run), "missing" (not measured)
+                    "status_a": _status(table, stage, ctx, n, tp_a), "status_b": _status(table, stage, ctx, n, tp_b),
                     "speedup_pct": (b - a) / a * 100 if a is not None and b is not None else None}
             sel = ParallelismSelector(memory.cfg, n_dev, memory=memory, table=table,
                                       config=SelectorConfig(bucket_edges=tuple(sorted(contexts)), margin=0.0,
@@ -270,8 +317,10 @@ def _draw_pair(fig, axes, result: dict) -> None:
     for i, ctx in enumerate(rows):
         for j, n in enumerate(ress):
             c = by[(ctx, n)]
-            if c["oom_a"] or c["oom_b"]:
-                txt = " / ".join(f"TP{t} OOM" for t, o in ((a, c["oom_a"]), (b, c["oom_b"])) if o)
+            if c["oom_a"] or c["oom_b"]:  # measured OOM, or "no fit": the memory model ruled it out unrun
+                word = {"infeasible": "no fit", "missing": "n/a"}
+                txt = " / ".join(f"TP{t} {word.get(c.get(k), 'OOM')}" for t, o, k in
+                                 ((a, c["oom_a"], "status_a"), (b, c["oom_b"], "status_b")) if o)
             else:
                 txt = f"{c['speedup_pct']:+.1f}"
             sel = c.get("selector_tensor")
@@ -285,7 +334,8 @@ def _draw_pair(fig, axes, result: dict) -> None:
             c = by[(ctx, n)]
             g, vs = c["gap_to_best_pct"], c["gain_vs_static_pct"]
             txt = ("-" if g is None else f"gap {g:.1f}") + "\n" + (
-                "static OOM" if c["static_tgs"] is None else "" if vs is None else f"vs static {vs:+.1f}")
+                ("static no fit" if "infeasible" in (c.get("status_a"), c.get("status_b")) else "static OOM")
+                if c["static_tgs"] is None else "" if vs is None else f"vs static {vs:+.1f}")
             axes[1].text(j, i, txt, ha="center", va="center", fontsize=8)
     for ax, t in zip(axes, (f"{result['stage']}: Speedup% TP{a} -> TP{b}", f"selector: gap % to best per cell; gain % vs best static ({result['summary']['static_mesh']})")):
         ax.set_xticks(range(len(ress)), [str(n) for n in ress])
@@ -318,7 +368,9 @@ def main(argv=None) -> dict:
         from earl_jax.parallel.memory import device_memory_budget
         n_dev = args.devices or jax.device_count()
         kind = args.device_kind or jax.devices()[0].device_kind
-        budget = int(args.memory_gib * GiB) if args.memory_gib else device_memory_budget()
+        # a saved real table keeps the budget it was measured under: drawing it elsewhere (the CPU) keeps it
+        saved = load_table(args.table).meta.get("budget_bytes") if args.table is not None else None
+        budget = int(args.memory_gib * GiB) if args.memory_gib else int(saved) if saved else device_memory_budget()
     memory = MemoryModel(cfg, MemoryConfig(budget_bytes=budget, safety_fraction=args.safety))
     for t in args.tps:
         if not any(m.tensor == t for m in candidate_meshes(cfg, n_dev, args.stage)):
@@ -337,20 +389,32 @@ def main(argv=None) -> dict:
             table.save(args.save_table)
     else:
         _compile_cache()
+        print(f"{cfg.name} {args.stage} on {n_dev} x {kind}: budget {budget} bytes per device "
+              f"({budget / GiB:.2f} GiB, safety {args.safety}); contexts {args.contexts} x responses "
+              f"{args.responses}, TP {args.tps}, {args.decode_steps} decode steps", flush=True)
         previous = None
         if args.continue_table is not None:  # rows measured by an earlier call on the same kind of machine
             previous = load_table(args.continue_table, device_count=n_dev, model_name=cfg.name, device_kind=kind)
         todo = [c for c in args.contexts if previous is None or c not in previous.context_lens(args.stage)]
         table = measure_table(memory, _with(args, contexts=todo),
                               n_dev, kind, (args.stage,), args.tps, table=previous,
-                              save=args.save_table, time_budget=args.time_budget)
+                              save=args.save_table, time_budget=args.time_budget, label="first")
         table.meta.update(synthetic=False, budget_bytes=budget)
         if args.save_table:
             table.save(args.save_table)
         measured = set(table.context_lens(args.stage))
         args.contexts = [c for c in args.contexts if c in measured]  # rows the time budget cut are left out
     eval_table = None
-    if args.remeasure:
+    if args.eval_table:  # a second measurement saved by earlier calls (--save-remeasure-table), merged
+        for path in args.eval_table:
+            part = load_table(path, device_count=n_dev, model_name=cfg.name, device_kind=table.device_kind)
+            if eval_table is None:
+                eval_table = part
+            else:
+                for e in part.entries.values():
+                    eval_table.add(e)
+                eval_table.meta.setdefault("merged_from", []).append(part.meta)
+    elif args.remeasure:
         if synthetic:
             eval_table = run_profile(memory, _noisy(SyntheticThroughput(memory), args.noise, args.seed + 1),
                                      num_devices=n_dev, context_lens=args.contexts, response_counts=args.responses,
@@ -359,14 +423,18 @@ def main(argv=None) -> dict:
         else:
             # Same order as the first pass; rows the budget cuts here stay in the figure but are not scored.
             eval_table = measure_table(memory, args, n_dev, table.device_kind, (args.stage,), args.tps,
-                                       time_budget=args.remeasure_budget)
+                                       save=args.save_remeasure_table, time_budget=args.remeasure_budget,
+                                       label="second")
+            eval_table.meta.update(synthetic=False, budget_bytes=budget)
+            if args.save_remeasure_table:
+                eval_table.save(args.save_remeasure_table)
     result = compute_heatmap(table, memory, stage=args.stage, tp_a=args.tp_a, tp_b=args.tp_b,
                              contexts=sorted(args.contexts), responses=args.responses, eval_table=eval_table)
     if args.tp_c is not None:  # the same measurements, the next pair of tensor degrees
         result["next_pair"] = compute_heatmap(table, memory, stage=args.stage, tp_a=args.tp_b, tp_b=args.tp_c,
                                               contexts=sorted(args.contexts), responses=args.responses,
                                               eval_table=eval_table)
-    result.update(synthetic=synthetic, remeasured=args.remeasure, noise=args.noise,
+    result.update(synthetic=synthetic, remeasured=args.remeasure or bool(args.eval_table), noise=args.noise,
                   memory=dataclasses.asdict(memory.mem) | {"budget_bytes": budget})
     stem = args.name or f"fig3_{cfg.name}_{args.stage}_" + "_".join(f"tp{t}" for t in args.tps) + "_" + (
         "synthetic" if synthetic else device_slug(kind, n_dev))
