@@ -21,8 +21,11 @@ from earl_jax.rl.pod import pod_preset_for_this_machine
 
 # The board every turn (compact): it is 3 short rows, and in the minimal style the tiny model had to track
 # occupied cells from the move history and forfeited every evaluation game (results/tictactoe_cpu_ablations).
+# Constrained moves as in connect4.py; a turn discount of 0.6 (later moves, the blocks and wins, get more of the
+# outcome's credit): non-loss against random 0.78 -> 0.88 after ~80 iterations (learning_notes.md, section 8).
 DEFAULT = RLConfig(game="tic_tac_toe", run_dir="runs/tictactoe", max_turns=9, max_context=512, prompt_style="compact",
-                   eval_opponents=("random", "solver"))
+                   eval_opponents=("random", "solver"), constrain_moves=True, learning_rate=2e-3, entropy_coef=0.1,
+                   entropy_floor=0.5, filter_constant_groups=False, turn_discount=0.6)
 PRESETS = {
     "tiny-cpu": lambda: DEFAULT,
     "vs-solver": lambda: dataclasses.replace(DEFAULT, opponent="solver", run_dir="runs/tictactoe-solver"),

@@ -164,9 +164,9 @@ def _restore_numpy(run_dir: Path) -> tuple[int, list[np.ndarray]]:
     return steps[-1], [np.asarray(v) for v in jax.tree.leaves(ck.restore(path, restore_args=args))]
 
 
-# Tiny model, 8 games per iteration, two format warm-up steps (so parameters move), and meshes that make
-# the dispatcher reshard weights (train d2f2t2 -> rollout d4f1t2) across the two processes.
-CONNECT4 = ["--groups", "4", "--group-size", "2", "--format-warmup-steps", "2", "--eval-games", "8", "--steps", "2",
+# Tiny model, 8 games per iteration, the default's constrained moves, and meshes that make the dispatcher
+# reshard weights (train d2f2t2 -> rollout d4f1t2) across the two processes.
+CONNECT4 = ["--groups", "4", "--group-size", "2", "--eval-games", "8", "--steps", "2",
             "--kl-coef", "0.01", "--filter-constant-groups", "false", "--rollout-thresholds", "0:d4f1t2",
             "--experience-thresholds", "0:d8f1t1", "--train-thresholds", "0:d2f2t2", "--progress", "false",
             "--wandb-mode", "disabled"]

@@ -49,7 +49,7 @@ def test_killed_and_resumed_run_is_bit_exact(tmp_path):
     first = Trainer(dataclasses.replace(cfg, run_dir=str(tmp_path / "b")))
     first.run(stop_after=3)  # "killed" after iteration 3; the last checkpoint is step 2
     first.logger.close()
-    assert [r["step"] for r in read_metrics(tmp_path / "b" / "metrics.jsonl")] == [1, 2, 3]
+    assert [r["step"] for r in read_metrics(tmp_path / "b" / "metrics.jsonl")] == [0, 1, 2, 3]  # 0: before training
     resumed = Trainer(dataclasses.replace(cfg, run_dir=str(tmp_path / "b"), resume=True))
     assert resumed.step == 2
     resumed.run()
@@ -58,7 +58,7 @@ def test_killed_and_resumed_run_is_bit_exact(tmp_path):
         np.testing.assert_array_equal(a, b)
     # each step once, in order: the killed run's record of step 3 was dropped and written again
     steps = [r["step"] for r in read_metrics(tmp_path / "b" / "metrics.jsonl")]
-    assert steps == [1, 2, 3, 4], steps
+    assert steps == [0, 1, 2, 3, 4], steps
 
 
 def _corrupt(folder: Path) -> None:

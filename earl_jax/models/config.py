@@ -101,6 +101,14 @@ class ModelConfig:
                    tie_word_embeddings=True, max_position_embeddings=4096, name="tiny")
 
     @classmethod
+    def small(cls, vocab_size: int = 64) -> "ModelConfig":
+        """~5M parameters (6 x 256): on one GPU a decode step of the tiny model is launch-bound, so this one costs
+        about as much an iteration with 6x the parameters (the model-size question of learning_notes.md)."""
+        return cls(vocab_size=vocab_size, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
+                   num_attention_heads=8, num_key_value_heads=4, rope_theta=10_000.0,
+                   tie_word_embeddings=True, max_position_embeddings=4096, name="small")
+
+    @classmethod
     def qwen2p5_0p5b(cls) -> "ModelConfig":
         return cls(151936, 896, 4864, 24, 14, 2, tie_word_embeddings=True, name="qwen2.5-0.5b")
 
@@ -131,6 +139,7 @@ class ModelConfig:
 
 PRESETS = {
     "tiny": ModelConfig.tiny,
+    "small": ModelConfig.small,
     "qwen2.5-0.5b": ModelConfig.qwen2p5_0p5b,
     "qwen2.5-1.5b": ModelConfig.qwen2p5_1p5b,
     "qwen2.5-3b": ModelConfig.qwen2p5_3b,

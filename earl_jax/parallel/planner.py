@@ -229,7 +229,7 @@ class StagePlanner:
                     cache_buckets: tuple[int, ...] | None = None) -> "StagePlanner":
         devices = jax.devices()[: cfg.devices or None]
         thresholds = {s: v for s in STAGES if (v := _checked_thresholds(cfg, model_cfg, len(devices), s))}
-        edges = cfg.selector_edges or (SMALL_BUCKET_EDGES if cfg.model == "tiny" else None)
+        edges = cfg.selector_edges or (SMALL_BUCKET_EDGES if cfg.model in ("tiny", "small") else None)
         sel_cfg = SelectorConfig(**({"bucket_edges": edges} if edges else {}), margin=cfg.selector_margin,
                                  ema_alpha=cfg.selector_ema, thresholds=thresholds or None)
         budget = int(cfg.memory_budget_gib * 2**30) or None

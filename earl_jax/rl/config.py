@@ -107,7 +107,7 @@ class RLConfig:
                                  "picks the chunk below it from the memory model")
     # --- warm start (the tiny model starts from random weights and knows no answer format)
     format_warmup_steps: int = _f(20, "supervised steps on uniformly random LEGAL moves before RL (0: off); "
-                                      "teaches the answer format only, no game skill")
+                                      "teaches the answer format only, no game skill; skipped with --constrain-moves")
     format_warmup_games: int = _f(8, "random legal games per warm-up step (0: the RL batch, --groups x --group-size); "
                                      "20 x 8 leaves the greedy policy 0.28 invalid against 0.16 for 60 x 64, in a "
                                      "fraction of the time (experiments/results/warmup_tradeoff_cpu.json)")

@@ -48,10 +48,11 @@ GROUP_SIZE = 8
 # cache size as games grow); KV sizes 512, 2048, 8192 compile 16 sampler programs for the first evaluation and
 # iteration of this job where the default sizes compile 33 (experiments/count_decode_programs.py), at up to 4x
 # padded decode attention.
+# Free-text answers (constrain_moves off): the pod job is EARL's setting, whose contexts grow with the answers.
 RANDOM_INIT = dict(prompt_style="compact", max_turn_tokens=8, max_context=4096, rollout_cache_growth=4.0,
-                   learning_rate=1e-4, kl_coef=0.0)
+                   learning_rate=1e-4, kl_coef=0.0, constrain_moves=False)
 PRETRAINED = dict(prompt_style="chat", max_turn_tokens=128, max_context=8192, learning_rate=1e-6, kl_coef=0.001,
-                  format_warmup_steps=0, eval_opponents=("random", "alphabeta:2"))
+                  format_warmup_steps=0, eval_opponents=("random", "alphabeta:2"), constrain_moves=False)
 
 
 class PodTooSmallError(ValueError):

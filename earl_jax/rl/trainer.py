@@ -494,15 +494,18 @@ class Trainer:
         last_eval: dict[str, float] = {}
         # a live bar in a terminal; elsewhere (logs, CI) one plain line per phase and iteration instead
         with Progress(cfg.steps, enabled=cfg.progress and self.is_main and sys.stderr.isatty()) as bar:
-            if self.step == 0 and cfg.format_warmup_steps:
+            if self.step == 0 and cfg.format_warmup_steps and cfg.constrain_moves:
+                log.info("format warm-up skipped: constrained moves (--constrain-moves) have no answer format to learn")
+            if self.step == 0 and cfg.format_warmup_steps and not cfg.constrain_moves:
                 bar.status("format warm-up (random legal moves)")
                 with phase(f"format warm-up: {cfg.format_warmup_steps} supervised steps on random legal games"):
                     warm = self.format_warmup()
                 last_eval = self._evaluate_logged(bar)
                 self.logger.log({"step": 0, **{f"warmup/{k}": v for k, v in warm.items()}, **last_eval,
                                  "eval/fresh": True})
-            elif self.step == 0:
+            elif self.step == 0:  # the curves start from the untrained policy
                 last_eval = self._evaluate_logged(bar)
+                self.logger.log({"step": 0, **last_eval, "eval/fresh": True})
             bar.advance_to(self.step)
             while self.step < cfg.steps:
                 if stop_after is not None and len(history) >= stop_after:
