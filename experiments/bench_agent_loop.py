@@ -32,7 +32,8 @@ RESULTS = ROOT / "experiments" / "results"
 BASELINE = ROOT / ".baseline"
 
 COMMON = ["--format-warmup-steps", "0", "--eval-every", "0", "--eval-games", "8", "--checkpoint-every", "0",
-          "--wandb-mode", "disabled", "--progress", "false", "--learning-rate", "1e-6"]
+          "--wandb-mode", "disabled", "--progress", "false", "--learning-rate", "1e-6",
+          "--constrain-moves", "false"]  # the free-text decode loop: what issue 13's numbers measure
 CASES = {
     "cpu": {"cpu64": ["--groups", "16", "--group-size", "4", "--steps", "5"]},
     "gpu": {"gpu512": ["--groups", "64", "--group-size", "8", "--steps", "6", "--prompt-style", "compact"],

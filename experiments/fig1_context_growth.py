@@ -53,9 +53,9 @@ SETTINGS = {
     # and their contexts match: a paired comparison of the two layouts, not of two learning curves.
     "gpu": ["--model", "tiny", "--groups", "8", "--group-size", "4", "--steps", "6", "--eval-games", "8",
             "--turn-tokens-schedule", "0:64,2:1024,4:3072", "--max-context", "32768", "--max-turns", "32",
-            "--learning-rate", "1e-6", "--stop-at-eos", "false"],
+            "--learning-rate", "1e-6", "--stop-at-eos", "false", "--constrain-moves", "false"],
     "small": ["--model", "tiny", "--groups", "2", "--group-size", "4", "--steps", "4", "--eval-games", "4",
-              "--stop-at-eos", "false",
+              "--stop-at-eos", "false", "--constrain-moves", "false",
               "--turn-tokens-schedule", "0:8,2:48", "--max-context", "1024", "--max-turns", "32"],
 }
 

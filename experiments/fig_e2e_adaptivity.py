@@ -74,7 +74,8 @@ OOM_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory")
 
 COMMON = ["--game", "connect_four", "--format-warmup-steps", "0", "--eval-opponents=", "--eval-every", "0",
           "--checkpoint-every", "0", "--keep-checkpoints", "0", "--wandb-mode", "disabled", "--progress", "false",
-          "--stop-at-eos", "false", "--prompt-style", "compact", "--max-turns", "2", "--learning-rate", "1e-6",
+          "--stop-at-eos", "false", "--constrain-moves", "false", "--prompt-style", "compact", "--max-turns", "2",
+          "--learning-rate", "1e-6",
           "--seed", "0"]
 SETTINGS = {
     # 4 games: one per data shard of d4f1t1; budgets 16 -> 96 tokens a turn (contexts ~190 -> ~350)

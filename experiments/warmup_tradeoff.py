@@ -47,6 +47,7 @@ def main(argv=None) -> None:
         steps, games = (int(x) for x in setting.split("x"))
         with tempfile.TemporaryDirectory() as tmp:
             cfg = dataclasses.replace(base, format_warmup_steps=steps, format_warmup_games=games, run_dir=tmp,
+                                      constrain_moves=False,  # the warm-up teaches the free-text answer format
                                       wandb_mode="disabled", progress=False)
             trainer = Trainer(cfg, log=False)
             load0 = os.getloadavg()[0]

@@ -123,9 +123,11 @@ def test_league_keeps_at_most_k_snapshots_on_a_schedule_and_samples_them_all():
     assert empty.maybe_add(7, params)  # an empty league (a resumed run) takes a snapshot at once
 
 
-def test_league_iterations_play_frozen_snapshots_that_do_not_train(tmp_path):
+@pytest.mark.parametrize("constrain", [False, True])
+def test_league_iterations_play_frozen_snapshots_that_do_not_train(tmp_path, constrain):
+    """With constrained moves the frozen snapshot draws among its legal moves too: it never needs the fallback."""
     cfg = dataclasses.replace(SMALL, steps=3, eval_every=0, checkpoint_every=0, league_size=2, league_every=1,
-                              league_share=0.5, run_dir=str(tmp_path / "run"))
+                              league_share=0.5, run_dir=str(tmp_path / "run"), constrain_moves=constrain)
     trainer = Trainer(cfg, log=False)
     before = [np.array(x) for x in jax.tree.leaves(trainer.params)]
     history = trainer.run()
@@ -134,6 +136,8 @@ def test_league_iterations_play_frozen_snapshots_that_do_not_train(tmp_path):
     r = history[-1]
     assert r["league/games_frac"] == 0.5 and r["league/size"] == 2 and r["league/snapshot_step"] in (1, 2)
     assert 0 <= r["league/win_rate"] <= 1 and 0 <= r["league/opponent_fallback_rate"] <= 1
+    if constrain:
+        assert trainer.env.policy_moves > 0 and r["league/opponent_fallback_rate"] == 0.0
     # snapshot 1 holds the weights after iteration 1, and training on does not touch it
     snap1 = jax.tree.leaves(league.snapshots[0][1])
     now = [np.asarray(x) for x in jax.tree.leaves(trainer.params)]

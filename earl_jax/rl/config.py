@@ -193,8 +193,6 @@ class RLConfig:
                  "top-k / top-p do not apply, leave them off")
             need(not self.turn_tokens_schedule, "constrain_moves", "answers are one move token: a turn-token "
                  "schedule has nothing to schedule")
-            need(self.league_size == 0, "constrain_moves", "the league's frozen opponents answer in free text; "
-                 "a constrained policy was never trained to: use --league-size 0")
             need(self.max_turn_tokens >= 2, "max_turn_tokens", "constrained moves take 2 tokens a turn (move, stop)")
         need(self.group_size > 1 or self.algorithm == "reinforce_pp", "group_size",
              f"{self.algorithm} compares games within a group: use at least 2")

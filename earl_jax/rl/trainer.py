@@ -224,7 +224,7 @@ class Trainer:
             if league is not None:
                 games, snap_step, snap = league
                 frozen = SamplerPolicy(sampler, self._league_params(run, snap_step, snap), sampling, stops,
-                                       turn_tokens)
+                                       turn_tokens, moves=self.moves)
                 env.assign(FrozenPolicyOpponent(frozen, self.codec, jax.random.fold_in(rng, 0x0990),
                                                 max_turn_tokens=turn_tokens, bos_id=self.ids.bos_id,
                                                 min_batch=run.batch_shards), games)

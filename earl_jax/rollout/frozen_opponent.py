@@ -38,7 +38,12 @@ class FrozenPolicyOpponent:
         self._batch = -(-max(len(self.games), 1) // self.min_batch) * self.min_batch  # whole rows per data shard
         self.policy.reset(self._batch, self.first_cache_len)
 
-    def __call__(self, games: np.ndarray, observations: Sequence[str]) -> np.ndarray:
+    @property
+    def wants_legal(self) -> bool:
+        """A constrained policy (`SamplerPolicy(moves=...)`) needs each game's legal moves to draw from."""
+        return getattr(self.policy, "moves", None) is not None
+
+    def __call__(self, games: np.ndarray, observations: Sequence[str], legal: np.ndarray | None = None) -> np.ndarray:
         slots = np.array([self._slot[int(g)] for g in np.asarray(games).tolist()], np.int64)
         ids, counts = self.codec.encode_padded(list(observations))
         fresh = ~self._started[slots]
@@ -57,7 +62,11 @@ class FrozenPolicyOpponent:
         budgets[slots] = self.max_turn_tokens
         row_ids = np.zeros(b, np.int32)
         row_ids[:len(self.games)] = self.games
-        out = self.policy.generate(budgets, jax.random.fold_in(self.rng, self._calls), row_ids)()
+        kw = {}
+        if legal is not None:
+            kw["legal"] = np.zeros((b, np.shape(legal)[1]), bool)
+            kw["legal"][slots] = legal
+        out = self.policy.generate(budgets, jax.random.fold_in(self.rng, self._calls), row_ids, **kw)()
         self._calls += 1
         answers = [out.tokens[s, :out.counts[s]].tolist() for s in slots.tolist()]
         return self.codec.answers_to_moves(answers)

@@ -34,7 +34,7 @@ class SamplerPolicy:
         tokens, counts = np.asarray(tokens, np.int32), np.asarray(counts, np.int64)
         if self._pending_n.any():  # the last answers go in first, in the same call (only for games that go on)
             tokens, counts = _prepend(self._pending, np.where(counts > 0, self._pending_n, 0), tokens, counts)
-            self._pending_n[:] = 0
+            self._pending_n[counts > 0] = 0  # rows not extended now keep theirs
         if not counts.any():
             return
         self.state = self.sampler.ensure_capacity(self.state, int((self.lengths + counts).max()))

@@ -129,7 +129,11 @@ class ModelOpponentEnv(VectorTextEnv):
         return moves
 
     def _ask(self, games: np.ndarray, observations: list[str]) -> np.ndarray:
-        moves = np.asarray(self._policy(games, observations), np.int64)
+        if getattr(self._policy, "wants_legal", False):  # a constrained policy draws among the legal moves
+            legal = self.rules.legal_mask(self.stones[games])
+            moves = np.asarray(self._policy(games, observations, legal=legal), np.int64)
+        else:
+            moves = np.asarray(self._policy(games, observations), np.int64)
         if moves.shape != games.shape:
             raise ValueError(f"the opponent policy answered {moves.shape} moves for {len(games)} games")
         return moves
