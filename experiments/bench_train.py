@@ -100,7 +100,7 @@ def run_case(case: dict) -> dict:
         batch = ExperienceBatch(tokens, mask,
                                 jnp.asarray(-rng.uniform(5, 15, (b, t)), jnp.float32),
                                 jnp.asarray(-rng.uniform(5, 15, (b, t)), jnp.float32),
-                                jnp.asarray(rng.normal(size=(b, t)), jnp.float32), jnp.zeros((b, t), jnp.int32))
+                                jnp.asarray(rng.normal(size=(b, t)), jnp.float32))
 
         def step(params, opt_state, batch):
             return train_stage(params, opt_state, batch, graphdef=graphdef, optimizer=optimizer, loss_cfg=loss_cfg,

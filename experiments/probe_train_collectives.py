@@ -79,7 +79,7 @@ def probe(mesh: str, layers: int, rows: int, t: int) -> dict:
     params = jax.tree.map(put, params, state_shardings(params, jmesh, rules))
     spec = lambda dt: jax.ShapeDtypeStruct((rows, t), dt, sharding=logical_sharding(jmesh, rules, ("batch", None)))  # noqa: E731
     batch = stages.ExperienceBatch(spec(jnp.int32), spec(jnp.bool_), spec(jnp.float32), spec(jnp.float32),
-                                   spec(jnp.float32), spec(jnp.int32))
+                                   spec(jnp.float32))
     kw = dict(graphdef=graphdef, loss="policy", loss_cfg=LossConfig(), chunk=256)
 
     def zero(p, b):

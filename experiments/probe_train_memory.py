@@ -55,7 +55,7 @@ def probe(model_name: str, layers: int, rows: int, t: int, remat: bool, mesh: st
     rows_sharding = logical_sharding(jmesh, rules, ("batch", None))
     spec = lambda dt: jax.ShapeDtypeStruct((rows, t), dt, sharding=rows_sharding)  # noqa: E731
     batch = stages.ExperienceBatch(spec(jnp.int32), spec(jnp.bool_), spec(jnp.float32), spec(jnp.float32),
-                                   spec(jnp.float32), spec(jnp.int32))
+                                   spec(jnp.float32))
     kw = dict(graphdef=graphdef, loss="policy", loss_cfg=LossConfig(), chunk=256)
     # EARL_PROBE_SHARDS=1: no interleaved row split (split_rows reshapes rows as (shards, micro-batches, ...))
     shards = int(__import__("os").environ.get("EARL_PROBE_SHARDS", shape.data * shape.fsdp))

@@ -181,8 +181,7 @@ def test_micro_batched_stages_equal_one_batch_on_every_mesh(stage, mesh):
         else:
             opt = optax.sgd(0.1)  # linear in the gradient: compares the accumulated gradient itself
             batch = stages.ExperienceBatch(x["tokens"], x["mask"], *run.put_rows({"a": old_logp, "b": old_logp}).values(),
-                                           run.put_rows({"adv": rewards.sum(1, keepdims=True) * mask})["adv"],
-                                           run.put_rows({"c": np.zeros(mask.shape, np.int32)})["c"])
+                                           run.put_rows({"adv": rewards.sum(1, keepdims=True) * mask})["adv"])
             fn = run.jit("train", stages.train_stage, graphdef=graphdef, optimizer=opt, loss_cfg=LossConfig(),
                          micro_batches=micro.count, shards=micro.shards, chunk=chunk)
             new, _, metrics = fn(p, opt.init(p), batch)

@@ -61,7 +61,7 @@ def test_micro_batches_equal_one_batch():
 def test_non_finite_loss_skips_the_update():
     graphdef, params, batch = _batch()
     bad = ExperienceBatch(batch.tokens, batch.loss_mask, batch.old_logp,
-                          batch.ref_logp, batch.advantages.at[0, -1].set(jnp.nan), batch.choices)
+                          batch.ref_logp, batch.advantages.at[0, -1].set(jnp.nan))
     opt = make_optimizer(1e-2, 1, 10, 0.0, 1.0)
     state = opt.init(params)
     new_params, new_state, m = train_stage(params, state, bad, graphdef=graphdef, optimizer=opt, loss_cfg=LossConfig(),

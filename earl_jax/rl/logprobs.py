@@ -54,13 +54,11 @@ def token_logprobs(model: Qwen2, tokens: Int[Array, "b t"], *, chunk: int = 512,
     t_c = targets.reshape(b, num_chunks, chunk).swapaxes(0, 1)
     if choices is not None and not choice_tokens:
         raise ValueError("token_logprobs: choices need choice_tokens (the move token of each action)")
+    c_c = None  # None is an empty pytree: lax.map and checkpoint pass it through
     if choices is not None:
         c_c = jnp.pad(choices[:, 1:], ((0, 0), (0, pad))).reshape(b, num_chunks, chunk).swapaxes(0, 1)
-        stats = jax.checkpoint(lambda hc, tc, cc: _chunk_stats(model, hc, tc, cc, temperature, choice_tokens))
-        lp, ent = jax.lax.map(lambda xs: stats(*xs), (h_c, t_c, c_c))
-    else:
-        stats = jax.checkpoint(lambda hc, tc: _chunk_stats(model, hc, tc, None, temperature, ()))
-        lp, ent = jax.lax.map(lambda xs: stats(*xs), (h_c, t_c))
+    stats = jax.checkpoint(lambda hc, tc, cc: _chunk_stats(model, hc, tc, cc, temperature, choice_tokens))
+    lp, ent = jax.lax.map(lambda xs: stats(*xs), (h_c, t_c, c_c))
     lp = lp.swapaxes(0, 1).reshape(b, -1)[:, :n]
     ent = ent.swapaxes(0, 1).reshape(b, -1)[:, :n]
     zero = jnp.zeros((b, 1), jnp.float32)

@@ -103,8 +103,7 @@ class RealMeasure:
             self._random_rows(run, *shape, self.seed), jax.device_put(jnp.ones(shape, bool), sh),
             jax.device_put(-jax.random.uniform(keys[0], shape, jnp.float32, 5, 15), sh),
             jax.device_put(-jax.random.uniform(keys[1], shape, jnp.float32, 5, 15), sh),
-            jax.device_put(jax.random.normal(keys[2], shape, jnp.float32), sh),
-            jax.device_put(jnp.zeros(shape, jnp.int32), sh))
+            jax.device_put(jax.random.normal(keys[2], shape, jnp.float32), sh))
         step = run.jit("train", train_stage, donate=(0, 1), graphdef=graphdef, optimizer=optimizer,
                        loss_cfg=LossConfig(algorithm="grpo"), micro_batches=micro.count, shards=micro.shards,
                        chunk=layout.logprob_chunk)

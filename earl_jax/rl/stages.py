@@ -35,7 +35,8 @@ class ExperienceBatch:
     old_logp: Float[Array, "n t"]
     ref_logp: Float[Array, "n t"]
     advantages: Float[Array, "n t"]
-    choices: Int[Array, "n t"]  # legal-move bitmask of a constrained move token, 0 elsewhere (rollout/moves.py)
+    # legal-move bitmask of a constrained move token, 0 elsewhere (rollout/moves.py); None: free-text answers
+    choices: Int[Array, "n t"] | None = None
 
 
 def make_optimizer(learning_rate: float, warmup_steps: int, total_steps: int, weight_decay: float,
@@ -74,21 +75,20 @@ def logprob_step(params: nnx.State, out: Float[Array, "n t"], tokens: Int[Array,
     `out`. Columns past `width` must be padding (causal attention: they change nothing before them).
     `choice_tokens` (static): the move tokens of constrained moves, scored where `choices` != 0."""
     t = tokens.shape[1]
-    tok, ch = micro_batch((tokens, _or_zeros(choices, tokens)), j, micro_batches, shards, width)
+    tok, ch = micro_batch((tokens, choices), j, micro_batches, shards, width)
     logp, _ = token_logprobs(nnx.merge(graphdef, params), tok, chunk=chunk, **_choice_kw(ch, choice_tokens))
     logp = jnp.pad(logp, ((0, 0), (0, t - width)))
     split = jax.lax.dynamic_update_index_in_dim(split_rows(out, micro_batches, shards), logp, j, 0)
     return merge_rows(split, shards)
 
 
-def _or_zeros(choices: Int[Array, "n t"] | None, tokens: Int[Array, "n t"]) -> Int[Array, "n t"]:
-    """No constrained moves: an all-zero bitmask (every token scored over the whole vocabulary)."""
-    return jnp.zeros(tokens.shape, jnp.int32) if choices is None else choices
-
-
-def _choice_kw(choices: Int[Array, "n t"], choice_tokens: tuple[int, ...]) -> dict[str, Any]:
+def _choice_kw(choices: Int[Array, "n t"] | None, choice_tokens: tuple[int, ...]) -> dict[str, Any]:
     """token_logprobs' arguments for constrained moves; none (the plain path) when the run has none."""
-    return dict(choices=choices, choice_tokens=choice_tokens) if choice_tokens else {}
+    if not choice_tokens:
+        return {}
+    if choices is None:
+        raise ValueError("constrained moves (choice_tokens) need the batch's legal-move bitmasks (choices)")
+    return dict(choices=choices, choice_tokens=choice_tokens)
 
 
 def advantage_step(old_logp: Float[Array, "n t"], ref_logp: Float[Array, "n t"], tokens: Int[Array, "n t"],
@@ -107,7 +107,7 @@ def advantage_step(old_logp: Float[Array, "n t"], ref_logp: Float[Array, "n t"],
         metrics["filtered_frac"] = keep.filtered_frac  # games in constant groups (dropped when filtering)
         if filter_constant_groups:
             mask = loss_mask & keep.keep[:, None]
-    return ExperienceBatch(tokens, mask, old_logp, ref_logp, adv, _or_zeros(choices, tokens)), metrics
+    return ExperienceBatch(tokens, mask, old_logp, ref_logp, adv, choices), metrics
 
 
 def experience_stage(params: nnx.State, ref_params: nnx.State | None, tokens: Int[Array, "n t"],
@@ -146,7 +146,7 @@ def _sft_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: None, chunk: int,
 
 def sft_batch(tokens: Int[Array, "n t"], loss_mask: Bool[Array, "n t"]) -> ExperienceBatch:
     zeros = jnp.zeros(tokens.shape, jnp.float32)
-    return ExperienceBatch(tokens, loss_mask, zeros, zeros, zeros, jnp.zeros(tokens.shape, jnp.int32))
+    return ExperienceBatch(tokens, loss_mask, zeros, zeros, zeros)
 
 
 def micro_batch(batch: Any, j, micro_batches: int, shards: int, width: int) -> Any:

@@ -263,9 +263,11 @@ class Trainer:
 
     def _batch_arrays(self, traj: Trajectories) -> dict[str, np.ndarray]:
         width = batch_width(traj.tokens.shape[1])
-        return {"tokens": _pad_cols(traj.tokens, width), "loss_mask": _pad_cols(traj.loss_mask, width),
-                "rewards": _pad_cols(traj.rewards, width), "group_ids": traj.group_ids,
-                "choices": _pad_cols(traj.choices, width)}
+        arrays = {"tokens": _pad_cols(traj.tokens, width), "loss_mask": _pad_cols(traj.loss_mask, width),
+                  "rewards": _pad_cols(traj.rewards, width), "group_ids": traj.group_ids}
+        if self.moves is not None:  # free-text runs neither move nor keep the (all-zero) bitmasks
+            arrays["choices"] = _pad_cols(traj.choices, width)
+        return arrays
 
     def _experience(self, run: StageRun, arrays: dict[str, np.ndarray], lengths: np.ndarray
                     ) -> tuple[ExperienceBatch, dict, np.ndarray]:
@@ -278,12 +280,12 @@ class Trainer:
         n, t = x["tokens"].shape
         micro = run.micro_batches(n)
         widths = micro_batch_widths(lengths[perm], micro, t)
-        kw = dict(graphdef=self.graphdef, choices=x["choices"], choice_tokens=self.choice_tokens)
+        kw = dict(graphdef=self.graphdef, choices=x.get("choices"), choice_tokens=self.choice_tokens)
         old = grouped_logprobs(run, params, x["tokens"], widths, micro, **kw)
         ref_logp = old if ref is None else grouped_logprobs(run, ref, x["tokens"], widths, micro, **kw)
         fn = run.jit("advantages", advantage_step, num_groups=self.cfg.groups, loss_cfg=self.loss_cfg,
                      filter_constant_groups=self.cfg.filter_constant_groups)
-        out = fn(old, ref_logp, x["tokens"], x["loss_mask"], x["rewards"], x["group_ids"], x["choices"])
+        out = fn(old, ref_logp, x["tokens"], x["loss_mask"], x["rewards"], x["group_ids"], x.get("choices"))
         return (*jax.block_until_ready(out), perm)  # an OOM must surface inside the planner's fallback
 
     def _train(self, run: StageRun, batch: ExperienceBatch, lengths: np.ndarray, arranged: np.ndarray
@@ -494,9 +496,11 @@ class Trainer:
         last_eval: dict[str, float] = {}
         # a live bar in a terminal; elsewhere (logs, CI) one plain line per phase and iteration instead
         with Progress(cfg.steps, enabled=cfg.progress and self.is_main and sys.stderr.isatty()) as bar:
-            if self.step == 0 and cfg.format_warmup_steps and cfg.constrain_moves:
+            warmup = self.step == 0 and cfg.format_warmup_steps > 0
+            if warmup and cfg.constrain_moves:
                 log.info("format warm-up skipped: constrained moves (--constrain-moves) have no answer format to learn")
-            if self.step == 0 and cfg.format_warmup_steps and not cfg.constrain_moves:
+                warmup = False
+            if warmup:
                 bar.status("format warm-up (random legal moves)")
                 with phase(f"format warm-up: {cfg.format_warmup_steps} supervised steps on random legal games"):
                     warm = self.format_warmup()

@@ -99,9 +99,9 @@ def choice_logprobs(logits: Float[Array, "... v"], targets: Int[Array, "..."], b
     """log p(target) and the entropy of the move distribution restricted to the legal moves' tokens (`bits`),
     from (tempered) logits over the whole vocabulary; meaningful only where bits != 0."""
     ids = jnp.asarray(token_ids)
-    sub = _masked(jnp.take(logits, ids, axis=-1), bits_to_mask(bits, len(token_ids)))
-    logp_all = jax.nn.log_softmax(sub, axis=-1)
+    allowed = bits_to_mask(bits, len(token_ids))
+    logp_all = jax.nn.log_softmax(_masked(jnp.take(logits, ids, axis=-1), allowed), axis=-1)
     index = jnp.argmax(targets[..., None] == ids, axis=-1)  # the target's action id (0 if it is no move token)
     logp = jnp.take_along_axis(logp_all, index[..., None], axis=-1)[..., 0]
-    entropy = -jnp.sum(jnp.where(bits_to_mask(bits, len(token_ids)), jnp.exp(logp_all) * logp_all, 0.0), axis=-1)
+    entropy = -jnp.sum(jnp.where(allowed, jnp.exp(logp_all) * logp_all, 0.0), axis=-1)
     return logp, entropy

@@ -111,13 +111,13 @@ class ModelOpponentEnv(VectorTextEnv):
             put(~first, self.renderer.turn_texts(self.cells[games[~first]], seat[~first],
                                                  self._last_move[games[~first]], code[~first]))
         self._seen[games] = True
-        moves = self._ask(games, obs)
+        moves = self._ask(games, obs, legal)
         ok = _legal(moves, legal)
         for _ in range(self.config.max_retries):
             bad = np.flatnonzero(~ok)
             if not len(bad):
                 break
-            moves[bad] = self._ask(games[bad], self.renderer.retry_obs(code[bad]))
+            moves[bad] = self._ask(games[bad], self.renderer.retry_obs(code[bad]), legal[bad])
             ok[bad] = _legal(moves[bad], legal[bad])
         bad = np.flatnonzero(~ok)
         if len(bad):
@@ -128,9 +128,8 @@ class ModelOpponentEnv(VectorTextEnv):
         self._play(games, moves, seat)
         return moves
 
-    def _ask(self, games: np.ndarray, observations: list[str]) -> np.ndarray:
+    def _ask(self, games: np.ndarray, observations: list[str], legal: np.ndarray) -> np.ndarray:
         if getattr(self._policy, "wants_legal", False):  # a constrained policy draws among the legal moves
-            legal = self.rules.legal_mask(self.stones[games])
             moves = np.asarray(self._policy(games, observations, legal=legal), np.int64)
         else:
             moves = np.asarray(self._policy(games, observations), np.int64)
