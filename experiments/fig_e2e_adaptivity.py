@@ -33,7 +33,12 @@ throughput per run with the context length, auto's mesh switches and every OOM.
     ...  --runs static_d2f1t2,   then --runs static_d1f1t4,   then --runs auto      (the same command otherwise)
     python experiments/fig_e2e_adaptivity.py --replot experiments/results/<name>.json
 
-Cost of `--gpu4` (ESTIMATES, nothing measured yet): about 8 minutes of device time per run, cold: ~30 s to
+Measured (4 x H100, 2026-11-26, `experiments/run_e2e_gpu4.sh`, the 1.5B trim, mem fraction 0.92; results in
+experiments/results/NOTES.md): a cold run spends ~95 s to its first iteration and ~100 s on the 8K phase's
+compiles; with compiles cached (the auto run) 1K + 8K phases take ~80 s and the 32K iteration 161 s. A run of
+all three phases therefore needs ~420 s cold: two runs per 10-minute device call do not reach 32K at 270 s each.
+
+Cost of `--gpu4` (the estimate written before any GPU run): about 8 minutes of device time per run, cold: ~30 s to
 start and initialize 3B; ~13 rollout programs at ~8 s each (0.5B's extend + generate compiled in 10-14 s on
 one H100, bench_rollout) plus experience and train at three widths; decoding ~4.5 ms a step (Fig. 3's 0.5B
 steps scaled to 3B's weight reads), i.e. ~9 s, ~70 s and ~160 s for a 1K, 8K and 32K iteration. So the four
@@ -70,7 +75,8 @@ import adaptivity_summary  # noqa: E402
 from earl_jax.rl.config import parse_schedule  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
-OOM_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory")
+OOM_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory", "Failed to allocate Scratch",
+               "Failed to allocate collective memory")
 
 COMMON = ["--game", "connect_four", "--format-warmup-steps", "0", "--eval-opponents=", "--eval-every", "0",
           "--checkpoint-every", "0", "--keep-checkpoints", "0", "--wandb-mode", "disabled", "--progress", "false",
@@ -82,8 +88,10 @@ SETTINGS = {
     "small": dict(model="tiny", devices=4, schedule="0:16,2:96", steps=4, budget_s=240.0, mem_fraction=None,
                   flags=["--groups", "2", "--group-size", "2", "--max-context", "512"]),
     # 8 games (2 per data shard of d4f1t1); two turns of 480 / 3968 / 16000 tokens: contexts ~1.1K, ~8.1K, ~32.2K
+    # mem fraction 0.85, not 0.92: at 0.92 a TP4 run could not get NCCL's all-reduce scratch outside XLA's pool
+    # at its 32K iteration (4 x H100, 1.5B, with 26 of 73 GiB of the pool in use)
     "gpu4": dict(model="qwen2.5-3b", devices=4, schedule="0:480,2:3968,4:16000", steps=5, budget_s=540.0,
-                 mem_fraction=0.92, flags=["--groups", "4", "--group-size", "2", "--max-context", "32768",
+                 mem_fraction=0.85, flags=["--groups", "4", "--group-size", "2", "--max-context", "32768",
                                            "--dtype", "bfloat16"]),
 }
 TRACE_KEYS = ("step", "rollout/turn_tokens", "rollout/context_len_mean", "rollout/context_len_max",
@@ -127,6 +135,8 @@ def oom_stage(output: str) -> str | None:
     """The stage the trainer named when it ran out of memory (static: no fallback; auto: nothing left)."""
     m = re.findall(r"\b(rollout|experience|train) stage ran out of memory", output)
     m = m or re.findall(r"NoFeasibleLayoutError: (rollout|experience|train): out of memory", output)
+    if not m and re.search(r"Failed to allocate (Scratch|collective memory)", output):
+        return "collective scratch"  # NCCL's buffers, outside XLA's pool: not a stage's planned memory
     return m[-1] if m else None
 
 

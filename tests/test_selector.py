@@ -215,6 +215,10 @@ def test_is_oom_error():
     assert is_oom_error(oom())
     assert is_oom_error(RuntimeError("CUDA out of memory"))
     assert is_oom_error(MemoryError())
+    # what XLA GPU raised when NCCL's scratch did not fit outside the pool (4 x H100, 32K context)
+    assert is_oom_error(RuntimeError("INTERNAL: Failed to allocate Scratch 1 for all-reduce. "
+                                     "[executable_name='jit_broadcast_in_dim']"))
+    assert not is_oom_error(RuntimeError("INTERNAL: Failed to launch kernel"))
     assert not is_oom_error(RuntimeError("INVALID_ARGUMENT: shapes"))
     assert not is_oom_error(ValueError("RESOURCE_EXHAUSTED"))
 
