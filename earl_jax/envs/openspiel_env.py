@@ -39,6 +39,9 @@ class EnvConfig:
     draw_reward: float = 0.0
     invalid_reward: float = -1.0  # the forfeit's reward; the game ends, winner "opponent"
     retry_reward: float = 0.0  # reward of an invalid answer that is allowed a retry
+    # minus this x the outcome classes a move gives away (envs/vector/blunders.py); batched envs only
+    blunder_penalty: float = 0.0
+    blunder_depth: int = 1  # Connect Four: plies searched to judge a move (Tic-Tac-Toe: exact)
 
     @classmethod
     def connect_four(cls, **kw) -> "EnvConfig":
@@ -75,6 +78,9 @@ class OpenSpielTextEnv(gym.Env):
             raise ValueError(f"agent_player must be 0, 1 or None, got {cfg.agent_player!r}")
         if cfg.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {cfg.max_retries}")
+        if cfg.blunder_penalty < 0 or cfg.blunder_depth < 1:
+            raise ValueError(f"blunder_penalty must be >= 0 and blunder_depth >= 1, got {cfg.blunder_penalty}, "
+                             f"{cfg.blunder_depth}")
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.config, self.render_mode = cfg, render_mode

@@ -92,6 +92,12 @@ class RLConfig:
     draw_reward: float = _f(0.0, "reward for a draw")
     loss_reward: float = _f(-1.0, "reward for a loss")
     invalid_reward: float = _f(-1.0, "reward for an invalid move")
+    blunder_penalty: float = _f(0.0, "minus this x the outcome classes (win / open / loss) a move gives away, on that "
+                                     "move's reward: a missed win or block costs even when a weak opponent does not "
+                                     "punish it (Tic-Tac-Toe: exact values; Connect Four: --blunder-depth plies; "
+                                     "envs/vector/blunders.py). 0: the outcome alone")
+    blunder_depth: int = _f(1, "Connect Four: plies searched to judge a move for --blunder-penalty (1: immediate wins "
+                               "and blocks; each ply ~7x the cost)")
     # --- optimizer
     learning_rate: float = _f(1e-3, "AdamW peak learning rate")
     warmup_steps: int = _f(5, "linear warm-up iterations of the learning rate")
@@ -163,6 +169,8 @@ class RLConfig:
         need(self.entropy_floor is None or (self.entropy_floor > 0 and self.entropy_coef > 0), "entropy_floor",
              "must be > 0, with --entropy-coef > 0 (the bonus it bounds)")
         need(self.between_group_weight >= 0, "between_group_weight", "must be >= 0")
+        need(self.blunder_penalty >= 0, "blunder_penalty", "must be >= 0")
+        need(self.blunder_depth >= 1, "blunder_depth", "must be >= 1")
         need(not (self.between_group_weight and self.filter_constant_groups), "filter_constant_groups",
              "drops the constant groups that --between-group-weight gives an advantage: turn one of them off")
         need(self.agent_player in (None, 0, 1), "agent_player", "must be 0, 1 or none")

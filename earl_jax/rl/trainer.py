@@ -136,7 +136,8 @@ class Trainer:
         env_cfg = EnvConfig(game=cfg.game, opponent=cfg.opponent, agent_player=cfg.agent_player,
                             prompt_style=cfg.prompt_style, max_retries=cfg.invalid_retries,
                             win_reward=cfg.win_reward, loss_reward=cfg.loss_reward, draw_reward=cfg.draw_reward,
-                            invalid_reward=cfg.invalid_reward, retry_reward=cfg.retry_reward)
+                            invalid_reward=cfg.invalid_reward, retry_reward=cfg.retry_reward,
+                            blunder_penalty=cfg.blunder_penalty, blunder_depth=cfg.blunder_depth)
         self.env_cfg, self._env_factory = env_cfg, env_factory
         # the training opponent (fixed, or the curriculum's rung) and the league of frozen snapshots
         self.matchmaker = Matchmaker(cfg, env_cfg, env_factory, to_host=self._league_snapshot)
@@ -392,7 +393,9 @@ class Trainer:
         for name in opponents or self.matchmaker.eval_opponents():
             env = self.eval_envs.get(name)
             if env is None:
-                env = self.eval_envs[name] = make_vector_env(dataclasses.replace(self.env_cfg, opponent=name),
+                # evaluation reads outcomes only: no move judging (it would need the batched env for every opponent)
+                eval_cfg = dataclasses.replace(self.env_cfg, opponent=name, blunder_penalty=0.0)
+                env = self.eval_envs[name] = make_vector_env(eval_cfg,
                                                              self.cfg.eval_games, self._env_factory)
             seeds = [20_000_000 + i for i in range(env.num_games)]
             traj, _ = self._rollout(env, seeds, None, jax.random.key(0), greedy)
@@ -446,6 +449,7 @@ class Trainer:
             "episode/return_mean": float(traj.returns.mean()),
             "episode/win_rate": s.win_rate, "episode/invalid_rate": s.invalid_rate,
             "episode/turns_mean": s.turns_mean, "episode/truncated_rate": s.truncated_rate,
+            **({} if s.blunder_rate is None else {"rollout/blunder_rate": s.blunder_rate}),
             "rollout/context_len_mean": s.context_len_mean, "rollout/context_len_max": s.context_len_max,
             "rollout/turn_tokens": cfg.turn_tokens(self.step - 1),
             "rollout/turn_context_len_mean": s.turn_context_len_mean,

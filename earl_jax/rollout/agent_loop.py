@@ -106,6 +106,7 @@ class RolloutStats:
     prompt_tokens: int  # widest first extend (the prompt)
     first_cache_len: int  # the cache the prompt was written into
     observation_tokens: int  # widest later extend (a turn's observation); 0 if none
+    blunder_rate: float | None = None  # share of judged moves that gave an outcome away (env's blunder_penalty)
 
 
 @dataclasses.dataclass
@@ -147,6 +148,7 @@ class _Episodes:
         self.winner = np.full(n, NO_WINNER, np.int8)
         self.invalid = np.zeros(n, bool)
         self.truncated = np.zeros(n, bool)
+        self.judged = self.blunders = 0  # moves the env judged (blunder_penalty), and those that gave an outcome away
 
     def append(self, games, ids, counts, generated: bool, logp=None, scored=None, choices=None) -> None:
         """Game games[k] gets ids[k, :counts[k]] after its current length; `scored` ([k, t]) narrows the loss
@@ -281,6 +283,9 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         else:
             step = env.step(games, codec.decode(answers))
         np.add.at(ep.rewards, (games, last), step.reward.astype(np.float32))  # the turn's reward: its last choice
+        if getattr(step, "blunder", None) is not None:
+            ep.judged += int(np.sum(step.blunder >= 0))
+            ep.blunders += int(np.sum(step.blunder > 0))
         done = step.terminated | step.truncated
         _finish(ep, live, games, step)
         if legal is not None:
@@ -326,7 +331,8 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         turns_mean=float(ep.turns.mean()), truncated_rate=float(ep.truncated.mean()),
         generated_tokens=int(ep.mask.sum()), tokens=int(ep.length.sum()), env_s=env_s, wait_s=wait_s,
         rollout_s=time.perf_counter() - t_start, decode_rows=decode_rows, prompt_tokens=prompt_tokens,
-        first_cache_len=first_cache_len, observation_tokens=observation_tokens)
+        first_cache_len=first_cache_len, observation_tokens=observation_tokens,
+        blunder_rate=ep.blunders / ep.judged if ep.judged else None)
     rewards = ep.rewards[:, :t_len]
     return Trajectories(
         tokens=ep.tokens[:, :t_len], loss_mask=ep.mask[:, :t_len], logprobs=ep.logp[:, :t_len],

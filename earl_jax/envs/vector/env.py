@@ -20,6 +20,7 @@ from jaxtyping import Int
 
 from earl_jax.envs.openspiel_env import WINNERS, EnvConfig, OpenSpielTextEnv
 from earl_jax.envs.vector import connect_four, tic_tac_toe
+from earl_jax.envs.vector.blunders import blunders
 from earl_jax.envs.vector.opponents import make_vector_opponent
 from earl_jax.envs.vector.parser import parse_actions
 from earl_jax.envs.vector.render import BoardRenderer
@@ -182,9 +183,13 @@ class VectorTextEnv:
         self.retries_left[rows[retry]] -= 1
 
         valid = np.flatnonzero(ok)
+        blunder = np.full(r, -1, np.int64)
         if len(valid):
             v = rows[valid]
             agent = self.agent_player[v]
+            if cfg.blunder_penalty:  # judged before the move is played
+                blunder[valid] = blunders(self.game_name, self.stones[v, agent], self.stones[v, 1 - agent],
+                                          self.legal[v], moves[valid], cfg.blunder_depth)
             self.retries_left[v] = cfg.max_retries
             self._play(v, moves[valid], agent)
             self.turn[v] += 1
@@ -202,13 +207,16 @@ class VectorTextEnv:
         reward = self._rewards[winner]
         reward[retry] = cfg.retry_reward
         reward[forfeit] = cfg.invalid_reward
+        reward -= cfg.blunder_penalty * np.maximum(blunder, 0)
 
         terminated = winner != NO_WINNER
         self.live[rows] = ~terminated
         self.legal[rows] = self.rules.legal_mask(self.stones[rows]) & ~terminated[:, None]
         cells = self.cells[rows]
         obs = self._observations(rows, ok, retry, forfeit, terminated, winner, opponent_action, cells)
-        return self._result(rows, obs, reward, terminated, ~ok, winner, np.where(ok, moves, -1), opponent_action, cells)
+        result = self._result(rows, obs, reward, terminated, ~ok, winner, np.where(ok, moves, -1), opponent_action, cells)
+        result.blunder = blunder if cfg.blunder_penalty else None
+        return result
 
     def _observations(self, rows, ok, retry, forfeit, terminated, winner, opponent_action, cells) -> list[str]:
         obs: list[str | None] = [None] * len(rows)

@@ -86,4 +86,7 @@ def make_vector_env(config: EnvConfig, num_games: int,
         batched = False
     if batched:
         return VectorTextEnv(config, num_games)
+    if config.blunder_penalty:
+        raise ValueError(f"blunder_penalty needs the batched env (standard connect_four / tic_tac_toe against random, "
+                         f"alphabeta:D or solver); {config.game!r} against {config.opponent!r} plays per game")
     return PerGameVectorEnv([reference] + [OpenSpielTextEnv(config) for _ in range(num_games - 1)])

@@ -33,6 +33,7 @@ class VectorStep:
     retries_left: Int[np.ndarray, " r"] | None = None
     agent_player: Int[np.ndarray, " r"] | None = None
     legal: Bool[np.ndarray, "r a"] | None = None  # the agent's legal moves now (all False once over)
+    blunder: Int[np.ndarray, " r"] | None = None  # outcome classes the agent's move gave away; -1: not judged
     _infos: list[dict[str, Any]] | None = dataclasses.field(default=None, repr=False)
     _board: Callable[[], Int8[np.ndarray, "r h w"]] | np.ndarray | None = dataclasses.field(default=None, repr=False)
 
