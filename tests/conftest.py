@@ -21,3 +21,23 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 def pytest_report_header(config):
     return f"jax {jax.__version__}, devices: {jax.device_count()} x {jax.devices()[0].platform}"
+
+
+# The longest tests first (measured from a clean clone, 2 workers), then the other `slow` ones: started last,
+# they would run alone at the end of `pytest -n 2` with the other worker idle.
+_FIRST = ("test_constrained_policy_learns_the_digit_shown_on_turn_two",
+          "test_policy_learns_to_read_the_first_observation", "test_fig1_small_runs_static_and_selector",
+          "test_each_stage_receives_what_the_plan_says",
+          "test_coarse_cache_sizes_reach_the_stages_and_compile_fewer_decode_programs",
+          "test_train_pass_scores_exactly_the_sampled_tokens", "test_short_run_logs_every_metric_and_checkpoints",
+          "test_connect4_two_processes_match_one", "test_small_figure_runs_merge_into_one_json_and_refuse_other_settings")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        name = getattr(item, "originalname", None) or item.name
+        if name in _FIRST:
+            return 0, _FIRST.index(name)
+        return (1, 0) if item.get_closest_marker("slow") else (2, 0)
+
+    items.sort(key=rank)  # stable: the rest keep their order
