@@ -33,7 +33,9 @@ from earl_jax.rl.losses import LossConfig
 from earl_jax.rollout.sampler import DEFAULT_LENGTH_BUCKETS, bucket
 from earl_jax.sharding.context import constrain
 
-MIN_WIDTH = 64
+# the narrowest experience / train width: short games (probes, the first turns) are not padded to 64 tokens
+# (a probe's 9-token games trained 3x faster at 16; widths stay a bounded set of buckets)
+MIN_WIDTH = 16
 
 
 def batch_width(t: int) -> int:
