@@ -72,11 +72,11 @@ sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
 sys.path.insert(0, str(ROOT / "experiments"))
 
 import adaptivity_summary  # noqa: E402
+from earl_jax.parallel.profile import SCRATCH_OOM  # noqa: E402
 from earl_jax.rl.config import parse_schedule  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
-OOM_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory", "Failed to allocate Scratch",
-               "Failed to allocate collective memory")
+OOM_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory")  # and SCRATCH_OOM (run_one)
 
 COMMON = ["--game", "connect_four", "--format-warmup-steps", "0", "--eval-opponents=", "--eval-every", "0",
           "--checkpoint-every", "0", "--keep-checkpoints", "0", "--wandb-mode", "disabled", "--progress", "false",
@@ -135,7 +135,7 @@ def oom_stage(output: str) -> str | None:
     """The stage the trainer named when it ran out of memory (static: no fallback; auto: nothing left)."""
     m = re.findall(r"\b(rollout|experience|train) stage ran out of memory", output)
     m = m or re.findall(r"NoFeasibleLayoutError: (rollout|experience|train): out of memory", output)
-    if not m and re.search(r"Failed to allocate (Scratch|collective memory)", output):
+    if not m and SCRATCH_OOM.search(output):
         return "collective scratch"  # NCCL's buffers, outside XLA's pool: not a stage's planned memory
     return m[-1] if m else None
 
@@ -165,7 +165,7 @@ def run_one(name: str, flags: list[str], run_dir: Path, budget_s: float, env: di
     metrics = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
     trace = [{k: r.get(k) for k in TRACE_KEYS} for r in metrics if r.get("step", 0) >= 1 and "rollout/tokens" in r]
     status = ("finished" if rc == 0 else "budget" if rc is None
-              else "out_of_memory" if any(m in out for m in OOM_MARKERS) else "error")
+              else "out_of_memory" if any(m in out for m in OOM_MARKERS) or SCRATCH_OOM.search(out) else "error")
     failed = len(trace) + 1 if status in adaptivity_summary.DIED else None
     budgets = [t for s, t in schedule if failed is not None and s <= failed - 1]
     err = error_line(out) if status != "finished" else None

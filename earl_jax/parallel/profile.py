@@ -41,6 +41,11 @@ OK, OOM, INFEASIBLE = "ok", "oom", "infeasible"
 Measure = Callable[[str, MeshShape, int, int], float]
 
 
+# XLA GPU reports scratch it cannot get outside its pool (e.g. NCCL's for an all-reduce) as INTERNAL, not as
+# RESOURCE_EXHAUSTED: "Failed to allocate Scratch 1 for all-reduce" (seen on 4 x H100 at a 32K context, mem fraction 0.92)
+SCRATCH_OOM = re.compile(r"Failed to allocate (Scratch|collective memory)")
+
+
 def is_oom_error(e: BaseException) -> bool:
     """True for an accelerator (or host) out-of-memory error."""
     if isinstance(e, MemoryError):
@@ -48,10 +53,7 @@ def is_oom_error(e: BaseException) -> bool:
     if not isinstance(e, RuntimeError):  # XlaRuntimeError / JaxRuntimeError subclass RuntimeError
         return False
     msg = str(e)
-    # XLA GPU reports scratch it cannot get outside its pool (e.g. NCCL's for an all-reduce) as INTERNAL:
-    # "Failed to allocate Scratch 1 for all-reduce" (seen on 4 x H100 at a 32K context, mem fraction 0.92)
-    return ("RESOURCE_EXHAUSTED" in msg or "out of memory" in msg.lower()
-            or re.search(r"Failed to allocate (Scratch|collective memory)", msg) is not None)
+    return "RESOURCE_EXHAUSTED" in msg or "out of memory" in msg.lower() or SCRATCH_OOM.search(msg) is not None
 
 
 class ProfileTableMismatch(ValueError):

@@ -395,8 +395,7 @@ class Trainer:
             if env is None:
                 # evaluation reads outcomes only: no move judging (it would need the batched env for every opponent)
                 eval_cfg = dataclasses.replace(self.env_cfg, opponent=name, blunder_penalty=0.0)
-                env = self.eval_envs[name] = make_vector_env(eval_cfg,
-                                                             self.cfg.eval_games, self._env_factory)
+                env = self.eval_envs[name] = make_vector_env(eval_cfg, self.cfg.eval_games, self._env_factory)
             seeds = [20_000_000 + i for i in range(env.num_games)]
             traj, _ = self._rollout(env, seeds, None, jax.random.key(0), greedy)
             prefix = "eval" if name == self.cfg.eval_opponents[0] else f"eval_{name}"

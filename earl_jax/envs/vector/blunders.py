@@ -4,7 +4,7 @@ Against a weak opponent the game's outcome rarely punishes a bad move (random se
 so the outcome alone teaches blocking and finishing slowly. Here every legal move of the side to move gets an
 outcome class: +1 it wins (by force), 0 open, -1 it loses (by force), judged by
 
-* Tic-Tac-Toe: the exact game value (full minimax, undiscounted), so "open" is a draw;
+* Tic-Tac-Toe: the exact game value (the solver opponent's table, `tic_tac_toe.solver_values`), so "open" is a draw;
 * Connect Four: a `depth`-ply search (the batched alpha-beta's `_child_scores`): depth 1 sees immediate wins and
   the opponent's immediate replies (a missed win, a missed block), each further ply one more.
 
@@ -14,8 +14,6 @@ penalty x blunder from that turn's reward. It does not reward play beyond the ho
 shaping only for a perfect judge (Tic-Tac-Toe), where it cannot change the optimal policy.
 """
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 from jaxtyping import Bool, Int, UInt64
@@ -54,41 +52,13 @@ def _ttt_classes(me, opp) -> Int[np.ndarray, "n 9"]:
     bits = (np.uint64(1) << cells.astype(np.uint64))[None, :]
     mine = me[:, None] | bits  # (n, 9) my stones after each move (illegal ones are masked by the caller)
     won = tic_tac_toe.is_win(mine.ravel()).reshape(mine.shape)
-    # the child's side to move is the opponent: my value is minus theirs; indexed (their stones, my stones)
+    # each child as (X stones, O stones): the solver's value for X, turned into mine
     x_first = (np.bitwise_count(me | opp) & 1) == 0  # I am X (player 0) when the board has an even count
     theirs = np.broadcast_to(opp[:, None], mine.shape)
     x, o = np.where(x_first[:, None], mine, theirs), np.where(x_first[:, None], theirs, mine)
-    value_for_x = _ttt_values()[(x | (o << np.uint64(9))).astype(np.int64)]
+    value_for_x = tic_tac_toe.solver_values(x, o).astype(np.int64)  # the solver opponent's own search
     mover_value = np.where(x_first[:, None], value_for_x, -value_for_x)
     return np.where(won, 1, mover_value).astype(np.int64)
-
-
-@functools.cache
-def _ttt_values() -> Int[np.ndarray, " 262144"]:
-    """Exact (undiscounted) value for X of every position reachable in play, indexed x | o << 9."""
-    table = np.zeros(1 << 18, np.int8)
-    lines = [int(line) for line in tic_tac_toe.LINES]
-    memo: dict[tuple[int, int], int] = {}
-
-    def solve(x: int, o: int) -> int:
-        if (x, o) in memo:
-            return memo[x, o]
-        if any(x & line == line for line in lines):
-            v = 1
-        elif any(o & line == line for line in lines):
-            v = -1
-        elif x | o == 0x1FF:
-            v = 0
-        else:
-            x_moves = bin(x | o).count("1") % 2 == 0
-            kids = [solve(x | 1 << c, o) if x_moves else solve(x, o | 1 << c) for c in range(9) if not (x | o) >> c & 1]
-            v = max(kids) if x_moves else min(kids)
-        memo[x, o] = v
-        table[x | (o << 9)] = v
-        return v
-
-    solve(0, 0)
-    return table.astype(np.int64)
 
 
 # ---- Connect Four: a depth-limited search ----------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from jaxtyping import Bool, Int, UInt8, UInt16, UInt64
+from jaxtyping import Bool, Int, Int8, UInt8, UInt16, UInt64
 
 NUM_ACTIONS = 9
 BOARD_SHAPE = (3, 3)
@@ -59,18 +59,26 @@ def cells(stones: UInt64[np.ndarray, "n 2"]) -> UInt8[np.ndarray, "n 9"]:
 def solver_best_moves(stones: UInt64[np.ndarray, "n 2"]) -> UInt16[np.ndarray, " n"]:
     """The cells (as a 9-bit mask) that `opponents.SolverOpponent` chooses among, for the side to move."""
     x, o = stones[:, 0].astype(np.int64), stones[:, 1].astype(np.int64)
-    return _solver_table()[x | (o << 9)]
+    return _solver_tables()[0][x | (o << 9)]
+
+
+def solver_values(x: UInt64[np.ndarray, "..."], o: UInt64[np.ndarray, "..."]) -> Int8[np.ndarray, "..."]:
+    """The game's exact value for X (+1 / 0 / -1) of every non-terminal position reachable in play; 0 for any
+    other (a full board's draw included: read a win from the stones)."""
+    return _solver_tables()[1][(x | (o << np.uint64(9))).astype(np.int64)]
 
 
 @functools.cache
-def _solver_table() -> UInt16[np.ndarray, " 262144"]:
-    """best-moves mask indexed by x | o << 9, for every position reachable in play (~5.5k; 0 elsewhere).
+def _solver_tables() -> tuple[UInt16[np.ndarray, " 262144"], Int8[np.ndarray, " 262144"]]:
+    """(best-moves mask, X's undiscounted value) indexed by x | o << 9, for every position reachable in play
+    (~5.5k; 0 elsewhere).
 
     Values replay `opponents._solve` float for float: (v0, v1) per position, terminal returns as is,
     else 0.99 times the first child that is best for the mover; the best set keeps moves within
     1e-9 of the best, in cell order, as `SolverOpponent.act` does.
     """
     table = np.zeros(1 << 18, np.uint16)
+    values = np.zeros(1 << 18, np.int8)  # the discount keeps the sign: win, draw or loss with perfect play
     memo: dict[tuple[int, int], tuple[float, float]] = {}
     lines = [int(line) for line in LINES]
 
@@ -101,6 +109,7 @@ def _solver_table() -> UInt16[np.ndarray, " 262144"]:
                 best = v
         value = (DISCOUNT * best[0], DISCOUNT * best[1])
         memo[x, o] = value
+        values[x | (o << 9)] = np.sign(value[0])
         player_moves = {}
         for cell, child in children(x, o):
             player_moves[cell] = solve(*child)[player]
@@ -109,4 +118,4 @@ def _solver_table() -> UInt16[np.ndarray, " 262144"]:
         return value
 
     solve(0, 0)
-    return table
+    return table, values
