@@ -462,7 +462,7 @@ def test_generic_game_with_chance_nodes_plays_to_the_end():
 
 # ---- text: alphabet and length ----------------------------------------------------------------------
 @pytest.mark.parametrize("game", GAMES)
-@pytest.mark.parametrize("style", ["compact", "chat"])
+@pytest.mark.parametrize("style", ["compact", "chat", "labeled"])
 def test_observations_stay_in_the_alphabet(game, style):
     alphabet = set(observation_alphabet(game, style))
     env = OpenSpielTextEnv(EnvConfig(game=game, prompt_style=style, max_retries=1))
@@ -479,7 +479,7 @@ def test_observations_stay_in_the_alphabet(game, style):
         for t in texts:
             assert set(t) <= alphabet, set(t) - alphabet
         longest = max(longest, max(map(len, texts[1:])))
-    if style == "compact":
+    if style in ("compact", "labeled"):
         assert longest <= {"connect_four": 80, "tic_tac_toe": 48}[game]
 
 
@@ -504,6 +504,31 @@ def test_render_board_matches_the_drawing():
     swapped = "\n".join(drawing(board)).translate(str.maketrans("XO", "OX"))
     assert envs.render_board(state, agent_player=1) == swapped
     assert envs.render_board(state, 0, "chat").splitlines()[-2:] == [". O X X O . .", "0 1 2 3 4 5 6"]
+
+
+def test_labeled_style_writes_each_legal_move_where_it_lands():
+    board = """
+        .......
+        .......
+        .......
+        ...O...
+        ..XXO..
+        .OXXO..
+    """
+    state = c4_state(board)
+    labeled = envs.render_board(state, 0, "labeled").split("\n")
+    assert labeled == [".......", ".......", "...3...", "..2O4..", ".1XXO..", "0OXXO56"]
+    # every label is a legal move and every legal move is labeled once
+    digits = [ch for ch in "".join(labeled) if ch.isdigit()]
+    assert sorted(map(int, digits)) == sorted(state.legal_actions())
+    ttt = pyspiel.load_game("tic_tac_toe").new_initial_state()
+    for a in (4, 0, 8):
+        ttt.apply_action(a)
+    assert envs.render_board(ttt, 0, "labeled") == "O12\n3X5\n67X"
+    assert envs.render_board(ttt, 1, "labeled") == "X12\n3O5\n67O"
+    env = OpenSpielTextEnv(EnvConfig.tic_tac_toe(prompt_style="labeled", agent_player=0))
+    obs, _ = env.reset(seed=0)
+    assert obs.startswith("012\n345\n678\nmoves: 0 1 2 3 4 5 6 7 8\n> "), obs
 
 
 def test_final_observation_shows_result():

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from test_envs import drawing, history_from_drawing  # the per-game tests' drawings, same conventions
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from earl_jax.envs import EnvConfig, OpenSpielTextEnv, canonical_action_text, connect_four_search, parse_action
+from earl_jax.envs import (PROMPT_STYLES, EnvConfig, OpenSpielTextEnv, canonical_action_text, connect_four_search,
+                           parse_action)
 from earl_jax.envs.opponents import _solve, _solver_memo
 from earl_jax.envs.vector import (
     ObservationCodec,
@@ -130,7 +131,7 @@ CONFIGS = [
     (game, opponent, style, agent, retries)
     for game in ("connect_four", "tic_tac_toe")
     for opponent in OPPONENTS[game]
-    for style in ("compact", "minimal", "chat")
+    for style in PROMPT_STYLES
     for agent in (0, 1, None)
     for retries in (0, 2)
 ]
@@ -581,7 +582,7 @@ def observations_of_every_kind():
     """Observations of both games in all styles: turns, retries, forfeits, results, first prompts."""
     out = []
     rng = random.Random(3)
-    for game, style in itertools.product(("connect_four", "tic_tac_toe"), ("compact", "minimal", "chat")):
+    for game, style in itertools.product(("connect_four", "tic_tac_toe"), PROMPT_STYLES):
         env = OpenSpielTextEnv(EnvConfig(game=game, prompt_style=style, max_retries=1))
         for seed in range(6):
             obs, info = env.reset(seed=seed)

@@ -29,6 +29,14 @@ Compact style (default, for the tiny model) - a turn, a final position, an inval
     moves: 0 1 2 3 4 5 6        (retry; or "result: loss" when no retries are left)
     >
 
+Labeled style: compact, but the cell each legal move would fill shows the move's id instead of `.`
+(Tic-Tac-Toe: every empty cell its number; Connect Four: the lowest empty cell of a column its column), so the
+answer is a character of the board and a tiny model can find it by looking, not by counting positions:
+
+    X1O          ......
+    3X5          ..2.4..
+    6O8          01XOO56
+
 Chat style (for a pretrained LLM): full English rules in the first observation, labelled board,
 "Legal moves: 0, 1, 2" and "Answer with the column number."
 """
@@ -41,7 +49,7 @@ import string
 import numpy as np
 import pyspiel
 
-PROMPT_STYLES = ("compact", "minimal", "chat")
+PROMPT_STYLES = ("compact", "minimal", "chat", "labeled")
 COMPACT_ALPHABET = "\n .0123456789:>OXadeilmnoprstuvw"
 """Every character a compact observation of Connect Four or Tic-Tac-Toe can contain (31).
 
@@ -90,10 +98,28 @@ class GameText:
         return _VALUE_LUT[agent_player][np.frombuffer(raw, np.uint8)].reshape(self.board_shape)
 
     def render_board(self, board_text: str, prompt_style: str) -> str:
+        if prompt_style == "labeled" and self.is_preset:
+            return self.label_moves(board_text)
         if prompt_style in ("compact", "minimal") or not self.is_preset:
             return board_text
         rows = [" ".join(row) for row in board_text.split("\n")]
         return "\n".join(rows + ([self.cell_labels] if self.cell_labels else []))
+
+    def label_moves(self, board_text: str) -> str:
+        """The labeled style's board: the cell a legal move fills shows the move's id (see the module doc)."""
+        rows = [list(r) for r in board_text.split("\n")]
+        if self.move_noun == "column":  # the piece lands on the lowest empty cell of its column
+            for c in range(len(rows[0])):
+                empty = [r for r in range(len(rows)) if rows[r][c] == EMPTY]
+                if empty:
+                    rows[empty[-1]][c] = self.action_text(c)
+        else:  # a cell game: every empty cell is its own move, numbered row-major
+            width = len(rows[0])
+            for r, row in enumerate(rows):
+                for c, ch in enumerate(row):
+                    if ch == EMPTY:
+                        row[c] = self.action_text(r * width + c)
+        return "\n".join("".join(r) for r in rows)
 
     def action_text(self, action: int) -> str:
         return str(int(action))
@@ -205,14 +231,14 @@ def format_observation(
         if invalid:
             return "invalid move\n" + _moves_line(gt, prompt_style, tuple(legal_actions))
         return (f"opp {gt.action_text(opponent_action)}\n" if opponent_action is not None else "") + "> "
-    if prompt_style in ("compact", "minimal"):
+    if prompt_style in ("compact", "minimal", "labeled"):
         parts = []
         if invalid:
             parts.append("invalid move\n")
         if opponent_action is not None:
             parts.append(f"opp {gt.action_text(opponent_action)}\n")
         if board is not None:
-            parts.append(board + "\n")
+            parts.append(gt.render_board(board, prompt_style) + "\n")
         if result is not None:
             parts.append(f"result: {result}\n")
         else:
@@ -244,7 +270,7 @@ def format_observation(
 @functools.lru_cache(maxsize=8192)
 def _moves_line(gt: GameText, prompt_style: str, legal_actions: tuple[int, ...]) -> str:
     """Cached: a preset has few distinct legal sets (Connect Four 127, Tic-Tac-Toe 511)."""
-    if prompt_style in ("compact", "minimal"):
+    if prompt_style in ("compact", "minimal", "labeled"):
         return "moves: " + " ".join(map(gt.action_text, legal_actions)) + "\n> "
     moves = ", ".join(map(gt.action_text, legal_actions))
     return f"Legal moves: {moves}\nAnswer with the {gt.move_noun} number.\n"

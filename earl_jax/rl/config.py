@@ -40,9 +40,10 @@ class RLConfig:
     league_share: float = _f(0.25, "share of each iteration's groups played against a league snapshot, in (0, 1] "
                                    "(the rest play --opponent); the agent's seat is drawn per game")
     eval_opponents: tuple[str, ...] = _f(("random",), "comma-separated opponents for greedy evaluation")
-    prompt_style: Literal["compact", "minimal", "chat"] = _f(
+    prompt_style: Literal["compact", "minimal", "chat", "labeled"] = _f(
         "minimal", "observation text: minimal (board once, then the opponent's replies: short contexts for the "
-                   "CPU default), compact (board every turn), chat (English, for a pretrained LLM)")
+                   "CPU default), compact (board every turn), labeled (compact, the cell each legal move fills "
+                   "shows the move's id), chat (English, for a pretrained LLM)")
     agent_player: int | None = _f(None, "0 = agent moves first, 1 = second, none = random per game")
     invalid_retries: int = _f(2, "retries after an invalid move (the observation says so) before it forfeits the "
                                  "game; evaluation plays by the same rule")

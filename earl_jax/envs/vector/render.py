@@ -54,13 +54,13 @@ class BoardRenderer:
 
     def board_texts(self, cells: UInt8[np.ndarray, "n c"], agent_player: Int[np.ndarray, " n"]) -> list[str]:
         """`GameText.board_text` per game: rows joined by newlines, no trailing newline (compact form)."""
-        text, width = self._compact(cells, agent_player)
+        text, width = self._compact(cells, agent_player, labeled=False)
         return [text[i:i + width - 1] for i in range(0, len(text), width)]
 
     def blocks(self, cells: UInt8[np.ndarray, "n c"], agent_player: Int[np.ndarray, " n"]) -> tuple[str, int]:
         """The boards as this style prints them, each with its closing newline, back to back: (text, width)."""
         if self.style != "chat":
-            return self._compact(cells, agent_player)
+            return self._compact(cells, agent_player, labeled=self.style == "labeled")
         n = len(cells)
         out = np.full((n, self.rows, 2 * self.cols), ord(" "), np.uint8)
         out[:, :, 0::2] = _CHARS.take(agent_player[:, None] * 3 + cells).reshape(n, self.rows, self.cols)
@@ -70,10 +70,20 @@ class BoardRenderer:
             out = np.concatenate([out.reshape(n, self.rows * 2 * self.cols), np.broadcast_to(labels, (n, len(labels)))], 1)
         return out.tobytes().decode("ascii"), out[0].size if n else 0
 
-    def _compact(self, cells, agent_player) -> tuple[str, int]:
+    def _compact(self, cells, agent_player, labeled: bool) -> tuple[str, int]:
         n = len(cells)
         out = np.empty((n, self.rows, self.cols + 1), np.uint8)
         out[:, :, :-1] = _CHARS.take(agent_player[:, None] * 3 + cells).reshape(n, self.rows, self.cols)
+        if labeled:  # GameText.label_moves for the whole batch: the cell a legal move fills shows its id
+            board = cells.reshape(n, self.rows, self.cols)
+            if self.gt.move_noun == "column":
+                empty = board == 0
+                lowest = self.rows - 1 - np.argmax(empty[:, ::-1, :], axis=1)  # (n, cols): lowest empty row
+                g, c = np.nonzero(empty.any(axis=1))
+                out[g, lowest[g, c], c] = ord("0") + c
+            else:
+                g, r, c = np.nonzero(board == 0)
+                out[g, r, c] = ord("0") + r * self.cols + c
         out[:, :, -1] = ord("\n")
         return out.tobytes().decode("ascii"), self.rows * (self.cols + 1)
 
