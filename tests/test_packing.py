@@ -16,7 +16,8 @@ from earl_jax.parallel.plan import StageLayout
 from earl_jax.parallel.planner import ProgramCache, StageRun
 from earl_jax.rl import stages
 from earl_jax.rl.losses import LossConfig
-from earl_jax.rl.packing import grouped_logprobs, grouped_update, length_order, micro_batch_widths, rearrange
+from earl_jax.rl.packing import (MIN_SPLIT_ROWS, WIDTH_BUCKETS, grouped_logprobs, grouped_update, length_order,
+                                 length_split, micro_batch_widths, rearrange)
 from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, make_mesh
 
 CFG = ModelConfig.tiny(vocab_size=32).replace(num_hidden_layers=2, hidden_size=64, intermediate_size=128)
@@ -88,3 +89,32 @@ def test_grouped_equals_padded(stage, mesh, mb):
     other = length_order(lengths, 1)
     moved = rearrange(run, padded_old, np.argsort(perm)[other])
     np.testing.assert_array_equal(np.asarray(moved.tokens), arrays["tokens"][other])
+
+
+def test_length_split_cuts_padding_and_never_exceeds_the_plan():
+    """One long game no longer widens every row; equal lengths stay in the plan's micro-batches."""
+    def run_for(mesh, mb):
+        shape = MeshShape.parse(mesh)
+        return StageRun("train", StageLayout(shape, mb, 32), make_mesh(shape, jax.devices()[:shape.size]),
+                        STAGE_RULES["train"], ProgramCache())
+
+    rng = np.random.default_rng(0)
+    for mesh, mb in (("d1f1t1", 64), ("d4f1t2", 16), ("d8f1t1", 8), ("d8f1t1", 2)):
+        run = run_for(mesh, mb)
+        n = 64
+        plan = run.micro_batches(n)
+        skewed = rng.integers(100, 200, n)
+        skewed[3] = 460  # the CPU default's shape: mean ~200, one game past 256
+        arranged = skewed[length_order(skewed, run.batch_shards)]
+        micro, widths = length_split(run, arranged, 512)
+        assert micro.count >= plan.count and micro.rows_per_shard <= mb  # the plan's memory bound holds
+        assert micro.count == plan.count or micro.rows_per_shard >= MIN_SPLIT_ROWS
+        assert widths == micro_batch_widths(arranged, micro, 512) and set(widths) <= set(WIDTH_BUCKETS)
+        padded = micro.rows * sum(widths)
+        assert padded >= arranged.sum()
+        off, off_widths = length_split(run, arranged, 512, enabled=False)
+        assert off == plan
+        if plan.rows_per_shard >= 2 * MIN_SPLIT_ROWS:  # room to split: the long row pads only its own group
+            assert micro.count > plan.count and padded <= 0.7 * off.rows * sum(off_widths), (mesh, widths)
+        equal = np.full(n, 150)
+        assert length_split(run, equal, 256)[0] == plan  # nothing to gain: no extra launches

@@ -7,12 +7,15 @@ padding (CPU default: mean ~165 tokens, rows of 512). Instead of packing several
 1. `length_order` sorts the rows by length (longest first) and deals them round-robin over the batch
    shards, so that `split_rows`' micro-batch j (the j-th slice of every shard's block) holds the
    consecutive ranks j*m*D .. (j+1)*m*D - 1: rows of similar length, spread over every device;
-2. `micro_batch_widths` gives each micro-batch the length bucket of its longest row;
+2. `micro_batch_widths` gives each micro-batch the width bucket of its longest row (`WIDTH_BUCKETS`: powers of
+   two and the 1.5x steps between), and `length_split` splits the batch into more micro-batches than the plan's
+   memory bound asks for when that cuts the padded tokens by more than `SPLIT_GAIN` (the plan's micro-batch is a
+   cap: a smaller one needs less memory);
 3. `grouped_logprobs` / `grouped_update` run one compiled program per (stage, width bucket): a micro-batch
    at its own width. Columns past a row's length are padding and, with causal attention, change no
    log-prob before them, so the results equal the padded computation (tests/test_packing.py).
 
-The number of programs is bounded by the length buckets. The memory model plans for the widest micro-batch
+The number of programs is bounded by the width buckets times the split counts (divisors of the rows per shard). The memory model plans for the widest micro-batch
 (the batch's width), which bounds the peak; the throughput metrics count real tokens.
 """
 
@@ -36,6 +39,11 @@ from earl_jax.sharding.context import constrain
 # the narrowest experience / train width: short games (probes, the first turns) are not padded to 64 tokens
 # (a probe's 9-token games trained 3x faster at 16; widths stay a bounded set of buckets)
 MIN_WIDTH = 16
+# Micro-batch widths: powers of two and, from 48 up, the 1.5x steps between (multiples of 16 for GPU kernels):
+# a micro-batch pays at most 1.5x its longest row, two programs per doubling of the context.
+WIDTH_BUCKETS = tuple(sorted({MIN_WIDTH, 32, *(1 << p for p in range(6, 18)), *(3 << p for p in range(4, 17))}))
+MIN_SPLIT_ROWS = 8  # rows per batch shard below which length_split does not go (tiny matmuls, more launches)
+SPLIT_GAIN = 0.15  # a finer split must cut the padded tokens by more than this share to be worth its launches
 
 
 def batch_width(t: int) -> int:
@@ -59,7 +67,31 @@ def length_order(lengths: Int[np.ndarray, " n"], shards: int) -> Int[np.ndarray,
 def micro_batch_widths(arranged_lengths: Int[np.ndarray, " n"], micro: MicroBatches, full_width: int) -> list[int]:
     """Each micro-batch's width: the length bucket of its longest row (at most the batch's width)."""
     split = arranged_lengths.reshape(micro.shards, micro.count, -1).swapaxes(0, 1).reshape(micro.count, -1)
-    return [min(full_width, batch_width(int(m))) for m in split.max(axis=1)]
+    return [min(full_width, max(MIN_WIDTH, bucket(int(m), WIDTH_BUCKETS))) for m in split.max(axis=1)]
+
+
+def length_split(run: StageRun, arranged_lengths: Int[np.ndarray, " n"], full_width: int, enabled: bool = True
+                 ) -> tuple[MicroBatches, list[int]]:
+    """The micro-batches (and their widths) a stage computes a length-arranged batch in: the plan's split
+    (`run.micro_batches`, the fewest its memory allows) or, when `enabled`, a finer one: among the splits into
+    as many or more micro-batches with at least MIN_SPLIT_ROWS rows per shard, the coarsest whose padded tokens
+    are within SPLIT_GAIN of the finest's (one long game no longer widens every row; equal lengths stay one
+    micro-batch)."""
+    n = len(arranged_lengths)
+    plan = run.micro_batches(n)
+    if not enabled:
+        return plan, micro_batch_widths(arranged_lengths, plan, full_width)
+    per_shard = n // plan.shards
+    counts = [k for k in range(plan.count, per_shard + 1)
+              if per_shard % k == 0 and (k == plan.count or per_shard // k >= MIN_SPLIT_ROWS)]
+    options = []
+    for k in counts:
+        micro = MicroBatches(k, n // k, plan.shards)
+        widths = micro_batch_widths(arranged_lengths, micro, full_width)
+        options.append((micro, widths, micro.rows * sum(widths)))
+    finest = min(padded for *_, padded in options)
+    micro, widths, _ = next(o for o in options if o[2] <= finest * (1 + SPLIT_GAIN))
+    return micro, widths
 
 
 def _zeros_like_rows(x):

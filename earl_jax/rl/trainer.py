@@ -47,7 +47,7 @@ from earl_jax.rl.league import host_copy
 from earl_jax.rl.losses import LossConfig
 from earl_jax.rl.matchmaking import Matchmaker
 from earl_jax.rl.metrics import MetricsLogger
-from earl_jax.rl.packing import batch_width, grouped_logprobs, grouped_update, length_order, micro_batch_widths, rearrange
+from earl_jax.rl.packing import batch_width, grouped_logprobs, grouped_update, length_order, length_split, rearrange
 from earl_jax.rl.stages import ExperienceBatch, advantage_step, make_optimizer, sft_batch
 from earl_jax.rl.warmup import random_legal_games
 from earl_jax.rollout.agent_loop import RolloutConfig, Trajectories, play_games
@@ -278,9 +278,7 @@ class Trainer:
         ref = None if self.ref_params is None else self._params_for(run, self.ref_params)
         perm = length_order(lengths, run.batch_shards)
         x = run.put_rows({k: v[perm] for k, v in arrays.items()})
-        n, t = x["tokens"].shape
-        micro = run.micro_batches(n)
-        widths = micro_batch_widths(lengths[perm], micro, t)
+        micro, widths = length_split(run, lengths[perm], x["tokens"].shape[1], self.cfg.length_split)
         kw = dict(graphdef=self.graphdef, choices=x.get("choices"), choice_tokens=self.choice_tokens)
         old = grouped_logprobs(run, params, x["tokens"], widths, micro, **kw)
         ref_logp = old if ref is None else grouped_logprobs(run, ref, x["tokens"], widths, micro, **kw)
@@ -301,8 +299,7 @@ class Trainer:
         batch = rearrange(run, batch, np.argsort(arranged)[perm])  # this layout's arrangement (as many shards)
         jax.block_until_ready(batch)
         dispatch_s = time.perf_counter() - t0
-        micro = run.micro_batches(batch.tokens.shape[0])
-        widths = micro_batch_widths(lengths[perm], micro, batch.tokens.shape[1])
+        micro, widths = length_split(run, lengths[perm], batch.tokens.shape[1], self.cfg.length_split)
         metrics = {}
         for _ in range(self.cfg.ppo_epochs):
             try:
