@@ -105,7 +105,7 @@ def test_any_mesh_and_spec_pair_exact_without_host(pair):
     with no_host():
         y = d(x, dst)
     assert d.last.route == ("noop" if src.is_equivalent_to(dst, 3) else "reshard")
-    assert y.sharding.is_equivalent_to(dst, 3)
+    assert y.sharding == dst  # the target's own mesh: a program may mix it with other arrays of that mesh
     np.testing.assert_array_equal(np.asarray(y), x_np)
 
 
@@ -163,8 +163,10 @@ def test_routes_noop_reshard_two_step():
             y = d(x, target)
             assert d.last.route == route
             assert d.last.bytes == (0 if route == "noop" else x_np.nbytes)
-            if route == "noop":
-                assert y is x
+            assert y.sharding == target  # exactly, not only equivalently (jax 0.11 refuses mixed meshes)
+            if route == "noop":  # relabeled, not copied: the same device buffers
+                ptrs = lambda a: sorted(s.data.unsafe_buffer_pointer() for s in a.addressable_shards)  # noqa: E731
+                assert ptrs(y) == ptrs(x)
     np.testing.assert_array_equal(np.asarray(y), x_np)
 
 

@@ -92,6 +92,13 @@ def choose_route(x: Any, dst: Sharding) -> str:
     return "two_step"
 
 
+def _relabel(x: jax.Array, dst: Sharding) -> jax.Array:
+    """`x` under an equivalent sharding of another mesh (same blocks on the same devices): no copy. A program
+    must see one mesh in all its arguments (jax >= 0.11 refuses d4f1t1 and d2f2t1 shardings in one call, even
+    when both replicate a weight over the same 4 devices)."""
+    return jax.make_array_from_single_device_arrays(x.shape, dst, [s.data for s in x.addressable_shards])
+
+
 def _nbytes(x: Any) -> int:
     dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
     return int(np.prod(np.shape(x), dtype=np.int64)) * np.dtype(dtype).itemsize
@@ -247,6 +254,8 @@ class Dispatcher:
                           else host_to_global(leaves[i], dsts[i]))
             elif r == "reorder":
                 out[i] = jax.device_put(leaves[i], dsts[i])
+            elif r == "noop" and isinstance(leaves[i], jax.Array) and leaves[i].sharding != dsts[i]:
+                out[i] = _relabel(leaves[i], dsts[i])
         gathered = [i for i, r in enumerate(plan.routes) if r == "host_gather"]
         if gathered:  # one collective for all of them (every process calls with the same tree)
             for i, h in zip(gathered, global_to_host([leaves[i] for i in gathered])):

@@ -105,8 +105,9 @@ class RLConfig:
     weight_decay: float = _f(0.0, "AdamW weight decay")
     grad_clip: float = _f(1.0, "global gradient-norm clip")
     ppo_epochs: int = _f(1, "passes over each iteration's batch")
-    length_split: bool = _f(True, "experience / train: split a batch into more (length-grouped) micro-batches than "
-                                  "the plan's memory bound when that cuts the padded tokens by > 15% (packing.py)")
+    length_split: bool = _f(True, "experience / train: split a batch into more (length-grouped) micro-batches "
+                                  "than the plan's memory bound when that cuts the padded tokens by more than "
+                                  "packing.SPLIT_GAIN")
     micro_batch_tokens: int = _f(32768, "cap on tokens per batch shard in one experience / train micro-batch; the "
                                         "selector picks the micro-batch (rows per shard) below it from the memory model")
     remat: Literal["auto", "none", "full"] = _f(

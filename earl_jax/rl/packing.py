@@ -15,7 +15,8 @@ padding (CPU default: mean ~165 tokens, rows of 512). Instead of packing several
    at its own width. Columns past a row's length are padding and, with causal attention, change no
    log-prob before them, so the results equal the padded computation (tests/test_packing.py).
 
-The number of programs is bounded by the width buckets times the split counts (divisors of the rows per shard). The memory model plans for the widest micro-batch
+The number of programs is bounded by the width buckets times the split counts (divisors of the rows per
+shard). The memory model plans for the widest micro-batch
 (the batch's width), which bounds the peak; the throughput metrics count real tokens.
 """
 
