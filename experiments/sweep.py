@@ -169,7 +169,7 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
 def run_sweep(spec: dict[str, Any], out_dir: str | Path, params_list: list[dict[str, Any]], *,
               extra: Sequence[str] = (), launcher: Sequence[str] = (), rerun: bool = False,
               timeout: float | None = None, dry_run: bool = False, cwd: str | Path | None = None,
-              echo=print) -> list[dict[str, Any]]:
+              echo=print, only: set[int] | None = None) -> list[dict[str, Any]]:
     out = Path(out_dir)
     if not dry_run:
         out.mkdir(parents=True, exist_ok=True)
@@ -177,6 +177,8 @@ def run_sweep(spec: dict[str, Any], out_dir: str | Path, params_list: list[dict[
     rows = []
     for i, params in enumerate(params_list):
         name = trial_name(i, params)
+        if only is not None and i not in only:
+            continue
         run_dir = out / name
         done = run_dir / "trial.json"
         cmd = trial_command(program, params, run_dir, extra, launcher)
@@ -263,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--launcher", default="", help="prefix for every trial, e.g. 'python launch/local.py -n 2 --'")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per trial")
     parser.add_argument("--rerun", action="store_true", help="run trials again even if finished")
+    parser.add_argument("--only", default=None, help="comma list of trial indices to run (e.g. 2,3), the others "
+                                                     "skipped: split one sweep over several calls or machines")
     parser.add_argument("--dry-run", action="store_true", help="print the trial commands only")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -276,8 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         params_list = trials(spec, args.method, args.trials, args.seed, args.max_trials)
     except ValueError as e:
         parser.error(str(e))
+    only = None if args.only is None else {int(i) for i in args.only.split(",")}
     rows = run_sweep(spec, args.out, params_list, extra=extra, launcher=shlex.split(args.launcher),
-                     rerun=args.rerun, timeout=args.timeout, dry_run=args.dry_run)
+                     rerun=args.rerun, timeout=args.timeout, dry_run=args.dry_run, only=only)
     if args.dry_run:
         return 0
     metric = (spec.get("metric") or {}).get("name")
