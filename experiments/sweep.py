@@ -10,8 +10,8 @@ another), so every trial has its own run folder (config.json, metrics.jsonl, che
 folder gets trials.jsonl (parameters, status, wall time, final metrics per trial) and summary.csv,
 and a table sorted by the YAML's metric is printed. Finished trials are skipped when the sweep is
 run again (--rerun repeats them). Besides each metric's last value, the summary holds `time/*_mean` (over
-all iterations) and `throughput/*_tgs_mean`, `time/dispatch_share_mean` (over the iterations after the first, the
-compile iteration), so a sweep can optimize throughput: launch/sweep_selector.yaml maximizes
+all iterations) and `throughput/*_tgs_mean`, `time/dispatch_share_mean` (over the iterations that compiled nothing: after the
+first, and none whose `compile/programs` grew; `steady_iterations` counts them), so a sweep can optimize throughput: launch/sweep_selector.yaml maximizes
 throughput/iteration_tgs_mean, launch/sweep_learning.yaml eval/win_rate.
 
 The YAML is wandb's sweep format: `program`, `method`, `metric: {name, goal}`, and `parameters`, each
@@ -42,8 +42,8 @@ SUMMARY_METRICS = ("eval/win_rate", "eval/invalid_rate", "episode/return_mean", 
                    "rollout/context_len_mean", "time/rollout_s", "time/experience_s", "time/train_s",
                    "time/dispatch_s", "time/elapsed_s", "parallel/rollout_mesh", "parallel/train_mesh")
 MEAN_METRICS = ("time/rollout_s", "time/experience_s", "time/train_s", "time/dispatch_s")
-# Throughput over the run, `<name>_mean`: the mean over iterations AFTER the first, whose time is mostly
-# compiling (a few-iteration trial would otherwise rank by compile time, not by the layouts it ran).
+# Throughput over the run, `<name>_mean`: the mean over the iterations that compiled nothing (steady_iterations):
+# a few-iteration trial would otherwise rank by compile time, not by the layouts it ran.
 STEADY_MEAN_METRICS = ("throughput/iteration_tgs", "throughput/rollout_tgs", "throughput/experience_tgs",
                        "throughput/train_tgs", "time/dispatch_share")
 
@@ -159,10 +159,23 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
         if found:
             out[key + "_mean"] = float(np.mean(found))
     iterations = sorted((r for r in rows if (r.get("step") or 0) > 0), key=lambda r: r["step"])
+    steady = steady_iterations(iterations)
+    out["steady_iterations"] = len(steady)
     for key in STEADY_MEAN_METRICS:
-        found = [r[key] for r in iterations[1:] if r.get(key) is not None]
+        found = [r[key] for r in steady if r.get(key) is not None]
         if found:
             out[key + "_mean"] = float(np.mean(found))
+    return out
+
+
+def steady_iterations(iterations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The iterations that compiled nothing: after the first, and (where the job logs `compile/programs`, its
+    count of compiled programs so far) not one whose count grew. A context schedule that reaches new lengths
+    compiles in later iterations too, and a trial of few iterations would otherwise rank by compile time."""
+    out = []
+    for prev, r in zip(iterations, iterations[1:]):
+        if prev.get("compile/programs") is None or r.get("compile/programs") == prev.get("compile/programs"):
+            out.append(r)
     return out
 
 
@@ -234,7 +247,7 @@ def print_table(rows: list[dict[str, Any]], params: Sequence[str], metric: str |
     from rich.table import Table
 
     table = Table(title=title)
-    cols = ["trial", "status", *params, *(m for m in (metric, "eval/win_rate", "episode/return_mean",
+    cols = ["trial", "status", *params, *(m for m in (metric, "steady_iterations", "eval/win_rate", "episode/return_mean",
                                                        "time/rollout_s_mean", "time/train_s_mean", "wall_s")
                                           if m)]
     cols = list(dict.fromkeys(cols))

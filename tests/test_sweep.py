@@ -139,8 +139,10 @@ def test_sweep_summarizes_throughput_after_the_compile_iteration_and_sorts_by_it
         args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--"))
         run = Path(args["run-dir"]); run.mkdir(parents=True, exist_ok=True)
         x = float(args["x"])
-        rows = [{"step": 1, "throughput/iteration_tgs": 1.0 / x}, {"step": 2, "throughput/iteration_tgs": x},
-                {"step": 3, "throughput/iteration_tgs": x + 2}]
+        rows = [{"step": 1, "throughput/iteration_tgs": 1.0 / x, "compile/programs": 5},
+                {"step": 2, "throughput/iteration_tgs": x, "compile/programs": 5},
+                {"step": 3, "throughput/iteration_tgs": x + 2, "compile/programs": 5},
+                {"step": 4, "throughput/iteration_tgs": 1.0, "compile/programs": 7}]  # compiled: new lengths
         (run / "metrics.jsonl").write_text("\\n".join(json.dumps(r) for r in rows))
     '''))
     yaml_path = tmp_path / "s.yaml"
@@ -150,6 +152,7 @@ def test_sweep_summarizes_throughput_after_the_compile_iteration_and_sorts_by_it
     assert sweep.main([str(yaml_path), "--out", str(tmp_path / "sweep")]) == 0
     rows = list(csv.DictReader(open(tmp_path / "sweep" / "summary.csv")))
     assert [float(r["throughput/iteration_tgs_mean"]) for r in rows] == [11.0, 31.0, 21.0]  # steps 2-3 only
+    assert [r["steady_iterations"] for r in rows] == ["2", "2", "2"]
     table = capsys.readouterr().out
     table = table[table.index("summary.csv"):]
     by_x = {r["x"]: r["trial"] for r in rows}
