@@ -490,15 +490,18 @@ def test_compact_alphabet_is_small_and_fixed():
         observation_alphabet("breakthrough")
 
 
+MIDGAME = """
+    .......
+    .......
+    .......
+    ...O...
+    ..XXO..
+    .OXXO..
+"""
+
+
 def test_render_board_matches_the_drawing():
-    board = """
-        .......
-        .......
-        .......
-        ...O...
-        ..XXO..
-        .OXXO..
-    """
+    board = MIDGAME
     state = c4_state(board)
     assert envs.render_board(state, agent_player=0) == "\n".join(drawing(board))
     swapped = "\n".join(drawing(board)).translate(str.maketrans("XO", "OX"))
@@ -507,15 +510,7 @@ def test_render_board_matches_the_drawing():
 
 
 def test_labeled_style_writes_each_legal_move_where_it_lands():
-    board = """
-        .......
-        .......
-        .......
-        ...O...
-        ..XXO..
-        .OXXO..
-    """
-    state = c4_state(board)
+    state = c4_state(MIDGAME)
     labeled = envs.render_board(state, 0, "labeled").split("\n")
     assert labeled == [".......", ".......", "...3...", "..2O4..", ".1XXO..", "0OXXO56"]
     # every label is a legal move and every legal move is labeled once
