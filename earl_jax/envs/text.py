@@ -33,8 +33,8 @@ Labeled style: compact, but the cell each legal move would fill shows the move's
 (Tic-Tac-Toe: every empty cell its number; Connect Four: the lowest empty cell of a column its column), so the
 answer is a character of the board and a tiny model can find it by looking, not by counting positions:
 
-    X1O          ......
-    3X5          ..2.4..
+    X1O          .......
+    3X5          ..234..
     6O8          01XOO56
 
 Chat style (for a pretrained LLM): full English rules in the first observation, labelled board,
