@@ -40,11 +40,13 @@ from earl_jax.sharding.context import constrain
 # the narrowest experience / train width: short games (probes, the first turns) are not padded to 64 tokens
 # (a probe's 9-token games trained 3x faster at 16; widths stay a bounded set of buckets)
 MIN_WIDTH = 16
-# Micro-batch widths: powers of two and, from 48 up, the 1.5x steps between (multiples of 16 for GPU kernels):
-# a micro-batch pays at most 1.5x its longest row, two programs per doubling of the context.
-WIDTH_BUCKETS = tuple(sorted({MIN_WIDTH, 32, *(1 << p for p in range(6, 18)), *(3 << p for p in range(4, 17))}))
+# Micro-batch widths: powers of two and, from 192 up, the 1.5x steps between (multiples of 64 for GPU kernels):
+# a long micro-batch pays at most 1.5x its longest row; short ones keep few programs (the suite from a cold
+# compile cache took 170 s longer with 1.5x steps from 48 and SPLIT_GAIN 0.15: compiles, not compute).
+WIDTH_BUCKETS = tuple(sorted({MIN_WIDTH, 32, 64, 128, *(1 << p for p in range(8, 18)),
+                              *(3 << p for p in range(6, 17))}))
 MIN_SPLIT_ROWS = 8  # rows per batch shard below which length_split does not go (tiny matmuls, more launches)
-SPLIT_GAIN = 0.15  # a finer split must cut the padded tokens by more than this share to be worth its launches
+SPLIT_GAIN = 0.25  # a finer split must cut the padded tokens by more than this share to be worth its programs
 
 
 def batch_width(t: int) -> int:
