@@ -42,7 +42,7 @@ from earl_jax.sharding.context import constrain
 MIN_WIDTH = 16
 # Micro-batch widths: powers of two and, from 192 up, the 1.5x steps between (multiples of 64 for GPU kernels):
 # a long micro-batch pays at most 1.5x its longest row; short ones keep few programs (the suite from a cold
-# compile cache took 170 s longer with 1.5x steps from 48 and SPLIT_GAIN 0.15: compiles, not compute).
+# compile cache grew 170 s with 1.5x steps from 48 and SPLIT_GAIN 0.15, 139 s with these: not yet found where).
 WIDTH_BUCKETS = tuple(sorted({MIN_WIDTH, 32, 64, 128, *(1 << p for p in range(8, 18)),
                               *(3 << p for p in range(6, 17))}))
 MIN_SPLIT_ROWS = 8  # rows per batch shard below which length_split does not go (tiny matmuls, more launches)
