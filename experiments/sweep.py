@@ -10,9 +10,10 @@ another), so every trial has its own run folder (config.json, metrics.jsonl, che
 folder gets trials.jsonl (parameters, status, wall time, final metrics per trial) and summary.csv,
 and a table sorted by the YAML's metric is printed. Finished trials are skipped when the sweep is
 run again (--rerun repeats them). Besides each metric's last value, the summary holds `time/*_mean` (over
-all iterations) and `throughput/*_tgs_mean`, `time/dispatch_share_mean` (over the iterations that compiled nothing: after the
-first, and none whose `compile/programs` grew; `steady_iterations` counts them), so a sweep can optimize throughput: launch/sweep_selector.yaml maximizes
-throughput/iteration_tgs_mean, launch/sweep_learning.yaml eval/win_rate.
+all iterations) and `throughput/*_tgs_mean`, `time/dispatch_share_mean` (over the iterations that compiled
+nothing: after the first, and none whose `compile/programs` grew; `steady_iterations` counts them), so a sweep
+can optimize throughput: launch/sweep_selector.yaml maximizes throughput/iteration_tgs_mean,
+launch/sweep_learning.yaml eval/win_rate.
 
 The YAML is wandb's sweep format: `program`, `method`, `metric: {name, goal}`, and `parameters`, each
 with `value` (fixed), `values` (a list; `probabilities` optional), or `distribution` with min/max
@@ -247,9 +248,9 @@ def print_table(rows: list[dict[str, Any]], params: Sequence[str], metric: str |
     from rich.table import Table
 
     table = Table(title=title)
-    cols = ["trial", "status", *params, *(m for m in (metric, "steady_iterations", "eval/win_rate", "episode/return_mean",
-                                                       "time/rollout_s_mean", "time/train_s_mean", "wall_s")
-                                          if m)]
+    cols = ["trial", "status", *params, *(m for m in (metric, "steady_iterations", "eval/win_rate",
+                                                       "episode/return_mean", "time/rollout_s_mean",
+                                                       "time/train_s_mean", "wall_s") if m)]
     cols = list(dict.fromkeys(cols))
     for c in cols:
         table.add_column(c, justify="left" if c in ("trial", "status") else "right")

@@ -33,12 +33,14 @@ def collect(folders: list[Path], varying: list[str]) -> list[dict]:
             row = json.loads(done.read_text())
             metrics = done.parent / "metrics.jsonl"
             recs = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] if metrics.exists() else []
-            its = sorted((r for r in recs if (r.get("step") or 0) > 0 and "time/iteration_s" in r), key=lambda r: r["step"])
+            its = sorted((r for r in recs if (r.get("step") or 0) > 0 and "time/iteration_s" in r),
+                         key=lambda r: r["step"])
+            steady = {r["step"] for r in steady_iterations(its)}
             trials[row["trial"]] = {
                 "trial": row["trial"], "status": row["status"], "wall_s": row.get("wall_s"),
                 "params": {k: row.get(k) for k in varying}, **summarize(done.parent),
-                "iterations": [{"step": r["step"], "steady": r in steady_iterations(its),
-                                **{k: r.get(k) for k in KEYS}} for r in its]}
+                "iterations": [{"step": r["step"], "steady": r["step"] in steady, **{k: r.get(k) for k in KEYS}}
+                               for r in its]}
     return sorted(trials.values(), key=lambda t: -(t.get("throughput/iteration_tgs_mean") or 0))
 
 
@@ -53,8 +55,9 @@ def plot(trials: list[dict], path: Path, title: str) -> None:
         pts = [(i["rollout/context_len_mean"], i["throughput/iteration_tgs"]) for i in t["iterations"] if i["steady"]]
         if pts:
             p = t["params"]
-            label = (f"{t['trial']}: R {p.get('rollout-thresholds') or 'auto'} / E {p.get('experience-thresholds') or 'auto'}"
-                     f" / T {p.get('train-thresholds') or 'auto'}, ema {p.get('selector-ema')}")
+            label = (f"{t['trial']}: R {p.get('rollout-thresholds') or 'auto'} / "
+                     f"E {p.get('experience-thresholds') or 'auto'} / T {p.get('train-thresholds') or 'auto'}, "
+                     f"ema {p.get('selector-ema')}")
             ax.plot(*zip(*pts), "o-", label=label)
     ax.set_xlabel("mean game context (tokens)")
     ax.set_ylabel("tokens / GPU / s, whole iteration")

@@ -68,7 +68,7 @@ def length_order(lengths: Int[np.ndarray, " n"], shards: int) -> Int[np.ndarray,
 
 
 def micro_batch_widths(arranged_lengths: Int[np.ndarray, " n"], micro: MicroBatches, full_width: int) -> list[int]:
-    """Each micro-batch's width: the length bucket of its longest row (at most the batch's width)."""
+    """Each micro-batch's width: the WIDTH_BUCKETS bucket of its longest row (at most the batch's width)."""
     split = arranged_lengths.reshape(micro.shards, micro.count, -1).swapaxes(0, 1).reshape(micro.count, -1)
     return [min(full_width, max(MIN_WIDTH, bucket(int(m), WIDTH_BUCKETS))) for m in split.max(axis=1)]
 
