@@ -3,7 +3,7 @@
 Each case is a real training job (`experiments/connect4.py`, a few iterations, no warm-up) in its own
 process, once with this checkout ("current") and once with the code before the change ("baseline": a
 checkout of commit 4fdd9ec at .baseline, `git worktree add --detach .baseline 4fdd9ec`). From the
-iterations after the second (the first two compile) it takes the medians of: the rollout's wall time, games and generated
+iterations from the third on that compiled nothing (`steady`) it takes the medians of: the rollout's wall time, games and generated
 tokens per second, the host's share of the rollout (env stepping, parsing, tokenizing), and the experience
 and train times. A reference for how fast batched game rules can go: pgx's Connect Four (pure JAX, `pip
 install pgx`) stepping uniformly random legal moves for the same number of games on the same device.
@@ -37,9 +37,12 @@ COMMON = ["--format-warmup-steps", "0", "--eval-every", "0", "--eval-games", "8"
 CURRENT_ONLY = ["--constrain-moves", "false"]
 CASES = {
     "cpu": {"cpu64": ["--groups", "16", "--group-size", "4", "--steps", "8"]},
-    "gpu": {"gpu512": ["--groups", "64", "--group-size", "8", "--steps", "6", "--prompt-style", "compact"],
-            "gpu2048": ["--groups", "256", "--group-size", "8", "--steps", "4", "--prompt-style", "compact"]},
+    "gpu": {"gpu512": ["--groups", "64", "--group-size", "8", "--steps", "10", "--prompt-style", "compact"],
+            "gpu2048": ["--groups", "256", "--group-size", "8", "--steps", "8", "--prompt-style", "compact"]},
 }
+# Variants of the current code only: on several GPUs, the rollout as one SPMD decode instead of device groups.
+CASES["gpu"]["gpu2048_spmd"] = CASES["gpu"]["gpu2048"] + ["--rollout-device-groups", "false"]
+CURRENT_ONLY_CASES = {"gpu2048_spmd"}
 TIMES = ("time/rollout_s", "time/experience_s", "time/train_s", "time/dispatch_s")
 
 
@@ -58,20 +61,36 @@ def run_case(code: str, flags: list[str], timeout: float, env: dict) -> dict:
         wall = time.perf_counter() - t0
         path = Path(tmp) / "run" / "metrics.jsonl"
         recs = [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
-    # iterations 1-2 compile (the second meets new widths / split counts): medians of the steady state after
-    recs = [r for r in recs if r.get("step", 0) >= 3]
+    settled = steady(recs)
+    compiling = not settled  # every measured iteration still compiled: say so rather than drop the job
+    recs = settled or [r for r in recs if r.get("step", 0) >= 3]
     if rc != 0 or not recs:
         return {"code": code, "status": "error" if rc is not None else "timeout", "tail": out[-3000:], "wall_s": wall}
     med = lambda k: statistics.median(r[k] for r in recs if r.get(k) is not None)  # noqa: E731
     games = int(flags[flags.index("--groups") + 1]) * int(flags[flags.index("--group-size") + 1])
-    out_ = {"code": code, "status": "ok", "iterations": len(recs), "wall_s": wall, "games": games,
+    out_ = {"code": code, "status": "ok", "iterations": len(recs), "still_compiling": compiling, "wall_s": wall, "games": games,
             **{k.split("/")[1]: med(k) for k in TIMES},
-            "env_frac": med("rollout/env_frac"), "generated_tokens": med("rollout/generated_tokens"),
+            "env_frac": med("rollout/env_frac"), "wait_frac": med("rollout/wait_frac"),
+            "groups": med("rollout/groups") if any("rollout/groups" in r for r in recs) else 1,
+            "generated_tokens": med("rollout/generated_tokens"),
             "tokens": med("rollout/tokens"), "turns_mean": med("episode/turns_mean")}
     out_["iteration_s"] = out_["rollout_s"] + out_["experience_s"] + out_["train_s"]
     out_["games_per_s"] = games / out_["rollout_s"]
     out_["generated_tok_per_s"] = out_["generated_tokens"] / out_["rollout_s"]
     return out_
+
+
+def steady(recs: list[dict]) -> list[dict]:
+    """The iterations that compiled nothing (`compile/programs` did not grow), from the third on: a job of a few
+    iterations otherwise ranks by compile time (new decode batch / cache shapes keep appearing for a while).
+    Jobs that do not log the count (the baseline commit) keep iterations 3+ (1-2 compile)."""
+    out, last = [], None
+    for r in recs:
+        n = r.get("compile/programs")
+        if r.get("step", 0) >= 3 and (n is None or n == last):
+            out.append(r)
+        last = n if n is not None else last
+    return out
 
 
 def pgx_reference(games: int, steps: int = 200) -> dict:
@@ -155,11 +174,13 @@ def main(argv=None) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if args.cpu:
         env["JAX_PLATFORMS"] = "cpu"
-    result = {"what": "experiments/connect4.py jobs, medians of iterations 3+; baseline = commit 4fdd9ec",
+    result = {"what": "experiments/connect4.py jobs, medians of iterations 3+ that compiled nothing; baseline = commit 4fdd9ec",
               "cases": {}, "pgx": {}}
     for name, flags in cases.items():
         result["cases"][name] = {}
         for code in args.codes.split(","):
+            if code != "current" and name in CURRENT_ONLY_CASES:
+                continue
             r = run_case(code, flags, args.timeout, env)
             result["cases"][name][code] = r
             print(name, code, {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k != "tail"},

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from earl_jax.distributed import global_to_host, host_to_global
 from earl_jax.envs import EnvConfig
@@ -51,12 +51,12 @@ from earl_jax.rl.packing import batch_width, grouped_logprobs, grouped_update, l
 from earl_jax.rl.stages import ExperienceBatch, advantage_step, make_optimizer, sft_batch
 from earl_jax.rl.warmup import random_legal_games
 from earl_jax.rollout.agent_loop import RolloutConfig, Trajectories, play_games
+from earl_jax.rollout.device_groups import device_meshes, device_view
 from earl_jax.rollout.frozen_opponent import FrozenPolicyOpponent
 from earl_jax.rollout.moves import MoveTokens
 from earl_jax.rollout.policy import SamplerPolicy
 from earl_jax.rollout.sampler import (DEFAULT_CACHE_BUCKETS, Sampler, SamplingConfig, cast_weights,
                                       geometric_cache_buckets)
-from earl_jax.sharding.mesh import MeshShape
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,8 @@ class Trainer:
         self.sft_optimizer = make_optimizer(3e-3, 5, max(cfg.format_warmup_steps, 6), 0.0, cfg.grad_clip)
         self.step = 0
         self._no_signal = 0  # consecutive iterations without a gradient (see iteration())
-        self._samplers: dict[MeshShape, Sampler] = {}  # one per rollout mesh: each keeps its compiled programs
+        self._samplers: dict[Any, Sampler] = {}  # per rollout mesh (or device of one): each keeps its programs
+        self._rollout_groups = 1  # the last rollout's decode groups (device groups x pipeline groups)
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
         self.rollout_cfg = RolloutConfig(cfg.max_turn_tokens, cfg.max_turns, cfg.max_context,
                                          compact=cfg.compact_finished, constrain_moves=cfg.constrain_moves)
@@ -212,23 +213,28 @@ class Trainer:
             params = self._params_for(run)
             jax.block_until_ready(params)
             dispatch_s = time.perf_counter() - t0
-            sampler = self._samplers.get(run.layout.mesh)
-            if sampler is None:
-                sampler = self._samplers[run.layout.mesh] = Sampler(self.graphdef, self.model_cfg, mesh=run.mesh,
-                                                                     cache_buckets=self.cache_buckets,
-                                                                     rules=run.rules)
-            groups = self._pipeline_groups(len(seeds), run.batch_shards)
-            policies = [SamplerPolicy(sampler, params, sampling, stops, turn_tokens, moves=self.moves)
-                        for _ in range(groups)]
-            rollout_cfg = dataclasses.replace(self.rollout_cfg, max_turn_tokens=turn_tokens, pipeline_groups=groups,
-                                              min_batch=run.batch_shards)
+            meshes = device_meshes(run.mesh, params, len(seeds)) if self.cfg.rollout_device_groups else None
+            if meshes is None:  # one SPMD decode over the rollout mesh
+                samplers = [(self._sampler(run.layout.mesh, run.mesh, run.rules), params)]
+            else:  # one group per device, decoding concurrently (rollout/device_groups.py)
+                samplers = [(self._sampler(("device", m.devices.flat[0].id), m, run.rules),
+                             device_view(params, m.devices.flat[0])) for m in meshes]
+            min_batch = run.batch_shards if meshes is None else 1
+            per = self._pipeline_groups(len(seeds) // len(samplers), min_batch)
+            policies = [SamplerPolicy(sampler, p, sampling, stops, turn_tokens, moves=self.moves)
+                        for sampler, p in samplers for _ in range(per)]
+            rollout_cfg = dataclasses.replace(self.rollout_cfg, max_turn_tokens=turn_tokens,
+                                              pipeline_groups=len(policies), min_batch=min_batch)
+            self._rollout_groups = len(policies)
             if league is not None:
                 games, snap_step, snap = league
-                frozen = SamplerPolicy(sampler, self._league_params(run, snap_step, snap), sampling, stops,
-                                       turn_tokens, moves=self.moves)
+                frozen_params = self._league_params(run, snap_step, snap)
+                if meshes is not None:  # the league's games decode on the first device
+                    frozen_params = device_view(frozen_params, meshes[0].devices.flat[0])
+                frozen = SamplerPolicy(samplers[0][0], frozen_params, sampling, stops, turn_tokens, moves=self.moves)
                 env.assign(FrozenPolicyOpponent(frozen, self.codec, jax.random.fold_in(rng, 0x0990),
                                                 max_turn_tokens=turn_tokens, bos_id=self.ids.bos_id,
-                                                min_batch=run.batch_shards), games)
+                                                min_batch=min_batch), games)
             try:
                 traj = play_games(policies, env, self.tokenizer, rollout_cfg, rng, seeds, group_ids,
                                   bos_id=self.ids.bos_id, codec=self.codec)
@@ -238,6 +244,13 @@ class Trainer:
             return traj, dispatch_s
 
         return self.planner.run("rollout", rollout)
+
+    def _sampler(self, key: Any, mesh: Mesh, rules) -> Sampler:
+        """The sampler of a rollout mesh (or of one device of it), kept with its compiled programs."""
+        if key not in self._samplers:
+            self._samplers[key] = Sampler(self.graphdef, self.model_cfg, mesh=mesh, cache_buckets=self.cache_buckets,
+                                          rules=rules)
+        return self._samplers[key]
 
     def _league_snapshot(self, params: Any) -> Any:
         """A league snapshot on the host, in the compute dtype (it only decodes)."""
@@ -452,7 +465,7 @@ class Trainer:
             "rollout/tokens": s.tokens, "rollout/generated_tokens": s.generated_tokens,
             "rollout/env_frac": s.env_s / max(s.rollout_s, 1e-9),
             "rollout/wait_frac": s.wait_s / max(s.rollout_s, 1e-9),
-            "rollout/decode_rows": s.decode_rows,
+            "rollout/decode_rows": s.decode_rows, "rollout/groups": self._rollout_groups,
             "time/rollout_s": s.rollout_s, "time/experience_s": t1 - t0, "time/train_s": t2 - t1,
             "time/dispatch_s": dispatch_s, "time/iteration_s": iteration_s,
             # tokens per device per second (EARL's TGS): generated tokens in the rollout, the batch's real
