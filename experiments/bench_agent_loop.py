@@ -64,14 +64,20 @@ def run_case(code: str, flags: list[str], timeout: float, env: dict) -> dict:
     settled = steady(recs)
     compiling = not settled  # every measured iteration still compiled: say so rather than drop the job
     recs = settled or [r for r in recs if r.get("step", 0) >= 3]
-    if rc != 0 or not recs:
+    # a job cut by the timeout keeps the iterations it finished (metrics.jsonl is written as it goes)
+    if (rc is not None and rc != 0) or not recs:
         return {"code": code, "status": "error" if rc is not None else "timeout", "tail": out[-3000:], "wall_s": wall}
-    med = lambda k: statistics.median(r[k] for r in recs if r.get(k) is not None)  # noqa: E731
+
+    def med(k: str) -> float | None:  # None: a metric this code does not log (the baseline has no wait share)
+        vals = [r[k] for r in recs if r.get(k) is not None]
+        return statistics.median(vals) if vals else None
+
     games = int(flags[flags.index("--groups") + 1]) * int(flags[flags.index("--group-size") + 1])
-    out_ = {"code": code, "status": "ok", "iterations": len(recs), "still_compiling": compiling, "wall_s": wall, "games": games,
+    out_ = {"code": code, "status": "ok" if rc == 0 else "cut by the timeout", "iterations": len(recs),
+            "still_compiling": compiling, "wall_s": wall, "games": games,
             **{k.split("/")[1]: med(k) for k in TIMES},
             "env_frac": med("rollout/env_frac"), "wait_frac": med("rollout/wait_frac"),
-            "groups": med("rollout/groups") if any("rollout/groups" in r for r in recs) else 1,
+            "groups": med("rollout/groups") or 1,
             "generated_tokens": med("rollout/generated_tokens"),
             "tokens": med("rollout/tokens"), "turns_mean": med("episode/turns_mean")}
     out_["iteration_s"] = out_["rollout_s"] + out_["experience_s"] + out_["train_s"]
@@ -185,8 +191,8 @@ def main(argv=None) -> dict:
             result["cases"][name][code] = r
             print(name, code, {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k != "tail"},
                   flush=True)
-            if r["status"] != "ok":
-                print(r.get("tail", ""), flush=True)
+            if "tail" in r:
+                print(r["tail"], flush=True)
         games = int(flags[flags.index("--groups") + 1]) * int(flags[flags.index("--group-size") + 1])
         result["pgx"][name] = pgx_reference(games)
         print(name, "pgx", result["pgx"][name], flush=True)
@@ -198,7 +204,7 @@ def main(argv=None) -> dict:
     result["device"] = kind
     for c in result["cases"].values():
         b, cur = c.get("baseline", {}), c.get("current", {})
-        if b.get("status") == "ok" and cur.get("status") == "ok":
+        if "rollout_s" in b and "rollout_s" in cur:
             c["speedup"] = {"rollout": b["rollout_s"] / cur["rollout_s"], "iteration": b["iteration_s"] / cur["iteration_s"],
                             "experience": b["experience_s"] / cur["experience_s"], "train": b["train_s"] / cur["train_s"]}
             print("speedup", c["speedup"])
