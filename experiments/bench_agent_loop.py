@@ -42,7 +42,9 @@ CASES = {
 }
 # Variants of the current code only: on several GPUs, the rollout as one SPMD decode instead of device groups.
 CASES["gpu"]["gpu2048_spmd"] = CASES["gpu"]["gpu2048"] + ["--rollout-device-groups", "false"]
-CURRENT_ONLY_CASES = {"gpu2048_spmd"}
+# ... and on one GPU, two pipeline groups (the host steps one group while the device decodes the other).
+CASES["gpu"]["gpu512_groups2"] = CASES["gpu"]["gpu512"] + ["--rollout-groups", "2"]
+CURRENT_ONLY_CASES = {"gpu2048_spmd", "gpu512_groups2"}
 TIMES = ("time/rollout_s", "time/experience_s", "time/train_s", "time/dispatch_s")
 
 

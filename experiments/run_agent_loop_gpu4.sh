@@ -4,7 +4,7 @@
 #     and after, at 512 and at 2048 compact games, tiny model, pgx's batched Connect Four beside;
 #  2. all four GPUs, 2048 games: the rollout as device groups (the default), then as one SPMD decode.
 # Carry .whl_env (open_spiel, gymnasium, pgx wheels for the image's Python), .baseline and .earl_cc (compile cache);
-# the cache comes back in $OUT/earl_cc. Merge the JSONs with experiments/merge_agent_loop.py.
+# JOBS= picks the one-GPU jobs.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --find-links .whl_env --no-deps --no-compile --no-cache-dir --target /tmp/site \
@@ -13,12 +13,12 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 EARL_COMPILE_CACHE=/tmp/earl_cc
 [ -d .earl_cc ] && cp -r .earl_cc /tmp/earl_cc
 nvidia-smi --query-gpu=name,memory.total --format=csv
 B="python3 experiments/bench_agent_loop.py --gpu --timeout 220"
+JOBS=${JOBS:-"gpu512:baseline gpu512:current gpu2048:baseline gpu2048:current"}  # case:code, one GPU each
 k=0
-for c in gpu512 gpu2048; do
-  for code in baseline current; do
-    CUDA_VISIBLE_DEVICES=$k timeout 250 $B --cases $c --codes $code --out "$OUT/one_${c}_$code" > "$OUT/one_${c}_$code.log" 2>&1 &
-    k=$((k + 1))
-  done
+for j in $JOBS; do
+  c=${j%:*} code=${j#*:}
+  CUDA_VISIBLE_DEVICES=$k timeout 250 $B --cases $c --codes $code --out "$OUT/one_${c}_$code" > "$OUT/one_${c}_$code.log" 2>&1 &
+  k=$((k + 1))
 done
 wait
 grep -hE "^gpu" "$OUT"/one_*.log | cut -c1-400
@@ -27,4 +27,3 @@ for c in gpu2048:175 gpu2048_spmd:115; do  # the SPMD job reuses the first one's
     > "$OUT/four_${c%:*}.log" 2>&1
 done
 grep -hE "^gpu|Error" "$OUT"/four_*.log | cut -c1-400
-du -sm /tmp/earl_cc && [ "$(du -sm /tmp/earl_cc | cut -f1)" -lt 45 ] && cp -r /tmp/earl_cc "$OUT/earl_cc"

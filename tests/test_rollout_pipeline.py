@@ -36,10 +36,12 @@ def model():
     return graphdef, params, Sampler(graphdef, CFG, cache_dtype=jnp.float32)
 
 
-def _rollout(model, cfg: RolloutConfig, groups: int = 1, sampling=SamplingConfig(temperature=1.0)):
+def _rollout(model, cfg: RolloutConfig, groups: int = 1, sampling=SamplingConfig(temperature=1.0),
+             background: bool = False):
     graphdef, params, sampler = model
     env = make_vector_env(EnvConfig(game="tic_tac_toe", prompt_style="compact", max_retries=2), N)
-    policies = [SamplerPolicy(sampler, params, sampling, (IDS.eos_id,), cfg.max_turn_tokens) for _ in range(groups)]
+    policies = [SamplerPolicy(sampler, params, sampling, (IDS.eos_id,), cfg.max_turn_tokens, background=background)
+                for _ in range(groups)]
     seeds = [7 + i // 4 for i in range(N)]  # GRPO-like groups of 4 share a start
     return play_games(policies, env, TOK, dataclasses.replace(cfg, pipeline_groups=groups), jax.random.key(3), seeds,
                       bos_id=IDS.bos_id)
@@ -60,6 +62,8 @@ def test_overlapped_pipeline_plays_the_same_games_as_the_reference_schedule(mode
     assert reference.stats.turns_mean > 1.5  # the games went on for several turns: the test exercises extends
     # and one group of 16 rows (no pipelining) plays the same games too: each game draws from its own key
     _same(reference, _rollout(model, dataclasses.replace(base, overlap=False), groups=1))
+    # and so do groups decoding from worker threads (how the trainer runs several groups), with compaction
+    _same(reference, _rollout(model, dataclasses.replace(base, compact=True), groups=4, background=True))
 
 
 def test_finished_games_leave_the_batch_without_changing_any_game(model):

@@ -221,7 +221,9 @@ class Trainer:
                              device_view(params, m.devices.flat[0])) for m in meshes]
             min_batch = run.batch_shards if meshes is None else 1
             per = self._pipeline_groups(len(seeds) // len(samplers), min_batch)
-            policies = [SamplerPolicy(sampler, p, sampling, stops, turn_tokens, moves=self.moves)
+            # several groups decode from worker threads, so one group's decode loop does not hold the host
+            background = len(samplers) * per > 1 and jax.process_count() == 1
+            policies = [SamplerPolicy(sampler, p, sampling, stops, turn_tokens, moves=self.moves, background=background)
                         for sampler, p in samplers for _ in range(per)]
             rollout_cfg = dataclasses.replace(self.rollout_cfg, max_turn_tokens=turn_tokens,
                                               pipeline_groups=len(policies), min_batch=min_batch)

@@ -287,12 +287,12 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         if legal is not None:
             kw["legal"] = np.zeros((len(g.games), legal.shape[1]), bool)
             kw["legal"][slots[going]] = legal[games[going]]
+        t0 = time.perf_counter()  # a GPU decode loop may hold the launching thread until it ends: that is waiting
         g.fetch = g.policy.generate(budgets, turn_key(g.turn), row_ids, **kw)
         decode_rows += len(g.games)
         if not cfg.overlap:  # the reference schedule: nothing else runs while this group decodes
-            t0 = time.perf_counter()
             g.fetch = _ready(g.fetch())
-            wait_s += time.perf_counter() - t0
+        wait_s += time.perf_counter() - t0
 
     def advance(g: _Group, out: Decoded) -> None:
         """Write the group's answers, step its games, extend the survivors' caches, maybe compact."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -20,9 +21,15 @@ class SamplerPolicy:
     and the stop token; both are appended to the cache with the next extend (`_pending`)."""
 
     def __init__(self, sampler: Sampler, params: nnx.State, sampling: SamplingConfig, stop_tokens: Sequence[int],
-                 max_new_tokens: int, moves: MoveTokens | None = None):
+                 max_new_tokens: int, moves: MoveTokens | None = None, background: bool = False):
+        """`background`: decode in a worker thread. On GPUs a decode program's `lax.while_loop` is driven by the
+        thread that launched it (the host reads the loop condition every step), so the launch returns only when
+        the loop is done; from a worker thread the caller goes on stepping other games meanwhile, and groups on
+        different devices decode at the same time. One process only (the fetch's collectives must keep one
+        order on every process)."""
         self.sampler, self.params, self.sampling = sampler, params, sampling
         self.stop_tokens, self.max_new_tokens, self.moves = tuple(stop_tokens), max_new_tokens, moves
+        self.background = background
 
     def reset(self, batch: int, max_len: int) -> None:
         self.state = self.sampler.init_state(batch, max_len)
@@ -48,13 +55,24 @@ class SamplerPolicy:
         if legal is not None:
             raise ValueError("SamplerPolicy: legal moves given to a free-text policy (build it with moves=)")
         self.state = self.sampler.ensure_capacity(self.state, int((self.lengths + budgets).max()))
-        self.state, gen = self.sampler.generate(
-            self.params, self.state, rng, max_new_tokens=self.max_new_tokens, budget=budgets,
-            stop_tokens=self.stop_tokens, sampling=self.sampling, row_ids=row_ids)
+
+        def launch() -> tuple[Any, Any]:
+            return self.sampler.generate(self.params, self.state, rng, max_new_tokens=self.max_new_tokens,
+                                         budget=budgets, stop_tokens=self.stop_tokens, sampling=self.sampling,
+                                         row_ids=row_ids)
+
+        def to_host(state, gen) -> tuple[Any, tuple[np.ndarray, ...]]:
+            # global_to_host: over several processes the rows live on other hosts too (device_get on one)
+            return state, global_to_host((gen.tokens, gen.logprobs, gen.num_tokens, gen.stopped))
+
+        if self.background:
+            result = _pool().submit(lambda: to_host(*launch())).result
+        else:
+            launched = launch()
+            result = lambda: to_host(*launched)  # noqa: E731
 
         def fetch() -> Decoded:
-            # global_to_host: over several processes the rows live on other hosts too (device_get on one)
-            tokens, logprobs, counts, stopped = global_to_host((gen.tokens, gen.logprobs, gen.num_tokens, gen.stopped))
+            self.state, (tokens, logprobs, counts, stopped) = result()
             self.lengths += counts
             return Decoded(tokens, logprobs, counts, stopped)
 
@@ -95,6 +113,17 @@ class SamplerPolicy:
         self.lengths = np.concatenate([self.lengths[rows], np.zeros(batch - len(rows), np.int64)])
         self._pending = np.concatenate([self._pending[rows], np.zeros((batch - len(rows), 2), np.int32)])
         self._pending_n = np.concatenate([self._pending_n[rows], np.zeros(batch - len(rows), np.int64)])
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    """Worker threads for background decodes (each policy has at most one decode in flight)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=32, thread_name_prefix="earl-decode")
+    return _POOL
 
 
 def _prepend(first: np.ndarray, first_n: np.ndarray, tokens: np.ndarray, counts: np.ndarray
