@@ -99,13 +99,8 @@ def test_each_stage_receives_what_the_plan_says(tmp_path, monkeypatch):
         assert record["parallel/rollout_mesh"] == str(rollout.mesh)  # the record names what ran
         assert record["parallel/experience_micro_batch"] == experience.micro_batch
         # rollout: the sampler and the weights it decodes with live on the planned mesh
-        if rollout.mesh.tensor == 1:  # data-parallel: one group per device of the planned mesh (device_groups.py)
-            assert record["rollout/groups"] == rollout.mesh.data
-            planned = set(make_mesh(rollout.mesh, jax.devices()).devices.flat)
-            assert {trainer._samplers[("device", d.id)].mesh.devices.flat[0] for d in planned} == planned
-        else:
-            sampler = trainer._samplers[rollout.mesh]
-            assert dict(sampler.mesh.shape) == {"data": rollout.mesh.data, "fsdp": 1, "tensor": rollout.mesh.tensor}
+        sampler = trainer._samplers[rollout.mesh]
+        assert dict(sampler.mesh.shape) == {"data": rollout.mesh.data, "fsdp": 1, "tensor": rollout.mesh.tensor}
         for layout in (experience, train):
             stage = "experience" if layout is experience else "train"
             mesh = make_mesh(layout.mesh, jax.devices())

@@ -222,7 +222,6 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
     t_start = time.perf_counter()
     env_s = wait_s = 0.0
     decode_rows = 0
-    ep = _Episodes(n, cfg.max_context, cfg.max_turns)
     live = np.ones(n, bool)
     legal = None  # constrained moves: every game's legal moves now
 
@@ -234,6 +233,8 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
     env_s += time.perf_counter() - t0
     if counts.max() + 1 > cfg.max_context:
         raise ValueError(f"the first observation is {int(counts.max())} tokens: more than max_context={cfg.max_context}")
+    # room for a few turns like the prompt before the buffers grow (growing copies them)
+    ep = _Episodes(n, cfg.max_context, cfg.max_turns, width=1 << int(6 * counts.max()).bit_length())
     ep.append(np.arange(n), ids, counts, False)
     _finish(ep, live, np.arange(n), first)  # games over at reset (possible only in odd games)
     if cfg.constrain_moves:

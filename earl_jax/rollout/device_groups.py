@@ -12,6 +12,12 @@ devices, so while the host steps the games of the group whose answers came back,
 still decoding theirs. Each device runs single-device programs (on one GPU the sampler's fused decode
 kernel), reading its own replica of the weights the dispatcher already put there: no copy is made.
 
+Measured (4 x H100, tiny model, 2048 compact games, experiments/run_agent_loop_gpu4.sh): rollout 0.60 s as
+device groups against 0.48 s as one SPMD decode and 0.40 s on one GPU, so it is off by default
+(`--rollout-device-groups`). A small model's decode step is latency-bound: a device holding a quarter of the
+rows takes about as long per step as one holding all of them, and the host's share is then the same work
+done by one thread for four groups. It stays for larger models and forks to measure.
+
 What a game plays does not depend on its group (every game samples from fold_in(rng, turn, game id)), so
 the games are the ones the SPMD rollout plays, up to the numerics of the decode kernels (the same kernels
 on CPU: tests compare the trajectories exactly). Multi-process runs keep the SPMD program (each process

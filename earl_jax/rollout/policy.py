@@ -59,11 +59,13 @@ class SamplerPolicy:
         def launch() -> tuple[Any, Any]:
             return self.sampler.generate(self.params, self.state, rng, max_new_tokens=self.max_new_tokens,
                                          budget=budgets, stop_tokens=self.stop_tokens, sampling=self.sampling,
-                                         row_ids=row_ids)
+                                         row_ids=row_ids, trim=False)
 
         def to_host(state, gen) -> tuple[Any, tuple[np.ndarray, ...]]:
             # global_to_host: over several processes the rows live on other hosts too (device_get on one)
-            return state, global_to_host((gen.tokens, gen.logprobs, gen.num_tokens, gen.stopped))
+            tokens, logprobs, counts, stopped = global_to_host((gen.tokens, gen.logprobs, gen.num_tokens, gen.stopped))
+            width = self.max_new_tokens  # the program's bucketed width, trimmed here (no device op)
+            return state, (tokens[:, :width], logprobs[:, :width], counts, stopped)
 
         if self.background:
             result = _pool().submit(lambda: to_host(*launch())).result

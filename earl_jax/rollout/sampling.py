@@ -12,6 +12,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, Int
 
 
@@ -98,9 +99,10 @@ def program_key(cfg: SamplingConfig) -> SamplingConfig:
     return SamplingConfig(top_k=cfg.top_k, top_p=cfg.top_p)
 
 
-def runtime_values(cfg: SamplingConfig) -> tuple[jax.Array, jax.Array]:
-    """(temperature, greedy) as arrays for `sample_logits`; temperature <= 0 counts as 1 (greedy log-probs)."""
-    return jnp.float32(cfg.temperature if cfg.temperature > 0 else 1.0), jnp.bool_(cfg.is_greedy)
+def runtime_values(cfg: SamplingConfig) -> tuple[np.float32, np.bool_]:
+    """(temperature, greedy) as scalars for `sample_logits`; temperature <= 0 counts as 1 (greedy log-probs).
+    numpy, not jnp: a jnp scalar is an eager device op (~0.3 ms on a GPU host), numpy ones ride the jit call."""
+    return np.float32(cfg.temperature if cfg.temperature > 0 else 1.0), np.bool_(cfg.is_greedy)
 
 
 def sample_logits(rng: jax.Array, logits: Float[Array, "b v"], cfg: SamplingConfig,
