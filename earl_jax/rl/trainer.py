@@ -269,9 +269,9 @@ class Trainer:
 
     def _pipeline_groups(self, games: int, shards: int) -> int:
         """Groups of games that take turns on the device (each a multiple of the data shards), so the host
-        steps one group while the device decodes another. auto (0) is 1: with the batched games the host's
-        share is ~1% of a rollout, while two groups double the decode launches (one H100, tiny model, 2048
-        games: rollout 8.1 s with 2 groups against 3.3 s before the change; experiments/results/NOTES.md)."""
+        steps one group while the device decodes another. auto (0) is 1: two groups decoding from worker
+        threads were slower on one H100 (tiny model, 512 games: rollout 0.234 s against 0.167 s; call 27 in
+        experiments/results/NOTES.md): the device's step time hardly shrinks with half the rows."""
         want = self.cfg.rollout_groups or 1
         while want > 1 and games % (want * shards):
             want -= 1
