@@ -105,14 +105,18 @@ class BoardRenderer:
 
     def texts(self, cells, agent_player, legal: Bool[np.ndarray, "n a"], opponent_action: Int[np.ndarray, " n"],
               results: list[str | None], first: bool) -> list[str]:
-        """Any observation through `format_observation` (first observations, results): one call a game."""
-        out = []
+        """Any observation through `format_observation` (first observations, results): one call per distinct
+        observation (the games of a GRPO group start from the same position: one call for the group)."""
+        out, seen = [], {}
+        codes = (legal @ (1 << np.arange(legal.shape[1]))).tolist()
         for k, board in enumerate(self.board_texts(cells, agent_player)):
-            opp = int(opponent_action[k])
-            out.append(format_observation(
-                self.gt, self.style, board=board,
-                legal_actions=None if results[k] is not None else np.flatnonzero(legal[k]).tolist(),
-                opponent_action=None if opp < 0 else opp, result=results[k], first=first,
-                agent_player=int(agent_player[k]),
-            ))
+            key = (board, int(opponent_action[k]), results[k], int(agent_player[k]), codes[k])
+            if key not in seen:
+                opp = key[1]
+                seen[key] = format_observation(
+                    self.gt, self.style, board=board,
+                    legal_actions=None if results[k] is not None else np.flatnonzero(legal[k]).tolist(),
+                    opponent_action=None if opp < 0 else opp, result=results[k], first=first,
+                    agent_player=key[3])
+            out.append(seen[key])
         return out
