@@ -21,13 +21,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import Sharding
 
-__all__ = ["Launch", "resolve", "maybe_initialize", "host_to_global", "global_to_host", "is_main",
+__all__ = ["Launch", "resolve", "maybe_initialize", "host_to_global", "hosts_to_global", "global_to_host", "is_main",
            "process_count", "any_process", "gather_ints"]
 
 DEFAULT_PORT = 1234  # for a coordinator given without a port
@@ -184,6 +184,15 @@ def host_to_global(x: Any, sharding: Sharding) -> jax.Array:
     if sharding.is_fully_addressable:
         return jax.device_put(x, sharding)
     return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx], dtype=x.dtype)
+
+
+def hosts_to_global(xs: Sequence[Any], shardings: Sequence[Sharding]) -> list[jax.Array]:
+    """`host_to_global` for several arrays: one `jax.device_put` call on one process (each call costs ~0.3 ms of
+    host time on a GPU machine, and the rollout makes several a turn)."""
+    xs = [np.asarray(x) for x in xs]
+    if all(s.is_fully_addressable for s in shardings):
+        return jax.device_put(xs, list(shardings))
+    return [host_to_global(x, s) for x, s in zip(xs, shardings)]
 
 
 def global_to_host(x: Any) -> Any:

@@ -119,14 +119,13 @@ class StageRun:
 
     def put_rows(self, arrays: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
         """Host arrays [rows, ...] (the same on every process) onto the mesh, rows over the batch axes."""
-        out = {}
+        arrays = {k: np.asarray(v) for k, v in arrays.items()}
         for k, v in arrays.items():
-            v = np.asarray(v)
             if v.shape[0] % self.batch_shards:
                 raise ValueError(f"{self.stage}: {v.shape[0]} rows of {k!r} do not split over {self.batch_shards} "
                                  f"batch shards of mesh {self.layout.mesh}")
-            out[k] = distributed.host_to_global(v, self.row_sharding(v.ndim))
-        return out
+        placed = distributed.hosts_to_global(list(arrays.values()), [self.row_sharding(v.ndim) for v in arrays.values()])
+        return dict(zip(arrays, placed))
 
     def shardings(self, state: Any) -> Any:
         """Target shardings of a parameter state (nnx.State) under this stage's rules."""

@@ -32,7 +32,7 @@ from flax import nnx
 from jax.sharding import Mesh
 from jaxtyping import Array, Bool, Float, Int
 
-from earl_jax.distributed import host_to_global
+from earl_jax.distributed import hosts_to_global
 from earl_jax.models.cache import KVCache, LayerCache, cache_shardings, init_cache
 from earl_jax.models.config import ModelConfig
 from earl_jax.sharding.context import use_mesh_rules
@@ -196,7 +196,7 @@ class Sampler:
         n_bucket = bucket(max(int(max_new_tokens), 1), self.length_buckets)
         stop_tokens = tuple(int(s) for s in stop_tokens)
         if row_ids is None:
-            budget = self._put(budget, ("batch",))
+            (budget,) = self._put_rows(budget)
         else:
             budget, row_ids = self._put_rows(budget, np.asarray(row_ids, np.int32))
         temperature, greedy = runtime_values(sampling)  # runtime values: greedy and sampled share programs
@@ -218,23 +218,14 @@ class Sampler:
         return self._pick(state.next_logits, bits, rng, row_ids, temperature, greedy, tuple(token_ids))
 
     # ---- sharding helpers --------------------------------------------------------------------------
-    def _put(self, x: np.ndarray, axes) -> jax.Array:
-        """Host input -> the rollout mesh, rows over its batch axis (each process puts its own devices'
-        rows). Committed inputs also keep jit from reading unspecified input layouts against another
-        input's mesh (JAX converts them with the mesh of the first sharded argument)."""
-        if self.mesh is None:
-            return jnp.asarray(x)
-        return host_to_global(x, logical_sharding(self.mesh, self.rules, axes, x.shape))
-
     def _put_rows(self, *xs: np.ndarray) -> list[jax.Array]:
-        """Several host arrays [rows, ...] -> the mesh, rows over its batch axis, in one transfer call
-        (each device_put call costs ~0.3 ms of host time on a GPU machine; a turn makes several)."""
+        """Host inputs [rows, ...] -> the rollout mesh, rows over its batch axis, in one transfer call (each
+        process puts its own devices' rows). Committed inputs also keep jit from reading unspecified input
+        layouts against another input's mesh (JAX converts them with the mesh of the first sharded argument)."""
         if self.mesh is None:
             return [jnp.asarray(x) for x in xs]
-        shardings = [logical_sharding(self.mesh, self.rules, ("batch",) + (None,) * (x.ndim - 1), x.shape) for x in xs]
-        if all(s.is_fully_addressable for s in shardings):
-            return jax.device_put(list(xs), shardings)
-        return [host_to_global(x, s) for x, s in zip(xs, shardings)]
+        return hosts_to_global(xs, [logical_sharding(self.mesh, self.rules, ("batch",) + (None,) * (x.ndim - 1),
+                                                     x.shape) for x in xs])
 
     def _constrain(self, x, axes):
         if self.mesh is None:
