@@ -29,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
 RESULTS = ROOT / "experiments" / "results"
+
+from experiments.sweep import steady_iterations  # noqa: E402
 BASELINE = ROOT / ".baseline"
 
 COMMON = ["--format-warmup-steps", "0", "--eval-every", "0", "--eval-games", "8", "--checkpoint-every", "0",
@@ -40,11 +42,11 @@ CASES = {
     "gpu": {"gpu512": ["--groups", "64", "--group-size", "8", "--steps", "10", "--prompt-style", "compact"],
             "gpu2048": ["--groups", "256", "--group-size", "8", "--steps", "8", "--prompt-style", "compact"]},
 }
-# Variants of the current code only: on several GPUs, the rollout as one SPMD decode instead of device groups.
-CASES["gpu"]["gpu2048_spmd"] = CASES["gpu"]["gpu2048"] + ["--rollout-device-groups", "false"]
+# Variants of the current code only: on several GPUs, the rollout as device groups instead of one SPMD decode.
+CASES["gpu"]["gpu2048_device_groups"] = CASES["gpu"]["gpu2048"] + ["--rollout-device-groups", "true"]
 # ... and on one GPU, two pipeline groups (the host steps one group while the device decodes the other).
 CASES["gpu"]["gpu512_groups2"] = CASES["gpu"]["gpu512"] + ["--rollout-groups", "2"]
-CURRENT_ONLY_CASES = {"gpu2048_spmd", "gpu512_groups2"}
+CURRENT_ONLY_CASES = {"gpu2048_device_groups", "gpu512_groups2"}
 TIMES = ("time/rollout_s", "time/experience_s", "time/train_s", "time/dispatch_s")
 
 
@@ -89,16 +91,9 @@ def run_case(code: str, flags: list[str], timeout: float, env: dict) -> dict:
 
 
 def steady(recs: list[dict]) -> list[dict]:
-    """The iterations that compiled nothing (`compile/programs` did not grow), from the third on: a job of a few
-    iterations otherwise ranks by compile time (new decode batch / cache shapes keep appearing for a while).
-    Jobs that do not log the count (the baseline commit) keep iterations 3+ (1-2 compile)."""
-    out, last = [], None
-    for r in recs:
-        n = r.get("compile/programs")
-        if r.get("step", 0) >= 3 and (n is None or n == last):
-            out.append(r)
-        last = n if n is not None else last
-    return out
+    """The iterations that compiled nothing (`sweep.steady_iterations`), from the third on: jobs that do not log
+    `compile/programs` (the baseline commit) keep iterations 3+ (1-2 compile)."""
+    return [r for r in steady_iterations(recs) if r.get("step", 0) >= 3]
 
 
 def pgx_reference(games: int, steps: int = 200) -> dict:

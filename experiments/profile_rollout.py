@@ -36,7 +36,6 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
 
     import jax
-    import numpy as np
 
     from earl_jax.cli import parse_config
     from earl_jax.compile_cache import enable_compile_cache
@@ -55,13 +54,9 @@ def main(argv=None) -> dict:
         print(f"warm iteration {i + 1}: rollout {r['time/rollout_s']:.3f} s, programs {r['compile/programs']}", flush=True)
 
     def rollout():
-        step = trainer.step
-        rng = jax.random.fold_in(jax.random.key(cfg.seed), step)
-        seeds = [(cfg.seed * 1_000_003 + step * cfg.groups + g) % (2**31) for g in range(cfg.groups)
-                 for _ in range(cfg.group_size)]
+        seeds, group_ids, rng = trainer.rollout_inputs()
         t0 = time.perf_counter()
-        traj, _ = trainer._rollout(trainer.env, seeds, np.repeat(np.arange(cfg.groups), cfg.group_size), rng,
-                                   trainer.sampling)
+        traj, _ = trainer._rollout(trainer.env, seeds, group_ids, rng, trainer.sampling)
         return traj, time.perf_counter() - t0
 
     rollout()  # one more unprofiled, as a check that nothing compiles below

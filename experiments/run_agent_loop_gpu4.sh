@@ -2,7 +2,8 @@
 # Issue 13 on a 4-GPU machine (nvidia-h100-x4), one device call:
 #  1. four one-GPU jobs at once (GPU k runs one of them): the agent loop before (commit 4fdd9ec at .baseline: carry it)
 #     and after, at 512 and at 2048 compact games, tiny model, pgx's batched Connect Four beside;
-#  2. all four GPUs, 2048 games: the rollout as device groups (the default), then as one SPMD decode.
+#  2. all four GPUs, 2048 games: the rollout as device groups, then as one SPMD decode (the default). Calls 26-27
+#     ran with device groups as the default and the SPMD decode as the variant (`gpu2048_spmd` in their JSON).
 # Carry .whl_env (open_spiel, gymnasium, pgx wheels for the image's Python), .baseline and .earl_cc (compile cache);
 # JOBS= picks the one-GPU jobs.
 set -u
@@ -22,7 +23,7 @@ for j in $JOBS; do
 done
 wait
 grep -hE "^gpu" "$OUT"/one_*.log | cut -c1-400
-for c in gpu2048:175 gpu2048_spmd:115; do  # the SPMD job reuses the first one's experience / train programs
+for c in gpu2048_device_groups:175 gpu2048:115; do  # the second job reuses the first's experience / train programs
   timeout $((${c#*:} + 10)) $B --cases ${c%:*} --codes current --timeout ${c#*:} --out "$OUT/four_${c%:*}" \
     > "$OUT/four_${c%:*}.log" 2>&1
 done

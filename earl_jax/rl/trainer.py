@@ -418,13 +418,18 @@ class Trainer:
         return out
 
     # ---------------------------------------------------------------- the loop
+    def rollout_inputs(self) -> tuple[list[int], np.ndarray, jax.Array]:
+        """This iteration's game seeds (a GRPO group's games share one), group ids and sampling key."""
+        cfg = self.cfg
+        seeds = [(cfg.seed * 1_000_003 + self.step * cfg.groups + g) % (2**31) for g in range(cfg.groups)
+                 for _ in range(cfg.group_size)]
+        return seeds, np.repeat(np.arange(cfg.groups), cfg.group_size), jax.random.fold_in(jax.random.key(cfg.seed),
+                                                                                           self.step)
+
     def iteration(self) -> dict[str, Any]:
         cfg = self.cfg
         self.planner.plan()  # the rollout's layout, from the last batch's statistics
-        rng = jax.random.fold_in(jax.random.key(cfg.seed), self.step)
-        seeds = [(cfg.seed * 1_000_003 + self.step * cfg.groups + g) % (2**31) for g in range(cfg.groups)
-                 for _ in range(cfg.group_size)]
-        group_ids = np.repeat(np.arange(cfg.groups), cfg.group_size)
+        seeds, group_ids, rng = self.rollout_inputs()
 
         n_dispatch = len(self.dispatcher.history)
         t_start = time.perf_counter()
