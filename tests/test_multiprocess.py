@@ -4,7 +4,8 @@
     experience -> train layout, and moves whose blocks must cross processes (two_step_global,
     reorder, host_gather): every value arrives, each move names its route;
 (b) Connect Four end to end, two iterations: 2 processes x 4 devices reach the same metrics and
-    parameters as 1 process x 8 devices running the same command;
+    parameters as 1 process x 8 devices running the same command (each process playing its half of the
+    games: the rollout is split by process);
 (c) the selector's OOM fallback when only one process fails: both agree on every retry.
 """
 
@@ -194,6 +195,9 @@ def test_connect4_two_processes_match_one(tmp_path):
     rows2 = [json.loads(l) for l in (two / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows2] == [r["step"] for r in rows1] == [0, 1, 2]  # written once, by process 0
     assert rows1[-1]["train/grad_norm"] > 0 and rows1[-1]["dispatch/bytes"] > 0  # something trained and moved
+    # each process played its half of the games on its block of the rollout mesh (rollout/process_split.py)
+    groups = [(a["rollout/groups"], b["rollout/groups"]) for a, b in zip(rows1, rows2) if "rollout/groups" in a]
+    assert groups == [(1, 2)] * 2, groups
     for a, b in zip(rows1, rows2):
         assert a.keys() == b.keys()
         for k in a:
@@ -211,10 +215,15 @@ def test_connect4_two_processes_match_one(tmp_path):
 
 
 def test_local_launcher_sets_the_job_env_and_stops_all_when_one_fails(tmp_path):
-    # process i prints its job variables; process 1 then fails while process 0 would sleep for minutes
-    code = ("import os, sys, time; e = os.environ; "
+    # process i prints its job variables; process 1 then fails while process 0 would sleep for minutes. Process 1
+    # first waits for process 0's line (a marker file): on a busy machine it could otherwise fail, and get process 0
+    # stopped, before process 0's interpreter had started.
+    ready = tmp_path / "process_0_printed"
+    code = ("import os, sys, time; from pathlib import Path; e = os.environ; "
             "print(e['EARL_COORDINATOR'], e['EARL_NUM_PROCESSES'], e['EARL_PROCESS_ID'], e['XLA_FLAGS'], flush=True); "
-            "sys.exit(7) if e['EARL_PROCESS_ID'] == '1' else time.sleep(300)")
+            f"ready = Path({str(ready)!r}); "
+            "(ready.touch(), time.sleep(300)) if e['EARL_PROCESS_ID'] == '0' else "
+            "[time.sleep(0.05) for _ in range(1200) if not ready.exists()]; sys.exit(7)")
     proc = subprocess.run(LAUNCH + ["-n", "2", "--cpu-devices", "3", "--log-dir", str(tmp_path), "--quiet-main",
                                     "--timeout", "60", "--", sys.executable, "-c", code],
                           cwd=ROOT, env=_env(8), capture_output=True, text=True, timeout=90)

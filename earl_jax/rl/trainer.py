@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import sys
 import time
 import warnings
@@ -52,6 +53,7 @@ from earl_jax.rl.stages import ExperienceBatch, advantage_step, make_optimizer, 
 from earl_jax.rl.warmup import random_legal_games
 from earl_jax.rollout.agent_loop import RolloutConfig, Trajectories, play_games
 from earl_jax.rollout.device_groups import device_meshes, device_view
+from earl_jax.rollout.process_split import RowView, gather_trajectories, process_block
 from earl_jax.rollout.frozen_opponent import FrozenPolicyOpponent
 from earl_jax.rollout.moves import MoveTokens
 from earl_jax.rollout.policy import SamplerPolicy
@@ -213,36 +215,49 @@ class Trainer:
             params = self._params_for(run)
             jax.block_until_ready(params)
             dispatch_s = time.perf_counter() - t0
-            meshes = device_meshes(run.mesh, params, len(seeds)) if self.cfg.rollout_device_groups else None
-            if meshes is None:  # one SPMD decode over the rollout mesh
-                samplers = [(self._sampler(run.layout.mesh, run.mesh, run.rules), params)]
+            mesh, games, key, shards = run.mesh, slice(0, len(seeds)), run.layout.mesh, run.batch_shards
+            # each process plays its own games on its block of the mesh (rollout/process_split.py)
+            block = process_block(run.mesh, params, len(seeds)) \
+                if self.cfg.rollout_split_processes and league is None else None
+            if block is not None:
+                mesh, params, games = block.mesh, block.params, block.games
+                key = ("process", run.layout.mesh, tuple(d.id for d in mesh.devices.flat))
+                shards = math.prod(mesh.shape[a] for a in run.batch_axes)
+            n = games.stop - games.start
+            meshes = device_meshes(mesh, params, n) if self.cfg.rollout_device_groups else None
+            if meshes is None:  # one SPMD decode over the (process's) rollout mesh
+                samplers = [(self._sampler(key, mesh, run.rules), params)]
             else:  # one group per device, decoding concurrently (rollout/device_groups.py)
                 samplers = [(self._sampler(("device", m.devices.flat[0].id), m, run.rules),
                              device_view(params, m.devices.flat[0])) for m in meshes]
-            min_batch = run.batch_shards if meshes is None else 1
-            per = self._pipeline_groups(len(seeds) // len(samplers), min_batch)
+            min_batch = shards if meshes is None else 1
+            per = self._pipeline_groups(n // len(samplers), min_batch)
             # several groups decode from worker threads, so one group's decode loop does not hold the host
-            background = len(samplers) * per > 1 and jax.process_count() == 1
+            background = len(samplers) * per > 1 and not mesh.is_multi_process
             policies = [SamplerPolicy(sampler, p, sampling, stops, turn_tokens, moves=self.moves, background=background)
                         for sampler, p in samplers for _ in range(per)]
             rollout_cfg = dataclasses.replace(self.rollout_cfg, max_turn_tokens=turn_tokens,
                                               pipeline_groups=len(policies), min_batch=min_batch)
-            self._rollout_groups = len(policies)
+            self._rollout_groups = len(policies) * (1 if block is None else jax.process_count())
             if league is not None:
-                games, snap_step, snap = league
+                league_games, snap_step, snap = league
                 frozen_params = self._league_params(run, snap_step, snap)
                 if meshes is not None:  # the league's games decode on the first device
                     frozen_params = device_view(frozen_params, meshes[0].devices.flat[0])
                 frozen = SamplerPolicy(samplers[0][0], frozen_params, sampling, stops, turn_tokens, moves=self.moves)
                 env.assign(FrozenPolicyOpponent(frozen, self.codec, jax.random.fold_in(rng, 0x0990),
                                                 max_turn_tokens=turn_tokens, bos_id=self.ids.bos_id,
-                                                min_batch=min_batch), games)
+                                                min_batch=min_batch), league_games)
+            ids = np.asarray(np.arange(len(seeds)) if group_ids is None else group_ids)[games]
             try:
-                traj = play_games(policies, env, self.tokenizer, rollout_cfg, rng, seeds, group_ids,
-                                  bos_id=self.ids.bos_id, codec=self.codec)
+                traj = play_games(policies, env if block is None else RowView(env, games), self.tokenizer,
+                                  rollout_cfg, rng, list(seeds)[games], ids, bos_id=self.ids.bos_id, codec=self.codec,
+                                  game_offset=games.start)
             finally:
                 if league is not None:
                     env.assign(None)
+            if block is not None:
+                traj = gather_trajectories(traj)
             return traj, dispatch_s
 
         return self.planner.run("rollout", rollout)

@@ -107,6 +107,7 @@ class RolloutStats:
     first_cache_len: int  # the cache the prompt was written into
     observation_tokens: int  # widest later extend (a turn's observation); 0 if none
     blunder_rate: float | None = None  # share of judged moves that gave an outcome away (env's blunder_penalty)
+    judged: int = 0  # moves the env judged for blunders
 
 
 @dataclasses.dataclass
@@ -186,7 +187,8 @@ class _Episodes:
         self.length[games] += counts
 
 
-def _outcomes(winner: np.ndarray, invalid: np.ndarray) -> dict[str, float]:
+def outcome_rates(winner: np.ndarray, invalid: np.ndarray) -> dict[str, float]:
+    """Win / loss / draw / invalid shares of games from their winner codes (an index into WINNERS) and invalid flags."""
     n = max(len(winner), 1)
     return {"win_rate": float(np.sum(winner == 0)) / n, "loss_rate": float(np.sum(winner == 1)) / n,
             "draw_rate": float(np.sum(winner == 2)) / n, "invalid_rate": float(np.mean(invalid)) if len(invalid) else 0.0}
@@ -206,12 +208,13 @@ class _Group:
 
 def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizers.Tokenizer, cfg: RolloutConfig,
                rng: jax.Array, seeds: Sequence[int], group_ids: Sequence[int] | None = None,
-               bos_id: int | None = None, codec: ObservationCodec | None = None) -> Trajectories:
+               bos_id: int | None = None, codec: ObservationCodec | None = None, game_offset: int = 0) -> Trajectories:
     """Play one game per row of the vector env `env` (`envs.vector.make_vector_env`) to its end (or a budget).
 
     `seeds[i]` resets game i: games of one GRPO group share a seed, so they start from the same position
     against the same opponent randomness. `policy`: one policy, or one per pipeline group (games are split
-    in contiguous, equal parts; `cfg.pipeline_groups` is then len(policy))."""
+    in contiguous, equal parts; `cfg.pipeline_groups` is then len(policy)). `game_offset`: the id of game 0 in a
+    larger batch whose other games are played elsewhere (rollout/process_split.py): a game samples by its id."""
     policies = [policy] if not isinstance(policy, (list, tuple)) else list(policy)
     n = len(seeds)
     if n != env.num_games:
@@ -282,7 +285,7 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         budgets = np.zeros(len(g.games), np.int32)
         budgets[slots[going]] = np.minimum(cfg.max_turn_tokens, room[going])
         ep.turn_ctx[games[going], g.turn] = ep.length[games[going]]
-        row_ids = np.where(g.games >= 0, g.games, 0).astype(np.int32)
+        row_ids = np.where(g.games >= 0, g.games + game_offset, 0).astype(np.int32)
         g.budgets = budgets
         kw = {}
         if legal is not None:
@@ -355,13 +358,13 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
     t_len = int(ep.length.max())
     ctx = ep.turn_ctx[ep.turn_ctx >= 0]
     stats = RolloutStats(
-        **_outcomes(ep.winner, ep.invalid), context_len_mean=float(ep.length.mean()),
+        **outcome_rates(ep.winner, ep.invalid), context_len_mean=float(ep.length.mean()),
         context_len_max=int(ep.length.max()), turn_context_len_mean=float(ctx.mean()) if len(ctx) else 0.0,
         turns_mean=float(ep.turns.mean()), truncated_rate=float(ep.truncated.mean()),
         generated_tokens=int(ep.mask.sum()), tokens=int(ep.length.sum()), env_s=env_s, wait_s=wait_s,
         rollout_s=time.perf_counter() - t_start, decode_rows=decode_rows, prompt_tokens=prompt_tokens,
         first_cache_len=first_cache_len, observation_tokens=observation_tokens,
-        blunder_rate=ep.blunders / ep.judged if ep.judged else None)
+        blunder_rate=ep.blunders / ep.judged if ep.judged else None, judged=ep.judged)
     rewards = ep.rewards[:, :t_len]
     return Trajectories(
         tokens=ep.tokens[:, :t_len], loss_mask=ep.mask[:, :t_len], logprobs=ep.logp[:, :t_len],

@@ -20,8 +20,9 @@ done by one thread for four groups. It stays for larger models and forks to meas
 
 What a game plays does not depend on its group (every game samples from fold_in(rng, turn, game id)), so
 the games are the ones the SPMD rollout plays, up to the numerics of the decode kernels (the same kernels
-on CPU: tests compare the trajectories exactly). Multi-process runs keep the SPMD program (each process
-holds only its own devices' games' rows and the collective fetch needs every process in each call).
+on CPU: tests compare the trajectories exactly). A mesh that spans processes keeps the SPMD program (the
+collective fetch needs every process in each call); a multi-process job splits its games by process first
+(rollout/process_split.py), and each process's block may then run as device groups.
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ from jax.sharding import Mesh
 
 def device_meshes(mesh: Mesh, params: Any, games: int) -> list[Mesh] | None:
     """One single-device mesh (the same axis names) per device of `mesh`, when the rollout can run as device
-    groups: one process, several devices, every weight replicated on all of them, `games` divisible by the
+    groups: a mesh within one process (a process's block of a split rollout qualifies), several devices, every weight replicated on all of them, `games` divisible by the
     device count. None otherwise (the SPMD rollout)."""
     n = mesh.devices.size
-    if n < 2 or jax.process_count() > 1 or games % n:
+    if n < 2 or mesh.is_multi_process or games % n:
         return None
     if not all(isinstance(x, jax.Array) and x.sharding.is_fully_replicated and len(x.sharding.device_set) == n
                for x in jax.tree.leaves(params)):

@@ -1,0 +1,158 @@
+"""A multi-process rollout where each process plays its own share of the games.
+
+In one SPMD rollout over a mesh that spans processes every process steps *every* game on its host (the
+decode program's inputs are global arrays, so each process holds the whole batch) and the device work is
+sharded: the host work, which decides the speed of a small model's rollout, is repeated on every process
+instead of split. This module splits it, the way veRL's or tunix's rollout workers each run their own
+environments: when the rollout mesh's data axis runs across processes and every process's devices hold
+whole copies of the weights (their block of the mesh is a complete model replica), process p plays games
+[p n/P, (p+1) n/P) alone, on its own block of the mesh, with no collective during the rollout; the finished
+trajectories are then all-gathered once (`gather_trajectories`) so the experience and train stages see
+the whole batch as before.
+
+A game's samples come from fold_in(fold_in(rng, turn), game id) with its id in the whole batch
+(`play_games(game_offset=...)`) and its start from its seed, so the games are the ones one process would
+play, up to the decode programs' numerics on the smaller mesh (the same on CPU: the two-process test
+compares them exactly).
+
+Not split (the SPMD rollout, with host work repeated): a data axis within one process, weights sharded
+over the data axis, a batch that does not divide into processes, and league games (the frozen snapshot's
+games are assigned over the whole env).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from earl_jax.distributed import gather_ints
+from earl_jax.envs.openspiel_env import WINNERS
+from earl_jax.envs.vector import NO_WINNER
+from earl_jax.rollout.agent_loop import RolloutStats, Trajectories, outcome_rates
+
+__all__ = ["ProcessBlock", "process_block", "RowView", "gather_trajectories"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessBlock:
+    """This process's part of a split rollout: its block of the mesh, its weights there, its games."""
+
+    mesh: Mesh
+    params: Any
+    games: slice
+
+
+def _spec_axes(spec) -> set[str]:
+    out: set[str] = set()
+    for entry in spec:
+        if entry is not None:
+            out.update((entry,) if isinstance(entry, str) else entry)
+    return out
+
+
+def process_block(mesh: Mesh, params: Any, games: int) -> ProcessBlock | None:
+    """Split the rollout by process, or None (the SPMD rollout): see the module docstring for when."""
+    n_proc = jax.process_count()
+    if n_proc < 2 or games % n_proc:
+        return None
+    owner = np.vectorize(lambda d: d.process_index)(mesh.devices).reshape(mesh.devices.shape[0], -1)
+    if not (owner == owner[:, :1]).all():  # a slice of the data axis spans processes (e.g. tensor across hosts)
+        return None
+    mine = owner[:, 0] == jax.process_index()
+    if np.bincount(owner[:, 0], minlength=n_proc).tolist() != [mine.sum()] * n_proc:
+        return None
+    data_axis = mesh.axis_names[0]
+    for x in jax.tree.leaves(params):
+        if not (isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
+                and data_axis not in _spec_axes(x.sharding.spec)):
+            return None
+    local = Mesh(mesh.devices[mine], mesh.axis_names)
+
+    def view(x: jax.Array) -> jax.Array:  # the same buffers, as an array of the process's block
+        return jax.make_array_from_single_device_arrays(x.shape, NamedSharding(local, x.sharding.spec),
+                                                        [s.data for s in x.addressable_shards])
+
+    per = games // n_proc
+    start = jax.process_index() * per
+    return ProcessBlock(local, jax.tree.map(view, params), slice(start, start + per))
+
+
+class RowView:
+    """Rows [start, stop) of a vector env, as a vector env of its own (what `play_games` steps)."""
+
+    def __init__(self, env: Any, rows: slice):
+        self.env, self.start, self.num_games = env, rows.start, rows.stop - rows.start
+
+    def __getattr__(self, name: str) -> Any:  # num_actions, accepts_moves, ...
+        return getattr(self.env, name)
+
+    def reset(self, seeds: Sequence[int | None], rows: Sequence[int] | None = None, **kw):
+        rows = np.arange(self.num_games) if rows is None else np.asarray(rows)
+        return self.env.reset(seeds, rows=rows + self.start, **kw)
+
+    def step(self, rows: Sequence[int], answers: Sequence[str] | None = None, **kw):
+        return self.env.step(np.asarray(rows) + self.start, answers, **kw)
+
+
+_COLS = ("tokens", "loss_mask", "logprobs", "choices", "rewards")
+_ROWS = ("lengths", "returns", "num_turns", "truncated", "group_ids", "invalid")
+# per-process times (seconds), gathered as int32 microseconds
+_TIMES = ("env_s", "wait_s", "rollout_s")
+
+
+def gather_trajectories(local: Trajectories) -> Trajectories:
+    """Every process's trajectories, concatenated in process order, on every process (a collective).
+
+    Outcomes, lengths and token counts are recomputed from the whole batch; `rollout_s` is the slowest
+    process's time plus the gather's, `env_s` and `wait_s` are the processes' means (so their fractions of
+    `rollout_s` stay comparable with one process), `decode_rows` and the blunder counts are sums, the
+    prompt / observation widths maxima."""
+    from jax.experimental import multihost_utils
+
+    t0 = time.perf_counter()
+    s = local.stats
+    turns = max(max((len(t) for t in local.turn_context_lens), default=0), 1)
+    judged = s.judged
+    blunders = round((s.blunder_rate or 0.0) * judged)
+    micro = [round(getattr(s, k) * 1e6) for k in _TIMES]  # int32 microseconds: up to ~35 minutes
+    rows = gather_ints(local.tokens.shape[1], turns, s.decode_rows, s.prompt_tokens, s.first_cache_len,
+                       s.observation_tokens, judged, blunders, *micro)
+    width, turns = max(r[0] for r in rows), max(r[1] for r in rows)
+
+    def cols(x: np.ndarray) -> np.ndarray:
+        return np.pad(x, ((0, 0), (0, width - x.shape[1])))
+
+    ctx = np.full((local.num_games, turns), -1, np.int32)
+    for i, t in enumerate(local.turn_context_lens):
+        ctx[i, :len(t)] = t
+    winners = np.array([NO_WINNER if w is None else WINNERS.index(w) for w in local.winners], np.int8)
+    parts = {**{k: cols(getattr(local, k)) for k in _COLS}, **{k: getattr(local, k) for k in _ROWS},
+             "turn_ctx": ctx, "winner": winners}
+    dtypes = {k: v.dtype for k, v in parts.items()}
+    # bools travel as int8 (a collective over booleans is not supported everywhere)
+    sent = {k: v.astype(np.int8) if v.dtype == bool else v for k, v in parts.items()}
+    got = {k: np.asarray(v).astype(dtypes[k]) for k, v in multihost_utils.process_allgather(sent, tiled=True).items()}
+
+    ctx_rows = [row[row >= 0].tolist() for row in got["turn_ctx"]]
+    flat = [c for row in ctx_rows for c in row]
+    total_judged, total_blunders = sum(r[6] for r in rows), sum(r[7] for r in rows)
+    times = np.array([r[8:] for r in rows], np.float64) / 1e6
+    stats = RolloutStats(
+        **outcome_rates(got["winner"], got["invalid"]), context_len_mean=float(got["lengths"].mean()),
+        context_len_max=int(got["lengths"].max()), turn_context_len_mean=float(np.mean(flat)) if flat else 0.0,
+        turns_mean=float(got["num_turns"].mean()), truncated_rate=float(got["truncated"].mean()),
+        generated_tokens=int(got["loss_mask"].sum()), tokens=int(got["lengths"].sum()),
+        env_s=float(times[:, 0].mean()), wait_s=float(times[:, 1].mean()),
+        rollout_s=float(times[:, 2].max()) + time.perf_counter() - t0,
+        decode_rows=sum(r[2] for r in rows), prompt_tokens=max(r[3] for r in rows),
+        first_cache_len=max(r[4] for r in rows), observation_tokens=max(r[5] for r in rows),
+        blunder_rate=total_blunders / total_judged if total_judged else None, judged=total_judged)
+    return Trajectories(
+        **{k: got[k] for k in _COLS + _ROWS},
+        winners=[None if w == NO_WINNER else WINNERS[w] for w in got["winner"].tolist()],
+        turn_context_lens=ctx_rows, stats=stats)

@@ -1,0 +1,92 @@
+"""A rollout split by process plays the whole batch's games (one process here; two in test_multiprocess.py).
+
+Each process of a split rollout plays a contiguous share of the games on a view of the env's rows, sampling
+by the games' ids in the whole batch; `gather_trajectories` then concatenates the shares. Here the trainer's
+own rollout is made to play each half of the batch as if it were one of two processes, and the halves, joined,
+must be the unsplit rollout's games field by field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from earl_jax.parallel.plan import StageLayout, StagePlan
+from earl_jax.rl import trainer as trainer_module
+from earl_jax.rl.config import RLConfig
+from earl_jax.rl.trainer import Trainer
+from earl_jax.rollout import process_split
+from earl_jax.rollout.agent_loop import Trajectories
+from earl_jax.sharding.mesh import MeshShape
+
+M = MeshShape.parse
+CFG = RLConfig(groups=4, group_size=2, steps=1, eval_every=0, format_warmup_steps=0, devices=2, max_turns=3,
+               max_context=128, progress=False, wandb_mode="disabled", selector_mode="static", kl_coef=0.0,
+               constrain_moves=False, max_turn_tokens=3)
+COLS = ("tokens", "loss_mask", "logprobs", "choices", "rewards")
+ROWS = ("lengths", "returns", "num_turns", "truncated", "group_ids", "invalid")
+
+
+def _join(parts: list[Trajectories]) -> dict:
+    width = max(p.tokens.shape[1] for p in parts)
+    out = {k: np.concatenate([np.pad(getattr(p, k), ((0, 0), (0, width - p.tokens.shape[1]))) for p in parts])
+           for k in COLS}
+    out.update({k: np.concatenate([getattr(p, k) for p in parts]) for k in ROWS})
+    out["winners"] = [w for p in parts for w in p.winners]
+    out["turn_context_lens"] = [t for p in parts for t in p.turn_context_lens]
+    return out
+
+
+def test_halves_played_apart_are_the_games_of_the_whole_batch(tmp_path, monkeypatch):
+    trainer = Trainer(dataclasses.replace(CFG, run_dir=str(tmp_path / "run")), log=False)
+    other = StageLayout(M("d2f1t1"), 2, 64)
+    trainer.planner.current = StagePlan(StageLayout(M("d2f1t1")), other, other, context_bucket=128)
+    seeds, groups, rng = list(range(8)), np.repeat(np.arange(4), 2), jax.random.key(5)
+    whole, _ = trainer._rollout(trainer.env, seeds, groups, rng, trainer.sampling)
+
+    halves = []
+    for half in (slice(0, 4), slice(4, 8)):  # "process" 0, then "process" 1, each on one device of the mesh
+        def block(mesh, params, games, half=half):
+            local = jax.sharding.Mesh(mesh.devices[half.start // 4:half.start // 4 + 1], mesh.axis_names)
+            return process_split.ProcessBlock(local, jax.device_put(params, jax.sharding.NamedSharding(
+                local, jax.sharding.PartitionSpec())), half)
+        monkeypatch.setattr(trainer_module, "process_block", block)
+        monkeypatch.setattr(trainer_module, "gather_trajectories", lambda t: t)
+        part, _ = trainer._rollout(trainer.env, seeds, groups, rng, trainer.sampling)
+        assert part.num_games == 4 and trainer._rollout_groups == jax.process_count()
+        halves.append(part)
+
+    joined = _join(halves)
+    assert whole.loss_mask.any() and len(set(map(tuple, whole.tokens.tolist()))) > 1  # real, varied games
+    for k in COLS + ROWS:
+        if k == "logprobs":
+            np.testing.assert_allclose(joined[k], getattr(whole, k), rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(joined[k], getattr(whole, k), err_msg=k)
+    assert joined["winners"] == whole.winners and joined["turn_context_lens"] == whole.turn_context_lens
+
+
+def test_gathering_on_one_process_recomputes_the_same_statistics(tmp_path):
+    trainer = Trainer(dataclasses.replace(CFG, run_dir=str(tmp_path / "run")), log=False)
+    traj, _ = trainer._rollout(trainer.env, list(range(8)), np.repeat(np.arange(4), 2), jax.random.key(1),
+                               trainer.sampling)
+    got = process_split.gather_trajectories(traj)
+    for k in COLS + ROWS:
+        np.testing.assert_array_equal(getattr(got, k), getattr(traj, k), err_msg=k)
+        assert getattr(got, k).dtype == getattr(traj, k).dtype, k
+    assert got.winners == traj.winners and got.turn_context_lens == traj.turn_context_lens
+    a, b = dataclasses.asdict(got.stats), dataclasses.asdict(traj.stats)
+    assert a.pop("rollout_s") >= b.pop("rollout_s")  # the gather's own time is added
+    for k in a:
+        if isinstance(b[k], float):
+            assert a[k] == pytest.approx(b[k], rel=1e-9, abs=1e-6), k
+        else:
+            assert a[k] == b[k], k
+
+def test_no_split_on_one_process(tmp_path):
+    trainer = Trainer(dataclasses.replace(CFG, run_dir=str(tmp_path / "run")), log=False)
+    run = trainer.planner.stage_run("rollout")
+    assert process_split.process_block(run.mesh, trainer._params_for(run), 8) is None
