@@ -46,16 +46,24 @@ CASES = {
 CASES["gpu"]["gpu2048_device_groups"] = CASES["gpu"]["gpu2048"] + ["--rollout-device-groups", "true"]
 # ... and on one GPU, two pipeline groups (the host steps one group while the device decodes the other).
 CASES["gpu"]["gpu512_groups2"] = CASES["gpu"]["gpu512"] + ["--rollout-groups", "2"]
-CURRENT_ONLY_CASES = {"gpu2048_device_groups", "gpu512_groups2"}
+# ... and on four GPUs as four processes of one job (launch/local.py, one GPU each): the rollout split by process
+# (each plays its 512 games: rollout/process_split.py), or one SPMD rollout in which every process steps all 2048.
+CASES["gpu"]["gpu2048_4proc"] = CASES["gpu"]["gpu2048"]
+CASES["gpu"]["gpu2048_4proc_nosplit"] = CASES["gpu"]["gpu2048"] + ["--rollout-split-processes", "false"]
+LAUNCH = {name: ["-n", "4", "--devices-per-process", "1"] for name in ("gpu2048_4proc", "gpu2048_4proc_nosplit")}
+CURRENT_ONLY_CASES = {"gpu2048_device_groups", "gpu512_groups2", *LAUNCH}
 TIMES = ("time/rollout_s", "time/experience_s", "time/train_s", "time/dispatch_s")
 
 
-def run_case(code: str, flags: list[str], timeout: float, env: dict) -> dict:
-    """One training job; medians over its iterations after the first."""
+def run_case(code: str, flags: list[str], timeout: float, env: dict, launch: list[str] | None = None) -> dict:
+    """One training job (as the processes of one job with `launch`: launch/local.py's flags); medians over its
+    compile-free iterations from the third on."""
     root = ROOT if code == "current" else BASELINE
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, str(root / "experiments" / "connect4.py"), *COMMON, *(CURRENT_ONLY if code == "current" else []),
                *flags, "--run-dir", f"{tmp}/run"]
+        if launch:
+            cmd = [sys.executable, str(root / "launch" / "local.py"), *launch, "--timeout", str(timeout - 5), "--", *cmd]
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
@@ -184,12 +192,14 @@ def main(argv=None) -> dict:
         for code in args.codes.split(","):
             if code != "current" and name in CURRENT_ONLY_CASES:
                 continue
-            r = run_case(code, flags, args.timeout, env)
+            r = run_case(code, flags, args.timeout, env, LAUNCH.get(name))
             result["cases"][name][code] = r
             print(name, code, {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k != "tail"},
                   flush=True)
             if "tail" in r:
                 print(r["tail"], flush=True)
+        if name in CURRENT_ONLY_CASES:  # a variant: its base case has the pgx reference
+            continue
         games = int(flags[flags.index("--groups") + 1]) * int(flags[flags.index("--group-size") + 1])
         result["pgx"][name] = pgx_reference(games)
         print(name, "pgx", result["pgx"][name], flush=True)
