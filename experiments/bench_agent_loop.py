@@ -89,6 +89,7 @@ def run_case(code: str, flags: list[str], timeout: float, env: dict, launch: lis
             "still_compiling": compiling, "wall_s": wall, "games": games,
             **{k.split("/")[1]: med(k) for k in TIMES},
             "env_frac": med("rollout/env_frac"), "wait_frac": med("rollout/wait_frac"),
+            "gather_frac": med("rollout/gather_frac"),
             "groups": med("rollout/groups") or 1,
             "generated_tokens": med("rollout/generated_tokens"),
             "tokens": med("rollout/tokens"), "turns_mean": med("episode/turns_mean")}

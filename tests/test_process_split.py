@@ -80,6 +80,7 @@ def test_gathering_on_one_process_recomputes_the_same_statistics(tmp_path):
     assert got.winners == traj.winners and got.turn_context_lens == traj.turn_context_lens
     a, b = dataclasses.asdict(got.stats), dataclasses.asdict(traj.stats)
     assert a.pop("rollout_s") >= b.pop("rollout_s")  # the gather's own time is added
+    assert a.pop("gather_s") > 0 and b.pop("gather_s") == 0
     for k in a:
         if isinstance(b[k], float):
             assert a[k] == pytest.approx(b[k], rel=1e-9, abs=1e-6), k

@@ -488,6 +488,7 @@ class Trainer:
             "rollout/env_frac": s.env_s / max(s.rollout_s, 1e-9),
             "rollout/wait_frac": s.wait_s / max(s.rollout_s, 1e-9),
             "rollout/decode_rows": s.decode_rows, "rollout/groups": self._rollout_groups,
+            "rollout/gather_frac": s.gather_s / max(s.rollout_s, 1e-9),
             "time/rollout_s": s.rollout_s, "time/experience_s": t1 - t0, "time/train_s": t2 - t1,
             "time/dispatch_s": dispatch_s, "time/iteration_s": iteration_s,
             # tokens per device per second (EARL's TGS): generated tokens in the rollout, the batch's real
