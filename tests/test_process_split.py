@@ -79,8 +79,9 @@ def test_gathering_on_one_process_recomputes_the_same_statistics(tmp_path):
         assert getattr(got, k).dtype == getattr(traj, k).dtype, k
     assert got.winners == traj.winners and got.turn_context_lens == traj.turn_context_lens
     a, b = dataclasses.asdict(got.stats), dataclasses.asdict(traj.stats)
-    assert a.pop("rollout_s") >= b.pop("rollout_s")  # the gather's own time is added
-    assert a.pop("gather_s") > 0 and b.pop("gather_s") == 0
+    assert a.pop("rollout_s") >= b["rollout_s"]  # the gather's own time is added
+    assert a.pop("gather_s") >= a.pop("gather_wait_s") > 0 and b.pop("gather_s") == b.pop("gather_wait_s") == 0
+    assert a.pop("process_rollout_s") == pytest.approx((b.pop("rollout_s"),), abs=1e-6) and not b.pop("process_rollout_s")
     for k in a:
         if isinstance(b[k], float):
             assert a[k] == pytest.approx(b[k], rel=1e-9, abs=1e-6), k

@@ -489,6 +489,9 @@ class Trainer:
             "rollout/wait_frac": s.wait_s / max(s.rollout_s, 1e-9),
             "rollout/decode_rows": s.decode_rows, "rollout/groups": self._rollout_groups,
             "rollout/gather_frac": s.gather_s / max(s.rollout_s, 1e-9),
+            **({"rollout/gather_wait_frac": s.gather_wait_s / max(s.rollout_s, 1e-9),
+                "rollout/process_min_s": min(s.process_rollout_s), "rollout/process_max_s": max(s.process_rollout_s)}
+               if s.process_rollout_s else {}),
             "time/rollout_s": s.rollout_s, "time/experience_s": t1 - t0, "time/train_s": t2 - t1,
             "time/dispatch_s": dispatch_s, "time/iteration_s": iteration_s,
             # tokens per device per second (EARL's TGS): generated tokens in the rollout, the batch's real

@@ -108,7 +108,11 @@ class RolloutStats:
     observation_tokens: int  # widest later extend (a turn's observation); 0 if none
     blunder_rate: float | None = None  # share of judged moves that gave an outcome away (env's blunder_penalty)
     judged: int = 0  # moves the env judged for blunders
-    gather_s: float = 0.0  # a rollout split by process: the all-gather of the trajectories (rollout/process_split.py)
+    # a rollout split by process (rollout/process_split.py): the gather of the trajectories, the part of it spent
+    # waiting for the slowest process, and each process's own time for its games
+    gather_s: float = 0.0
+    gather_wait_s: float = 0.0
+    process_rollout_s: tuple[float, ...] = ()
 
 
 @dataclasses.dataclass

@@ -112,10 +112,11 @@ def _round_up(x: int, k: int) -> int:
 def gather_trajectories(local: Trajectories) -> Trajectories:
     """Every process's trajectories, concatenated in process order, on every process (a collective).
 
-    Outcomes, lengths and token counts are recomputed from the whole batch; `rollout_s` is the slowest
-    process's time plus the gather's (`gather_s`), `env_s` and `wait_s` are the processes' means (so their fractions of
-    `rollout_s` stay comparable with one process), `decode_rows` and the blunder counts are sums, the
-    prompt / observation widths maxima."""
+    Outcomes, lengths and token counts are recomputed from the whole batch. `rollout_s` is this process's wall
+    time: its own games, then the gather (`gather_s`), which waits for the slowest process (`gather_wait_s`)
+    and moves the data; `process_rollout_s` holds every process's own time. `env_s` and `wait_s` are the
+    processes' means (their fractions of `rollout_s` stay comparable with one process), `decode_rows` and the
+    blunder counts are sums, the prompt / observation widths maxima."""
     from jax.experimental import multihost_utils
 
     t0 = time.perf_counter()
@@ -126,6 +127,7 @@ def gather_trajectories(local: Trajectories) -> Trajectories:
     micro = [round(getattr(s, k) * 1e6) for k in _TIMES]  # int32 microseconds: up to ~35 minutes
     rows = gather_ints(local.tokens.shape[1], turns, s.decode_rows, s.prompt_tokens, s.first_cache_len,
                        s.observation_tokens, judged, blunders, *micro)
+    t_synced = time.perf_counter()  # every process has finished its games
     # shapes rounded up: process_allgather compiles a program per shape (a new width every iteration cost ~1 s on
     # 4 H100s), and the experience stage pads the batch anyway
     width, turns = _round_up(max(r[0] for r in rows), 128), _round_up(max(r[1] for r in rows), 8)
@@ -154,7 +156,8 @@ def gather_trajectories(local: Trajectories) -> Trajectories:
         turns_mean=float(got["num_turns"].mean()), truncated_rate=float(got["truncated"].mean()),
         generated_tokens=int(got["loss_mask"].sum()), tokens=int(got["lengths"].sum()),
         env_s=float(times[:, 0].mean()), wait_s=float(times[:, 1].mean()),
-        rollout_s=float(times[:, 2].max()) + time.perf_counter() - t0, gather_s=time.perf_counter() - t0,
+        rollout_s=s.rollout_s + time.perf_counter() - t0, gather_s=time.perf_counter() - t0,
+        gather_wait_s=t_synced - t0, process_rollout_s=tuple(times[:, 2].tolist()),
         decode_rows=sum(r[2] for r in rows), prompt_tokens=max(r[3] for r in rows),
         first_cache_len=max(r[4] for r in rows), observation_tokens=max(r[5] for r in rows),
         blunder_rate=total_blunders / total_judged if total_judged else None, judged=total_judged)
