@@ -48,8 +48,10 @@ CASES["gpu"]["gpu2048_device_groups"] = CASES["gpu"]["gpu2048"] + ["--rollout-de
 CASES["gpu"]["gpu512_groups2"] = CASES["gpu"]["gpu512"] + ["--rollout-groups", "2"]
 # ... and on four GPUs as four processes of one job (launch/local.py, one GPU each): the rollout split by process
 # (each plays its 512 games: rollout/process_split.py), or one SPMD rollout in which every process steps all 2048.
-CASES["gpu"]["gpu2048_4proc"] = CASES["gpu"]["gpu2048"]
-CASES["gpu"]["gpu2048_4proc_nosplit"] = CASES["gpu"]["gpu2048"] + ["--rollout-split-processes", "false"]
+# 14 iterations: each process compiles the decode programs of its own games' shapes, some iterations later than others
+FOUR_PROC = CASES["gpu"]["gpu2048"][:-4] + ["--steps", "14", "--prompt-style", "compact"]
+CASES["gpu"]["gpu2048_4proc"] = FOUR_PROC
+CASES["gpu"]["gpu2048_4proc_nosplit"] = FOUR_PROC + ["--rollout-split-processes", "false"]
 LAUNCH = {name: ["-n", "4", "--devices-per-process", "1"] for name in ("gpu2048_4proc", "gpu2048_4proc_nosplit")}
 CURRENT_ONLY_CASES = {"gpu2048_device_groups", "gpu512_groups2", *LAUNCH}
 TIMES = ("time/rollout_s", "time/experience_s", "time/train_s", "time/dispatch_s")

@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from earl_jax.distributed import global_to_host, host_to_global
+from earl_jax.distributed import gather_ints, global_to_host, host_to_global
 from earl_jax.envs import EnvConfig
 from earl_jax.envs.vector import ObservationCodec, make_vector_env
 from earl_jax.models.config import ModelConfig, get_config
@@ -489,9 +489,10 @@ class Trainer:
             "rollout/wait_frac": s.wait_s / max(s.rollout_s, 1e-9),
             "rollout/decode_rows": s.decode_rows, "rollout/groups": self._rollout_groups,
             "rollout/gather_frac": s.gather_s / max(s.rollout_s, 1e-9),
-            **({"rollout/gather_wait_frac": s.gather_wait_s / max(s.rollout_s, 1e-9),
-                "rollout/process_min_s": min(s.process_rollout_s), "rollout/process_max_s": max(s.process_rollout_s)}
-               if s.process_rollout_s else {}),
+            "rollout/gather_wait_frac": s.gather_wait_s / max(s.rollout_s, 1e-9),
+            # each process's own games (a rollout split by process; one process: the rollout itself)
+            "rollout/process_min_s": min(s.process_rollout_s or (s.rollout_s,)),
+            "rollout/process_max_s": max(s.process_rollout_s or (s.rollout_s,)),
             "time/rollout_s": s.rollout_s, "time/experience_s": t1 - t0, "time/train_s": t2 - t1,
             "time/dispatch_s": dispatch_s, "time/iteration_s": iteration_s,
             # tokens per device per second (EARL's TGS): generated tokens in the rollout, the batch's real
@@ -507,10 +508,18 @@ class Trainer:
             "train/filtered_frac": float(exp_metrics.get("filtered_frac", 0.0)),
             "train/no_signal_iters": self._no_signal,
             "dispatch/bytes": sum(h.bytes for h in self.dispatcher.history[n_dispatch:]),
-            "compile/programs": len(self.planner.programs) + sum(sp.compile_count for sp in self._samplers.values()),
+            "compile/programs": len(self.planner.programs) + self._decode_programs(),
             **self.planner.ran_log_dict(), **_device_memory(), **self.matchmaker.metrics(),
             **self._league_metrics(traj, league),
         }
+
+    def _decode_programs(self) -> int:
+        """Decode programs compiled so far; with the rollout split by process, the most any process compiled (each
+        compiles for its own games' shapes, so one still compiling would be hidden behind the logging process)."""
+        count = sum(sp.compile_count for sp in self._samplers.values())
+        if self.cfg.rollout_split_processes and jax.process_count() > 1:
+            count = max(c for (c,) in gather_ints(count))
+        return count
 
     def _league_metrics(self, traj: Trajectories, league) -> dict[str, Any]:
         """Outcomes of the games against the frozen snapshot and against the scripted opponent, apart."""
