@@ -50,7 +50,7 @@ CASES["gpu"]["gpu512_groups2"] = CASES["gpu"]["gpu512"] + ["--rollout-groups", "
 # (each plays its 512 games: rollout/process_split.py), or one SPMD rollout in which every process steps all 2048.
 # 14 iterations: each process compiles the decode programs of its own games' shapes, some iterations later than others
 FOUR_PROC = CASES["gpu"]["gpu2048"][:-4] + ["--steps", "14", "--prompt-style", "compact"]
-CASES["gpu"]["gpu2048_4proc"] = FOUR_PROC
+CASES["gpu"]["gpu2048_4proc"] = FOUR_PROC + ["--rollout-split-processes", "true"]
 CASES["gpu"]["gpu2048_4proc_nosplit"] = FOUR_PROC + ["--rollout-split-processes", "false"]
 LAUNCH = {name: ["-n", "4", "--devices-per-process", "1"] for name in ("gpu2048_4proc", "gpu2048_4proc_nosplit")}
 CURRENT_ONLY_CASES = {"gpu2048_device_groups", "gpu512_groups2", *LAUNCH}
@@ -174,6 +174,31 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def collect(folders: list[Path]) -> dict:
+    """One result from the JSONs of several jobs of one device call (run_agent_loop_gpu4.sh runs each job into its
+    own folder, side by side on the GPUs)."""
+    parts = [json.loads(f.read_text()) for d in folders for f in sorted(Path(d).glob("bench_agent_loop_*.json"))]
+    if not parts:
+        raise SystemExit(f"no bench_agent_loop_*.json in {', '.join(map(str, folders))}")
+    result = {k: v for k, v in parts[0].items() if k not in ("cases", "pgx")}
+    result["cases"], result["pgx"] = {}, {}
+    for part in parts:
+        for name, runs in part["cases"].items():
+            result["cases"].setdefault(name, {}).update(runs)
+        result["pgx"].update(part.get("pgx", {}))
+    _speedups(result)
+    return result
+
+
+def _speedups(result: dict) -> None:
+    for c in result["cases"].values():
+        b, cur = c.get("baseline", {}), c.get("current", {})
+        if "rollout_s" in b and "rollout_s" in cur:
+            c["speedup"] = {"rollout": b["rollout_s"] / cur["rollout_s"], "iteration": b["iteration_s"] / cur["iteration_s"],
+                            "experience": b["experience_s"] / cur["experience_s"], "train": b["train_s"] / cur["train_s"]}
+            print("speedup", c["speedup"])
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = p.add_mutually_exclusive_group(required=True)
@@ -183,8 +208,12 @@ def main(argv=None) -> dict:
     p.add_argument("--codes", default="baseline,current")
     p.add_argument("--timeout", type=float, default=400.0, help="seconds per job")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--collect", type=Path, nargs="+", default=None,
+                   help="run nothing: merge the results in these folders (jobs of one device call) into one")
     p.add_argument("extra", nargs="*", help="more connect4.py flags for every job (after --)")
     args = p.parse_args(argv)
+    if args.collect:
+        return _write(collect(args.collect), args.out)
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # this process (pgx) must leave the jobs their memory
     setting = "gpu" if args.gpu else "cpu"
     cases = {k: v + args.extra for k, v in CASES[setting].items() if args.cases is None or k in args.cases.split(",")}
@@ -211,18 +240,16 @@ def main(argv=None) -> dict:
         print(name, "pgx", result["pgx"][name], flush=True)
     import jax
 
+    result["device"] = jax.devices()[0].device_kind
+    _speedups(result)
+    return _write(result, args.out)
+
+
+def _write(result: dict, out: Path) -> dict:
     from earl_jax.parallel.profile import device_slug
 
-    kind = jax.devices()[0].device_kind
-    result["device"] = kind
-    for c in result["cases"].values():
-        b, cur = c.get("baseline", {}), c.get("current", {})
-        if "rollout_s" in b and "rollout_s" in cur:
-            c["speedup"] = {"rollout": b["rollout_s"] / cur["rollout_s"], "iteration": b["iteration_s"] / cur["iteration_s"],
-                            "experience": b["experience_s"] / cur["experience_s"], "train": b["train_s"] / cur["train_s"]}
-            print("speedup", c["speedup"])
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"bench_agent_loop_{device_slug(kind)}.json"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"bench_agent_loop_{device_slug(result['device'])}.json"
     path.write_text(json.dumps(result, indent=1))
     plot(result, path.with_suffix(".png"))
     print(f"wrote {path}")

@@ -169,6 +169,7 @@ def _restore_numpy(run_dir: Path) -> tuple[int, list[np.ndarray]]:
 # reshard weights (train d2f2t2 -> rollout d4f1t2) across the two processes.
 CONNECT4 = ["--groups", "4", "--group-size", "2", "--eval-games", "8", "--steps", "2",
             "--kl-coef", "0.01", "--filter-constant-groups", "false", "--rollout-thresholds", "0:d4f1t2",
+            "--rollout-split-processes", "true",
             "--experience-thresholds", "0:d8f1t1", "--train-thresholds", "0:d2f2t2", "--progress", "false",
             "--wandb-mode", "disabled"]
 EXACT_PREFIXES = ("episode/", "eval/", "rollout/context", "rollout/tokens", "rollout/generated", "parallel/",

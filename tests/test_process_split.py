@@ -25,7 +25,7 @@ from earl_jax.sharding.mesh import MeshShape
 M = MeshShape.parse
 CFG = RLConfig(groups=4, group_size=2, steps=1, eval_every=0, format_warmup_steps=0, devices=2, max_turns=3,
                max_context=128, progress=False, wandb_mode="disabled", selector_mode="static", kl_coef=0.0,
-               constrain_moves=False, max_turn_tokens=3)
+               constrain_moves=False, max_turn_tokens=3, rollout_split_processes=True)
 COLS = ("tokens", "loss_mask", "logprobs", "choices", "rewards")
 ROWS = ("lengths", "returns", "num_turns", "truncated", "group_ids", "invalid")
 

@@ -67,11 +67,13 @@ class RLConfig:
                                             "device decodes its share of the games as its own group, from its own "
                                             "thread (earl_jax/rollout/device_groups.py); off by default: on 4 H100s, "
                                             "tiny model, 2048 games it was slower than one SPMD decode (0.60 vs 0.48 s)")
-    rollout_split_processes: bool = _f(True, "in a multi-process job whose rollout mesh holds a whole model replica "
-                                             "per process, each process plays only its share of the games (its host "
-                                             "work is not repeated elsewhere), then the trajectories are all-gathered "
-                                             "(earl_jax/rollout/process_split.py); false: one SPMD rollout in which "
-                                             "every process steps every game")
+    rollout_split_processes: bool = _f(False, "in a multi-process job whose rollout mesh holds a whole model replica "
+                                              "per process, each process plays only its share of the games (its host "
+                                              "work is not repeated elsewhere), then the trajectories are all-gathered "
+                                              "(earl_jax/rollout/process_split.py). Off by default: 4 processes on 4 "
+                                              "H100s, 2048 games, tiny model, rolled out slower split than not (median "
+                                              "0.67-1.24 s against 0.52 s), stalled by iterations where one process "
+                                              "ran far longer than the others")
     compact_finished: bool = _f(True, "finished games leave the decode batch (gathered into a smaller batch bucket)")
     max_context: int = _f(2048, "max tokens per episode (then truncated, recorded)")
     rollout_cache_growth: float = _f(0.0, "KV cache sizes as a game grows: 0 = the default buckets (x1.33-1.5 steps, "
