@@ -123,7 +123,7 @@ def test_league_keeps_at_most_k_snapshots_on_a_schedule_and_samples_them_all():
     assert empty.maybe_add(7, params)  # an empty league (a resumed run) takes a snapshot at once
 
 
-@pytest.mark.parametrize("constrain", [True])  # free-text frozen players: test_model_opponent.py (suite time)
+@pytest.mark.parametrize("constrain", [False, True])
 def test_league_iterations_play_frozen_snapshots_that_do_not_train(tmp_path, constrain):
     """With constrained moves the frozen snapshot draws among its legal moves too: it never needs the fallback."""
     cfg = dataclasses.replace(SMALL, steps=3, eval_every=0, checkpoint_every=0, league_size=2, league_every=1,
