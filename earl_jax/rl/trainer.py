@@ -53,10 +53,10 @@ from earl_jax.rl.stages import ExperienceBatch, advantage_step, make_optimizer, 
 from earl_jax.rl.warmup import random_legal_games
 from earl_jax.rollout.agent_loop import RolloutConfig, Trajectories, play_games
 from earl_jax.rollout.device_groups import device_meshes, device_view
-from earl_jax.rollout.process_split import RowView, gather_trajectories, process_block
 from earl_jax.rollout.frozen_opponent import FrozenPolicyOpponent
 from earl_jax.rollout.moves import MoveTokens
 from earl_jax.rollout.policy import SamplerPolicy
+from earl_jax.rollout.process_split import RowView, gather_trajectories, process_block
 from earl_jax.rollout.sampler import (DEFAULT_CACHE_BUCKETS, Sampler, SamplingConfig, cast_weights,
                                       geometric_cache_buckets)
 
