@@ -16,7 +16,7 @@ play, up to the decode programs' numerics on the smaller mesh (the same on CPU: 
 compares them exactly).
 
 Measured (4 x H100, one process per GPU, tiny model, 2048 games; experiments/results/NOTES.md calls 30-33): a
-process's own 512 games take ~0.17 s, but in most iterations one process ran far longer (up to 1.6 s) and the
+process's own 512 games take ~0.17 s, but in half of the iterations one process ran 0.6-1.6 s and the
 others waited in the gather, for a reason the compile counts do not show; the split rollout's median was 0.67 s
 against 0.52 s unsplit and 0.40 s on one GPU. So it is off by default (`--rollout-split-processes`).
 
