@@ -93,11 +93,13 @@ def run_case(code: str, flags: list[str], timeout: float, env: dict, launch: lis
             "env_frac": med("rollout/env_frac"), "wait_frac": med("rollout/wait_frac"),
             "gather_frac": med("rollout/gather_frac"), "gather_wait_frac": med("rollout/gather_wait_frac"),
             "process_min_s": med("rollout/process_min_s"), "process_max_s": med("rollout/process_max_s"),
+            "gc_pause_s": med("time/gc_pause_s"), "gc_s": med("time/gc_s"),
             "groups": med("rollout/groups") or 1,
             "generated_tokens": med("rollout/generated_tokens"),
             "tokens": med("rollout/tokens"), "turns_mean": med("episode/turns_mean")}
-    out_["rollouts"] = [[r["step"], round(r["time/rollout_s"], 4), round(r.get("rollout/process_max_s", 0.0), 4)]
-                        for r in recs]  # step, rollout, slowest process's own games (split rollouts)
+    out_["rollouts"] = [[r["step"], round(r["time/rollout_s"], 4), round(r.get("rollout/process_max_s", 0.0), 4),
+                         round(r.get("time/gc_pause_s", 0.0), 4)]
+                        for r in recs]  # step, rollout, slowest process's own games (split), longest GC pause
     out_["iteration_s"] = out_["rollout_s"] + out_["experience_s"] + out_["train_s"]
     out_["games_per_s"] = games / out_["rollout_s"]
     out_["generated_tok_per_s"] = out_["generated_tokens"] / out_["rollout_s"]

@@ -6,7 +6,7 @@
 #     job, one GPU each, with the rollout split by process (gpu2048_4proc) and not (gpu2048_4proc_nosplit), then one
 #     process over the four GPUs (gpu2048, one SPMD decode). Calls 26-27 ran device groups and one SPMD decode.
 # Carry .whl_env (open_spiel, gymnasium, pgx wheels for the image's Python), .baseline and .earl_cc (compile cache);
-# JOBS= picks the one-GPU jobs.
+# JOBS= picks the one-GPU jobs; EXTRA= adds connect4.py flags to the four-GPU cases.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --find-links .whl_env --no-deps --no-compile --no-cache-dir --target /tmp/site \
@@ -27,7 +27,7 @@ wait
 FOUR=${FOUR-"gpu2048_4proc:170 gpu2048_4proc_nosplit:150 gpu2048:130"}
 for c in $FOUR; do
   timeout $((${c#*:} + 10)) $B --cases ${c%:*} --codes current --timeout ${c#*:} --out "$OUT/four_${c%:*}" \
-    > "$OUT/four_${c%:*}.log" 2>&1
+    ${EXTRA:+-- $EXTRA} > "$OUT/four_${c%:*}.log" 2>&1
   grep -hE "^gpu|Error" "$OUT/four_${c%:*}.log" | cut -c1-600
 done
 # only 8 files come back from a device call: every log and JSON in one archive (and the compile cache with CACHE_BACK=1)

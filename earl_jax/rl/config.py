@@ -20,6 +20,9 @@ class RLConfig:
     run_dir: str = _f("runs/connect4", "folder for config, metrics, checkpoints and plots")
     resume: bool = _f(False, "continue from the newest checkpoint in --run-dir")
     max_minutes: float = _f(0.0, "stop after this many minutes of wall time (0: no limit); a checkpoint is written")
+    gc_every: int = _f(0, "Python garbage collection: 0 = automatic; N > 0 = automatic collection off, objects alive "
+                          "after start-up frozen, a full collection every N iterations on every process at once "
+                          "(earl_jax/rl/gc_control.py: one process's pause stalls the others in a multi-process job)")
     compile_cache: str = _f("", "persistent JAX compilation cache folder (\"\" = default under the user's cache dir, "
                                 "$XDG_CACHE_HOME/earl_jax/jax_compile; \"off\" to disable; $EARL_COMPILE_CACHE if unset)")
     # --- model
@@ -170,7 +173,7 @@ class RLConfig:
             need(getattr(self, name) > 0, name, "must be positive")
         for name in ("warmup_steps", "format_warmup_steps", "eval_every", "checkpoint_every", "invalid_retries",
                      "rollout_groups", "top_k", "max_minutes", "kl_coef", "entropy_coef", "weight_decay",
-                     "keep_checkpoints", "format_warmup_games"):
+                     "keep_checkpoints", "format_warmup_games", "gc_every"):
             need(getattr(self, name) >= 0, name, "must be >= 0")
         need(self.temperature > 0, "temperature", "must be > 0")
         need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")

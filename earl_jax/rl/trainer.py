@@ -17,6 +17,7 @@ same parameters as one that never stopped (bit-exact on CPU).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import math
@@ -44,6 +45,7 @@ from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.planner import StagePlanner, StageRun
 from earl_jax.rl.checkpoint import Checkpointer
 from earl_jax.rl.config import RLConfig
+from earl_jax.rl.gc_control import GcClock, manual_gc
 from earl_jax.rl.league import host_copy
 from earl_jax.rl.losses import LossConfig
 from earl_jax.rl.matchmaking import Matchmaker
@@ -133,6 +135,7 @@ class Trainer:
         self._no_signal = 0  # consecutive iterations without a gradient (see iteration())
         self._samplers: dict[Any, Sampler] = {}  # per rollout mesh (or device of one): each keeps its programs
         self._rollout_groups = 1  # the last rollout's decode groups (device groups x pipeline groups)
+        self._gc = GcClock()  # the collector's pauses, per iteration (time/gc_pause_s)
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
         self.rollout_cfg = RolloutConfig(cfg.max_turn_tokens, cfg.max_turns, cfg.max_context,
                                          compact=cfg.compact_finished, constrain_moves=cfg.constrain_moves)
@@ -508,18 +511,20 @@ class Trainer:
             "train/filtered_frac": float(exp_metrics.get("filtered_frac", 0.0)),
             "train/no_signal_iters": self._no_signal,
             "dispatch/bytes": sum(h.bytes for h in self.dispatcher.history[n_dispatch:]),
-            "compile/programs": len(self.planner.programs) + self._decode_programs(),
+            **self._peer_maxima(),
             **self.planner.ran_log_dict(), **_device_memory(), **self.matchmaker.metrics(),
             **self._league_metrics(traj, league),
         }
 
-    def _decode_programs(self) -> int:
-        """Decode programs compiled so far; with the rollout split by process, the most any process compiled (each
-        compiles for its own games' shapes, so one still compiling would be hidden behind the logging process)."""
-        count = sum(sp.compile_count for sp in self._samplers.values())
-        if self.cfg.rollout_split_processes and jax.process_count() > 1:
-            count = max(c for (c,) in gather_ints(count))
-        return count
+    def _peer_maxima(self) -> dict[str, Any]:
+        """Compiled programs and this iteration's collector pauses, the most of any process: each process of a split
+        rollout compiles for its own games' shapes, and pauses on its own (one slow process holds up the others)."""
+        decode = sum(sp.compile_count for sp in self._samplers.values())
+        paused_us = round(self._gc.take() * 1e6)
+        if jax.process_count() > 1:
+            rows = gather_ints(decode, paused_us)
+            decode, paused_us = max(r[0] for r in rows), max(r[1] for r in rows)
+        return {"compile/programs": len(self.planner.programs) + decode, "time/gc_pause_s": paused_us / 1e6}
 
     def _league_metrics(self, traj: Trajectories, league) -> dict[str, Any]:
         """Outcomes of the games against the frozen snapshot and against the scripted opponent, apart."""
@@ -543,7 +548,8 @@ class Trainer:
         history = []
         last_eval: dict[str, float] = {}
         # a live bar in a terminal; elsewhere (logs, CI) one plain line per phase and iteration instead
-        with Progress(cfg.steps, enabled=cfg.progress and self.is_main and sys.stderr.isatty()) as bar:
+        with Progress(cfg.steps, enabled=cfg.progress and self.is_main and sys.stderr.isatty()) as bar, \
+                self._gc, manual_gc(cfg.gc_every):
             warmup = self.step == 0 and cfg.format_warmup_steps > 0
             if warmup and cfg.constrain_moves:
                 log.info("format warm-up skipped: constrained moves (--constrain-moves) have no answer format to learn")
@@ -564,6 +570,10 @@ class Trainer:
                     return history
                 bar.status(f"iteration {self.step + 1}")
                 record = self.iteration()
+                t_gc = time.perf_counter()
+                if cfg.gc_every and self.step % cfg.gc_every == 0:  # every process at the same iteration
+                    gc.collect()
+                record["time/gc_s"] = time.perf_counter() - t_gc  # the scheduled collection (--gc-every)
                 if not history:  # what a user waits for: the command to the first finished iteration
                     age = process_age_s()
                     record["time/command_to_first_iteration_s"] = age

@@ -1,0 +1,65 @@
+"""Python's garbage collector in the training loop: its pauses timed, and optionally taken at fixed iterations.
+
+A full (generation-2) collection walks every live Python object, and a process holding JAX's caches, compiled
+programs and a vector env holds many. Python starts one whenever enough objects were allocated since the last,
+so in a multi-process job each process pauses at its own moments, and a pause in one stalls the others at
+the next collective (a rollout split by process waits for its slowest process in the gather). `--gc-every N`
+does what Megatron-LM's `--manual-gc` does: the objects alive after start-up are frozen (never scanned again),
+automatic collection is off, and every process collects at the same iterations, every N.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from typing import Iterator
+
+__all__ = ["GcClock", "manual_gc"]
+
+
+class GcClock:
+    """Seconds the collector paused this process since the last `take()` (gc.callbacks; any generation)."""
+
+    def __init__(self):
+        self._paused = 0.0
+        self._since: float | None = None
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._since = time.perf_counter()
+        elif self._since is not None:
+            self._paused += time.perf_counter() - self._since
+            self._since = None
+
+    def __enter__(self) -> "GcClock":
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def take(self) -> float:
+        paused, self._paused = self._paused, 0.0
+        return paused
+
+
+@contextlib.contextmanager
+def manual_gc(every: int) -> Iterator[None]:
+    """With every > 0: objects alive now are frozen and automatic collection is off (the caller collects every
+    `every` iterations); the collector's state is restored on exit. every == 0: Python's automatic collection."""
+    if every < 0:
+        raise ValueError(f"--gc-every must be >= 0 (0: automatic collection), got {every}")
+    if not every:
+        yield
+        return
+    was_enabled = gc.isenabled()
+    gc.collect()  # start-up's garbage, so that only live objects are frozen
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()
