@@ -4,8 +4,12 @@ A full (generation-2) collection walks every live Python object, and a process h
 programs and a vector env holds many. Python starts one whenever enough objects were allocated since the last,
 so in a multi-process job each process pauses at its own moments, and a pause in one stalls the others at
 the next collective (a rollout split by process waits for its slowest process in the gather). `--gc-every N`
-does what Megatron-LM's `--manual-gc` does: the objects alive after start-up are frozen (never scanned again),
-automatic collection is off, and every process collects at the same iterations, every N.
+does what Megatron-LM's `--manual-gc` does: automatic collection is off and every process collects at the same
+iterations, every N; the objects that survive a collection are then frozen (never scanned again), so the next
+one walks only what the last N iterations made. Measured on 4 H100s (one process per GPU, tiny model, 2048
+games): a full collection took 0.29-0.37 s per process when only start-up's objects were frozen; automatic
+collections on the 2-core CPU paused a run 0.26-0.40 s in some iterations (`time/gc_pause_s`). Frozen objects
+that later become cyclic garbage are not freed (objects freed by their reference count still are).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import gc
 import time
 from typing import Iterator
 
-__all__ = ["GcClock", "manual_gc"]
+__all__ = ["GcClock", "collect_and_freeze", "manual_gc"]
 
 
 class GcClock:
@@ -54,8 +58,7 @@ def manual_gc(every: int) -> Iterator[None]:
         yield
         return
     was_enabled = gc.isenabled()
-    gc.collect()  # start-up's garbage, so that only live objects are frozen
-    gc.freeze()
+    collect_and_freeze()
     gc.disable()
     try:
         yield
@@ -63,3 +66,9 @@ def manual_gc(every: int) -> Iterator[None]:
         gc.unfreeze()
         if was_enabled:
             gc.enable()
+
+
+def collect_and_freeze() -> None:
+    """A full collection, then the survivors frozen: the next collection walks only newer objects."""
+    gc.collect()
+    gc.freeze()

@@ -45,7 +45,7 @@ from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.planner import StagePlanner, StageRun
 from earl_jax.rl.checkpoint import Checkpointer
 from earl_jax.rl.config import RLConfig
-from earl_jax.rl.gc_control import GcClock, manual_gc
+from earl_jax.rl.gc_control import GcClock, collect_and_freeze, manual_gc
 from earl_jax.rl.league import host_copy
 from earl_jax.rl.losses import LossConfig
 from earl_jax.rl.matchmaking import Matchmaker
@@ -572,7 +572,8 @@ class Trainer:
                 record = self.iteration()
                 t_gc = time.perf_counter()
                 if cfg.gc_every and self.step % cfg.gc_every == 0:  # every process at the same iteration
-                    gc.collect()
+                    collect_and_freeze()
+                    self._gc.take()  # a scheduled pause, not one of the next iteration's
                 record["time/gc_s"] = time.perf_counter() - t_gc  # the scheduled collection (--gc-every)
                 if not history:  # what a user waits for: the command to the first finished iteration
                     age = process_age_s()
