@@ -17,8 +17,9 @@ compares them exactly).
 
 Measured (4 x H100, one process per GPU, tiny model, 2048 games; experiments/results/NOTES.md calls 30-33): a
 process's own 512 games take ~0.17 s, but in half of the iterations one process ran 0.6-1.6 s and the
-others waited in the gather, for a reason the compile counts do not show; the split rollout's median was 0.67 s
-against 0.52 s unsplit and 0.40 s on one GPU. So it is off by default (`--rollout-split-processes`).
+others waited in the gather, for a reason the compile counts do not show (a likely one: each process's own
+garbage collections, ~0.3 s each there; see rl/gc_control.py and `--gc-every`); the split rollout's median was
+0.67 s against 0.52 s unsplit and 0.40 s on one GPU. So it is off by default (`--rollout-split-processes`).
 
 Not split (the SPMD rollout, with host work repeated): a data axis within one process, weights sharded
 over the data axis, a batch that does not divide into processes, and league games (the frozen snapshot's
