@@ -52,7 +52,10 @@ CASES["gpu"]["gpu512_groups2"] = CASES["gpu"]["gpu512"] + ["--rollout-groups", "
 FOUR_PROC = CASES["gpu"]["gpu2048"][:-4] + ["--steps", "14", "--prompt-style", "compact"]
 CASES["gpu"]["gpu2048_4proc"] = FOUR_PROC + ["--rollout-split-processes", "true"]
 CASES["gpu"]["gpu2048_4proc_nosplit"] = FOUR_PROC + ["--rollout-split-processes", "false"]
-LAUNCH = {name: ["-n", "4", "--devices-per-process", "1"] for name in ("gpu2048_4proc", "gpu2048_4proc_nosplit")}
+# ... and split with the collector run on a schedule (earl_jax/rl/gc_control.py): do the stragglers go away?
+CASES["gpu"]["gpu2048_4proc_gc"] = CASES["gpu"]["gpu2048_4proc"] + ["--gc-every", "1"]
+LAUNCH = {name: ["-n", "4", "--devices-per-process", "1"]
+          for name in ("gpu2048_4proc", "gpu2048_4proc_nosplit", "gpu2048_4proc_gc")}
 CURRENT_ONLY_CASES = {"gpu2048_device_groups", "gpu512_groups2", *LAUNCH}
 TIMES = ("time/rollout_s", "time/experience_s", "time/train_s", "time/dispatch_s")
 
