@@ -92,3 +92,20 @@ def test_fig1_small_runs_static_and_selector(tmp_path):
     assert (tmp_path / "fig1_context_growth_cpu.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="exists"):  # results are never overwritten
         fig1.main(["--small", "--out", str(tmp_path)])
+
+
+def test_agent_loop_bench_collects_one_calls_jobs_and_steady_iterations(tmp_path):
+    bench = _load("bench_agent_loop")
+    job = {"rollout_s": 2.0, "experience_s": 0.5, "train_s": 0.5, "iteration_s": 3.0}
+    for name, code, scale in (("a", "baseline", 1.0), ("b", "current", 0.25)):
+        (tmp_path / name).mkdir()
+        part = {"what": "x", "device": "NVIDIA H100 80GB HBM3", "pgx": {"gpu512": {"games": 512}} if name == "a" else {},
+                "cases": {"gpu512": {code: {k: v * scale for k, v in job.items()}}}}
+        (tmp_path / name / "bench_agent_loop_nvidia_h100.json").write_text(json.dumps(part))
+    merged = bench.collect([tmp_path / "a", tmp_path / "b"])
+    assert set(merged["cases"]["gpu512"]) == {"baseline", "current", "speedup"} and merged["pgx"] == {"gpu512": {"games": 512}}
+    assert merged["cases"]["gpu512"]["speedup"]["rollout"] == pytest.approx(4.0)
+    with pytest.raises(SystemExit, match="no bench_agent_loop"):
+        bench.collect([tmp_path / "empty"])
+    # the four-process cases launch through launch/local.py, only with this checkout's code
+    assert {"gpu2048_4proc", "gpu2048_4proc_gc"} <= set(bench.LAUNCH) <= bench.CURRENT_ONLY_CASES
