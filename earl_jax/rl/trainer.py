@@ -80,6 +80,19 @@ def _pad_cols(x: np.ndarray, width: int) -> np.ndarray:
     return np.pad(x, ((0, 0), (0, width - x.shape[1])))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Placement:
+    """Where a rollout decodes (Trainer._placement): the mesh, the games this process plays, (sampler, weights)
+    per decode group, the smallest decode batch, and whether the games are split by process / per device."""
+
+    mesh: Mesh
+    games: slice
+    samplers: list[tuple[Sampler, Any]]
+    min_batch: int
+    split: bool
+    device_groups: bool = False
+
+
 class Trainer:
     def __init__(self, cfg: RLConfig, *, log: bool = True, env_factory: Callable[[EnvConfig], Any] | None = None):
         """`env_factory(env_config)` makes one game (default: an OpenSpiel text environment); tests and
@@ -218,52 +231,55 @@ class Trainer:
             params = self._params_for(run)
             jax.block_until_ready(params)
             dispatch_s = time.perf_counter() - t0
-            mesh, games, key, shards = run.mesh, slice(0, len(seeds)), run.layout.mesh, run.batch_shards
-            # each process plays its own games on its block of the mesh (rollout/process_split.py)
-            block = process_block(run.mesh, params, len(seeds)) \
-                if self.cfg.rollout_split_processes and league is None else None
-            if block is not None:
-                mesh, params, games = block.mesh, block.params, block.games
-                key = ("process", run.layout.mesh, tuple(d.id for d in mesh.devices.flat))
-                shards = math.prod(mesh.shape[a] for a in run.batch_axes)
-            n = games.stop - games.start
-            meshes = device_meshes(mesh, params, n) if self.cfg.rollout_device_groups else None
-            if meshes is None:  # one SPMD decode over the (process's) rollout mesh
-                samplers = [(self._sampler(key, mesh, run.rules), params)]
-            else:  # one group per device, decoding concurrently (rollout/device_groups.py)
-                samplers = [(self._sampler(("device", m.devices.flat[0].id), m, run.rules),
-                             device_view(params, m.devices.flat[0])) for m in meshes]
-            min_batch = shards if meshes is None else 1
-            per = self._pipeline_groups(n // len(samplers), min_batch)
+            at = self._placement(run, params, len(seeds), split=self.cfg.rollout_split_processes and league is None)
+            games, samplers, min_batch = at.games, at.samplers, at.min_batch
+            per = self._pipeline_groups((games.stop - games.start) // len(samplers), min_batch)
             # several groups decode from worker threads, so one group's decode loop does not hold the host
-            background = len(samplers) * per > 1 and not mesh.is_multi_process
+            background = len(samplers) * per > 1 and not at.mesh.is_multi_process
             policies = [SamplerPolicy(sampler, p, sampling, stops, turn_tokens, moves=self.moves, background=background)
                         for sampler, p in samplers for _ in range(per)]
             rollout_cfg = dataclasses.replace(self.rollout_cfg, max_turn_tokens=turn_tokens,
                                               pipeline_groups=len(policies), min_batch=min_batch)
-            self._rollout_groups = len(policies) * (1 if block is None else jax.process_count())
+            self._rollout_groups = len(policies) * (jax.process_count() if at.split else 1)
             if league is not None:
                 league_games, snap_step, snap = league
                 frozen_params = self._league_params(run, snap_step, snap)
-                if meshes is not None:  # the league's games decode on the first device
-                    frozen_params = device_view(frozen_params, meshes[0].devices.flat[0])
+                if at.device_groups:  # the league's games decode on the first device
+                    frozen_params = device_view(frozen_params, samplers[0][0].mesh.devices.flat[0])
                 frozen = SamplerPolicy(samplers[0][0], frozen_params, sampling, stops, turn_tokens, moves=self.moves)
                 env.assign(FrozenPolicyOpponent(frozen, self.codec, jax.random.fold_in(rng, 0x0990),
                                                 max_turn_tokens=turn_tokens, bos_id=self.ids.bos_id,
                                                 min_batch=min_batch), league_games)
             ids = np.asarray(np.arange(len(seeds)) if group_ids is None else group_ids)[games]
             try:
-                traj = play_games(policies, env if block is None else RowView(env, games), self.tokenizer,
+                traj = play_games(policies, RowView(env, games) if at.split else env, self.tokenizer,
                                   rollout_cfg, rng, list(seeds)[games], ids, bos_id=self.ids.bos_id, codec=self.codec,
                                   game_offset=games.start)
             finally:
                 if league is not None:
                     env.assign(None)
-            if block is not None:
+            if at.split:
                 traj = gather_trajectories(traj)
             return traj, dispatch_s
 
         return self.planner.run("rollout", rollout)
+
+    def _placement(self, run: StageRun, params: Any, n_games: int, split: bool) -> "_Placement":
+        """Where a rollout decodes: with `split`, this process's block of the mesh and share of the games when the
+        rollout can be split by process (rollout/process_split.py); then one SPMD decode over that mesh, or one
+        group per device (`--rollout-device-groups`, rollout/device_groups.py)."""
+        mesh, games, key, shards = run.mesh, slice(0, n_games), run.layout.mesh, run.batch_shards
+        block = process_block(run.mesh, params, n_games) if split else None
+        if block is not None:
+            mesh, params, games = block.mesh, block.params, block.games
+            key = ("process", run.layout.mesh, tuple(d.id for d in mesh.devices.flat))
+            shards = math.prod(mesh.shape[a] for a in run.batch_axes)
+        meshes = device_meshes(mesh, params, games.stop - games.start) if self.cfg.rollout_device_groups else None
+        if meshes is None:
+            return _Placement(mesh, games, [(self._sampler(key, mesh, run.rules), params)], shards, block is not None)
+        samplers = [(self._sampler(("device", m.devices.flat[0].id), m, run.rules), device_view(params, m.devices.flat[0]))
+                    for m in meshes]
+        return _Placement(mesh, games, samplers, 1, block is not None, device_groups=True)
 
     def _sampler(self, key: Any, mesh: Mesh, rules) -> Sampler:
         """The sampler of a rollout mesh (or of one device of it), kept with its compiled programs."""
