@@ -30,8 +30,5 @@ for c in $FOUR; do
     ${EXTRA:+-- $EXTRA} > "$OUT/four_${c%:*}.log" 2>&1
   grep -hE "^gpu|Error" "$OUT/four_${c%:*}.log" | cut -c1-600
 done
-# only 8 files come back from a device call: every log and JSON in one archive (and the compile cache with CACHE_BACK=1)
-[ "${CACHE_BACK:-0}" = 1 ] && tar czf /tmp/earl_cc.tgz -C /tmp earl_cc
+# only 8 files come back from a device call: every log and JSON in one archive
 (cd "$OUT" && tar czf /tmp/agent_loop_out.tgz --exclude='*.png' . && rm -rf ./* && mv /tmp/agent_loop_out.tgz .)
-[ -f /tmp/earl_cc.tgz ] && mv /tmp/earl_cc.tgz "$OUT/"
-true

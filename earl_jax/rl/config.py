@@ -20,8 +20,8 @@ class RLConfig:
     run_dir: str = _f("runs/connect4", "folder for config, metrics, checkpoints and plots")
     resume: bool = _f(False, "continue from the newest checkpoint in --run-dir")
     max_minutes: float = _f(0.0, "stop after this many minutes of wall time (0: no limit); a checkpoint is written")
-    gc_every: int = _f(0, "Python garbage collection: 0 = automatic; N > 0 = automatic collection off, objects alive "
-                          "after start-up frozen, a full collection every N iterations on every process at once "
+    gc_every: int = _f(0, "Python garbage collection: 0 = automatic; N > 0 = automatic collection off, a full "
+                          "collection every N iterations on every process at once, its survivors frozen "
                           "(earl_jax/rl/gc_control.py: one process's pause stalls the others in a multi-process job)")
     compile_cache: str = _f("", "persistent JAX compilation cache folder (\"\" = default under the user's cache dir, "
                                 "$XDG_CACHE_HOME/earl_jax/jax_compile; \"off\" to disable; $EARL_COMPILE_CACHE if unset)")

@@ -148,7 +148,7 @@ class Trainer:
         self._no_signal = 0  # consecutive iterations without a gradient (see iteration())
         self._samplers: dict[Any, Sampler] = {}  # per rollout mesh (or device of one): each keeps its programs
         self._rollout_groups = 1  # the last rollout's decode groups (device groups x pipeline groups)
-        self._gc = GcClock()  # the collector's pauses, per iteration (time/gc_pause_s)
+        self._gc = GcClock()  # the collector's pauses in an iteration (time/gc_pause_s), timed inside run()
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
         self.rollout_cfg = RolloutConfig(cfg.max_turn_tokens, cfg.max_turns, cfg.max_context,
                                          compact=cfg.compact_finished, constrain_moves=cfg.constrain_moves)
@@ -277,8 +277,8 @@ class Trainer:
         meshes = device_meshes(mesh, params, games.stop - games.start) if self.cfg.rollout_device_groups else None
         if meshes is None:
             return _Placement(mesh, games, [(self._sampler(key, mesh, run.rules), params)], shards, block is not None)
-        samplers = [(self._sampler(("device", m.devices.flat[0].id), m, run.rules), device_view(params, m.devices.flat[0]))
-                    for m in meshes]
+        devices = [m.devices.flat[0] for m in meshes]
+        samplers = [(self._sampler(("device", d.id), m, run.rules), device_view(params, d)) for m, d in zip(meshes, devices)]
         return _Placement(mesh, games, samplers, 1, block is not None, device_groups=True)
 
     def _sampler(self, key: Any, mesh: Mesh, rules) -> Sampler:
@@ -464,6 +464,7 @@ class Trainer:
         cfg = self.cfg
         self.planner.plan()  # the rollout's layout, from the last batch's statistics
         seeds, group_ids, rng = self.rollout_inputs()
+        self._gc.take()  # time/gc_pause_s counts this iteration's pauses only (not evaluation's, nor --gc-every's)
 
         n_dispatch = len(self.dispatcher.history)
         t_start = time.perf_counter()
@@ -589,7 +590,6 @@ class Trainer:
                 t_gc = time.perf_counter()
                 if cfg.gc_every and self.step % cfg.gc_every == 0:  # every process at the same iteration
                     collect_and_freeze()
-                    self._gc.take()  # a scheduled pause, not one of the next iteration's
                 record["time/gc_s"] = time.perf_counter() - t_gc  # the scheduled collection (--gc-every)
                 if not history:  # what a user waits for: the command to the first finished iteration
                     age = process_age_s()

@@ -192,11 +192,19 @@ class _Episodes:
         self.length[games] += counts
 
 
-def outcome_rates(winner: np.ndarray, invalid: np.ndarray) -> dict[str, float]:
-    """Win / loss / draw / invalid shares of games from their winner codes (an index into WINNERS) and invalid flags."""
+def episode_stats(winner: np.ndarray, invalid: np.ndarray, lengths: np.ndarray, turn_ctx: np.ndarray,
+                  turns: np.ndarray, truncated: np.ndarray, loss_mask: np.ndarray) -> dict[str, Any]:
+    """The `RolloutStats` fields read off a batch's arrays: outcomes (winner codes index WINNERS), lengths, turns
+    and token counts. `turn_ctx[i, t]`: the context when game i's turn t started, -1 past its last turn."""
     n = max(len(winner), 1)
+    ctx = turn_ctx[turn_ctx >= 0]
     return {"win_rate": float(np.sum(winner == 0)) / n, "loss_rate": float(np.sum(winner == 1)) / n,
-            "draw_rate": float(np.sum(winner == 2)) / n, "invalid_rate": float(np.mean(invalid)) if len(invalid) else 0.0}
+            "draw_rate": float(np.sum(winner == 2)) / n,
+            "invalid_rate": float(np.mean(invalid)) if len(invalid) else 0.0,
+            "context_len_mean": float(lengths.mean()), "context_len_max": int(lengths.max()),
+            "turn_context_len_mean": float(ctx.mean()) if len(ctx) else 0.0, "turns_mean": float(turns.mean()),
+            "truncated_rate": float(truncated.mean()), "generated_tokens": int(loss_mask.sum()),
+            "tokens": int(lengths.sum())}
 
 
 @dataclasses.dataclass
@@ -361,13 +369,9 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
     ep.truncated |= live  # still playing after max_turns
 
     t_len = int(ep.length.max())
-    ctx = ep.turn_ctx[ep.turn_ctx >= 0]
     stats = RolloutStats(
-        **outcome_rates(ep.winner, ep.invalid), context_len_mean=float(ep.length.mean()),
-        context_len_max=int(ep.length.max()), turn_context_len_mean=float(ctx.mean()) if len(ctx) else 0.0,
-        turns_mean=float(ep.turns.mean()), truncated_rate=float(ep.truncated.mean()),
-        generated_tokens=int(ep.mask.sum()), tokens=int(ep.length.sum()), env_s=env_s, wait_s=wait_s,
-        rollout_s=time.perf_counter() - t_start, decode_rows=decode_rows, prompt_tokens=prompt_tokens,
+        **episode_stats(ep.winner, ep.invalid, ep.length, ep.turn_ctx, ep.turns, ep.truncated, ep.mask),
+        env_s=env_s, wait_s=wait_s, rollout_s=time.perf_counter() - t_start, decode_rows=decode_rows, prompt_tokens=prompt_tokens,
         first_cache_len=first_cache_len, observation_tokens=observation_tokens,
         blunder_rate=ep.blunders / ep.judged if ep.judged else None, judged=ep.judged)
     rewards = ep.rewards[:, :t_len]

@@ -36,8 +36,8 @@ from jax.sharding import Mesh
 
 def device_meshes(mesh: Mesh, params: Any, games: int) -> list[Mesh] | None:
     """One single-device mesh (the same axis names) per device of `mesh`, when the rollout can run as device
-    groups: a mesh within one process (a process's block of a split rollout qualifies), several devices, every weight replicated on all of them, `games` divisible by the
-    device count. None otherwise (the SPMD rollout)."""
+    groups: a mesh within one process (a process's block of a split rollout qualifies), several devices, every
+    weight replicated on all of them, `games` divisible by the device count. None otherwise (the SPMD rollout)."""
     n = mesh.devices.size
     if n < 2 or mesh.is_multi_process or games % n:
         return None

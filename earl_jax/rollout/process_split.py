@@ -39,7 +39,7 @@ from jax.sharding import Mesh, NamedSharding
 from earl_jax.distributed import gather_ints
 from earl_jax.envs.openspiel_env import WINNERS
 from earl_jax.envs.vector import NO_WINNER
-from earl_jax.rollout.agent_loop import RolloutStats, Trajectories, outcome_rates
+from earl_jax.rollout.agent_loop import RolloutStats, Trajectories, episode_stats
 
 __all__ = ["ProcessBlock", "process_block", "RowView", "gather_trajectories"]
 
@@ -152,18 +152,15 @@ def gather_trajectories(local: Trajectories) -> Trajectories:
     sent = {k: v.astype(np.int8) if v.dtype == bool else v for k, v in parts.items()}
     got = {k: np.asarray(v).astype(dtypes[k]) for k, v in multihost_utils.process_allgather(sent, tiled=True).items()}
 
-    ctx_rows = [row[row >= 0].tolist() for row in got["turn_ctx"]]
-    flat = [c for row in ctx_rows for c in row]
     total_judged, total_blunders = sum(r[6] for r in rows), sum(r[7] for r in rows)
     times = np.array([r[8:] for r in rows], np.float64) / 1e6
+    gather_s = time.perf_counter() - t0
     stats = RolloutStats(
-        **outcome_rates(got["winner"], got["invalid"]), context_len_mean=float(got["lengths"].mean()),
-        context_len_max=int(got["lengths"].max()), turn_context_len_mean=float(np.mean(flat)) if flat else 0.0,
-        turns_mean=float(got["num_turns"].mean()), truncated_rate=float(got["truncated"].mean()),
-        generated_tokens=int(got["loss_mask"].sum()), tokens=int(got["lengths"].sum()),
+        **episode_stats(got["winner"], got["invalid"], got["lengths"], got["turn_ctx"], got["num_turns"],
+                        got["truncated"], got["loss_mask"]),
         env_s=float(times[:, 0].mean()), wait_s=float(times[:, 1].mean()),
-        rollout_s=s.rollout_s + time.perf_counter() - t0, gather_s=time.perf_counter() - t0,
-        gather_wait_s=t_synced - t0, process_rollout_s=tuple(times[:, 2].tolist()),
+        rollout_s=s.rollout_s + gather_s, gather_s=gather_s, gather_wait_s=t_synced - t0,
+        process_rollout_s=tuple(times[:, 2].tolist()),
         decode_rows=sum(r[2] for r in rows), prompt_tokens=max(r[3] for r in rows),
         first_cache_len=max(r[4] for r in rows), observation_tokens=max(r[5] for r in rows),
         blunder_rate=total_blunders / total_judged if total_judged else None, judged=total_judged)
@@ -171,4 +168,4 @@ def gather_trajectories(local: Trajectories) -> Trajectories:
     return Trajectories(
         **{k: got[k][:, :real] for k in _COLS}, **{k: got[k] for k in _ROWS},
         winners=[None if w == NO_WINNER else WINNERS[w] for w in got["winner"].tolist()],
-        turn_context_lens=ctx_rows, stats=stats)
+        turn_context_lens=[row[row >= 0].tolist() for row in got["turn_ctx"]], stats=stats)
