@@ -7,9 +7,8 @@ the next collective (a rollout split by process waits for its slowest process in
 does what Megatron-LM's `--manual-gc` does: automatic collection is off and every process collects at the same
 iterations, every N; the objects that survive a collection are then frozen (never scanned again), so the next
 one walks only what the last N iterations made. Measured on 4 H100s (one process per GPU, tiny model, 2048
-games): a full collection took 0.29-0.37 s per process when only start-up's objects were frozen; automatic
-collections on the 2-core CPU paused a run 0.26-0.40 s in some iterations (`time/gc_pause_s`). Frozen objects
-that later become cyclic garbage are not freed (objects freed by their reference count still are).
+games; experiments/results/bench_agent_loop_nvidia_h100x4.json, call 34): a full collection took 0.29-0.37 s
+per process when only start-up's objects were frozen. Frozen objects that later become cyclic garbage are not freed (objects freed by their reference count still are).
 """
 
 from __future__ import annotations
