@@ -78,6 +78,7 @@ def run_case(code: str, flags: list[str], timeout: float, env: dict, launch: lis
         wall = time.perf_counter() - t0
         path = Path(tmp) / "run" / "metrics.jsonl"
         recs = [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+    all_recs = recs
     settled = steady(recs)
     compiling = not settled  # every measured iteration still compiled: say so rather than drop the job
     recs = settled or [r for r in recs if r.get("step", 0) >= 3]
@@ -101,8 +102,12 @@ def run_case(code: str, flags: list[str], timeout: float, env: dict, launch: lis
             "generated_tokens": med("rollout/generated_tokens"),
             "tokens": med("rollout/tokens"), "turns_mean": med("episode/turns_mean")}
     out_["rollouts"] = [[r["step"], round(r["time/rollout_s"], 4), round(r.get("rollout/process_max_s", 0.0), 4),
-                         round(r.get("time/gc_pause_s", 0.0), 4)]
-                        for r in recs]  # step, rollout, slowest process's own games (split), longest GC pause
+                         round(r.get("time/gc_pause_s", 0.0), 4), round(r.get("time/compile_s", 0.0), 4)]
+                        for r in recs]  # step, rollout, slowest process's own games (split), longest GC pause, compiles
+    # every iteration from the third on, compiled or not: [step, rollout, slowest process, XLA compile s, programs traced]
+    out_["all_iterations"] = [[r["step"], round(r["time/rollout_s"], 4), round(r.get("rollout/process_max_s", 0.0), 4),
+                               round(r.get("time/compile_s", 0.0), 4), r.get("compile/lowered")]
+                              for r in all_recs if r.get("step", 0) >= 3]
     out_["iteration_s"] = out_["rollout_s"] + out_["experience_s"] + out_["train_s"]
     out_["games_per_s"] = games / out_["rollout_s"]
     out_["generated_tok_per_s"] = out_["generated_tokens"] / out_["rollout_s"]

@@ -5,8 +5,13 @@ opponent's reply, the observation text, its token ids. `lockstep` times exactly 
 turn for a batch of random-vs-random games (all games reset together, then stepped in lock-step to
 the end), both ways, with the character-level game tokenizer:
 
-    per_game: tokenizer.decode(answer ids) -> OpenSpielTextEnv.step(text) -> tokenizer.encode(obs)
-    vector:   codec.answers_to_moves(answer ids) -> VectorTextEnv.step(rows, moves=) -> codec.encode(obs)
+    per_game:       tokenizer.decode(answer ids) -> OpenSpielTextEnv.step(text) -> tokenizer.encode(obs)
+    vector_strings: the agent loop before observations became byte rows: answer rows to lists ->
+                    codec.answers_to_moves -> VectorTextEnv.step(rows, moves=) -> every observation's text
+                    -> codec.encode_padded of the games that go on
+    vector:         the agent loop now: codec.padded_answers_to_moves(answer array) -> VectorTextEnv.step ->
+                    codec.encode_step(step, going) (byte rows to ids; a finished game's text is never built)
+    vector_text:    answers decoded to text and parsed by the env, as a user env would need
 
 Only the env / parse / encode work is timed, not the (scripted) choice of answers. Resets are
 timed separately (once per episode). Also: batched vs per-game alpha-beta per depth at 512
@@ -40,11 +45,12 @@ from earl_jax.envs.vector import connect_four as vector_c4  # noqa: E402
 from earl_jax.models.tokenizer import game_tokenizer  # noqa: E402
 
 
-def _answer_ids(tok, moves) -> list[list[int]]:
-    """What a policy would have generated: the move's digit, then <eos>."""
+def _answer_ids(tok, moves) -> tuple[np.ndarray, np.ndarray]:
+    """What a policy would have generated, as the decode batch holds it: the move's digit, then <eos>."""
     eos = tok.token_to_id("<eos>")
-    digit = [tok.token_to_id(str(a)) for a in range(10)]
-    return [[digit[a], eos] for a in moves]
+    digit = np.array([tok.token_to_id(str(a)) for a in range(10)], np.int32)
+    ids = np.stack([digit[np.asarray(moves, np.int64)], np.full(len(moves), eos, np.int32)], 1)
+    return ids, np.full(len(moves), 2, np.int64)
 
 
 def _random_legal(legal: np.ndarray, rng: np.random.Generator) -> list[int]:
@@ -90,20 +96,27 @@ def lockstep(game: str, style: str, batch: int, path: str, rounds: int, group: i
             rows = np.flatnonzero(live if path == "per_game" else env.live)
             if not len(rows):
                 break
-            ids = _answer_ids(tok, _random_legal(legal[rows], rng))
+            ids, counts = _answer_ids(tok, _random_legal(legal[rows], rng))
             t0, c0 = time.perf_counter(), time.thread_time()
             if path == "per_game":
-                for k, i in enumerate(rows.tolist()):
-                    obs, _, term, trunc, info = envs[i].step(tok.decode(ids[k], skip_special_tokens=True))
+                for k, (i, answer) in enumerate(zip(rows.tolist(), ids.tolist())):
+                    obs, _, term, trunc, info = envs[i].step(tok.decode(answer, skip_special_tokens=True))
                     if term or trunc:
                         live[i] = False
                     else:
                         tok.encode(obs).ids
             elif path == "vector":
-                step = env.step(rows, moves=codec.answers_to_moves(ids))
-                codec.encode(step.obs)
+                step = env.step(rows, moves=codec.padded_answers_to_moves(ids, counts))
+                going = ~(step.terminated | step.truncated)
+                if going.any():
+                    codec.encode_step(step, going)
+            elif path == "vector_strings":
+                answers = [row[:c] for row, c in zip(ids.tolist(), counts.tolist())]
+                step = env.step(rows, moves=codec.answers_to_moves(answers))
+                going = ~(step.terminated | step.truncated)
+                codec.encode_padded([o for o, k in zip(step.obs, going.tolist()) if k])
             else:  # vector_text: answers decoded to text and parsed by the env, as a user env would need
-                step = env.step(rows, codec.decode(ids))
+                step = env.step(rows, codec.decode(ids.tolist()))
                 codec.encode(step.obs)
             cpu.append(time.thread_time() - c0)
             wall.append(time.perf_counter() - t0)
@@ -222,17 +235,18 @@ def main(argv=None):
         for game in ("connect_four", "tic_tac_toe"):
             for style in styles:
                 pair = {}
-                paths = ("per_game", "vector") if args.quick or style != "compact" else ("per_game", "vector",
-                                                                                       "vector_text")
+                paths = ("per_game", "vector_strings", "vector") + (() if args.quick or style != "compact"
+                                                                    else ("vector_text",))
                 for path in paths:  # back to back: the same machine load for all
                     # The per-game path costs ~0.1 s a turn at 2048: one round is plenty there.
                     row = lockstep(game, style, batch, path, 1 if path == "per_game" and batch > 512 else rounds)
                     results["lockstep"].append(row)
                     pair[path] = row
-                p, v = pair["per_game"], pair["vector"]
+                p, v, b = pair["per_game"], pair["vector"], pair["vector_strings"]
                 print(f"{game:13s} {style:8s} batch {batch:5d}: per turn (median) per-game "
                       f"{p['ms_per_turn_median']:7.2f} ms, vector {v['ms_per_turn_median']:6.2f} ms wall / "
                       f"{v['cpu_ms_per_turn_median']:5.2f} ms cpu, x{p['ms_per_turn_median'] / v['ms_per_turn_median']:.0f}"
+                      f" (with string observations {b['ms_per_turn_median']:6.2f} / {b['cpu_ms_per_turn_median']:5.2f})"
                       f"; reset {p['ms_per_reset_median']:.1f} vs {v['ms_per_reset_median']:.1f} ms", flush=True)
     # Resets as training does them (groups of 8 games share a seed) against evaluation (every game its own).
     # Seeds no earlier run used: the env caches what it drew per seed (a GRPO group's games share one).

@@ -171,11 +171,13 @@ def summarize(run_dir: str | Path) -> dict[str, Any]:
 
 def steady_iterations(iterations: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The iterations that compiled nothing: after the first, and (where the job logs `compile/programs`, its
-    count of compiled programs so far) not one whose count grew. A context schedule that reaches new lengths
-    compiles in later iterations too, and a trial of few iterations would otherwise rank by compile time."""
+    count of compiled programs so far) not one whose count grew, nor (where it logs `compile/lowered`) one that
+    traced any new program, an eager op's included. A context schedule that reaches new lengths compiles in
+    later iterations too, and a trial of few iterations would otherwise rank by compile time."""
     out = []
     for prev, r in zip(iterations, iterations[1:]):
-        if prev.get("compile/programs") is None or r.get("compile/programs") == prev.get("compile/programs"):
+        if (prev.get("compile/programs") is None or r.get("compile/programs") == prev.get("compile/programs")) \
+                and not r.get("compile/lowered"):
             out.append(r)
     return out
 

@@ -107,5 +107,9 @@ def test_agent_loop_bench_collects_one_calls_jobs_and_steady_iterations(tmp_path
     assert merged["cases"]["gpu512"]["speedup"]["rollout"] == pytest.approx(4.0)
     with pytest.raises(SystemExit, match="no bench_agent_loop"):
         bench.collect([tmp_path / "empty"])
+    # compile-free: the stages' program count did not grow and nothing new was traced (an eager op's program too)
+    recs = [{"step": s, "compile/programs": p, "compile/lowered": n} for s, p, n in
+            ((2, 5, 0), (3, 5, 0), (4, 5, 2), (5, 6, 0), (6, 6, 0))]
+    assert [r["step"] for r in bench.steady(recs)] == [3, 6]
     # the four-process cases launch through launch/local.py, only with this checkout's code
     assert {"gpu2048_4proc", "gpu2048_4proc_gc"} <= set(bench.LAUNCH) <= bench.CURRENT_ONLY_CASES

@@ -37,6 +37,8 @@ def test_short_run_logs_every_metric_and_checkpoints(tmp_path):
         assert not missing, missing
         assert 0 <= r["eval/win_rate"] <= 1 and r["rollout/context_len_max"] >= r["rollout/context_len_mean"] > 0
         assert r["parallel/rollout_mesh"].startswith("d")
+    # the iteration's own traces and compiles: the first builds the stages' programs
+    assert records[0]["compile/lowered"] > 0 and records[0]["time/compile_s"] > 0
     assert json.loads((tmp_path / "run" / "config.json").read_text())["groups"] == 4
     steps = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit())
     assert steps[-1] == 3

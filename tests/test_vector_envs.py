@@ -100,22 +100,30 @@ def replay(cfg: EnvConfig, num_games: int, seed: int) -> dict:
             infos[i] = info
 
     reset(list(range(num_games)), seeds)
-    seen = {"games": num_games, "invalid": 0, "retries": 0, "winners": set(), "steps": 0}
+    seen = {"games": num_games, "invalid": 0, "retries": 0, "winners": set(), "steps": 0, "from_bytes": 0}
     next_seed, extra_resets = seeds[-1] + 1, num_games // 2
     while env.live.any():
         live = np.flatnonzero(env.live)
         rows = live[np.array([rng.random() < 0.85 for _ in live])]  # not every game answers every call
         answers = [mixed_answer(infos[i], rng, env.num_actions) for i in rows]
         step = env.step(rows, answers)
+        # what the agent loop reads first, before any text exists: the ids of the games that go on (from bytes),
+        # or of any subset (finished games' texts: through the renderer)
+        where = ~step.terminated if rng.random() < 0.5 else np.array([rng.random() < 0.7 for _ in rows], bool)
+        ids, lengths = _CODEC.encode_step(step, where)
         got_infos = step.infos()
+        wanted = []
         for k, i in enumerate(rows.tolist()):
             want = refs[i].step(answers[k])
             assert_same_step(step, k, want, got_infos[k])
+            wanted += [_TOK.encode(want[0]).ids] if where[k] else []
             infos[i] = want[4]
             seen["invalid"] += want[4]["invalid"]
             seen["retries"] += want[4]["invalid"] and not want[2]
             if want[2]:
                 seen["winners"].add(want[4]["winner"])
+        assert [row[:n].tolist() for row, n in zip(ids, lengths)] == wanted and ids.dtype == np.int32
+        seen["from_bytes"] += step.obs_bytes(where) is not None
         seen["steps"] += 1
         done = np.flatnonzero(~env.live)
         if extra_resets and len(done):  # a finished game starts again while the others play on
@@ -142,7 +150,7 @@ def test_vector_env_replays_the_reference(game, opponent, style, agent, retries)
     cfg = EnvConfig(game=game, opponent=opponent, prompt_style=style, agent_player=agent, max_retries=retries,
                     retry_reward=-0.25, invalid_reward=-2.0, win_reward=1.5, draw_reward=0.5)
     seen = replay(cfg, 20, seed=CONFIGS.index((game, opponent, style, agent, retries)))
-    assert seen["games"] >= 25 and seen["invalid"] > 0
+    assert seen["games"] >= 25 and seen["invalid"] > 0 and seen["from_bytes"] > 0
     assert seen["retries"] > 0 or retries == 0
     assert "opponent" in seen["winners"]
 
@@ -613,7 +621,19 @@ def test_codec_reads_answer_ids_as_the_tokenizer_and_parser_do(ids):
     ids = [row for row in ids if min(row, default=0) >= 0]  # negative ids: the tokenizer refuses them
     texts = [tok.decode(row, skip_special_tokens=True) for row in ids]
     assert codec.decode(ids) == texts
-    assert codec.answers_to_moves(ids).tolist() == [-1 if (m := parse_action(t)) is None else m for t in texts]
+    want = [-1 if (m := parse_action(t)) is None else m for t in texts]
+    assert codec.answers_to_moves(ids).tolist() == want
+    padded, counts = _pad(ids)
+    assert codec.padded_answers_to_moves(padded, counts).tolist() == want
+
+
+def _pad(ids: list[list[int]], fill: int = 7) -> tuple[np.ndarray, np.ndarray]:
+    """Rows padded with junk past their counts (what a decode batch holds there)."""
+    counts = np.array([len(r) for r in ids], np.int64)
+    out = np.full((len(ids), int(counts.max(initial=0))), fill, np.int32)
+    for k, row in enumerate(ids):
+        out[k, :len(row)] = row
+    return out, counts
 
 
 _TOK = game_tokenizer()
@@ -628,6 +648,9 @@ def test_codec_reads_long_answers_and_repeats_alike():
     assert want[:5] == [-1, 3, -1, -1, 3]  # too long; specials are dropped ("-" "3" joins into "-3")
     assert _CODEC.answers_to_moves(ids).tolist() == want  # long rows: the uncached path
     assert _CODEC.answers_to_moves(ids[2:5] * 3).tolist() == want[2:5] * 3  # short rows: cached, twice
+    assert _CODEC.padded_answers_to_moves(*_pad(ids)).tolist() == want  # wide: no integer keys
+    for _ in range(2):  # short rows as one integer key each: read, then cached
+        assert _CODEC.padded_answers_to_moves(*_pad(ids[2:5] * 3)).tolist() == want[2:5] * 3
 
 
 def test_codec_falls_back_to_the_tokenizer_for_any_other_tokenizer():
@@ -652,6 +675,24 @@ def test_a_step_result_keeps_its_moment():
     second = env.step([0, 1], ["0", "8"])
     assert (np.abs(first.board).sum(axis=(1, 2)) == 2).all() and (np.abs(second.board).sum(axis=(1, 2)) == 4).all()
     assert (first.board[:, 1, 1] == 1).all() and first.infos()[0]["turn"] == 1 and second.infos()[0]["turn"] == 2
+
+
+def test_a_finished_games_text_is_rendered_only_when_read(monkeypatch):
+    env = VectorTextEnv(EnvConfig.tic_tac_toe(agent_player=0, opponent="solver"), 3)
+    env.reset([0, 1, 2])
+    rendered = []
+    texts = env.renderer.texts
+    monkeypatch.setattr(env.renderer, "texts", lambda *a, **k: rendered.append(1) or texts(*a, **k))
+    step = env.step([0, 1, 2], ["4", "oops", "4"])  # game 1 forfeits; the others go on
+    going = ~step.terminated
+    assert going.tolist() == [True, False, True] and step.obs_bytes(going) is not None
+    ids, _ = _CODEC.encode_step(step, going)
+    assert len(ids) == 2 and rendered == [] and step.obs_bytes(np.ones(3, bool)) is None
+    while not step.terminated.all():  # play the games out: end texts are built on the first read of `obs`
+        live = np.flatnonzero(env.live)
+        step = env.step(live, moves=np.array([np.flatnonzero(env.legal[i])[0] for i in live]))
+        assert rendered == []
+    assert all(step.obs) and rendered == [1]
 
 
 def test_an_empty_step_is_a_no_op():

@@ -17,7 +17,7 @@ REQUIRED_METRICS = (
     "rollout/context_len_mean", "rollout/context_len_max", "rollout/tokens", "time/rollout_s",
     "time/experience_s", "time/train_s", "time/dispatch_s", "train/loss", "train/kl", "train/entropy",
     "train/grad_norm", "parallel/rollout_mesh", "parallel/experience_mesh", "parallel/train_mesh",
-    "time/gc_pause_s", "time/gc_s", "compile/programs",
+    "time/gc_pause_s", "time/gc_s", "compile/programs", "compile/lowered", "time/compile_s",
 )
 
 

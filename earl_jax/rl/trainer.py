@@ -33,6 +33,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from earl_jax.compile_cache import CompileCount, count_compiles
 from earl_jax.distributed import gather_ints, global_to_host, host_to_global
 from earl_jax.envs import EnvConfig
 from earl_jax.envs.vector import ObservationCodec, make_vector_env
@@ -466,24 +467,27 @@ class Trainer:
         seeds, group_ids, rng = self.rollout_inputs()
         self._gc.take()  # time/gc_pause_s counts this iteration's pauses only (not evaluation's, nor --gc-every's)
 
-        n_dispatch = len(self.dispatcher.history)
-        t_start = time.perf_counter()
-        self.env = self.matchmaker.train_env()  # a new env when the curriculum moved to another rung
-        league = self.matchmaker.league_games(self.step, self.params)
-        traj, rollout_dispatch_s = self._rollout(self.env, seeds, group_ids, rng, self.sampling, league=league)
-        s = traj.stats
-        arrays = self._batch_arrays(traj)
-        # Experience and train are planned for the batch they process; the OOM fallback may still change them.
-        self._plan_batch(arrays, s.turn_context_len_mean, prompt_tokens=s.prompt_tokens,
-                         first_cache_len=s.first_cache_len, observation_tokens=s.observation_tokens)
-        t0 = time.perf_counter()
-        batch, exp_metrics, arranged = self.planner.run("experience",
-                                                        lambda run: self._experience(run, arrays, traj.lengths))
-        t1 = time.perf_counter()
-        # train updates (and donates) the weights: never rerun on a process where it already succeeded
-        train_metrics = self.planner.run("train", lambda run: self._train(run, batch, traj.lengths, arranged),
-                                         rerun_after_success=False)
-        t2 = time.perf_counter()
+        # every program traced or compiled in the iteration, eager ops' included: a slow iteration that compiled
+        # nothing the stages count shows it here
+        with count_compiles() as compiles:
+            n_dispatch = len(self.dispatcher.history)
+            t_start = time.perf_counter()
+            self.env = self.matchmaker.train_env()  # a new env when the curriculum moved to another rung
+            league = self.matchmaker.league_games(self.step, self.params)
+            traj, rollout_dispatch_s = self._rollout(self.env, seeds, group_ids, rng, self.sampling, league=league)
+            s = traj.stats
+            arrays = self._batch_arrays(traj)
+            # Experience and train are planned for the batch they process; the OOM fallback may still change them.
+            self._plan_batch(arrays, s.turn_context_len_mean, prompt_tokens=s.prompt_tokens,
+                             first_cache_len=s.first_cache_len, observation_tokens=s.observation_tokens)
+            t0 = time.perf_counter()
+            batch, exp_metrics, arranged = self.planner.run("experience",
+                                                            lambda run: self._experience(run, arrays, traj.lengths))
+            t1 = time.perf_counter()
+            # train updates (and donates) the weights: never rerun on a process where it already succeeded
+            train_metrics = self.planner.run("train", lambda run: self._train(run, batch, traj.lengths, arranged),
+                                             rerun_after_success=False)
+            t2 = time.perf_counter()
         self.step += 1
         dispatch_s = rollout_dispatch_s + train_metrics.pop("dispatch_s")
         iteration_s, n_dev = t2 - t_start, len(self.planner.devices)
@@ -528,20 +532,21 @@ class Trainer:
             "train/filtered_frac": float(exp_metrics.get("filtered_frac", 0.0)),
             "train/no_signal_iters": self._no_signal,
             "dispatch/bytes": sum(h.bytes for h in self.dispatcher.history[n_dispatch:]),
-            **self._peer_maxima(),
+            **self._peer_maxima(compiles),
             **self.planner.ran_log_dict(), **_device_memory(), **self.matchmaker.metrics(),
             **self._league_metrics(traj, league),
         }
 
-    def _peer_maxima(self) -> dict[str, Any]:
-        """Compiled programs and this iteration's collector pauses, the most of any process: each process of a split
-        rollout compiles for its own games' shapes, and pauses on its own (one slow process holds up the others)."""
+    def _peer_maxima(self, compiles: CompileCount) -> dict[str, Any]:
+        """Compiled programs, this iteration's compiles and collector pauses, the most of any process: each process of
+        a split rollout compiles for its own games' shapes, and pauses on its own (one slow process holds up the
+        others)."""
         decode = sum(sp.compile_count for sp in self._samplers.values())
-        paused_us = round(self._gc.take() * 1e6)
-        if jax.process_count() > 1:
-            rows = gather_ints(decode, paused_us)
-            decode, paused_us = max(r[0] for r in rows), max(r[1] for r in rows)
-        return {"compile/programs": len(self.planner.programs) + decode, "time/gc_pause_s": paused_us / 1e6}
+        mine = (decode, round(self._gc.take() * 1e6), compiles.lowered, round(compiles.backend_s * 1e6))
+        rows = gather_ints(*mine) if jax.process_count() > 1 else [mine]
+        decode, paused_us, lowered, compile_us = (max(col) for col in zip(*rows))
+        return {"compile/programs": len(self.planner.programs) + decode, "time/gc_pause_s": paused_us / 1e6,
+                "compile/lowered": lowered, "time/compile_s": compile_us / 1e6}
 
     def _league_metrics(self, traj: Trajectories, league) -> dict[str, Any]:
         """Outcomes of the games against the frozen snapshot and against the scripted opponent, apart."""

@@ -79,6 +79,6 @@ def _subset(step, keep: np.ndarray):
 
     infos = step._infos
     return dataclasses.replace(
-        step, rows=step.rows[keep], obs=[o for o, k in zip(step.obs, keep.tolist()) if k],
+        step, rows=step.rows[keep], _obs=[o for o, k in zip(step.obs, keep.tolist()) if k], _obs_bytes=None,
         legal=None if step.legal is None else step.legal[keep],
         _infos=None if infos is None else [i for i, k in zip(infos, keep.tolist()) if k])

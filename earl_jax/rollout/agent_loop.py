@@ -322,11 +322,11 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
                   None if out.choices is None else out.choices[slots])
         ep.turns[games] += 1
         t0 = time.perf_counter()
-        answers = [row[:c] for row, c in zip(out.tokens[slots].tolist(), out.counts[slots].tolist())]
         if getattr(env, "accepts_moves", False):
-            step = env.step(games, moves=codec.answers_to_moves(answers))
+            step = env.step(games, moves=codec.padded_answers_to_moves(out.tokens[slots], out.counts[slots]))
         else:
-            step = env.step(games, codec.decode(answers))
+            step = env.step(games, codec.decode([row[:c] for row, c in zip(out.tokens[slots].tolist(),
+                                                                           out.counts[slots].tolist())]))
         ep.rewards[games, last] += step.reward.astype(np.float32)  # the turn's reward at its last choice (games unique)
         if getattr(step, "blunder", None) is not None:
             ep.judged += int(np.sum(step.blunder >= 0))
@@ -336,8 +336,8 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         if legal is not None:
             legal[games] = _legal_moves(step, legal.shape[1])
         going = ~done
-        obs = [o for o, k in zip(step.obs, going.tolist()) if k]
-        ids, counts = codec.encode_padded(obs) if obs else (np.zeros((0, 0), np.int32), np.zeros(0, np.int64))
+        ids, counts = codec.encode_step(step, going) if going.any() else (np.zeros((0, 0), np.int32),
+                                                                          np.zeros(0, np.int64))
         env_s += time.perf_counter() - t0
         cont_games, cont_slots = games[going], slots[going]
         no_room = ep.length[cont_games] + counts + 1 > cfg.max_context  # no room to answer the next turn

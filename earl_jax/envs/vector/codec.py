@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 import tokenizers
-from jaxtyping import Int
+from jaxtyping import Bool, Int
 
 from earl_jax.envs.parser import parse_action
 from earl_jax.envs.vector.parser import MAX_BATCHED_CHARS, MoveCache, pad_rows, parse_actions, parse_bytes
@@ -34,9 +34,11 @@ class ObservationCodec:
         tables = _char_tables(tokenizer)
         self.fast = tables is not None  # the character-level game tokenizer: table lookups
         self._moves = MoveCache()  # answer ids -> move: answers repeat, a lookup beats decoding
+        self._byte_moves = MoveCache()  # the same for answers of <= 8 characters as one integer each
         if self.fast:
             char_ids, self._id_bytes = tables
             self._byte_table = bytes(np.where(char_ids >= 0, char_ids, _NOT_FAST).tolist())  # for bytes.translate
+            self._row_table = b"\0" + self._byte_table[1:]  # for NUL-padded byte rows: NUL is padding, id 0
 
     # ---- observations -> ids -------------------------------------------------------------------
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
@@ -74,6 +76,21 @@ class ObservationCodec:
             out[k, :len(enc)] = enc
         return out, lengths
 
+    def encode_step(self, step, where: Bool[np.ndarray, " r"] | None = None
+                    ) -> tuple[Int[np.ndarray, "k t"], Int[np.ndarray, " k"]]:
+        """`encode_padded` of the observations of a vector-env step's entries `where` (default all). From the
+        env's byte rows when it has them and this is the game tokenizer: a table lookup over the batch, no
+        string per game (and a finished game's text is never rendered)."""
+        where = np.ones(len(step), bool) if where is None else np.asarray(where, bool)
+        got = step.obs_bytes(where) if self.fast and where.any() else None
+        if got is not None:  # rows hold no NUL but their padding (render.py): NUL -> id 0, the pad
+            rows, lengths = got
+            data = rows.tobytes().translate(self._row_table)
+            if bytes([_NOT_FAST]) not in data:  # else a character the table cannot vouch for: the text path
+                return np.frombuffer(data, np.uint8).reshape(rows.shape).astype(np.int32), lengths
+        obs = step.obs
+        return self.encode_padded([o for o, k in zip(obs, where.tolist()) if k])
+
     def _all_fast(self, texts) -> bool:
         joined = "".join(texts)
         return joined.isascii() and _NOT_FAST not in joined.encode("ascii").translate(self._byte_table)
@@ -104,6 +121,32 @@ class ObservationCodec:
         if max(map(len, keys), default=0) > MAX_BATCHED_CHARS:  # long answers are rare: not worth keeping
             return self._read_moves(ids)
         return self._moves(keys, lambda miss: self._read_moves([ids[k] for k in miss]))
+
+    def padded_answers_to_moves(self, ids: Int[np.ndarray, "n t"], counts: Int[np.ndarray, " n"]) -> Int[np.ndarray, " n"]:
+        """`answers_to_moves` of the answers ids[k, :counts[k]], read as arrays (no Python object per answer)."""
+        ids, counts = np.asarray(ids), np.asarray(counts)
+        if not self.fast or ids.shape[1] > MAX_BATCHED_CHARS:
+            return self.answers_to_moves([row[:c] for row, c in zip(ids.tolist(), counts.tolist())])
+        table = self._id_bytes
+        valid = np.arange(ids.shape[1]) < counts[:, None]
+        known = (ids >= 0) & (ids < len(table))
+        byte = np.where(valid, table[np.where(known, ids, 0)], _SKIP)
+        slow = (valid & (~known | (byte == _OTHER))).any(1)  # an id the table cannot vouch for: the tokenizer
+        keep = byte >= 0
+        if (keep[:, 1:] & ~keep[:, :-1]).any():  # a special (<eos>) before a character: close up, in order
+            order = np.argsort(~keep, axis=1, kind="stable")
+            byte, keep = np.take_along_axis(byte, order, 1), np.take_along_axis(keep, order, 1)
+        chars = np.where(keep, byte, 0).astype(np.uint8)  # NUL padding reads as the text's end
+        if chars.shape[1] <= 8:  # short answers (the common case): one integer key each, parsed once
+            keys = np.zeros((len(chars), 8), np.uint8)
+            keys[:, :chars.shape[1]] = chars
+            moves = self._byte_moves(keys.view(np.uint64)[:, 0].tolist(), lambda miss: parse_bytes(chars[miss]))
+        else:
+            moves = parse_bytes(chars)
+        for k in np.flatnonzero(slow).tolist():
+            move = parse_action(self.tokenizer.decode(ids[k, :counts[k]].tolist(), skip_special_tokens=True))
+            moves[k] = -1 if move is None else move
+        return moves
 
     def _read_moves(self, ids: Sequence[Sequence[int]]) -> Int[np.ndarray, " n"]:
         if not self.fast:

@@ -213,31 +213,51 @@ class VectorTextEnv:
         self.live[rows] = ~terminated
         self.legal[rows] = self.rules.legal_mask(self.stones[rows]) & ~terminated[:, None]
         cells = self.cells[rows]
-        obs = self._observations(rows, ok, retry, forfeit, terminated, winner, opponent_action, cells)
+        obs, obs_bytes = self._observations(rows, ok, retry, forfeit, terminated, winner, opponent_action, cells)
         result = self._result(rows, obs, reward, terminated, ~ok, winner, np.where(ok, moves, -1), opponent_action, cells)
         result.blunder = blunder if cfg.blunder_penalty else None
+        result._obs_bytes = obs_bytes
         return result
 
-    def _observations(self, rows, ok, retry, forfeit, terminated, winner, opponent_action, cells) -> list[str]:
-        obs: list[str | None] = [None] * len(rows)
-        code = self.legal[rows] @ (1 << np.arange(self.num_actions))  # the legal set as bits: cached texts
+    def _observations(self, rows, ok, retry, forfeit, terminated, winner, opponent_action, cells):
+        """(a function that renders every entry's observation text, one that gives some entries' as bytes).
+
+        Nothing is rendered here: the agent loop asks only for the games that go on, as bytes."""
+        legal = self.legal[rows]
+        code = legal @ (1 << np.arange(self.num_actions))  # the legal set as bits: cached texts
         agent = self.agent_player[rows]
-
-        def put(where, texts):
-            for k, t in zip(np.flatnonzero(where).tolist(), texts):
-                obs[k] = t
-
         turn = ok & ~terminated
-        if turn.all():  # the common case: no scatter
-            return self.renderer.turn_texts(cells, agent, opponent_action, code)
-        put(turn, self.renderer.turn_texts(cells[turn], agent[turn], opponent_action[turn], code[turn]))
-        put(retry, self.renderer.retry_obs(code[retry]))
-        put(forfeit, [self.renderer.forfeit_text] * int(forfeit.sum()))
-        end = ok & terminated
-        results = [_RESULTS[w] for w in winner[end].tolist()]
-        put(end, self.renderer.texts(cells[end], agent[end], self.legal[rows][end], opponent_action[end],
-                                     results, first=False))
-        return obs
+        r = self.renderer
+
+        def texts() -> list[str]:
+            if turn.all():  # the common case: no scatter
+                return r.turn_texts(cells, agent, opponent_action, code)
+            obs: list[str | None] = [None] * len(rows)
+
+            def put(where, texts):
+                for k, t in zip(np.flatnonzero(where).tolist(), texts):
+                    obs[k] = t
+
+            put(turn, r.turn_texts(cells[turn], agent[turn], opponent_action[turn], code[turn]))
+            put(retry, r.retry_obs(code[retry]))
+            put(forfeit, [r.forfeit_text] * int(forfeit.sum()))
+            end = ok & terminated
+            results = [_RESULTS[w] for w in winner[end].tolist()]
+            put(end, r.texts(cells[end], agent[end], legal[end], opponent_action[end], results, first=False))
+            return obs
+
+        def as_bytes(where):
+            if (where & ~(turn | retry)).any():  # a finished game's text: only the reference's renderer has it
+                return None
+            t = where & turn
+            if t.all():  # the common case: no copies
+                return r.turn_bytes(cells, agent, opponent_action, code)
+            turn_rows = r.turn_bytes(cells[t], agent[t], opponent_action[t], code[t])
+            if not (where & retry).any():
+                return turn_rows
+            return _merge(where, t, turn_rows, r.retry_bytes(code[where & retry]))
+
+        return texts, as_bytes
 
     # ---- helpers ----------------------------------------------------------------------------
     def _play(self, rows, actions, players) -> None:
@@ -265,7 +285,7 @@ class VectorTextEnv:
     def _result(self, rows, obs, reward, terminated, invalid, winner, action, opponent_action, cells) -> VectorStep:
         agent = self.agent_player[rows]
         return VectorStep(
-            rows=rows, obs=obs, reward=reward.astype(np.float64), terminated=terminated,
+            rows=rows, _obs=obs, reward=reward.astype(np.float64), terminated=terminated,
             truncated=np.zeros(len(rows), bool), invalid=invalid, winner=winner, action=action,
             opponent_action=opponent_action, turn=self.turn[rows], retries_left=self.retries_left[rows],
             agent_player=agent, legal=self.legal[rows], _board=lambda: self.renderer.values(cells, agent),
@@ -277,6 +297,17 @@ def _play(rules, stones, cells, rows, actions, players) -> None:
     bits = rules.drop(stones[rows], actions)
     stones[rows, players] |= bits
     cells[rows, rules.print_index(bits)] = players + 1
+
+
+def _merge(where, first, first_rows, other_rows):
+    """Byte rows of the entries `where`, in entry order: `first_rows` for those in `first`, `other_rows` the rest."""
+    sel = first[where]
+    width = max(first_rows[0].shape[1], other_rows[0].shape[1])
+    out = np.zeros((len(sel), width), np.uint8)
+    lengths = np.zeros(len(sel), np.int64)
+    for mask, (rows, n) in ((sel, first_rows), (~sel, other_rows)):
+        out[mask, :rows.shape[1]], lengths[mask] = rows, n
+    return out, lengths
 
 
 def _over(rules, stones) -> np.ndarray:

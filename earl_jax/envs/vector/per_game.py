@@ -66,7 +66,7 @@ def _step(rows, obs, reward, terminated, truncated, infos) -> VectorStep:
     winner = np.array([WINNERS.index(w) if w in WINNERS else NO_WINNER for w in (i.get("winner") for i in infos)],
                       np.int8)
     invalid = np.array([bool(i.get("invalid", False)) for i in infos], bool)
-    return VectorStep(rows=rows, obs=obs, reward=reward, terminated=terminated, truncated=truncated,
+    return VectorStep(rows=rows, _obs=obs, reward=reward, terminated=terminated, truncated=truncated,
                       invalid=invalid, winner=winner.reshape(len(rows)), _infos=infos)
 
 

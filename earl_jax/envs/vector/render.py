@@ -1,10 +1,11 @@
 """Observation text for a batch of preset-game boards: the strings `text.format_observation` writes.
 
 Boards are rendered for the whole batch in one pass over a byte array (cell -> 'X'/'O'/'.' by the
-agent's seat, newlines and chat-style spaces from a fixed template), decoded once and cut into one
-string per game. The common observation (the opponent's reply, the board, the legal moves) is glued
-here from cached pieces; every rarer text (first observations, results, retries, forfeits) comes from
-`format_observation` itself, so the vector env cannot drift from the reference in those.
+agent's seat, newlines and chat-style spaces from a fixed template). The common observation (the
+opponent's reply, the board, the legal moves) and a retry's are glued here from cached pieces as NUL-padded
+byte rows (`turn_bytes`, `retry_bytes`): the codec maps those to token ids without a string per game, and
+`turn_texts` cuts the same bytes into strings. Every rarer text (first observations, results, forfeits)
+comes from `format_observation` itself, so the vector env cannot drift from the reference in those.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from earl_jax.envs.text import AGENT, EMPTY, OPPONENT, GameText, format_observat
 # [agent_player * 3 + cell code] -> what the agent sees; cell codes: 0 empty, 1 player 0, 2 player 1.
 _CHARS = np.array([ord(EMPTY), ord(AGENT), ord(OPPONENT), ord(EMPTY), ord(OPPONENT), ord(AGENT)], np.uint8)
 _VALUES = np.array([0, 1, -1, 0, -1, 1], np.int8)
+_CHAR_TABLE = _CHARS.tobytes() + bytes(256 - len(_CHARS))  # the same for bytes.translate (C speed)
 
 
 class BoardRenderer:
@@ -46,6 +48,9 @@ class BoardRenderer:
         ]
         self._labels = (gt.cell_labels + "\n") if chat and gt.cell_labels else ""
         self.minimal_texts = [line + "> " for line in self.opponent_lines]  # a minimal-style turn, whole
+        # The same pieces as padded byte tables (row = action or legal code): glued per batch by array code.
+        self._opp_bytes, self._moves_bytes = _table(self.opponent_lines), _table(self.moves_lines)
+        self._minimal_bytes, self._retry_bytes = _table(self.minimal_texts), _table(self.retry_texts)
 
     # ---- boards --------------------------------------------------------------------------------
     def values(self, cells: UInt8[np.ndarray, "n c"], agent_player: Int[np.ndarray, " n"]) -> Int8[np.ndarray, "n h w"]:
@@ -54,26 +59,27 @@ class BoardRenderer:
 
     def board_texts(self, cells: UInt8[np.ndarray, "n c"], agent_player: Int[np.ndarray, " n"]) -> list[str]:
         """`GameText.board_text` per game: rows joined by newlines, no trailing newline (compact form)."""
-        text, width = self._compact(cells, agent_player, labeled=False)
-        return [text[i:i + width - 1] for i in range(0, len(text), width)]
+        rows = self._compact(cells, agent_player, labeled=False)
+        return row_texts(rows, np.full(len(rows), rows.shape[1] - 1))
 
-    def blocks(self, cells: UInt8[np.ndarray, "n c"], agent_player: Int[np.ndarray, " n"]) -> tuple[str, int]:
-        """The boards as this style prints them, each with its closing newline, back to back: (text, width)."""
+    def _block_rows(self, cells, agent_player) -> UInt8[np.ndarray, "n w"]:
+        """`blocks` as a byte row per game."""
         if self.style != "chat":
             return self._compact(cells, agent_player, labeled=self.style == "labeled")
         n = len(cells)
         out = np.full((n, self.rows, 2 * self.cols), ord(" "), np.uint8)
-        out[:, :, 0::2] = _CHARS.take(agent_player[:, None] * 3 + cells).reshape(n, self.rows, self.cols)
+        out[:, :, 0::2] = _chars(cells, agent_player).reshape(n, self.rows, self.cols)
         out[:, :, -1] = ord("\n")
+        out = out.reshape(n, self.rows * 2 * self.cols)
         if self._labels:  # Connect Four's column numbers under every board
             labels = np.frombuffer(self._labels.encode("ascii"), np.uint8)
-            out = np.concatenate([out.reshape(n, self.rows * 2 * self.cols), np.broadcast_to(labels, (n, len(labels)))], 1)
-        return out.tobytes().decode("ascii"), out[0].size if n else 0
+            out = np.concatenate([out, np.broadcast_to(labels, (n, len(labels)))], 1)
+        return out
 
-    def _compact(self, cells, agent_player, labeled: bool) -> tuple[str, int]:
+    def _compact(self, cells, agent_player, labeled: bool) -> UInt8[np.ndarray, "n w"]:
         n = len(cells)
         out = np.empty((n, self.rows, self.cols + 1), np.uint8)
-        out[:, :, :-1] = _CHARS.take(agent_player[:, None] * 3 + cells).reshape(n, self.rows, self.cols)
+        out[:, :, :-1] = _chars(cells, agent_player).reshape(n, self.rows, self.cols)
         if labeled:  # GameText.label_moves for the whole batch: the cell a legal move fills shows its id
             board = cells.reshape(n, self.rows, self.cols)
             if self.gt.move_noun == "column":
@@ -85,7 +91,7 @@ class BoardRenderer:
                 g, r, c = np.nonzero(board == 0)
                 out[g, r, c] = ord("0") + r * self.cols + c
         out[:, :, -1] = ord("\n")
-        return out.tobytes().decode("ascii"), self.rows * (self.cols + 1)
+        return out.reshape(n, self.rows * (self.cols + 1))
 
     # ---- observations ---------------------------------------------------------------------------
     def turn_texts(self, cells, agent_player, opponent_action: Int[np.ndarray, " n"],
@@ -94,14 +100,23 @@ class BoardRenderer:
         if self.style == "minimal":  # the board once at the start, then only the reply
             texts = self.minimal_texts
             return [texts[x] for x in opponent_action.tolist()]
-        opp = self.opponent_lines
-        text, w = self.blocks(cells, agent_player)
-        moves = self.moves_lines
-        return [opp[x] + text[k * w:k * w + w] + moves[c]
-                for k, (x, c) in enumerate(zip(opponent_action.tolist(), legal_code.tolist()))]
+        return row_texts(*self.turn_bytes(cells, agent_player, opponent_action, legal_code))
+
+    def turn_bytes(self, cells, agent_player, opponent_action: Int[np.ndarray, " n"],
+                   legal_code: Int[np.ndarray, " n"]) -> tuple[UInt8[np.ndarray, "n t"], Int[np.ndarray, " n"]]:
+        """`turn_texts` as NUL-padded ASCII byte rows and their lengths."""
+        if self.style == "minimal":
+            return _pick(self._minimal_bytes, opponent_action)
+        board = self._block_rows(cells, agent_player)
+        w = board.shape[1]
+        return _glue(_pick(self._opp_bytes, opponent_action), (board, np.full(len(cells), w)),
+                     _pick(self._moves_bytes, legal_code))
 
     def retry_obs(self, legal_code: Int[np.ndarray, " n"]) -> list[str]:
         return [self.retry_texts[c] for c in legal_code.tolist()]
+
+    def retry_bytes(self, legal_code: Int[np.ndarray, " n"]) -> tuple[UInt8[np.ndarray, "n t"], Int[np.ndarray, " n"]]:
+        return _pick(self._retry_bytes, legal_code)
 
     def texts(self, cells, agent_player, legal: Bool[np.ndarray, "n a"], opponent_action: Int[np.ndarray, " n"],
               results: list[str | None], first: bool) -> list[str]:
@@ -120,3 +135,48 @@ class BoardRenderer:
                     agent_player=key[3])
             out.append(seen[key])
         return out
+
+
+def _chars(cells: UInt8[np.ndarray, "n c"], agent_player: Int[np.ndarray, " n"]) -> UInt8[np.ndarray, "n c"]:
+    """What the agent sees in each cell ('X', 'O', '.')."""
+    key = cells + (agent_player.astype(np.uint8) * 3)[:, None]
+    return np.frombuffer(key.tobytes().translate(_CHAR_TABLE), np.uint8).reshape(cells.shape)
+
+
+# ---- byte rows -------------------------------------------------------------------------------------------
+Rows = tuple[UInt8[np.ndarray, "n t"], Int[np.ndarray, " n"]]  # NUL-padded ASCII rows and their lengths
+
+
+def _table(texts: list[str]) -> Rows:
+    """Fixed texts as a padded byte table (all of this module's pieces are ASCII: `encode` says if not; and
+    without NUL, so that NUL means padding to the codec)."""
+    if any("\0" in t for t in texts):
+        raise ValueError(f"a NUL in observation text: {[t for t in texts if chr(0) in t][:1]!r}")
+    lengths = np.array([len(t) for t in texts], np.int64)
+    out = np.zeros((len(texts), int(lengths.max(initial=0))), np.uint8)
+    for k, t in enumerate(texts):
+        out[k, :len(t)] = np.frombuffer(t.encode("ascii"), np.uint8)
+    return out, lengths
+
+
+def _pick(table: Rows, index: Int[np.ndarray, " n"]) -> Rows:
+    return table[0][index], table[1][index]
+
+
+def _glue(*parts: Rows) -> Rows:
+    """Each row's parts back to back (row k: parts[0][k], then parts[1][k], ...), NUL-padded."""
+    data = np.concatenate([p for p, _ in parts], 1)
+    if all((n == p.shape[1]).all() for p, n in parts[:-1]):  # only the last part's length varies: no gather
+        return data, sum(n for _, n in parts)
+    valid = np.concatenate([np.arange(p.shape[1]) < n[:, None] for p, n in parts], 1)
+    lengths = sum(n for _, n in parts)
+    out = np.zeros((len(lengths), int(lengths.max(initial=0))), np.uint8)
+    out[np.arange(out.shape[1]) < lengths[:, None]] = data[valid]  # row-major: each row's bytes in order
+    return out, lengths
+
+
+def row_texts(rows: UInt8[np.ndarray, "n t"], lengths: Int[np.ndarray, " n"]) -> list[str]:
+    """Padded byte rows back to strings."""
+    text = rows.tobytes().decode("ascii")
+    w = rows.shape[1]
+    return [text[k * w:k * w + n] for k, n in enumerate(lengths.tolist())]

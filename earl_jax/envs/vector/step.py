@@ -5,7 +5,7 @@ import dataclasses
 from typing import Any, Callable
 
 import numpy as np
-from jaxtyping import Bool, Float, Int, Int8
+from jaxtyping import Bool, Float, Int, Int8, UInt8
 
 from earl_jax.envs.openspiel_env import WINNERS
 
@@ -17,11 +17,13 @@ class VectorStep:
     """Entry k is game `rows[k]`. -1 stands for None in `action` and `opponent_action`.
 
     `legal` and `board` are filled by `VectorTextEnv`; the per-game wrapper leaves them None (its
-    envs may have no such fields) and `infos()` returns its envs' own dicts.
+    envs may have no such fields) and `infos()` returns its envs' own dicts. `obs` may be rendered on first
+    read (`_obs` a function): the agent loop reads only the games that go on, as token ids from
+    `obs_bytes` where the env can give them, so a finished game's last text is never built.
     """
 
     rows: Int[np.ndarray, " r"]
-    obs: list[str]
+    _obs: list[str] | Callable[[], list[str]] = dataclasses.field(repr=False)
     reward: Float[np.ndarray, " r"]  # float64: the same numbers as the reference's Python floats
     terminated: Bool[np.ndarray, " r"]
     truncated: Bool[np.ndarray, " r"]
@@ -36,6 +38,21 @@ class VectorStep:
     blunder: Int[np.ndarray, " r"] | None = None  # outcome classes the agent's move gave away; -1: not judged
     _infos: list[dict[str, Any]] | None = dataclasses.field(default=None, repr=False)
     _board: Callable[[], Int8[np.ndarray, "r h w"]] | np.ndarray | None = dataclasses.field(default=None, repr=False)
+    # where -> the observations of entries `where` as NUL-padded ASCII bytes + lengths, or None if it cannot
+    _obs_bytes: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray] | None] | None = dataclasses.field(
+        default=None, repr=False)
+
+    @property
+    def obs(self) -> list[str]:
+        """The observation text per entry, as `OpenSpielTextEnv` returns it."""
+        if callable(self._obs):
+            self._obs = self._obs()
+        return self._obs
+
+    def obs_bytes(self, where: Bool[np.ndarray, " r"]) -> tuple[UInt8[np.ndarray, "k t"], Int[np.ndarray, " k"]] | None:
+        """The observations of the entries `where` as NUL-padded ASCII byte rows and their lengths, without a
+        string per entry; None where the env cannot give them that way (then read `obs`)."""
+        return None if self._obs_bytes is None else self._obs_bytes(np.asarray(where, bool))
 
     @property
     def board(self) -> Int8[np.ndarray, "r h w"] | None:
