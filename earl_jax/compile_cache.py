@@ -70,6 +70,12 @@ class CompileCount:
     backend: int = 0  # executables obtained: compiled by XLA or loaded from the persistent cache
     cache_hits: int = 0  # of those, loaded from the persistent cache
     backend_s: float = 0.0  # seconds spent getting them (compiling or loading)
+    seconds_by_name: dict[str, float] = dataclasses.field(default_factory=dict)  # the same, per program name
+
+    def slowest(self, k: int = 4) -> str:
+        """The k programs that took longest to get, "name:seconds" (what to look at when an iteration is slow)."""
+        top = sorted(self.seconds_by_name.items(), key=lambda kv: -kv[1])[:k]
+        return ",".join(f"{name}:{secs:.2f}" for name, secs in top)
 
     @property
     def compiled(self) -> int:
@@ -86,7 +92,7 @@ _lock = threading.Lock()
 _registered = False
 
 
-def _on_duration(event: str, secs: float, **_) -> None:
+def _on_duration(event: str, secs: float, fun_name: str = "?", **_) -> None:
     if not _active or event not in (_LOWER, _BACKEND):
         return
     with _lock:
@@ -96,6 +102,7 @@ def _on_duration(event: str, secs: float, **_) -> None:
             else:
                 c.backend += 1
                 c.backend_s += secs
+                c.seconds_by_name[fun_name] = c.seconds_by_name.get(fun_name, 0.0) + secs
 
 
 def _on_event(event: str, **_) -> None:

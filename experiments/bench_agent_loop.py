@@ -104,9 +104,11 @@ def run_case(code: str, flags: list[str], timeout: float, env: dict, launch: lis
     out_["rollouts"] = [[r["step"], round(r["time/rollout_s"], 4), round(r.get("rollout/process_max_s", 0.0), 4),
                          round(r.get("time/gc_pause_s", 0.0), 4), round(r.get("time/compile_s", 0.0), 4)]
                         for r in recs]  # step, rollout, slowest process's own games (split), longest GC pause, compiles
-    # every iteration from the third on, compiled or not: [step, rollout, slowest process, XLA compile s, programs traced]
+    # every iteration from the third on, compiled or not: [step, rollout, slowest process, XLA compile s, programs
+    # traced, process 0's slowest compiles]
     out_["all_iterations"] = [[r["step"], round(r["time/rollout_s"], 4), round(r.get("rollout/process_max_s", 0.0), 4),
-                               round(r.get("time/compile_s", 0.0), 4), r.get("compile/lowered")]
+                               round(r.get("time/compile_s", 0.0), 4), r.get("compile/lowered"),
+                               r.get("compile/slowest")]
                               for r in all_recs if r.get("step", 0) >= 3]
     out_["iteration_s"] = out_["rollout_s"] + out_["experience_s"] + out_["train_s"]
     out_["games_per_s"] = games / out_["rollout_s"]

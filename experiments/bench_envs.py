@@ -6,9 +6,10 @@ turn for a batch of random-vs-random games (all games reset together, then stepp
 the end), both ways, with the character-level game tokenizer:
 
     per_game:       tokenizer.decode(answer ids) -> OpenSpielTextEnv.step(text) -> tokenizer.encode(obs)
-    vector_strings: the agent loop before observations became byte rows: answer rows to lists ->
-                    codec.answers_to_moves -> VectorTextEnv.step(rows, moves=) -> every observation's text
-                    -> codec.encode_padded of the games that go on
+    vector_strings: the same env read as the agent loop read it before observations became byte rows:
+                    answer rows to lists -> codec.answers_to_moves -> VectorTextEnv.step(rows, moves=) -> every
+                    observation's text -> codec.encode_padded of the games that go on (the env's own text path
+                    is the present one, so this is not a measurement of the previous code)
     vector:         the agent loop now: codec.padded_answers_to_moves(answer array) -> VectorTextEnv.step ->
                     codec.encode_step(step, going) (byte rows to ids; a finished game's text is never built)
     vector_text:    answers decoded to text and parsed by the env, as a user env would need

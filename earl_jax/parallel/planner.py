@@ -187,12 +187,15 @@ class ProgramCache:
                 with use_mesh_rules(run.mesh, run.rules):
                     return body(*args)
 
+            traced.__name__ = traced.__qualname__ = f"{run.stage}_{name}"  # what compile logs and metrics name
             jitted = jax.jit(traced, donate_argnums=donate,
                              compiler_options=stage_compiler_options(run.stage, run.mesh))
 
             def call(*args):
-                shapes = tuple(tuple(x.shape) for x in jax.tree.leaves(args) if hasattr(x, "shape") and x.ndim >= 2)
-                sig = (run.stage, name, str(run.layout.mesh), key[3], shapes)
+                leaves = [x for x in jax.tree.leaves(args) if hasattr(x, "shape")]
+                shapes = tuple(tuple(x.shape) for x in leaves if x.ndim >= 2)
+                # every argument's shape and dtype: what makes jit compile again (a 1-D array's length included)
+                sig = (run.stage, name, str(run.layout.mesh), key[3], tuple((x.shape, str(x.dtype)) for x in leaves))
                 if sig in self.seen:
                     return jitted(*args)
                 t0 = time.perf_counter()

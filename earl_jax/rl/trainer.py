@@ -546,7 +546,8 @@ class Trainer:
         rows = gather_ints(*mine) if jax.process_count() > 1 else [mine]
         decode, paused_us, lowered, compile_us = (max(col) for col in zip(*rows))
         return {"compile/programs": len(self.planner.programs) + decode, "time/gc_pause_s": paused_us / 1e6,
-                "compile/lowered": lowered, "time/compile_s": compile_us / 1e6}
+                "compile/lowered": lowered, "time/compile_s": compile_us / 1e6,
+                "compile/slowest": compiles.slowest()}  # this process's: names to look for when an iteration is slow
 
     def _league_metrics(self, traj: Trajectories, league) -> dict[str, Any]:
         """Outcomes of the games against the frozen snapshot and against the scripted opponent, apart."""

@@ -21,38 +21,41 @@ The agent loop, per rollout:
     env = make_vector_env(env_config, n)                 # VectorTextEnv or the per-game wrapper
     codec = ObservationCodec(tokenizer)
     first = env.reset(seeds)                             # VectorStep over all n games
-    tokens = codec.encode(first.obs)                     # list[list[int]], == tokenizer.encode(o).ids
+    ids, counts = codec.encode_padded(first.obs)         # right-padded ids, == tokenizer.encode(o).ids per row
     while env.live.any():
         rows = np.flatnonzero(env.live)
-        answer_ids = [generated[i][0] for i in rows]     # the decoded turn
+        answers, lengths = decoded[rows]                 # the decode batch's answer ids, padded
         if env.accepts_moves:
-            step = env.step(rows, moves=codec.answers_to_moves(answer_ids))
+            step = env.step(rows, moves=codec.padded_answers_to_moves(answers, lengths))
         else:                                            # user envs read their own text
-            step = env.step(rows, codec.decode(answer_ids))
+            step = env.step(rows, codec.decode([a[:k] for a, k in zip(answers, lengths)]))
         step.reward, step.terminated, step.truncated, step.winners, step.invalid  # arrays over rows
-        tokens = codec.encode(step.obs)                  # only the games in rows
+        going = ~(step.terminated | step.truncated)
+        ids, counts = codec.encode_step(step, going)     # the games that go on: byte rows -> ids, no strings
 
-Measured (experiments/bench_envs.py -> experiments/results/bench_envs.json; a shared 2-core x86 VM
-at load ~8, so wall times are inflated; random agent vs random opponent, compact style, median
-host time of one lock-step turn: parse the answer ids + step + encode the observations):
+`step.obs` (the texts) is built on first read: the loop never reads it for the batched games, so a finished
+game's last text is never rendered.
+
+Measured (experiments/bench_envs.py -> experiments/results/bench_envs.json; a shared 2-core x86 VM, load
+~3-4, so wall times are inflated; random agent vs random opponent, compact style, median host time of one
+lock-step turn: read the answer ids + step + token ids of the observations):
 
     games   per-game path (decode, OpenSpielTextEnv.step, tokenizer.encode)   vector
-      64      5.8 ms (Connect Four)  2.4 ms (Tic-Tac-Toe)                   0.39 / 0.40 ms
-     512     38 ms                  32 ms                                   1.4 / 1.3 ms
-    2048    117 ms                 108 ms                                   5.9 / 6.6 ms (2.9 / 3.8 ms CPU)
+      64      3.8 ms (Connect Four)  3.0 ms (Tic-Tac-Toe)                   0.63 / 0.67 ms
+     512     24 ms                  22 ms                                   1.0 / 1.2 ms
+    2048     69 ms                  82 ms                                   1.2 / 3.0 ms
 
-At 512 games, about 0.07 ms of a turn is reading answers (cached), 0.6 ms the env step (a third of
-it gluing observation strings, a quarter the opponent) and 0.3 ms the token ids (a Python list
-per game; `ObservationCodec.encode_padded` gives arrays for less). Resets: 9 ms for 512 games with
-64 distinct seeds (a GRPO batch), ~40 ms with 512 (gymnasium's Generator per new seed, ~20 us, is
-most of it; cached per seed).
+The same env read through its texts (`encode_padded(step.obs)`, answers as lists): 1.6 / 2.1 ms at 512,
+2.5 / 4.7 ms at 2048 (chat style: 5.7 / 6.0 ms against 2.0 / 2.9). Resets: ~4 ms for 512 games with 64
+distinct seeds (a GRPO batch), ~17 ms with 512 (gymnasium's Generator per new seed is most of it; cached per
+seed).
 
 Alpha-beta (Connect Four, 512 mid-game positions in one call): the batched search is full width
-(exact: the same best set and score as the pruned per-game search), so it grows ~7x per ply:
-depth 1: 0.8 ms, 2: 2.5 ms, 3: 23 ms, 4: 240 ms, against 106 / 191 / 594 / 1529 ms for the per-game
+(exact: the same best set and score as the pruned per-game search), so it grows ~8x per ply:
+depth 1: 0.5 ms, 2: 1.8 ms, 3: 15 ms, 4: 146 ms, against 32 / 81 / 299 / 945 ms for the per-game
 search over the same positions. Depth <= 2 stays within a turn's budget at 512 games; depth 3
-costs ~20x a random-opponent turn; depth 4 is still 6x faster than per game but dominates the
-turn; at depth 5 both take ~2 s for 512 games.
+costs ~15x a random-opponent turn; depth 4 is still 6x faster than per game but dominates the
+turn; at depth 5 both take ~2 s for 512 games (an earlier run).
 """
 from earl_jax.envs.vector.codec import ObservationCodec
 from earl_jax.envs.vector.env import VectorTextEnv
