@@ -17,7 +17,7 @@ from earl_jax.parallel.planner import ProgramCache, StageRun
 from earl_jax.rl import stages
 from earl_jax.rl.losses import LossConfig
 from earl_jax.rl.packing import (MIN_SPLIT_ROWS, WIDTH_BUCKETS, grouped_logprobs, grouped_update, length_order,
-                                 length_split, micro_batch_widths, rearrange)
+                                 length_split, limit_new_widths, micro_batch_widths, rearrange)
 from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, make_mesh
 
 CFG = ModelConfig.tiny(vocab_size=32).replace(num_hidden_layers=2, hidden_size=64, intermediate_size=128)
@@ -118,3 +118,11 @@ def test_length_split_cuts_padding_and_never_exceeds_the_plan():
             assert micro.count > plan.count and padded <= 0.7 * off.rows * sum(off_widths), (mesh, widths)
         equal = np.full(n, 150)
         assert length_split(run, equal, 256)[0] == plan  # nothing to gain: no extra launches
+
+
+def test_limit_new_widths_keeps_the_widest_new_ones_and_rounds_the_rest_up():
+    assert limit_new_widths([512, 256, 128, 64], set(), 1) == [512] * 4  # a cold start: one program
+    assert limit_new_widths([512, 256, 128, 64], {128}, 1) == [512, 512, 128, 128]
+    assert limit_new_widths([512, 256, 128, 64], {128}, 2) == [512, 256, 128, 128]
+    assert limit_new_widths([256, 128, 64], {512, 128}, 1) == [256, 128, 128]  # the narrowest that fits serves
+    assert limit_new_widths([512, 256, 128, 64], set(), 0) == [512, 256, 128, 64]  # 0: no limit

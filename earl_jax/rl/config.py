@@ -122,6 +122,9 @@ class RLConfig:
     length_split: bool = _f(True, "experience / train: split a batch into more (length-grouped) micro-batches "
                                   "than the plan's memory bound when that cuts the padded tokens by more than "
                                   "packing.SPLIT_GAIN")
+    new_widths_per_iteration: int = _f(1, "experience / train: at most this many micro-batch widths not compiled yet "
+                                          "per stage and iteration; the other new ones run padded to a wider one "
+                                          "(same results, fewer compiles at once); 0: no limit")
     micro_batch_tokens: int = _f(32768, "cap on tokens per batch shard in one experience / train micro-batch; the "
                                         "selector picks the micro-batch (rows per shard) below it from the memory model")
     remat: Literal["auto", "none", "full"] = _f(
@@ -173,7 +176,7 @@ class RLConfig:
             need(getattr(self, name) > 0, name, "must be positive")
         for name in ("warmup_steps", "format_warmup_steps", "eval_every", "checkpoint_every", "invalid_retries",
                      "rollout_groups", "top_k", "max_minutes", "kl_coef", "entropy_coef", "weight_decay",
-                     "keep_checkpoints", "format_warmup_games", "gc_every"):
+                     "keep_checkpoints", "format_warmup_games", "gc_every", "new_widths_per_iteration"):
             need(getattr(self, name) >= 0, name, "must be >= 0")
         need(self.temperature > 0, "temperature", "must be > 0")
         need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")

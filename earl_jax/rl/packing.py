@@ -12,7 +12,7 @@ padding (CPU default: mean ~165 tokens, rows of 512). Instead of packing several
    memory bound asks for when that cuts the padded tokens by more than `SPLIT_GAIN` (the plan's micro-batch is a
    cap: a smaller one needs less memory);
 3. `grouped_logprobs` / `grouped_update` run one compiled program per (stage, width bucket): a micro-batch
-   at its own width. Columns past a row's length are padding and, with causal attention, change no
+   at its own width (`limit_new_widths` lets few new widths compile per iteration; the rest run wider). Columns past a row's length are padding and, with causal attention, change no
    log-prob before them, so the results equal the padded computation (tests/test_packing.py).
 
 The number of programs is bounded by the width buckets times the split counts (divisors of the rows per
@@ -95,6 +95,18 @@ def length_split(run: StageRun, arranged_lengths: Int[np.ndarray, " n"], full_wi
     finest = min(padded for *_, padded in options)
     micro, widths, _ = next(o for o in options if o[2] <= finest * (1 + SPLIT_GAIN))
     return micro, widths
+
+
+def limit_new_widths(widths: list[int], compiled: set[int], budget: int) -> list[int]:
+    """`widths` with at most `budget` of them not in `compiled` (0: no limit): the widest new ones stay, every other
+    new width rounds up to the narrowest kept or compiled one above it. Columns past a row's length change no
+    result (causal attention), so this only bounds how many programs one iteration compiles: a cold start pays
+    for one width per stage, not for every width its first batch happens to hold."""
+    if budget <= 0:
+        return list(widths)
+    new = sorted({w for w in widths if w not in compiled}, reverse=True)
+    allowed = compiled | set(new[:budget])  # the widest new width is always allowed: nothing wider may exist
+    return [min(a for a in allowed if a >= w) for w in widths]
 
 
 def _zeros_like_rows(x):

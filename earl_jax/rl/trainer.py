@@ -51,7 +51,8 @@ from earl_jax.rl.league import host_copy
 from earl_jax.rl.losses import LossConfig
 from earl_jax.rl.matchmaking import Matchmaker
 from earl_jax.rl.metrics import MetricsLogger
-from earl_jax.rl.packing import batch_width, grouped_logprobs, grouped_update, length_order, length_split, rearrange
+from earl_jax.rl.packing import (batch_width, grouped_logprobs, grouped_update, length_order, length_split,
+                                 limit_new_widths, rearrange)
 from earl_jax.rl.stages import ExperienceBatch, advantage_step, make_optimizer, sft_batch
 from earl_jax.rl.warmup import random_legal_games
 from earl_jax.rollout.agent_loop import RolloutConfig, Trajectories, play_games
@@ -147,6 +148,7 @@ class Trainer:
         self.sft_optimizer = make_optimizer(3e-3, 5, max(cfg.format_warmup_steps, 6), 0.0, cfg.grad_clip)
         self.step = 0
         self._no_signal = 0  # consecutive iterations without a gradient (see iteration())
+        self._widths_run: dict[tuple, set[int]] = {}  # micro-batch widths each stage program has run at
         self._samplers: dict[Any, Sampler] = {}  # per rollout mesh (or device of one): each keeps its programs
         self._rollout_groups = 1  # the last rollout's decode groups (device groups x pipeline groups)
         self._gc = GcClock()  # the collector's pauses in an iteration (time/gc_pause_s), timed inside run()
@@ -328,7 +330,7 @@ class Trainer:
         ref = None if self.ref_params is None else self._params_for(run, self.ref_params)
         perm = length_order(lengths, run.batch_shards)
         x = run.put_rows({k: v[perm] for k, v in arrays.items()})
-        micro, widths = length_split(run, lengths[perm], x["tokens"].shape[1], self.cfg.length_split)
+        micro, widths = self._split(run, lengths[perm], x["tokens"].shape)
         kw = dict(graphdef=self.graphdef, choices=x.get("choices"), choice_tokens=self.choice_tokens)
         old = grouped_logprobs(run, params, x["tokens"], widths, micro, **kw)
         ref_logp = old if ref is None else grouped_logprobs(run, ref, x["tokens"], widths, micro, **kw)
@@ -349,7 +351,7 @@ class Trainer:
         batch = rearrange(run, batch, np.argsort(arranged)[perm])  # this layout's arrangement (as many shards)
         jax.block_until_ready(batch)
         dispatch_s = time.perf_counter() - t0
-        micro, widths = length_split(run, lengths[perm], batch.tokens.shape[1], self.cfg.length_split)
+        micro, widths = self._split(run, lengths[perm], batch.tokens.shape)
         metrics = {}
         for _ in range(self.cfg.ppo_epochs):
             try:
@@ -366,6 +368,16 @@ class Trainer:
         metrics = global_to_host(metrics)
         metrics["dispatch_s"] = dispatch_s
         return metrics
+
+    def _split(self, run: StageRun, arranged_lengths: np.ndarray, shape: tuple[int, ...]):
+        """`packing.length_split`, then at most cfg.new_widths_per_iteration widths this stage's programs have not
+        run at yet (a program is per stage, mesh, split, chunk, batch shape and width)."""
+        micro, widths = length_split(run, arranged_lengths, shape[1], self.cfg.length_split)
+        key = (run.stage, str(run.layout.mesh), micro.count, micro.shards, run.layout.logprob_chunk, tuple(shape))
+        seen = self._widths_run.setdefault(key, set())
+        widths = limit_new_widths(widths, seen, self.cfg.new_widths_per_iteration)
+        seen.update(widths)
+        return micro, widths
 
     def _plan_batch(self, arrays: dict[str, np.ndarray], mean_context_len: float, **extends: int) -> None:
         """Experience / train layouts for the batch they are about to process (its padded width is known)."""
