@@ -47,15 +47,17 @@ def test_short_run_logs_every_metric_and_checkpoints(tmp_path):
 def test_few_new_widths_per_iteration_compile_less_and_change_nothing(tmp_path):
     # micro-batches of one row per shard: games of different lengths get different widths
     cfg = dataclasses.replace(SMALL, steps=1, eval_every=0, format_warmup_steps=0, checkpoint_every=0,
-                              micro_batch_tokens=128, max_context=256)
+                              micro_batch_tokens=128, max_context=256, eval_games=2)
     runs = {}
     for k in (0, 1):
         runs[k] = Trainer(dataclasses.replace(cfg, run_dir=str(tmp_path / str(k)), new_widths_per_iteration=k), log=False)
         runs[k].run()
     most = {k: max(len(widths) for widths in t._widths_run.values()) for k, t in runs.items()}
     assert most[0] > 1 and most[1] == 1  # unlimited: several width programs per stage; limited: one
+    # Adam's step is ~lr (1e-3) per weight: a micro-batch cut short would move weights by that much, while padding
+    # changes only float rounding (seen: 1.7e-6 on one of 49152 weights)
     for a, b in zip(_params(runs[0]), _params(runs[1])):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_killed_and_resumed_run_is_bit_exact(tmp_path):

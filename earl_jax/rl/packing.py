@@ -7,7 +7,8 @@ padding (CPU default: mean ~165 tokens, rows of 512). Instead of packing several
 1. `length_order` sorts the rows by length (longest first) and deals them round-robin over the batch
    shards, so that `split_rows`' micro-batch j (the j-th slice of every shard's block) holds the
    consecutive ranks j*m*D .. (j+1)*m*D - 1: rows of similar length, spread over every device;
-2. `micro_batch_widths` gives each micro-batch the width bucket of its longest row (`WIDTH_BUCKETS`: powers of
+2. `micro_batch_widths` gives each micro-batch the width bucket of its longest row (a row's length up to its last
+   scored token, `scored_spans`: the result text that ends a game is never computed) (`WIDTH_BUCKETS`: powers of
    two and the 1.5x steps between), and `length_split` splits the batch into more micro-batches than the plan's
    memory bound asks for when that cuts the padded tokens by more than `SPLIT_GAIN` (the plan's micro-batch is a
    cap: a smaller one needs less memory);
@@ -29,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from jaxtyping import Int
+from jaxtyping import Bool, Int
 
 from earl_jax.parallel.planner import MicroBatches, StageRun
 from earl_jax.rl import stages
@@ -95,6 +96,14 @@ def length_split(run: StageRun, arranged_lengths: Int[np.ndarray, " n"], full_wi
     finest = min(padded for *_, padded in options)
     micro, widths, _ = next(o for o in options if o[2] <= finest * (1 + SPLIT_GAIN))
     return micro, widths
+
+
+def scored_spans(loss_mask: Bool[np.ndarray, "n t"]) -> Int[np.ndarray, " n"]:
+    """Each row's length up to and including its last scored token (0: none). A game's last observation (the
+    result) is never scored, and with causal attention the tokens after a row's last scored one change nothing
+    before it: experience and train group and cut rows by these spans, not by the games' lengths."""
+    mask = np.asarray(loss_mask, bool)
+    return np.where(mask.any(1), mask.shape[1] - np.argmax(mask[:, ::-1], axis=1), 0)
 
 
 def limit_new_widths(widths: list[int], compiled: set[int], budget: int) -> list[int]:

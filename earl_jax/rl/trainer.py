@@ -52,7 +52,7 @@ from earl_jax.rl.losses import LossConfig
 from earl_jax.rl.matchmaking import Matchmaker
 from earl_jax.rl.metrics import MetricsLogger
 from earl_jax.rl.packing import (batch_width, grouped_logprobs, grouped_update, length_order, length_split,
-                                 limit_new_widths, rearrange)
+                                 limit_new_widths, rearrange, scored_spans)
 from earl_jax.rl.stages import ExperienceBatch, advantage_step, make_optimizer, sft_batch
 from earl_jax.rl.warmup import random_legal_games
 from earl_jax.rollout.agent_loop import RolloutConfig, Trajectories, play_games
@@ -492,12 +492,13 @@ class Trainer:
             # Experience and train are planned for the batch they process; the OOM fallback may still change them.
             self._plan_batch(arrays, s.turn_context_len_mean, prompt_tokens=s.prompt_tokens,
                              first_cache_len=s.first_cache_len, observation_tokens=s.observation_tokens)
+            spans = scored_spans(traj.loss_mask)  # what experience and train compute: up to each row's last scored token
             t0 = time.perf_counter()
             batch, exp_metrics, arranged = self.planner.run("experience",
-                                                            lambda run: self._experience(run, arrays, traj.lengths))
+                                                            lambda run: self._experience(run, arrays, spans))
             t1 = time.perf_counter()
             # train updates (and donates) the weights: never rerun on a process where it already succeeded
-            train_metrics = self.planner.run("train", lambda run: self._train(run, batch, traj.lengths, arranged),
+            train_metrics = self.planner.run("train", lambda run: self._train(run, batch, spans, arranged),
                                              rerun_after_success=False)
             t2 = time.perf_counter()
         self.step += 1
