@@ -123,6 +123,7 @@ def replay(cfg: EnvConfig, num_games: int, seed: int) -> dict:
             if want[2]:
                 seen["winners"].add(want[4]["winner"])
         assert [row[:n].tolist() for row, n in zip(ids, lengths)] == wanted and ids.dtype == np.int32
+        assert ids.shape[1] == max(map(len, wanted), default=0)  # as wide as encode_padded's
         seen["from_bytes"] += step.obs_bytes(where) is not None
         seen["steps"] += 1
         done = np.flatnonzero(~env.live)

@@ -85,6 +85,7 @@ class ObservationCodec:
         got = step.obs_bytes(where) if self.fast and where.any() else None
         if got is not None:  # rows hold no NUL but their padding (render.py): NUL -> id 0, the pad
             rows, lengths = got
+            rows = rows[:, :int(lengths.max(initial=0))]  # as wide as encode_padded's (a table's rows may be wider)
             data = rows.tobytes().translate(self._row_table)
             if bytes([_NOT_FAST]) not in data:  # else a character the table cannot vouch for: the text path
                 return np.frombuffer(data, np.uint8).reshape(rows.shape).astype(np.int32), lengths
