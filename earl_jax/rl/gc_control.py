@@ -8,7 +8,8 @@ does what Megatron-LM's `--manual-gc` does: automatic collection is off and ever
 iterations, every N; the objects that survive a collection are then frozen (never scanned again), so the next
 one walks only what the last N iterations made. Measured on 4 H100s (one process per GPU, tiny model, 2048
 games; experiments/results/bench_agent_loop_nvidia_h100x4.json, call 34): a full collection took 0.29-0.37 s
-per process when only start-up's objects were frozen. Frozen objects that later become cyclic garbage are not freed (objects freed by their reference count still are).
+per process when only start-up's objects were frozen. The slow iterations of a split rollout turned out to be
+compiles, not collections: with `--gc-every 1` they stayed (call 35). Frozen objects that later become cyclic garbage are not freed (objects freed by their reference count still are).
 """
 
 from __future__ import annotations

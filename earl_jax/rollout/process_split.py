@@ -15,11 +15,12 @@ A game's samples come from fold_in(fold_in(rng, turn), game id) with its id in t
 play, up to the decode programs' numerics on the smaller mesh (the same on CPU: the two-process test
 compares them exactly).
 
-Measured (4 x H100, one process per GPU, tiny model, 2048 games; experiments/results/NOTES.md calls 30-33): a
-process's own 512 games take ~0.17 s, but in half of the iterations one process ran 0.6-1.6 s and the
-others waited in the gather, for a reason the compile counts do not show (a likely one: each process's own
-garbage collections, ~0.3 s each there; see rl/gc_control.py and `--gc-every`); the split rollout's median was
-0.67 s against 0.52 s unsplit and 0.40 s on one GPU. So it is off by default (`--rollout-split-processes`).
+Measured (4 x H100, one process per GPU, tiny model, 2048 games; experiments/results/NOTES.md calls 30-39): a
+process's own 512 games take ~0.16 s, but in the first ~15 iterations one process often runs 1-6 s and the
+others wait in the gather: it is compiling, for a batch size, cache length or width its games reach first
+(`time/compile_s`, `compile/slowest`), not collecting garbage (`--gc-every 1` left those iterations slow). In the
+iterations that compiled nothing the split rollout took 0.23 s against 0.36 s on one GPU (1.54x), a third of it
+the gather. So it is off by default (`--rollout-split-processes`).
 
 Not split (the SPMD rollout, with host work repeated): a data axis within one process, weights sharded
 over the data axis, a batch that does not divide into processes, and league games (the frozen snapshot's

@@ -63,7 +63,7 @@ class BoardRenderer:
         return row_texts(rows, np.full(len(rows), rows.shape[1] - 1))
 
     def _block_rows(self, cells, agent_player) -> UInt8[np.ndarray, "n w"]:
-        """`blocks` as a byte row per game."""
+        """The boards as this style prints them, each with its closing newline: a byte row per game."""
         if self.style != "chat":
             return self._compact(cells, agent_player, labeled=self.style == "labeled")
         n = len(cells)
