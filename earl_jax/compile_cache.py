@@ -62,6 +62,7 @@ def enable_compile_cache(path: str | None = None) -> str | None:
 _LOWER = "/jax/core/compile/jaxpr_to_mlir_module_duration"  # every new program (cache hit or not)
 _BACKEND = "/jax/core/compile/backend_compile_duration"  # XLA compile *or* persistent-cache load
 _HIT = "/jax/compilation_cache/cache_hits"
+AHEAD_THREAD_PREFIX = "earl-compile-ahead"  # threads of rollout/compile_ahead.py: counted apart
 
 
 @dataclasses.dataclass
@@ -71,6 +72,10 @@ class CompileCount:
     cache_hits: int = 0  # of those, loaded from the persistent cache
     backend_s: float = 0.0  # seconds spent getting them (compiling or loading)
     seconds_by_name: dict[str, float] = dataclasses.field(default_factory=dict)  # the same, per program name
+    # executables obtained on compile-ahead threads (rollout/compile_ahead.py), not in the fields above: they
+    # are not what the counted code waited for
+    ahead: int = 0
+    ahead_s: float = 0.0
 
     def slowest(self, k: int = 4) -> str:
         """The k programs that took longest to get, "name:seconds" (what to look at when an iteration is slow)."""
@@ -95,9 +100,14 @@ _registered = False
 def _on_duration(event: str, secs: float, fun_name: str = "?", **_) -> None:
     if not _active or event not in (_LOWER, _BACKEND):
         return
+    ahead = threading.current_thread().name.startswith(AHEAD_THREAD_PREFIX)
     with _lock:
         for c in _active:
-            if event == _LOWER:
+            if ahead:
+                if event == _BACKEND:
+                    c.ahead += 1
+                    c.ahead_s += secs
+            elif event == _LOWER:
                 c.lowered += 1
             else:
                 c.backend += 1
@@ -106,7 +116,7 @@ def _on_duration(event: str, secs: float, fun_name: str = "?", **_) -> None:
 
 
 def _on_event(event: str, **_) -> None:
-    if _active and event == _HIT:
+    if _active and event == _HIT and not threading.current_thread().name.startswith(AHEAD_THREAD_PREFIX):
         with _lock:
             for c in _active:
                 c.cache_hits += 1

@@ -18,6 +18,7 @@ REQUIRED_METRICS = (
     "time/experience_s", "time/train_s", "time/dispatch_s", "train/loss", "train/kl", "train/entropy",
     "train/grad_norm", "parallel/rollout_mesh", "parallel/experience_mesh", "parallel/train_mesh",
     "time/gc_pause_s", "time/gc_s", "compile/programs", "compile/lowered", "time/compile_s",
+    "compile/ahead", "time/compile_ahead_s", "compile/ahead_failed",
 )
 
 

@@ -67,6 +67,13 @@ from earl_jax.rollout.sampler import (DEFAULT_CACHE_BUCKETS, Sampler, SamplingCo
 log = logging.getLogger(__name__)
 
 
+def compile_ahead_now(mode: str, rollouts_done: int, backend: str) -> bool:
+    """--compile-ahead: "auto" compiles ahead on accelerators from the second training rollout on. In the first the
+    foreground compiles nearly all the time, and ahead compiles only competed with it (2 x H100: the 1.5B pod job's
+    first rollout took 94 s with them against 74 s without; experiments/results/NOTES.md call 41)."""
+    return mode == "true" or (mode == "auto" and rollouts_done > 0 and backend != "cpu")
+
+
 def _device_memory() -> dict[str, float]:
     """Largest bytes in use / peak / limit over this process's devices, in GiB (GPU, TPU; {} on CPU)."""
     stats = [device_memory_stats(d) for d in jax.local_devices()]
@@ -150,6 +157,8 @@ class Trainer:
         self._no_signal = 0  # consecutive iterations without a gradient (see iteration())
         self._widths_run: dict[tuple, set[int]] = {}  # micro-batch widths each stage program has run at
         self._samplers: dict[Any, Sampler] = {}  # per rollout mesh (or device of one): each keeps its programs
+        self._ahead_failed_seen = 0  # compile-ahead failures already warned about
+        self._rollouts_done = 0  # training rollouts finished (--compile-ahead auto starts after the first)
         self._rollout_groups = 1  # the last rollout's decode groups (device groups x pipeline groups)
         self._gc = GcClock()  # the collector's pauses in an iteration (time/gc_pause_s), timed inside run()
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
@@ -288,8 +297,11 @@ class Trainer:
         """The sampler of a rollout mesh (or of one device of it), kept with its compiled programs."""
         if key not in self._samplers:
             self._samplers[key] = Sampler(self.graphdef, self.model_cfg, mesh=mesh, cache_buckets=self.cache_buckets,
-                                          rules=rules)
-        return self._samplers[key]
+                                          rules=rules, max_len=self.cfg.max_context)
+        sampler = self._samplers[key]
+        if compile_ahead_now(self.cfg.compile_ahead, self._rollouts_done, jax.default_backend()):
+            sampler.start_compiling_ahead()
+        return sampler
 
     def _league_snapshot(self, params: Any) -> Any:
         """A league snapshot on the host, in the compute dtype (it only decodes)."""
@@ -487,6 +499,7 @@ class Trainer:
             self.env = self.matchmaker.train_env()  # a new env when the curriculum moved to another rung
             league = self.matchmaker.league_games(self.step, self.params)
             traj, rollout_dispatch_s = self._rollout(self.env, seeds, group_ids, rng, self.sampling, league=league)
+            self._rollouts_done += 1
             s = traj.stats
             arrays = self._batch_arrays(traj)
             # Experience and train are planned for the batch they process; the OOM fallback may still change them.
@@ -558,9 +571,21 @@ class Trainer:
         mine = (decode, round(self._gc.take() * 1e6), compiles.lowered, round(compiles.backend_s * 1e6))
         rows = gather_ints(*mine) if jax.process_count() > 1 else [mine]
         decode, paused_us, lowered, compile_us = (max(col) for col in zip(*rows))
+        ahead = [sp.ahead for sp in self._samplers.values() if sp.ahead is not None]
+        failed = [f for a in ahead for f in a.failed]
+        if len(failed) > self._ahead_failed_seen:  # a miss only (the real call compiles), but say why once per new one
+            log.warning("compiling ahead failed for %d program(s), e.g. %s: %s", len(failed) - self._ahead_failed_seen,
+                        *failed[self._ahead_failed_seen])
+            self._ahead_failed_seen = len(failed)
         return {"compile/programs": len(self.planner.programs) + decode, "time/gc_pause_s": paused_us / 1e6,
                 "compile/lowered": lowered, "time/compile_s": compile_us / 1e6,
-                "compile/slowest": compiles.slowest()}  # this process's: names to look for when an iteration is slow
+                "compile/slowest": compiles.slowest(),  # this process's: names to look for when an iteration is slow
+                # this process's compiles on compile-ahead threads (rollout/compile_ahead.py)
+                "compile/ahead": compiles.ahead, "time/compile_ahead_s": compiles.ahead_s,
+                "compile/ahead_failed": len(failed),
+                # of the programs submitted so far, those a real call then asked for (the rest was a wrong guess)
+                "compile/ahead_submitted": sum(a.submitted for a in ahead), "compile/ahead_used": sum(len(a.used) for a in ahead),
+                "time/compile_ahead_waited_s": sum(a.waited_s for a in ahead)}
 
     def _league_metrics(self, traj: Trajectories, league) -> dict[str, Any]:
         """Outcomes of the games against the frozen snapshot and against the scripted opponent, apart."""

@@ -36,6 +36,9 @@ class SamplerPolicy:
         self.lengths = np.zeros(batch, np.int64)
         self._pending = np.zeros((batch, 2), np.int32)  # constrained answers not yet in the cache
         self._pending_n = np.zeros(batch, np.int64)
+        if self.moves is None:  # the first decode compiles while the prompt's extend does (when compiling ahead)
+            self.sampler.prepare_generate(self.params, self.state, max_new_tokens=self.max_new_tokens,
+                                          stop_tokens=self.stop_tokens, sampling=self.sampling)
 
     def extend(self, tokens: np.ndarray, counts: np.ndarray) -> None:
         tokens, counts = np.asarray(tokens, np.int32), np.asarray(counts, np.int64)

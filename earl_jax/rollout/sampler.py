@@ -38,6 +38,7 @@ from earl_jax.models.config import ModelConfig
 from earl_jax.sharding.context import use_mesh_rules
 from earl_jax.sharding.mesh import Rules, logical_sharding
 from earl_jax.rollout import decode_step, moves
+from earl_jax.rollout.compile_ahead import CompileAhead
 from earl_jax.rollout.decode_attention import block_size
 from earl_jax.rollout.sampling import SamplingConfig, program_key, runtime_values, sample_logits
 
@@ -108,7 +109,11 @@ class Sampler:
                  rules: Rules | None = None, cache_dtype: Any = jnp.bfloat16,
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
                  cache_buckets: Sequence[int] = DEFAULT_CACHE_BUCKETS, steps_per_check: int = 1,
-                 decode_attention: str = "auto", compiler_options: dict[str, Any] | None = None):
+                 decode_attention: str = "auto", compiler_options: dict[str, Any] | None = None,
+                 compile_ahead: bool = False, max_len: int | None = None):
+        """`compile_ahead`: compile the programs the rollout is likely to need next (the next cache size, the
+        next compacted batch) on background threads (rollout/compile_ahead.py), cache sizes up to the bucket of
+        `max_len` (the rollout's max context; default: the largest bucket)."""
         if (mesh is None) != (rules is None):
             raise ValueError("Sampler: give both mesh and rules, or neither")
         self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, rules
@@ -134,6 +139,13 @@ class Sampler:
         self._generate = jax.jit(self._generate_impl, static_argnums=(4, 5, 6), donate_argnums=(1,),
                                  compiler_options=opts)
         self._pick = jax.jit(self._pick_impl, static_argnums=(6,))
+        self.ahead = CompileAhead() if compile_ahead else None
+        self._ahead_top = self.cache_buckets[-1] if max_len is None else bucket(max_len, self.cache_buckets)
+        self._extend_widths: dict[int, int] = {}  # extend width bucket -> real calls (what to predict)
+        self._generate_like: tuple | None = None  # the last generate's static arguments and scalar specs
+        self._params_specs: tuple[int, Any] | None = None
+        self._needed = (0, 0)  # the last two ensure_capacity lengths
+        self._active = None  # rows the last generate decoded (budget > 0): when to compile the compacted batch ahead
 
     # ---- public API --------------------------------------------------------------------------------
     @property
@@ -147,9 +159,13 @@ class Sampler:
 
     def ensure_capacity(self, state: SamplerState, needed_len: int) -> SamplerState:
         """Grow the cache (a copy) to the bucket holding `needed_len` tokens per row, if it is smaller."""
+        if self.ahead is not None:  # how fast rows grow: when to compile the next cache size ahead
+            self._needed = (self._needed[1], needed_len)
         if needed_len <= state.max_len:
             return state
-        return self._grow(state, bucket(needed_len, self.cache_buckets))
+        new_len = bucket(needed_len, self.cache_buckets)
+        self._wait(("grow", state.batch_size, state.max_len, new_len))
+        return self._grow(state, new_len)
 
     def take_rows(self, state: SamplerState, rows, batch: int) -> SamplerState:
         """A state of `batch` rows holding `state`'s rows `rows` in that order (then empty rows): finished
@@ -161,6 +177,7 @@ class Sampler:
         idx[:len(rows)] = rows
         valid = np.arange(batch) < len(rows)
         idx, valid = self._put_rows(idx, valid)
+        self._wait(("take", state.batch_size, state.max_len, batch))
         return self._take(state, idx, batch, valid)
 
     def extend(self, params: nnx.State, state: SamplerState, tokens, num_new) -> SamplerState:
@@ -177,7 +194,13 @@ class Sampler:
         tb = bucket(max(t, 1), self.length_buckets)
         if tb != t:
             tokens = np.pad(tokens, ((0, 0), (0, tb - t)), constant_values=PAD_TOKEN)
-        return self._extend(params, state, *self._put_rows(tokens, num_new))
+        b, s = state.batch_size, state.max_len
+        self._wait(("extend", b, s, tb))
+        state = self._extend(params, state, *self._put_rows(tokens, num_new))
+        if self.ahead is not None:
+            self._extend_widths[tb] = self._extend_widths.get(tb, 0) + 1
+            self._look_ahead(params, state, b, s)
+        return state
 
     def generate(self, params: nnx.State, state: SamplerState, rng: jax.Array, *, max_new_tokens: int,
                  budget, stop_tokens: tuple[int, ...] = (), sampling: SamplingConfig = SamplingConfig(),
@@ -193,6 +216,7 @@ class Sampler:
         program's bucketed width (columns past max_new_tokens are padding), so the caller slices on the host
         instead of two eager device ops."""
         budget = np.broadcast_to(np.asarray(budget, np.int32), (state.batch_size,))
+        self._active = int(np.count_nonzero(budget))
         n_bucket = bucket(max(int(max_new_tokens), 1), self.length_buckets)
         stop_tokens = tuple(int(s) for s in stop_tokens)
         if row_ids is None:
@@ -200,8 +224,14 @@ class Sampler:
         else:
             budget, row_ids = self._put_rows(budget, np.asarray(row_ids, np.int32))
         temperature, greedy = runtime_values(sampling)  # runtime values: greedy and sampled share programs
+        statics = (n_bucket, stop_tokens, program_key(sampling), row_ids is not None)
+        b, s = state.batch_size, state.max_len
+        self._wait(("generate", b, s) + statics)
         state, gen = self._generate(params, state, rng, budget, n_bucket, stop_tokens, program_key(sampling),
                                     np.int32(max_new_tokens), row_ids, temperature, greedy)
+        if self.ahead is not None:
+            self._generate_like = (statics, _spec(rng), _spec(temperature), _spec(greedy))
+            self._look_ahead(params, state, b, s)
         if trim and n_bucket != max_new_tokens:
             gen = Generation(gen.tokens[:, :max_new_tokens], gen.logprobs[:, :max_new_tokens],
                              gen.num_tokens, gen.stopped)
@@ -216,6 +246,106 @@ class Sampler:
         temperature, greedy = runtime_values(sampling)
         bits, row_ids = self._put_rows(np.asarray(bits, np.int32), np.asarray(row_ids, np.int32))
         return self._pick(state.next_logits, bits, rng, row_ids, temperature, greedy, tuple(token_ids))
+
+    # ---- compiling ahead (rollout/compile_ahead.py) -------------------------------------------------
+    def prepare_generate(self, params: nnx.State, state: SamplerState, *, max_new_tokens: int,
+                         stop_tokens: tuple[int, ...] = (), sampling: SamplingConfig = SamplingConfig(),
+                         row_ids: bool = True) -> None:
+        """Start compiling the generate program of `state`'s shape now (a rollout's first decode), while the prompt's
+        extend compiles and runs. No-op unless compiling ahead."""
+        if self.ahead is None:
+            return
+        statics = (bucket(max(int(max_new_tokens), 1), self.length_buckets), tuple(int(t) for t in stop_tokens),
+                   program_key(sampling), row_ids)
+        if self._generate_like is None or self._generate_like[0] != statics:
+            temperature, greedy = runtime_values(sampling)
+            self._generate_like = (statics, jax.ShapeDtypeStruct((), jax.random.key(0).dtype), _spec(temperature),
+                                   _spec(greedy))
+        self._ahead_generate(self._specs_of(params), jax.tree.map(_spec, state), state.batch_size, state.max_len)
+
+    def start_compiling_ahead(self) -> None:
+        """Turn compiling ahead on from now (e.g. after the first rollout, whose compiles it would only compete with)."""
+        if self.ahead is None:
+            self.ahead = CompileAhead()
+
+    def _wait(self, key: tuple) -> None:
+        if self.ahead is not None:
+            self.ahead.wait(key)
+
+    def _specs_of(self, params: nnx.State) -> Any:
+        """Argument specs of the weights (kept per weights object: building them walks every leaf)."""
+        if self._params_specs is None or self._params_specs[0] is not params:
+            self._params_specs = (params, jax.tree.map(_spec, params))
+        return self._params_specs[1]
+
+    def _look_ahead(self, params: nnx.State, like: SamplerState, b: int, s: int) -> None:
+        """Submit the programs of this shape's neighbours that the rollout is close to: the next cache size (and the
+        grow to it) once rows would reach it within about two turns at their present growth, the next compacted
+        batch (agent_loop._compact: a quarter, still a multiple of the batch shards; and the take to it) once half
+        the rows have stopped decoding."""
+        p = self._specs_of(params)
+        like = jax.tree.map(_spec, like)  # metadata only: the state itself is donated by the next call
+        shapes = [(b, s)]
+        s_next = bucket(s + 1, self.cache_buckets)
+        prev, needed = self._needed
+        if s_next <= self._ahead_top and needed + 2 * max(needed - prev, 1) > s:  # rows reach s within ~2 turns
+            shapes.append((b, s_next))
+            self.ahead.submit(("grow", b, s, s_next), lambda: (self._grow, (self._state_spec(like, b, s), s_next)))
+        shards = self._batch_shards()
+        if b % 4 == 0 and (b // 4) % shards == 0 and self._active is not None and self._active <= b // 2:
+            # half the rows have finished: compaction (at a quarter) comes next
+            b_next = b // 4
+            shapes.append((b_next, s))
+            self.ahead.submit(("take", b, s, b_next), lambda: (self._take, (
+                self._state_spec(like, b, s), self._rows_spec((b_next,), np.int32), b_next,
+                self._rows_spec((b_next,), np.bool_))))
+        for bb, ss in shapes:
+            self._ahead_generate(p, like, bb, ss)
+            for tb, calls in self._extend_widths.items():
+                if calls >= 2:  # an observation's width (a prompt's is used once per rollout)
+                    self.ahead.submit(("extend", bb, ss, tb), lambda bb=bb, ss=ss, tb=tb: (self._extend, (
+                        p, self._state_spec(like, bb, ss), self._rows_spec((bb, tb), np.int32),
+                        self._rows_spec((bb,), np.int32))))
+
+    def _ahead_generate(self, p: Any, like: SamplerState, b: int, s: int) -> None:
+        if self._generate_like is None:
+            return
+        statics, rng, temperature, greedy = self._generate_like
+        n_bucket, stop_tokens, pkey, with_ids = statics
+        rows = self._rows_spec((b,), np.int32)
+        self.ahead.submit(("generate", b, s) + statics, lambda: (self._generate, (
+            p, self._state_spec(like, b, s), rng, rows, n_bucket, stop_tokens, pkey,
+            jax.ShapeDtypeStruct((), np.int32), rows if with_ids else None, temperature, greedy)))
+
+    def _batch_shards(self) -> int:
+        if self.mesh is None:
+            return 1
+        spec = logical_sharding(self.mesh, self.rules, ("batch",), (1 << 20,)).spec
+        entry = spec[0] if len(spec) else None
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
+        return int(np.prod([self.mesh.shape[a] for a in axes]))
+
+    def _rows_spec(self, shape: tuple[int, ...], dtype) -> jax.ShapeDtypeStruct:
+        """What `_put_rows` makes of a host array of this shape."""
+        if self.mesh is None:  # jnp.asarray: uncommitted
+            return jax.ShapeDtypeStruct(shape, dtype)
+        sharding = logical_sharding(self.mesh, self.rules, ("batch",) + (None,) * (len(shape) - 1), shape)
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    def _state_spec(self, like: SamplerState, b: int, s: int) -> SamplerState:
+        """Specs of a state of b rows and cache length s, sharded as `_constrain_state` leaves one."""
+        v = like.next_logits.shape[1]
+        if self.mesh is None:
+            one = lambda x, shape: jax.ShapeDtypeStruct(shape, x.dtype, sharding=x.sharding)  # noqa: E731
+            cache = jax.tree.map(lambda x: one(x, (b, x.shape[1], s) + x.shape[3:]), like.cache)
+            return SamplerState(cache, one(like.lengths, (b,)), one(like.next_logits, (b, v)))
+        shardings = cache_shardings(self.cfg, b, s, self.mesh, self.rules)
+        cache = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct((b, x.shape[1], s) + x.shape[3:], x.dtype, sharding=sh),
+                             like.cache, shardings)
+        return SamplerState(cache, jax.ShapeDtypeStruct((b,), like.lengths.dtype,
+                                                        sharding=logical_sharding(self.mesh, self.rules, ("batch",), (b,))),
+                            jax.ShapeDtypeStruct((b, v), like.next_logits.dtype, sharding=logical_sharding(
+                                self.mesh, self.rules, ("batch", "act_vocab"), (b, v))))
 
     # ---- sharding helpers --------------------------------------------------------------------------
     def _put_rows(self, *xs: np.ndarray) -> list[jax.Array]:
@@ -368,3 +498,14 @@ class Sampler:
             next_logits = jnp.where((num > 0)[:, None], logits, state.next_logits)
             state = self._constrain_state(SamplerState(cache, lengths, next_logits))
             return state, Generation(toks[:, :n], lps[:, :n], num, stopped)
+
+
+def _spec(x: Any) -> jax.ShapeDtypeStruct:
+    """The argument spec jit sees for `x`: a committed array keeps its sharding, an uncommitted one or a numpy
+    value has none (jit places it)."""
+    if isinstance(x, jax.Array):
+        committed = getattr(x, "_committed", True)
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding if committed else None,
+                                    weak_type=x.aval.weak_type)
+    x = np.asarray(x)
+    return jax.ShapeDtypeStruct(x.shape, x.dtype)

@@ -1,0 +1,77 @@
+"""Compile the rollout's next programs in a background thread before the rollout reaches them.
+
+A rollout meets its decode programs one at a time: the prompt's extend, the first generate, the observation
+extend, then, as games grow and finish, a larger KV cache (grow, then generate / extend at that size) and a
+smaller batch (take, then generate / extend at that batch). Each is compiled when first called, so the first
+iteration waits for every compile in turn, and later iterations stall whenever a game first reaches a new
+cache size or batch (on 4 H100s most slow iterations were such compiles: experiments/results/NOTES.md, call 39).
+
+`CompileAhead` runs `jitted.lower(*specs).compile()` for programs the sampler predicts (the neighbours of the
+shape it just ran: next cache size, next compacted batch) on worker threads. XLA compiles outside the GIL, so
+the host goes on stepping games meanwhile. JAX keeps the executable of an ahead-of-time compile in the same
+cache the jitted call reads (and writes it to the persistent cache), so the real call finds it; a real call
+whose program is still compiling ahead waits for that compile (`wait`) instead of starting a second one.
+
+A wrong prediction costs only background CPU time; a failed ahead-of-time compile is counted (`failed`, with
+its error) and changes nothing else: the real call compiles (and raises) as it would have. On by default on
+accelerators only (`--compile-ahead auto`): on a 2-core CPU the compile threads take the cores the rollout runs on.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Hashable
+
+from earl_jax.compile_cache import AHEAD_THREAD_PREFIX
+
+
+class CompileAhead:
+    """A deduplicated queue of ahead-of-time compiles, keyed by whatever identifies a program's signature."""
+
+    def __init__(self, workers: int = 2):
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=AHEAD_THREAD_PREFIX)
+        self._futures: dict[Hashable, Future] = {}
+        self._lock = threading.Lock()
+        self.failed: list[tuple[Hashable, str]] = []
+        self.waited_s = 0.0  # time real calls spent waiting for a compile that had started ahead
+        self.used: set[Hashable] = set()  # submitted keys a real call then asked for (the rest was wasted work)
+
+    def submit(self, key: Hashable, build: Callable[[], tuple[Any, tuple]]) -> None:
+        """Compile `build()`'s (jitted function, argument specs) once per key, in the background. `build` runs on
+        the worker too, so a prediction costs the caller only this call."""
+        with self._lock:
+            if key in self._futures:
+                return
+            self._futures[key] = self._pool.submit(self._compile, key, build)
+
+    def _compile(self, key: Hashable, build: Callable[[], tuple[Any, tuple]]) -> None:
+        try:
+            fn, specs = build()
+            fn.lower(*specs).compile()
+        except Exception as e:  # noqa: BLE001 (a miss: the real call compiles and reports its own error)
+            self.failed.append((key, f"{type(e).__name__}: {e}"[:300]))
+
+    def wait(self, key: Hashable) -> None:
+        """Before the real call of `key`'s program: let a compile already under way finish (a second compile of
+        the same program would only take longer)."""
+        future = self._futures.get(key)
+        if future is not None:
+            self.used.add(key)
+        if future is not None and not future.done():
+            t0 = time.perf_counter()
+            future.result()
+            self.waited_s += time.perf_counter() - t0
+
+    @property
+    def submitted(self) -> int:
+        return len(self._futures)
+
+    def pending(self) -> int:
+        return sum(not f.done() for f in list(self._futures.values()))
+
+    def drain(self) -> None:
+        """Wait for every compile submitted so far (tests; a clean exit)."""
+        for f in list(self._futures.values()):
+            f.result()
