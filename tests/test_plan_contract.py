@@ -62,7 +62,8 @@ class Spy:
             def call(*args):
                 # the programs that compute a micro-batch's log-probs (not e.g. the accumulator's shapes)
                 spy._stage = run.stage if name in ("logprobs", "policy_grad") else None
-                tokens = args[2] if name == "logprobs" else args[2].tokens if name.endswith("_grad") else None
+                # a micro-batch's tokens: micro_logprobs(params, tok, ch), micro_grad(params, acc, mb, w)
+                tokens = args[1] if name == "logprobs" else args[2].tokens if name.endswith("_grad") else None
                 if tokens is not None:
                     spy.inputs.append((run.stage, dict(run.mesh.shape), tokens.sharding))
                 return program(*args)

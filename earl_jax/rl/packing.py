@@ -12,12 +12,16 @@ padding (CPU default: mean ~165 tokens, rows of 512). Instead of packing several
    two and the 1.5x steps between), and `length_split` splits the batch into more micro-batches than the plan's
    memory bound asks for when that cuts the padded tokens by more than `SPLIT_GAIN` (the plan's micro-batch is a
    cap: a smaller one needs less memory);
-3. `grouped_logprobs` / `grouped_update` run one compiled program per (stage, width bucket): a micro-batch
-   at its own width (`limit_new_widths` lets few new widths compile per iteration; the rest run wider). Columns past a row's length are padding and, with causal attention, change no
-   log-prob before them, so the results equal the padded computation (tests/test_packing.py).
+3. `grouped_logprobs` / `grouped_update` run the model's program once per micro-batch shape (rows, width
+   bucket): a micro-batch at its own width (`limit_new_widths` lets few new widths compile per iteration; the rest
+   run wider). Cutting a micro-batch out and writing its log-probs back are separate small programs, so the
+   model's programs do not depend on the batch's own padded width or split (on a GPU each new one cost 4-8 s for
+   the tiny model, in most of a run's first dozen iterations: experiments/results/NOTES.md, call 42). Columns past a
+   row's length are padding and, with causal attention, change no log-prob before them, so the results equal the
+   padded computation (tests/test_packing.py).
 
-The number of programs is bounded by the width buckets times the split counts (divisors of the rows per
-shard). The memory model plans for the widest micro-batch
+The number of model programs is bounded by the width buckets times the micro-batch row counts (the rows per
+shard over its divisors). The memory model plans for the widest micro-batch
 (the batch's width), which bounds the peak; the throughput metrics count real tokens.
 """
 
@@ -125,12 +129,15 @@ def _zeros_like_rows(x):
 def grouped_logprobs(run: StageRun, params: nnx.State, tokens: jax.Array, widths: list[int], micro: MicroBatches, *,
                      graphdef: nnx.GraphDef, choices: jax.Array | None = None, choice_tokens: tuple[int, ...] = ()
                      ) -> jax.Array:
-    """log p of every token, micro-batch j computed at widths[j] (one program per width bucket)."""
+    """log p of every token, micro-batch j computed at widths[j]: the model's program is compiled per micro-batch
+    shape (rows, width), whatever the batch's own width and split; cutting and writing back are cheap programs."""
+    split = dict(micro_batches=micro.count, shards=micro.shards)
     out = run.jit("zeros", _zeros_like_rows)(tokens)
     for j, width in enumerate(widths):
-        step = run.jit("logprobs", stages.logprob_step, donate=(1,), graphdef=graphdef, micro_batches=micro.count,
-                       shards=micro.shards, width=width, chunk=run.layout.logprob_chunk, choice_tokens=choice_tokens)
-        out = step(params, out, tokens, j, choices)
+        tok, ch = run.jit("micro_tokens", stages.micro_batch, **split, width=width)((tokens, choices), j)
+        logp = run.jit("logprobs", stages.micro_logprobs, graphdef=graphdef, chunk=run.layout.logprob_chunk,
+                       choice_tokens=choice_tokens)(params, tok, ch)
+        out = run.jit("put_logprobs", stages.put_micro, donate=(0,), **split)(out, logp, j)
     return out
 
 
@@ -143,11 +150,11 @@ def grouped_update(run: StageRun, params: nnx.State, opt_state: Any, batch: stag
     chunk = run.layout.logprob_chunk
     acc = run.jit(f"{loss}_zero", stages.zero_acc, graphdef=graphdef, loss=loss, loss_cfg=loss_cfg,
                   chunk=chunk, choice_tokens=choice_tokens)(params, batch)
-    for j, width in enumerate(widths):
-        step = run.jit(f"{loss}_grad", stages.grad_step, donate=(1,), graphdef=graphdef, loss=loss, loss_cfg=loss_cfg,
-                       micro_batches=micro.count, shards=micro.shards, width=width, chunk=chunk,
-                       token_weighted=token_weighted, choice_tokens=choice_tokens)
-        acc = step(params, acc, batch, j)
+    for j, width in enumerate(widths):  # the grad program per micro-batch shape, as in grouped_logprobs
+        mb, w = run.jit("micro_batch", stages.take_micro, micro_batches=micro.count, shards=micro.shards, width=width,
+                        token_weighted=token_weighted)(batch, j)
+        acc = run.jit(f"{loss}_grad", stages.micro_grad, donate=(1,), graphdef=graphdef, loss=loss, loss_cfg=loss_cfg,
+                      chunk=chunk, choice_tokens=choice_tokens)(params, acc, mb, w)
     return run.jit(f"{loss}_apply", stages.apply_step, donate=(0, 1), optimizer=optimizer)(params, opt_state, acc)
 
 

@@ -74,12 +74,39 @@ def logprob_step(params: nnx.State, out: Float[Array, "n t"], tokens: Int[Array,
     """Write the log-probs of micro-batch j (`split_rows`), computed on its first `width` columns, into
     `out`. Columns past `width` must be padding (causal attention: they change nothing before them).
     `choice_tokens` (static): the move tokens of constrained moves, scored where `choices` != 0."""
-    t = tokens.shape[1]
     tok, ch = micro_batch((tokens, choices), j, micro_batches, shards, width)
+    logp = micro_logprobs(params, tok, ch, graphdef=graphdef, chunk=chunk, choice_tokens=choice_tokens)
+    return put_micro(out, logp, j, micro_batches=micro_batches, shards=shards)
+
+
+# The micro-batched steps in three parts, so that the grouped path (rl/packing.py) compiles its heavy programs
+# (`micro_logprobs`, `micro_grad`) per micro-batch shape only: cutting micro-batch j out of the batch and writing
+# its log-probs back are cheap programs that carry the batch's own shape (its rows, padded width, split).
+
+def micro_logprobs(params: nnx.State, tok: Int[Array, "m w"], ch: Int[Array, "m w"] | None = None, *,
+                   graphdef: nnx.GraphDef, chunk: int, choice_tokens: tuple[int, ...] = ()) -> Float[Array, "m w"]:
+    """log p of every token of one micro-batch."""
     logp, _ = token_logprobs(nnx.merge(graphdef, params), tok, chunk=chunk, **_choice_kw(ch, choice_tokens))
-    logp = jnp.pad(logp, ((0, 0), (0, t - width)))
+    return logp
+
+
+def put_micro(out: Float[Array, "n t"], logp: Float[Array, "m w"], j, *, micro_batches: int, shards: int
+              ) -> Float[Array, "n t"]:
+    """`out` with micro-batch j's rows (`split_rows`) set to `logp`, padded with zeros to the batch's width."""
+    logp = jnp.pad(logp, ((0, 0), (0, out.shape[1] - logp.shape[1])))
     split = jax.lax.dynamic_update_index_in_dim(split_rows(out, micro_batches, shards), logp, j, 0)
     return merge_rows(split, shards)
+
+
+def take_micro(batch: Any, j, *, micro_batches: int, shards: int, width: int, token_weighted: bool
+               ) -> tuple[Any, Float[Array, ""]]:
+    """Micro-batch j at `width` columns and its weight in the batch's loss (`grad_step`)."""
+    mb = micro_batch(batch, j, micro_batches, shards, width)
+    if token_weighted:
+        w = mb.loss_mask.sum().astype(jnp.float32) / jnp.maximum(batch.loss_mask.sum().astype(jnp.float32), 1.0)
+    else:
+        w = jnp.float32(1.0 / micro_batches)
+    return mb, w
 
 
 def _choice_kw(choices: Int[Array, "n t"] | None, choice_tokens: tuple[int, ...]) -> dict[str, Any]:
@@ -167,11 +194,14 @@ def grad_step(params: nnx.State, acc: Any, batch: ExperienceBatch, j, *, graphde
     micro-batch's loss is weighted by its share of the batch's loss tokens (token mean) or of its rows
     (sequence means), so the sum equals the loss of the whole batch. Columns past `width` must be padding:
     with causal attention they change no log-prob of the columns kept."""
-    mb = micro_batch(batch, j, micro_batches, shards, width)
-    if token_weighted:
-        w = mb.loss_mask.sum().astype(jnp.float32) / jnp.maximum(batch.loss_mask.sum().astype(jnp.float32), 1.0)
-    else:
-        w = jnp.float32(1.0 / micro_batches)
+    mb, w = take_micro(batch, j, micro_batches=micro_batches, shards=shards, width=width, token_weighted=token_weighted)
+    return micro_grad(params, acc, mb, w, graphdef=graphdef, loss=loss, loss_cfg=loss_cfg, chunk=chunk,
+                      choice_tokens=choice_tokens)
+
+
+def micro_grad(params: nnx.State, acc: Any, mb: ExperienceBatch, w: Float[Array, ""], *, graphdef: nnx.GraphDef,
+               loss: str, loss_cfg: LossConfig | None, chunk: int, choice_tokens: tuple[int, ...] = ()) -> Any:
+    """`acc` plus one micro-batch's loss, metrics and gradient, weighted by `w` (`take_micro`)."""
     (value, metrics), grads = jax.value_and_grad(LOSSES[loss], has_aux=True)(params, graphdef, mb, loss_cfg, chunk,
                                                                              choice_tokens)
     g_acc, l_acc, m_acc = acc

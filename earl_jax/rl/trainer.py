@@ -383,9 +383,9 @@ class Trainer:
 
     def _split(self, run: StageRun, arranged_lengths: np.ndarray, shape: tuple[int, ...]):
         """`packing.length_split`, then at most cfg.new_widths_per_iteration widths this stage's programs have not
-        run at yet (a program is per stage, mesh, split, chunk, batch shape and width)."""
+        run at yet (the model's program is per stage, mesh, chunk, micro-batch rows and width: packing.py)."""
         micro, widths = length_split(run, arranged_lengths, shape[1], self.cfg.length_split)
-        key = (run.stage, str(run.layout.mesh), micro.count, micro.shards, run.layout.logprob_chunk, tuple(shape))
+        key = (run.stage, str(run.layout.mesh), micro.rows, micro.shards, run.layout.logprob_chunk)
         seen = self._widths_run.setdefault(key, set())
         widths = limit_new_widths(widths, seen, self.cfg.new_widths_per_iteration)
         seen.update(widths)
