@@ -116,3 +116,52 @@ def test_auto_compiles_ahead_on_accelerators_after_the_first_rollout():
     assert not compile_ahead_now("auto", 0, "gpu") and compile_ahead_now("auto", 1, "gpu")
     assert not compile_ahead_now("auto", 5, "cpu") and compile_ahead_now("true", 0, "cpu")
     assert not compile_ahead_now("false", 5, "gpu")
+
+
+def test_deferred_widths_of_experience_and_train_are_compiled_ahead():
+    """Run the grouped experience and train steps at the widest width with a narrower one deferred (what
+    limit_new_widths does on a cold start); after the background compiles, the next run at the narrower width
+    compiles no model program in the foreground, and the results equal a run without compiling ahead."""
+    import optax
+
+    from earl_jax.parallel.planner import ProgramCache, StageLayout, StageRun
+    from earl_jax.rl import stages
+    from earl_jax.rl.losses import LossConfig
+    from earl_jax.rl.packing import grouped_logprobs, grouped_update
+    from earl_jax.sharding.mesh import STAGE_RULES
+
+    shape = MeshShape.parse("d2f1t1")
+    mesh = make_mesh(shape, jax.devices()[:2])
+    n, t = 8, 64
+    tokens = np.random.default_rng(0).integers(1, CFG.vocab_size, (n, t)).astype(np.int32)
+    mask = np.zeros((n, t), bool)
+    mask[:, 4:] = True
+    opt = optax.sgd(0.1)
+    results = []
+    for with_ahead in (True, False):
+        run = StageRun("train", StageLayout(shape, 4, 32), mesh, STAGE_RULES["train"], ProgramCache())
+        graphdef, params = nnx.split(init_sharded(CFG, mesh, run.rules, seed=0, dtype=jnp.float32))
+        x = run.put_rows({"tokens": tokens, "loss_mask": mask})
+        micro = run.micro_batches(n)
+        ahead = (CompileAhead(), [32]) if with_ahead else None
+        logp = grouped_logprobs(run, params, x["tokens"], [t] * micro.count, micro, graphdef=graphdef, ahead=ahead)
+        batch = stages.ExperienceBatch(x["tokens"], x["loss_mask"], logp, logp, jnp.ones((n, t), jnp.float32))
+        kw = dict(graphdef=graphdef, loss="policy", loss_cfg=LossConfig(), optimizer=opt, token_weighted=True)
+        params, state, _ = grouped_update(run, params, opt.init(params), batch, [t] * micro.count, micro,
+                                          ahead=ahead, **kw)
+        if with_ahead:
+            ahead[0].drain()
+            assert ahead[0].submitted == 2 and not ahead[0].failed, ahead[0].failed
+        with count_compiles() as c:  # the deferred width now
+            logp2 = grouped_logprobs(run, params, x["tokens"], [32] * micro.count, micro, graphdef=graphdef)
+            params, _, m = grouped_update(run, params, state, batch, [32] * micro.count, micro, **kw)
+            jax.block_until_ready(m)
+        model_programs = {k for k in c.seconds_by_name if k in ("jit(train_logprobs)", "jit(train_policy_grad)")}
+        assert (not model_programs) if with_ahead else model_programs == {"jit(train_logprobs)",
+                                                                          "jit(train_policy_grad)"}, model_programs
+        results.append((np.asarray(logp2), [np.asarray(p) for p in jax.tree.leaves(params)], float(m["loss"])))
+    (a_logp, a_params, a_loss), (b_logp, b_params, b_loss) = results
+    np.testing.assert_array_equal(a_logp, b_logp)
+    assert a_loss == b_loss
+    for a, b in zip(a_params, b_params):
+        np.testing.assert_array_equal(a, b)

@@ -206,6 +206,7 @@ class ProgramCache:
                          run.layout.mesh, shapes[0] if shapes else "-", width, time.perf_counter() - t0)
                 return out
 
+            call.jitted = jitted  # for compiling ahead (rl/packing.py): jitted.lower(*specs).compile()
             self._jits[key] = call
         return self._jits[key]
 

@@ -27,10 +27,11 @@ shard over its divisors). The memory model plans for the widest micro-batch
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 import numpy as np
 import optax
 from flax import nnx
@@ -39,6 +40,7 @@ from jaxtyping import Bool, Int
 from earl_jax.parallel.planner import MicroBatches, StageRun
 from earl_jax.rl import stages
 from earl_jax.rl.losses import LossConfig
+from earl_jax.rollout.compile_ahead import CompileAhead, spec_of
 from earl_jax.rollout.sampler import DEFAULT_LENGTH_BUCKETS, bucket
 from earl_jax.sharding.context import constrain
 
@@ -126,35 +128,92 @@ def _zeros_like_rows(x):
     return constrain(jnp.zeros(x.shape, jnp.float32), ("batch", None))
 
 
+# (the compile-ahead queue, the widths this iteration deferred: `limit_new_widths`)
+Ahead = tuple[CompileAhead, list[int]]
+
+
 def grouped_logprobs(run: StageRun, params: nnx.State, tokens: jax.Array, widths: list[int], micro: MicroBatches, *,
-                     graphdef: nnx.GraphDef, choices: jax.Array | None = None, choice_tokens: tuple[int, ...] = ()
-                     ) -> jax.Array:
+                     graphdef: nnx.GraphDef, choices: jax.Array | None = None, choice_tokens: tuple[int, ...] = (),
+                     ahead: Ahead | None = None) -> jax.Array:
     """log p of every token, micro-batch j computed at widths[j]: the model's program is compiled per micro-batch
-    shape (rows, width), whatever the batch's own width and split; cutting and writing back are cheap programs."""
+    shape (rows, width), whatever the batch's own width and split; cutting and writing back are cheap programs.
+    `ahead`: compile the model's program for the deferred widths in the background (the next iteration's)."""
     split = dict(micro_batches=micro.count, shards=micro.shards)
     out = run.jit("zeros", _zeros_like_rows)(tokens)
+    model = run.jit("logprobs", stages.micro_logprobs, graphdef=graphdef, chunk=run.layout.logprob_chunk,
+                    choice_tokens=choice_tokens)
     for j, width in enumerate(widths):
         tok, ch = run.jit("micro_tokens", stages.micro_batch, **split, width=width)((tokens, choices), j)
-        logp = run.jit("logprobs", stages.micro_logprobs, graphdef=graphdef, chunk=run.layout.logprob_chunk,
-                       choice_tokens=choice_tokens)(params, tok, ch)
+        _wait(ahead, model, micro.rows, width)
+        logp = model(params, tok, ch)
+        if j == 0:
+            _submit(ahead, model, micro.rows, lambda w: (_specs(params), (spec_of(tok, w), _maybe_spec(ch, w))))
         out = run.jit("put_logprobs", stages.put_micro, donate=(0,), **split)(out, logp, j)
     return out
+
+
+def _specs(tree):
+    return jax.tree.map(spec_of, tree)
+
+
+def _maybe_spec(x, width: int):
+    return None if x is None else spec_of(x, width)
+
+
+def _wait(ahead: Ahead | None, program, rows: int, width: int) -> None:
+    if ahead is not None:
+        ahead[0].wait((id(program), rows, width))
+
+
+def _submit(ahead: Ahead | None, program, rows: int, specs_at: Callable[[int], tuple],
+            output_as_arg: int | None = None) -> None:
+    """Compile `program` ahead for each deferred width (`specs_at(width)`: its argument specs, built now from this
+    call's arguments, whose buffers the next calls may donate). `output_as_arg=i`: also the variant whose argument
+    i is the program's own output (the gradient accumulator after the first micro-batch: a fresh accumulator is
+    uncommitted, a returned one carries the program's output shardings, and jit compiles each)."""
+    if ahead is None:
+        return
+    for width in ahead[1]:
+        params, rest = specs_at(width)
+        args = (params, *rest)
+
+        def build(args=args):
+            lowered = program.jitted.lower(*args)
+            compiled = lowered.compile()
+            if output_as_arg is not None:  # the output's shardings are known once compiled
+                out = jax.tree.map(lambda o, sh: jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=sh),
+                                   lowered.out_info, compiled.output_shardings)
+                program.jitted.lower(*args[:output_as_arg], out, *args[output_as_arg + 1:]).compile()
+
+        ahead[0].submit((id(program), rows, width), build)
 
 
 def grouped_update(run: StageRun, params: nnx.State, opt_state: Any, batch: stages.ExperienceBatch,
                    widths: list[int], micro: MicroBatches, *, graphdef: nnx.GraphDef, loss: str,
                    loss_cfg: LossConfig | None, optimizer: optax.GradientTransformation, token_weighted: bool,
-                   choice_tokens: tuple[int, ...] = ()) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
+                   choice_tokens: tuple[int, ...] = (), ahead: Ahead | None = None
+                   ) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
     """One optimizer step: gradients accumulated over the micro-batches, each at its width, then applied
-    (skipped when not finite). Donates `params` and `opt_state`."""
+    (skipped when not finite). Donates `params` and `opt_state`. `ahead`: as in `grouped_logprobs`."""
     chunk = run.layout.logprob_chunk
     acc = run.jit(f"{loss}_zero", stages.zero_acc, graphdef=graphdef, loss=loss, loss_cfg=loss_cfg,
                   chunk=chunk, choice_tokens=choice_tokens)(params, batch)
+    # zero_acc's outputs depend on no input, so jit leaves them uncommitted on one device; placed as the gradient
+    # will be (the weights' shardings, scalars replicated) and committed, the grad program always sees one layout
+    # (and a program compiled ahead for these specs is the one the call finds)
+    replicated = NamedSharding(run.mesh, PartitionSpec())
+    acc = jax.device_put(acc, (jax.tree.map(lambda p: p.sharding, params),
+                               *jax.tree.map(lambda _: replicated, tuple(acc[1:]))))
+    model = run.jit(f"{loss}_grad", stages.micro_grad, donate=(1,), graphdef=graphdef, loss=loss, loss_cfg=loss_cfg,
+                    chunk=chunk, choice_tokens=choice_tokens)
     for j, width in enumerate(widths):  # the grad program per micro-batch shape, as in grouped_logprobs
         mb, w = run.jit("micro_batch", stages.take_micro, micro_batches=micro.count, shards=micro.shards, width=width,
                         token_weighted=token_weighted)(batch, j)
-        acc = run.jit(f"{loss}_grad", stages.micro_grad, donate=(1,), graphdef=graphdef, loss=loss, loss_cfg=loss_cfg,
-                      chunk=chunk, choice_tokens=choice_tokens)(params, acc, mb, w)
+        if j == 0:  # specs before the call: it donates the accumulator
+            _submit(ahead, model, micro.rows, lambda v: (_specs(params), (
+                _specs(acc), jax.tree.map(lambda x: spec_of(x, v), mb), spec_of(w))), output_as_arg=1)
+        _wait(ahead, model, micro.rows, width)
+        acc = model(params, acc, mb, w)
     return run.jit(f"{loss}_apply", stages.apply_step, donate=(0, 1), optimizer=optimizer)(params, opt_state, acc)
 
 

@@ -56,6 +56,7 @@ from earl_jax.rl.packing import (batch_width, grouped_logprobs, grouped_update, 
 from earl_jax.rl.stages import ExperienceBatch, advantage_step, make_optimizer, sft_batch
 from earl_jax.rl.warmup import random_legal_games
 from earl_jax.rollout.agent_loop import RolloutConfig, Trajectories, play_games
+from earl_jax.rollout.compile_ahead import CompileAhead
 from earl_jax.rollout.device_groups import device_meshes, device_view
 from earl_jax.rollout.frozen_opponent import FrozenPolicyOpponent
 from earl_jax.rollout.moves import MoveTokens
@@ -159,6 +160,8 @@ class Trainer:
         self._samplers: dict[Any, Sampler] = {}  # per rollout mesh (or device of one): each keeps its programs
         self._ahead_failed_seen = 0  # compile-ahead failures already warned about
         self._rollouts_done = 0  # training rollouts finished (--compile-ahead auto starts after the first)
+        self._stage_ahead: CompileAhead | None = None
+        self._ahead_widths = None  # (queue, deferred widths) of the stage being split
         self._rollout_groups = 1  # the last rollout's decode groups (device groups x pipeline groups)
         self._gc = GcClock()  # the collector's pauses in an iteration (time/gc_pause_s), timed inside run()
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
@@ -344,7 +347,7 @@ class Trainer:
         x = run.put_rows({k: v[perm] for k, v in arrays.items()})
         micro, widths = self._split(run, lengths[perm], x["tokens"].shape)
         kw = dict(graphdef=self.graphdef, choices=x.get("choices"), choice_tokens=self.choice_tokens)
-        old = grouped_logprobs(run, params, x["tokens"], widths, micro, **kw)
+        old = grouped_logprobs(run, params, x["tokens"], widths, micro, ahead=self._ahead_widths, **kw)
         ref_logp = old if ref is None else grouped_logprobs(run, ref, x["tokens"], widths, micro, **kw)
         fn = run.jit("advantages", advantage_step, num_groups=self.cfg.groups, loss_cfg=self.loss_cfg,
                      filter_constant_groups=self.cfg.filter_constant_groups)
@@ -370,7 +373,8 @@ class Trainer:
                 self.params, self.opt_state, metrics = grouped_update(
                     run, self.params, self.opt_state, batch, widths, micro, graphdef=self.graphdef, loss="policy",
                     loss_cfg=self.loss_cfg, optimizer=self.optimizer,
-                    token_weighted=self.loss_cfg.aggregation == "token_mean", choice_tokens=self.choice_tokens)
+                    token_weighted=self.loss_cfg.aggregation == "token_mean", choice_tokens=self.choice_tokens,
+                    ahead=self._ahead_widths)
                 jax.block_until_ready(metrics)
             except Exception as e:
                 if any(x.is_deleted() for x in jax.tree.leaves(self.params)):  # donated buffers are gone
@@ -384,11 +388,14 @@ class Trainer:
     def _split(self, run: StageRun, arranged_lengths: np.ndarray, shape: tuple[int, ...]):
         """`packing.length_split`, then at most cfg.new_widths_per_iteration widths this stage's programs have not
         run at yet (the model's program is per stage, mesh, chunk, micro-batch rows and width: packing.py)."""
-        micro, widths = length_split(run, arranged_lengths, shape[1], self.cfg.length_split)
+        micro, wanted = length_split(run, arranged_lengths, shape[1], self.cfg.length_split)
         key = (run.stage, str(run.layout.mesh), micro.rows, micro.shards, run.layout.logprob_chunk)
         seen = self._widths_run.setdefault(key, set())
-        widths = limit_new_widths(widths, seen, self.cfg.new_widths_per_iteration)
+        widths = limit_new_widths(wanted, seen, self.cfg.new_widths_per_iteration)
         seen.update(widths)
+        # the new widths this iteration ran wider: compiled in the background for the next (when compiling ahead)
+        deferred = sorted(set(wanted) - set(widths))
+        self._ahead_widths = (self._stage_ahead, deferred) if self._stage_ahead is not None and deferred else None
         return micro, widths
 
     def _plan_batch(self, arrays: dict[str, np.ndarray], mean_context_len: float, **extends: int) -> None:
@@ -500,6 +507,9 @@ class Trainer:
             league = self.matchmaker.league_games(self.step, self.params)
             traj, rollout_dispatch_s = self._rollout(self.env, seeds, group_ids, rng, self.sampling, league=league)
             self._rollouts_done += 1
+            if self._stage_ahead is None and compile_ahead_now(self.cfg.compile_ahead, self._rollouts_done,
+                                                               jax.default_backend()):
+                self._stage_ahead = CompileAhead()  # experience / train programs of deferred widths
             s = traj.stats
             arrays = self._batch_arrays(traj)
             # Experience and train are planned for the batch they process; the OOM fallback may still change them.
@@ -572,6 +582,7 @@ class Trainer:
         rows = gather_ints(*mine) if jax.process_count() > 1 else [mine]
         decode, paused_us, lowered, compile_us = (max(col) for col in zip(*rows))
         ahead = [sp.ahead for sp in self._samplers.values() if sp.ahead is not None]
+        ahead += [self._stage_ahead] if self._stage_ahead is not None else []
         failed = [f for a in ahead for f in a.failed]
         if len(failed) > self._ahead_failed_seen:  # a miss only (the real call compiles), but say why once per new one
             log.warning("compiling ahead failed for %d program(s), e.g. %s: %s", len(failed) - self._ahead_failed_seen,

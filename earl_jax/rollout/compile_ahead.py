@@ -24,6 +24,9 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Hashable
 
+import jax
+import numpy as np
+
 from earl_jax.compile_cache import AHEAD_THREAD_PREFIX
 
 
@@ -39,8 +42,8 @@ class CompileAhead:
         self.used: set[Hashable] = set()  # submitted keys a real call then asked for (the rest was wasted work)
 
     def submit(self, key: Hashable, build: Callable[[], tuple[Any, tuple]]) -> None:
-        """Compile `build()`'s (jitted function, argument specs) once per key, in the background. `build` runs on
-        the worker too, so a prediction costs the caller only this call."""
+        """Compile `build()`'s (jitted function, argument specs) once per key, in the background (or run `build`, which
+        compiles and returns None). `build` runs on the worker too, so a prediction costs the caller only this call."""
         with self._lock:
             if key in self._futures:
                 return
@@ -48,8 +51,10 @@ class CompileAhead:
 
     def _compile(self, key: Hashable, build: Callable[[], tuple[Any, tuple]]) -> None:
         try:
-            fn, specs = build()
-            fn.lower(*specs).compile()
+            built = build()
+            if built is not None:  # None: `build` compiled what it needed itself
+                fn, specs = built
+                fn.lower(*specs).compile()
         except Exception as e:  # noqa: BLE001 (a miss: the real call compiles and reports its own error)
             self.failed.append((key, f"{type(e).__name__}: {e}"[:300]))
 
@@ -75,3 +80,14 @@ class CompileAhead:
         """Wait for every compile submitted so far (tests; a clean exit)."""
         for f in list(self._futures.values()):
             f.result()
+
+
+def spec_of(x: Any, width: int | None = None) -> jax.ShapeDtypeStruct:
+    """The argument spec jit sees for `x` (with its second dimension set to `width`, if given): a committed array
+    keeps its sharding, an uncommitted one or a numpy value has none (jit places it)."""
+    shape = tuple(x.shape) if width is None else (x.shape[0], width, *x.shape[2:])
+    if isinstance(x, jax.Array):
+        committed = getattr(x, "_committed", True)
+        return jax.ShapeDtypeStruct(shape, x.dtype, sharding=x.sharding if committed else None,
+                                    weak_type=x.aval.weak_type)
+    return jax.ShapeDtypeStruct(shape, np.asarray(x).dtype)

@@ -38,7 +38,7 @@ from earl_jax.models.config import ModelConfig
 from earl_jax.sharding.context import use_mesh_rules
 from earl_jax.sharding.mesh import Rules, logical_sharding
 from earl_jax.rollout import decode_step, moves
-from earl_jax.rollout.compile_ahead import CompileAhead
+from earl_jax.rollout.compile_ahead import CompileAhead, spec_of as _spec
 from earl_jax.rollout.decode_attention import block_size
 from earl_jax.rollout.sampling import SamplingConfig, program_key, runtime_values, sample_logits
 
@@ -499,13 +499,3 @@ class Sampler:
             state = self._constrain_state(SamplerState(cache, lengths, next_logits))
             return state, Generation(toks[:, :n], lps[:, :n], num, stopped)
 
-
-def _spec(x: Any) -> jax.ShapeDtypeStruct:
-    """The argument spec jit sees for `x`: a committed array keeps its sharding, an uncommitted one or a numpy
-    value has none (jit places it)."""
-    if isinstance(x, jax.Array):
-        committed = getattr(x, "_committed", True)
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding if committed else None,
-                                    weak_type=x.aval.weak_type)
-    x = np.asarray(x)
-    return jax.ShapeDtypeStruct(x.shape, x.dtype)
