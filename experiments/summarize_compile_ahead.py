@@ -38,8 +38,10 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     first = json.loads(next(args.first.glob("first_iteration_compile_ahead_*.json")).read_text())
     steady = {}
-    for mode in ("false", "true"):
-        rows = [json.loads(l) for l in (args.steady / f"steady_{mode}.jsonl").read_text().splitlines()]
+    for mode, side in (("false", "a"), ("true", "b")):  # call 42 wrote steady_<mode>.jsonl, run_steady_gpu.sh <side>
+        path = args.steady / f"steady_{mode}.jsonl"
+        path = path if path.exists() else args.steady / f"steady_{side}.jsonl"
+        rows = [json.loads(l) for l in path.read_text().splitlines()]
         steady[mode] = [{"step": r["step"], **{k: r.get(k) for k in KEYS}} for r in rows if "time/rollout_s" in r]
     later = {m: round(sum(r["time/rollout_s"] for r in rows if r["step"] > 1), 2) for m, rows in steady.items()}
     result = {

@@ -193,6 +193,7 @@ class ProgramCache:
 
             def call(*args):
                 leaves = [x for x in jax.tree.leaves(args) if hasattr(x, "shape")]
+                # logged: the last 2-D argument (the batch or micro-batch; model programs take the weights first)
                 shapes = tuple(tuple(x.shape) for x in leaves if x.ndim >= 2)
                 # every argument's shape and dtype: what makes jit compile again (a 1-D array's length included)
                 sig = (run.stage, name, str(run.layout.mesh), key[3], tuple((x.shape, str(x.dtype)) for x in leaves))
@@ -203,7 +204,7 @@ class ProgramCache:
                 self.seen.add(sig)
                 width = f", width {static['width']}" if "width" in static else ""
                 log.info("%s/%s on %s, batch %s%s: first call (compile or cache load) %.1f s", run.stage, name,
-                         run.layout.mesh, shapes[0] if shapes else "-", width, time.perf_counter() - t0)
+                         run.layout.mesh, shapes[-1] if shapes else "-", width, time.perf_counter() - t0)
                 return out
 
             call.jitted = jitted  # for compiling ahead (rl/packing.py): jitted.lower(*specs).compile()

@@ -143,7 +143,7 @@ class Sampler:
         self._ahead_top = self.cache_buckets[-1] if max_len is None else bucket(max_len, self.cache_buckets)
         self._extend_widths: dict[int, int] = {}  # extend width bucket -> real calls (what to predict)
         self._generate_like: tuple | None = None  # the last generate's static arguments and scalar specs
-        self._params_specs: tuple[int, Any] | None = None
+        self._params_specs: tuple[int, Any] | None = None  # (id of the weights, their specs): no reference kept
         self._needed = (0, 0)  # the last two ensure_capacity lengths
         self._active = None  # rows the last generate decoded (budget > 0): when to compile the compacted batch ahead
 
@@ -273,9 +273,11 @@ class Sampler:
             self.ahead.wait(key)
 
     def _specs_of(self, params: nnx.State) -> Any:
-        """Argument specs of the weights (kept per weights object: building them walks every leaf)."""
-        if self._params_specs is None or self._params_specs[0] is not params:
-            self._params_specs = (params, jax.tree.map(_spec, params))
+        """Argument specs of the weights (kept per weights object: building them walks every leaf). By id, not by
+        reference: a reference would keep last iteration's weights alive on the device; a reused id can only be
+        weights of the same layout, whose specs are the same."""
+        if self._params_specs is None or self._params_specs[0] != id(params):
+            self._params_specs = (id(params), jax.tree.map(_spec, params))
         return self._params_specs[1]
 
     def _look_ahead(self, params: nnx.State, like: SamplerState, b: int, s: int) -> None:
@@ -498,4 +500,3 @@ class Sampler:
             next_logits = jnp.where((num > 0)[:, None], logits, state.next_logits)
             state = self._constrain_state(SamplerState(cache, lengths, next_logits))
             return state, Generation(toks[:, :n], lps[:, :n], num, stopped)
-
