@@ -169,8 +169,9 @@ def _submit(ahead: Ahead | None, program, rows: int, specs_at: Callable[[int], t
             output_as_arg: int | None = None) -> None:
     """Compile `program` ahead for each deferred width (`specs_at(width)`: its argument specs, built now from this
     call's arguments, whose buffers the next calls may donate). `output_as_arg=i`: also the variant whose argument
-    i is the program's own output (the gradient accumulator after the first micro-batch: a fresh accumulator is
-    uncommitted, a returned one carries the program's output shardings, and jit compiles each)."""
+    i is the program's own output (the gradient accumulator after the first micro-batch carries the grad program's
+    output shardings, which XLA may choose apart from the fresh accumulator's; jit compiles one program per
+    sharding: the same program, if they agree)."""
     if ahead is None:
         return
     for width in ahead[1]:
