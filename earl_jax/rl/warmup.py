@@ -69,8 +69,8 @@ def random_legal_games(env: Any, tokenizer: tokenizers.Tokenizer, seeds: Sequenc
         live[rows[going][~room]] = False
         ep.append(rows[going][room], ids[room], counts[room], False)
         step = _subset(step, room)
-    width = int(ep.length.max())
-    return ep.tokens[:, :width], ep.mask[:, :width], ep.length.copy()
+    a = ep.arrays()
+    return a["tokens"], a["mask"], ep.length.copy()
 
 
 def _subset(step, keep: np.ndarray):

@@ -140,20 +140,22 @@ class Trajectories:
 
 
 class _Episodes:
-    """The episodes being written: one row of every buffer per game (numpy, written a batch at a time).
+    """The episodes being written: per game its length, turns and outcome, and its tokens as the appends that made
+    them (each a batch of rows at their own offsets), laid out in [n, T] arrays once, when the rollout asks.
 
-    The token-wise buffers start narrow and double when a game outgrows them (up to max_context): games are
-    mostly far shorter than max_context, and zeroing / touching n x max_context buffers was a fifth of the
-    host's time in a 2048-game rollout."""
+    Writing every append straight into [n, width] buffers meant growing them (a copy of every buffer each time a
+    game outgrew the width) or touching n x max_context of memory: the growth and the scatters were a third of a
+    2048-game rollout's host time (an instant policy on the 2-core CPU). Recorded appends are laid out once, into
+    arrays of the longest game's width."""
 
     FIELDS = (("tokens", np.int32), ("mask", bool), ("logp", np.float32), ("rewards", np.float32),
               ("choices", np.int32))
 
-    def __init__(self, n: int, max_context: int, max_turns: int, width: int = 256):
-        self.max_context = max_context
-        self.width = min(width, max_context)
-        for name, dtype in self.FIELDS:
-            setattr(self, name, np.zeros((n, self.width), dtype))
+    def __init__(self, n: int, max_context: int, max_turns: int):
+        self.n, self.max_context = n, max_context
+        self._appends: list[tuple] = []  # (games, start offsets, ids, counts, mask source, logp, choices)
+        self._rewards: list[tuple] = []  # (games, positions, values)
+        self._arrays: dict[str, np.ndarray] | None = None
         self.length = np.zeros(n, np.int64)
         self.turns = np.zeros(n, np.int32)
         self.turn_ctx = np.full((n, max_turns), -1, np.int64)
@@ -162,35 +164,44 @@ class _Episodes:
         self.truncated = np.zeros(n, bool)
         self.judged = self.blunders = 0  # moves the env judged (blunder_penalty), and those that gave an outcome away
 
-    def _fit(self, needed: int) -> None:
-        if needed <= self.width:
-            return
-        width = min(self.max_context, max(needed, 2 * self.width))
-        for name, _ in self.FIELDS:
-            old = getattr(self, name)
-            new = np.zeros((len(old), width), old.dtype)
-            new[:, :self.width] = old
-            setattr(self, name, new)
-        self.width = width
-
     def append(self, games, ids, counts, generated: bool, logp=None, scored=None, choices=None) -> None:
         """Game games[k] gets ids[k, :counts[k]] after its current length; `scored` ([k, t]) narrows the loss
-        mask of generated tokens to the policy's own choices."""
+        mask of generated tokens to the policy's own choices. The arrays are kept, not copied: callers pass
+        arrays they do not write to again."""
         counts = np.asarray(counts, np.int64)
         if not len(counts):
             return
-        self._fit(int((self.length[games] + counts).max()))
-        cols = np.arange(ids.shape[1])[None, :]
-        valid = cols < counts[:, None]
-        flat = ((np.asarray(games) * self.width + self.length[games])[:, None] + cols)[valid]  # flat: ~2x faster
-        self.tokens.reshape(-1)[flat] = ids[valid]
-        self.mask.reshape(-1)[flat] = generated if scored is None else scored[valid]
-        if logp is not None:
-            self.logp.reshape(-1)[flat] = logp[valid]
-        if choices is not None:
-            self.choices.reshape(-1)[flat] = choices[valid]
+        games = np.asarray(games)
+        self._appends.append((games, self.length[games], ids, counts, generated if scored is None else scored,
+                              logp, choices))
         self.length[games] += counts
+        self._arrays = None
 
+    def add_rewards(self, games, positions, values) -> None:
+        """rewards[games[k], positions[k]] += values[k]."""
+        self._rewards.append((np.asarray(games), np.asarray(positions), np.asarray(values, np.float32)))
+        self._arrays = None
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """tokens, mask, logp, rewards, choices as [n, T] arrays (T: the longest game), zero past each game's end."""
+        if self._arrays is None:
+            width = max(int(self.length.max(initial=0)), 1)
+            out = {name: np.zeros((self.n, width), dtype) for name, dtype in self.FIELDS}
+            flat = {name: a.reshape(-1) for name, a in out.items()}
+            for games, start, ids, counts, mask, logp, choices in self._appends:
+                cols = np.arange(ids.shape[1])[None, :]
+                valid = cols < counts[:, None]
+                at = ((games * width + start)[:, None] + cols)[valid]
+                flat["tokens"][at] = ids[valid]
+                flat["mask"][at] = mask if np.ndim(mask) == 0 else mask[valid]
+                if logp is not None:
+                    flat["logp"][at] = logp[valid]
+                if choices is not None:
+                    flat["choices"][at] = choices[valid]
+            for games, positions, values in self._rewards:
+                np.add.at(out["rewards"], (games, positions), values)
+            self._arrays = out
+        return self._arrays
 
 def episode_stats(winner: np.ndarray, invalid: np.ndarray, lengths: np.ndarray, turn_ctx: np.ndarray,
                   turns: np.ndarray, truncated: np.ndarray, loss_mask: np.ndarray) -> dict[str, Any]:
@@ -250,7 +261,7 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
     if counts.max() + 1 > cfg.max_context:
         raise ValueError(f"the first observation is {int(counts.max())} tokens: more than max_context={cfg.max_context}")
     # room for a few turns like the prompt before the buffers grow (growing copies them)
-    ep = _Episodes(n, cfg.max_context, cfg.max_turns, width=1 << int(6 * counts.max()).bit_length())
+    ep = _Episodes(n, cfg.max_context, cfg.max_turns)
     ep.append(np.arange(n), ids, counts, False)
     _finish(ep, live, np.arange(n), first)  # games over at reset (possible only in odd games)
     if cfg.constrain_moves:
@@ -327,7 +338,7 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         else:
             step = env.step(games, codec.decode([row[:c] for row, c in zip(out.tokens[slots].tolist(),
                                                                            out.counts[slots].tolist())]))
-        ep.rewards[games, last] += step.reward.astype(np.float32)  # the turn's reward at its last choice (games unique)
+        ep.add_rewards(games, last, step.reward)  # the turn's reward at its last choice
         if getattr(step, "blunder", None) is not None:
             ep.judged += int(np.sum(step.blunder >= 0))
             ep.blunders += int(np.sum(step.blunder > 0))
@@ -368,16 +379,15 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
             issue(g)
     ep.truncated |= live  # still playing after max_turns
 
-    t_len = int(ep.length.max())
+    a = ep.arrays()
     stats = RolloutStats(
-        **episode_stats(ep.winner, ep.invalid, ep.length, ep.turn_ctx, ep.turns, ep.truncated, ep.mask),
+        **episode_stats(ep.winner, ep.invalid, ep.length, ep.turn_ctx, ep.turns, ep.truncated, a["mask"]),
         env_s=env_s, wait_s=wait_s, rollout_s=time.perf_counter() - t_start, decode_rows=decode_rows, prompt_tokens=prompt_tokens,
         first_cache_len=first_cache_len, observation_tokens=observation_tokens,
         blunder_rate=ep.blunders / ep.judged if ep.judged else None, judged=ep.judged)
-    rewards = ep.rewards[:, :t_len]
+    rewards = a["rewards"]
     return Trajectories(
-        tokens=ep.tokens[:, :t_len], loss_mask=ep.mask[:, :t_len], logprobs=ep.logp[:, :t_len],
-        choices=ep.choices[:, :t_len], rewards=rewards,
+        tokens=a["tokens"], loss_mask=a["mask"], logprobs=a["logp"], choices=a["choices"], rewards=rewards,
         lengths=ep.length.astype(np.int32), returns=rewards.sum(1), num_turns=ep.turns, truncated=ep.truncated,
         group_ids=np.asarray(group_ids if group_ids is not None else np.arange(n), np.int32),
         winners=[None if w == NO_WINNER else WINNERS[w] for w in ep.winner.tolist()], invalid=ep.invalid,
