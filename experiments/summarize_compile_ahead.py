@@ -9,14 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments"))
+
+from summarize_steady import per_iteration_bars  # noqa: E402
 KEYS = ("time/iteration_s", "time/rollout_s", "time/compile_s", "compile/lowered", "compile/ahead",
         "compile/ahead_submitted", "compile/ahead_used", "compile/slowest")
 
@@ -54,18 +53,10 @@ def main(argv=None) -> dict:
     }
     out = ROOT / "experiments" / "results" / f"compile_ahead_{args.device}"
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    for k, (mode, rows) in enumerate(steady.items()):
-        steps = [r["step"] + (k - 0.5) * 0.38 for r in rows]
-        ax.bar(steps, [r["time/rollout_s"] for r in rows], width=0.38,
-               label=f"--compile-ahead {mode} (iterations 2-12: {later[mode]} s)")
-    ax.set_yscale("log")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("rollout seconds (log)")
-    ax.set_title(f"512 compact free-text games, tiny model, one {first['device']} each, cold compile cache", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=120)
+    per_iteration_bars(out.with_suffix(".png"), {
+        f"--compile-ahead {mode} (iterations 2-12: {later[mode]} s)": [(r["step"], r["time/rollout_s"]) for r in rows]
+        for mode, rows in steady.items()}, "rollout seconds (log)",
+        f"512 compact free-text games, tiny model, one {first['device']} each, cold compile cache")
     print(json.dumps(later))
     return result
 

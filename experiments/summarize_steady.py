@@ -18,6 +18,20 @@ KEYS = ("time/iteration_s", "time/rollout_s", "time/experience_s", "time/train_s
         "compile/ahead", "compile/ahead_submitted", "compile/ahead_used", "compile/slowest")
 
 
+def per_iteration_bars(path: Path, series: dict[str, list[tuple[int, float]]], ylabel: str, title: str) -> None:
+    """Side-by-side bars per iteration, one colour per series ({label: [(step, seconds), ...]}), log scale."""
+    fig, ax = plt.subplots(figsize=(7.5, 3.5))
+    for k, (label, points) in enumerate(series.items()):
+        ax.bar([step + (k - 0.5) * 0.38 for step, _ in points], [v for _, v in points], width=0.38, label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dir", type=Path)
@@ -39,17 +53,10 @@ def main(argv=None) -> dict:
               "tiny model, empty compile cache", "totals": total, "iterations": runs}
     out = ROOT / "experiments" / "results" / args.name
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    fig, ax = plt.subplots(figsize=(7.5, 3.5))
-    for k, (label, rows) in enumerate(runs.items()):
-        ax.bar([r["step"] + (k - 0.5) * 0.38 for r in rows], [r["time/iteration_s"] for r in rows], width=0.38,
-               label=f"{label} (iterations 2-{rows[-1]['step']}: {total[label]['iterations_2_on_s']} s)")
-    ax.set_yscale("log")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("iteration seconds (log)")
-    ax.set_title(f"{result['job']}; {args.device}", fontsize=8)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=120)
+    per_iteration_bars(out.with_suffix(".png"), {
+        f"{label} (iterations 2-{rows[-1]['step']}: {total[label]['iterations_2_on_s']} s)":
+            [(r["step"], r["time/iteration_s"]) for r in rows] for label, rows in runs.items()},
+        "iteration seconds (log)", f"{result['job']}; {args.device}")
     print(json.dumps(total))
     return result
 
