@@ -24,7 +24,7 @@ def _parse_bool(s: str) -> bool:
         return True
     if v in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"not a boolean: {s!r}")
+    raise argparse.ArgumentTypeError(f"not a boolean: {s!r} (true / false)")  # argparse prints this message
 
 
 def _converter(tp: Any) -> Callable[[str], Any]:
@@ -39,7 +39,7 @@ def _converter(tp: Any) -> Callable[[str], Any]:
             for a in args:
                 if str(a) == s:
                     return a
-            raise ValueError(f"{s!r} is not one of {list(args)}")
+            raise argparse.ArgumentTypeError(f"{s!r} is not one of {', '.join(map(str, args))}")
         return lit
     if origin in (tuple, list):
         conv = _converter(args[0]) if args else str

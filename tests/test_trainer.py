@@ -127,6 +127,14 @@ def test_bad_flags_fail_at_start_naming_the_field(argv, field, capsys):
     assert field in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, says", [(["--compile-ahead", "maybe"], "'maybe' is not one of auto, true, false"),
+                                        (["--progress", "maybe"], "not a boolean: 'maybe'")])
+def test_bad_choice_or_boolean_says_what_is_allowed(argv, says, capsys):
+    with pytest.raises(SystemExit):
+        parse_config(RLConfig, argv)
+    assert says in capsys.readouterr().err
+
+
 class SayDigitEnv:
     """A one-turn game: answering with the digit 7 scores +1, any other valid digit 0, anything else -1."""
 
