@@ -147,7 +147,8 @@ def grouped_logprobs(run: StageRun, params: nnx.State, tokens: jax.Array, widths
         _wait(ahead, model, micro.rows, width)
         logp = model(params, tok, ch)
         if j == 0:
-            _submit(ahead, model, micro.rows, lambda w: (_specs(params), (spec_of(tok, w), _maybe_spec(ch, w))))
+            p = _specs(params)
+            _submit(ahead, model, micro.rows, lambda w: (p, spec_of(tok, w), _maybe_spec(ch, w)))
         out = run.jit("put_logprobs", stages.put_micro, donate=(0,), **split)(out, logp, j)
     return out
 
@@ -167,7 +168,7 @@ def _wait(ahead: Ahead | None, program, rows: int, width: int) -> None:
 
 def _submit(ahead: Ahead | None, program, rows: int, specs_at: Callable[[int], tuple],
             output_as_arg: int | None = None) -> None:
-    """Compile `program` ahead for each deferred width (`specs_at(width)`: its argument specs, built now from this
+    """Compile `program` ahead for each deferred width (`specs_at(width)`: its arguments' specs, built now from this
     call's arguments, whose buffers the next calls may donate). `output_as_arg=i`: also the variant whose argument
     i is the program's own output (the gradient accumulator after the first micro-batch carries the grad program's
     output shardings, which XLA may choose apart from the fresh accumulator's; jit compiles one program per
@@ -175,10 +176,7 @@ def _submit(ahead: Ahead | None, program, rows: int, specs_at: Callable[[int], t
     if ahead is None:
         return
     for width in ahead[1]:
-        params, rest = specs_at(width)
-        args = (params, *rest)
-
-        def build(args=args):
+        def compile_job(args=specs_at(width)):
             lowered = program.jitted.lower(*args)
             compiled = lowered.compile()
             if output_as_arg is not None:  # the output's shardings are known once compiled
@@ -186,7 +184,7 @@ def _submit(ahead: Ahead | None, program, rows: int, specs_at: Callable[[int], t
                                    lowered.out_info, compiled.output_shardings)
                 program.jitted.lower(*args[:output_as_arg], out, *args[output_as_arg + 1:]).compile()
 
-        ahead[0].submit((id(program), rows, width), build)
+        ahead[0].submit((id(program), rows, width), compile_job)
 
 
 def grouped_update(run: StageRun, params: nnx.State, opt_state: Any, batch: stages.ExperienceBatch,
@@ -211,8 +209,9 @@ def grouped_update(run: StageRun, params: nnx.State, opt_state: Any, batch: stag
         mb, w = run.jit("micro_batch", stages.take_micro, micro_batches=micro.count, shards=micro.shards, width=width,
                         token_weighted=token_weighted)(batch, j)
         if j == 0:  # specs before the call: it donates the accumulator
-            _submit(ahead, model, micro.rows, lambda v: (_specs(params), (
-                _specs(acc), jax.tree.map(lambda x: spec_of(x, v), mb), spec_of(w))), output_as_arg=1)
+            p, a = _specs(params), _specs(acc)
+            _submit(ahead, model, micro.rows, lambda v: (p, a, jax.tree.map(lambda x: spec_of(x, v), mb), spec_of(w)),
+                    output_as_arg=1)
         _wait(ahead, model, micro.rows, width)
         acc = model(params, acc, mb, w)
     return run.jit(f"{loss}_apply", stages.apply_step, donate=(0, 1), optimizer=optimizer)(params, opt_state, acc)

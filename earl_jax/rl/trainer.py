@@ -161,7 +161,6 @@ class Trainer:
         self._ahead_failed_seen = 0  # compile-ahead failures already warned about
         self._rollouts_done = 0  # training rollouts finished (--compile-ahead auto starts after the first)
         self._stage_ahead: CompileAhead | None = None
-        self._ahead_widths = None  # (queue, deferred widths) of the stage being split
         self._rollout_groups = 1  # the last rollout's decode groups (device groups x pipeline groups)
         self._gc = GcClock()  # the collector's pauses in an iteration (time/gc_pause_s), timed inside run()
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
@@ -345,9 +344,9 @@ class Trainer:
         ref = None if self.ref_params is None else self._params_for(run, self.ref_params)
         perm = length_order(lengths, run.batch_shards)
         x = run.put_rows({k: v[perm] for k, v in arrays.items()})
-        micro, widths = self._split(run, lengths[perm], x["tokens"].shape)
+        micro, widths, ahead = self._split(run, lengths[perm], x["tokens"].shape)
         kw = dict(graphdef=self.graphdef, choices=x.get("choices"), choice_tokens=self.choice_tokens)
-        old = grouped_logprobs(run, params, x["tokens"], widths, micro, ahead=self._ahead_widths, **kw)
+        old = grouped_logprobs(run, params, x["tokens"], widths, micro, ahead=ahead, **kw)
         ref_logp = old if ref is None else grouped_logprobs(run, ref, x["tokens"], widths, micro, **kw)
         fn = run.jit("advantages", advantage_step, num_groups=self.cfg.groups, loss_cfg=self.loss_cfg,
                      filter_constant_groups=self.cfg.filter_constant_groups)
@@ -366,7 +365,7 @@ class Trainer:
         batch = rearrange(run, batch, np.argsort(arranged)[perm])  # this layout's arrangement (as many shards)
         jax.block_until_ready(batch)
         dispatch_s = time.perf_counter() - t0
-        micro, widths = self._split(run, lengths[perm], batch.tokens.shape)
+        micro, widths, ahead = self._split(run, lengths[perm], batch.tokens.shape)
         metrics = {}
         for _ in range(self.cfg.ppo_epochs):
             try:
@@ -374,7 +373,7 @@ class Trainer:
                     run, self.params, self.opt_state, batch, widths, micro, graphdef=self.graphdef, loss="policy",
                     loss_cfg=self.loss_cfg, optimizer=self.optimizer,
                     token_weighted=self.loss_cfg.aggregation == "token_mean", choice_tokens=self.choice_tokens,
-                    ahead=self._ahead_widths)
+                    ahead=ahead)
                 jax.block_until_ready(metrics)
             except Exception as e:
                 if any(x.is_deleted() for x in jax.tree.leaves(self.params)):  # donated buffers are gone
@@ -387,16 +386,15 @@ class Trainer:
 
     def _split(self, run: StageRun, arranged_lengths: np.ndarray, shape: tuple[int, ...]):
         """`packing.length_split`, then at most cfg.new_widths_per_iteration widths this stage's programs have not
-        run at yet (the model's program is per stage, mesh, chunk, micro-batch rows and width: packing.py)."""
+        run at yet (the model's program is per stage, mesh, chunk, micro-batch rows and width: packing.py); and,
+        when compiling ahead, the queue with the new widths this iteration ran wider, for the next iteration."""
         micro, wanted = length_split(run, arranged_lengths, shape[1], self.cfg.length_split)
         key = (run.stage, str(run.layout.mesh), micro.rows, micro.shards, run.layout.logprob_chunk)
         seen = self._widths_run.setdefault(key, set())
         widths = limit_new_widths(wanted, seen, self.cfg.new_widths_per_iteration)
         seen.update(widths)
-        # the new widths this iteration ran wider: compiled in the background for the next (when compiling ahead)
         deferred = sorted(set(wanted) - set(widths))
-        self._ahead_widths = (self._stage_ahead, deferred) if self._stage_ahead is not None and deferred else None
-        return micro, widths
+        return micro, widths, (self._stage_ahead, deferred) if self._stage_ahead is not None and deferred else None
 
     def _plan_batch(self, arrays: dict[str, np.ndarray], mean_context_len: float, **extends: int) -> None:
         """Experience / train layouts for the batch they are about to process (its padded width is known)."""

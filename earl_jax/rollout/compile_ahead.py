@@ -41,20 +41,17 @@ class CompileAhead:
         self.waited_s = 0.0  # time real calls spent waiting for a compile that had started ahead
         self.used: set[Hashable] = set()  # submitted keys a real call then asked for (the rest was wasted work)
 
-    def submit(self, key: Hashable, build: Callable[[], tuple[Any, tuple]]) -> None:
-        """Compile `build()`'s (jitted function, argument specs) once per key, in the background (or run `build`, which
-        compiles and returns None). `build` runs on the worker too, so a prediction costs the caller only this call."""
+    def submit(self, key: Hashable, compile_job: Callable[[], Any]) -> None:
+        """Run `compile_job` (it lowers and compiles, e.g. `lambda: fn.lower(*specs).compile()`) once per key, on a
+        worker thread: building the specs happens there too, so a prediction costs the caller only this call."""
         with self._lock:
             if key in self._futures:
                 return
-            self._futures[key] = self._pool.submit(self._compile, key, build)
+            self._futures[key] = self._pool.submit(self._run, key, compile_job)
 
-    def _compile(self, key: Hashable, build: Callable[[], tuple[Any, tuple]]) -> None:
+    def _run(self, key: Hashable, compile_job: Callable[[], Any]) -> None:
         try:
-            built = build()
-            if built is not None:  # None: `build` compiled what it needed itself
-                fn, specs = built
-                fn.lower(*specs).compile()
+            compile_job()
         except Exception as e:  # noqa: BLE001 (a miss: the real call compiles and reports its own error)
             self.failed.append((key, f"{type(e).__name__}: {e}"[:300]))
 
@@ -62,9 +59,10 @@ class CompileAhead:
         """Before the real call of `key`'s program: let a compile already under way finish (a second compile of
         the same program would only take longer)."""
         future = self._futures.get(key)
-        if future is not None:
-            self.used.add(key)
-        if future is not None and not future.done():
+        if future is None:
+            return
+        self.used.add(key)
+        if not future.done():
             t0 = time.perf_counter()
             future.result()
             self.waited_s += time.perf_counter() - t0
@@ -72,9 +70,6 @@ class CompileAhead:
     @property
     def submitted(self) -> int:
         return len(self._futures)
-
-    def pending(self) -> int:
-        return sum(not f.done() for f in list(self._futures.values()))
 
     def drain(self) -> None:
         """Wait for every compile submitted so far (tests; a clean exit)."""
