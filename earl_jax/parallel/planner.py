@@ -40,7 +40,8 @@ from earl_jax.parallel.profile import ProfileTable, is_oom_error
 from earl_jax.parallel.selector import (SMALL_BUCKET_EDGES, NoFeasibleLayoutError, ParallelismSelector,
                                         SelectorConfig)
 from earl_jax.sharding.context import use_mesh_rules
-from earl_jax.sharding.mesh import STAGE_RULES, STAGES, MeshShape, Rules, logical_sharding, make_mesh, state_shardings
+from earl_jax.sharding.mesh import (STAGE_RULES, STAGES, MeshShape, Rules, batch_axes, logical_sharding, make_mesh,
+                                   state_shardings)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -105,9 +106,7 @@ class StageRun:
     @property
     def batch_axes(self) -> tuple[str, ...]:
         """The mesh axes rows are split over: the rules table's "batch" entry."""
-        entry = self.rules.get("batch")
-        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-        return tuple(a for a in axes if a in self.mesh.shape)
+        return batch_axes(self.mesh, self.rules)
 
     @property
     def batch_shards(self) -> int:

@@ -23,20 +23,21 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
+import math
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jaxtyping import Array, Bool, Float, Int
 
 from earl_jax.distributed import hosts_to_global
 from earl_jax.models.cache import KVCache, LayerCache, cache_shardings, init_cache
 from earl_jax.models.config import ModelConfig
 from earl_jax.sharding.context import use_mesh_rules
-from earl_jax.sharding.mesh import Rules, logical_sharding
+from earl_jax.sharding.mesh import Rules, batch_axes, logical_sharding
 from earl_jax.rollout import decode_step, moves
 from earl_jax.rollout.compile_ahead import CompileAhead, spec_of as _spec
 from earl_jax.rollout.decode_attention import block_size
@@ -292,22 +293,23 @@ class Sampler:
         prev, needed = self._needed
         if s_next <= self._ahead_top and needed + 2 * max(needed - prev, 1) > s:  # rows reach s within ~2 turns
             shapes.append((b, s_next))
-            self.ahead.submit(("grow", b, s, s_next), lambda: (self._grow, (self._state_spec(like, b, s), s_next)))
+            self.ahead.submit(("grow", b, s, s_next),
+                              lambda: self._grow.lower(self._state_spec(like, b, s), s_next).compile())
         shards = self._batch_shards()
         if b % 4 == 0 and (b // 4) % shards == 0 and self._active is not None and self._active <= b // 2:
             # half the rows have finished: compaction (at a quarter) comes next
             b_next = b // 4
             shapes.append((b_next, s))
-            self.ahead.submit(("take", b, s, b_next), lambda: (self._take, (
+            self.ahead.submit(("take", b, s, b_next), lambda: self._take.lower(
                 self._state_spec(like, b, s), self._rows_spec((b_next,), np.int32), b_next,
-                self._rows_spec((b_next,), np.bool_))))
+                self._rows_spec((b_next,), np.bool_)).compile())
         for bb, ss in shapes:
             self._ahead_generate(p, like, bb, ss)
             for tb, calls in self._extend_widths.items():
                 if calls >= 2:  # an observation's width (a prompt's is used once per rollout)
-                    self.ahead.submit(("extend", bb, ss, tb), lambda bb=bb, ss=ss, tb=tb: (self._extend, (
+                    self.ahead.submit(("extend", bb, ss, tb), lambda bb=bb, ss=ss, tb=tb: self._extend.lower(
                         p, self._state_spec(like, bb, ss), self._rows_spec((bb, tb), np.int32),
-                        self._rows_spec((bb,), np.int32))))
+                        self._rows_spec((bb,), np.int32)).compile())
 
     def _ahead_generate(self, p: Any, like: SamplerState, b: int, s: int) -> None:
         if self._generate_like is None:
@@ -315,49 +317,46 @@ class Sampler:
         statics, rng, temperature, greedy = self._generate_like
         n_bucket, stop_tokens, pkey, with_ids = statics
         rows = self._rows_spec((b,), np.int32)
-        self.ahead.submit(("generate", b, s) + statics, lambda: (self._generate, (
+        self.ahead.submit(("generate", b, s) + statics, lambda: self._generate.lower(
             p, self._state_spec(like, b, s), rng, rows, n_bucket, stop_tokens, pkey,
-            jax.ShapeDtypeStruct((), np.int32), rows if with_ids else None, temperature, greedy)))
+            jax.ShapeDtypeStruct((), np.int32), rows if with_ids else None, temperature, greedy).compile())
 
     def _batch_shards(self) -> int:
-        if self.mesh is None:
-            return 1
-        spec = logical_sharding(self.mesh, self.rules, ("batch",), (1 << 20,)).spec
-        entry = spec[0] if len(spec) else None
-        axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
-        return int(np.prod([self.mesh.shape[a] for a in axes]))
+        return 1 if self.mesh is None else math.prod(self.mesh.shape[a] for a in batch_axes(self.mesh, self.rules))
 
     def _rows_spec(self, shape: tuple[int, ...], dtype) -> jax.ShapeDtypeStruct:
-        """What `_put_rows` makes of a host array of this shape."""
-        if self.mesh is None:  # jnp.asarray: uncommitted
-            return jax.ShapeDtypeStruct(shape, dtype)
-        sharding = logical_sharding(self.mesh, self.rules, ("batch",) + (None,) * (len(shape) - 1), shape)
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+        """What `_put_rows` makes of a host array of this shape (uncommitted without a mesh: jnp.asarray)."""
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=None if self.mesh is None else self._row_sharding(shape))
 
     def _state_spec(self, like: SamplerState, b: int, s: int) -> SamplerState:
-        """Specs of a state of b rows and cache length s, sharded as `_constrain_state` leaves one."""
-        v = like.next_logits.shape[1]
-        if self.mesh is None:
-            one = lambda x, shape: jax.ShapeDtypeStruct(shape, x.dtype, sharding=x.sharding)  # noqa: E731
-            cache = jax.tree.map(lambda x: one(x, (b, x.shape[1], s) + x.shape[3:]), like.cache)
-            return SamplerState(cache, one(like.lengths, (b,)), one(like.next_logits, (b, v)))
-        shardings = cache_shardings(self.cfg, b, s, self.mesh, self.rules)
-        cache = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct((b, x.shape[1], s) + x.shape[3:], x.dtype, sharding=sh),
-                             like.cache, shardings)
-        return SamplerState(cache, jax.ShapeDtypeStruct((b,), like.lengths.dtype,
-                                                        sharding=logical_sharding(self.mesh, self.rules, ("batch",), (b,))),
-                            jax.ShapeDtypeStruct((b, v), like.next_logits.dtype, sharding=logical_sharding(
-                                self.mesh, self.rules, ("batch", "act_vocab"), (b, v))))
+        """Specs of a state of b rows and cache length s, sharded as `_constrain_state` leaves one (without a
+        mesh: on `like`'s device)."""
+        shapes = SamplerState(jax.tree.map(lambda x: (b, x.shape[1], s) + x.shape[3:], like.cache,
+                                           is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct)),
+                              (b,), (b, like.next_logits.shape[1]))
+        shardings = (jax.tree.map(lambda x: x.sharding, like) if self.mesh is None
+                     else self._state_shardings(b, s, like.next_logits.shape[1]))
+        return jax.tree.map(lambda x, shape, sh: jax.ShapeDtypeStruct(shape, x.dtype, sharding=sh), like, shapes,
+                            shardings, is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
 
     # ---- sharding helpers --------------------------------------------------------------------------
+    def _row_sharding(self, shape: tuple[int, ...]) -> NamedSharding:
+        """Rows over the mesh's batch axes, the other dimensions whole."""
+        return logical_sharding(self.mesh, self.rules, ("batch",) + (None,) * (len(shape) - 1), shape)
+
+    def _state_shardings(self, b: int, s: int, v: int) -> SamplerState:
+        """Where a state of b rows, cache length s and vocabulary v lives on the mesh."""
+        return SamplerState(cache_shardings(self.cfg, b, s, self.mesh, self.rules),
+                            logical_sharding(self.mesh, self.rules, ("batch",), (b,)),
+                            logical_sharding(self.mesh, self.rules, ("batch", "act_vocab"), (b, v)))
+
     def _put_rows(self, *xs: np.ndarray) -> list[jax.Array]:
         """Host inputs [rows, ...] -> the rollout mesh, rows over its batch axis, in one transfer call (each
         process puts its own devices' rows). Committed inputs also keep jit from reading unspecified input
         layouts against another input's mesh (JAX converts them with the mesh of the first sharded argument)."""
         if self.mesh is None:
             return [jnp.asarray(x) for x in xs]
-        return hosts_to_global(xs, [logical_sharding(self.mesh, self.rules, ("batch",) + (None,) * (x.ndim - 1),
-                                                     x.shape) for x in xs])
+        return hosts_to_global(xs, [self._row_sharding(x.shape) for x in xs])
 
     def _constrain(self, x, axes):
         if self.mesh is None:
@@ -367,10 +366,8 @@ class Sampler:
     def _constrain_state(self, state: SamplerState) -> SamplerState:
         if self.mesh is None:
             return state
-        b, s = state.lengths.shape[0], state.cache.max_len
-        cache = jax.lax.with_sharding_constraint(state.cache, cache_shardings(self.cfg, b, s, self.mesh, self.rules))
-        return SamplerState(cache, self._constrain(state.lengths, ("batch",)),
-                            self._constrain(state.next_logits, ("batch", "act_vocab")))
+        return jax.lax.with_sharding_constraint(state, self._state_shardings(
+            state.batch_size, state.max_len, state.next_logits.shape[1]))
 
     def _model(self, params):
         dtype = nnx.merge(self.graphdef, params).dtype

@@ -106,6 +106,13 @@ def logical_sharding(mesh: Mesh, rules: Rules, logical_axes: Sequence[str | None
     return NamedSharding(mesh, logical_to_spec(logical_axes, rules, mesh, shape))
 
 
+def batch_axes(mesh: Mesh, rules: Rules) -> tuple[str, ...]:
+    """The mesh axes rows are split over: the rules table's "batch" entry, those the mesh has."""
+    entry = rules.get("batch")
+    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    return tuple(a for a in axes if a in mesh.shape)
+
+
 def state_shardings(state: nnx.State, mesh: Mesh, rules: Rules) -> nnx.State:
     """NamedSharding for every variable of an (abstract or concrete) nnx.State, from its `logical_axes`.
 
