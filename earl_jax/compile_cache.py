@@ -97,10 +97,14 @@ _lock = threading.Lock()
 _registered = False
 
 
+def _on_ahead_thread() -> bool:
+    return threading.current_thread().name.startswith(AHEAD_THREAD_PREFIX)
+
+
 def _on_duration(event: str, secs: float, fun_name: str = "?", **_) -> None:
     if not _active or event not in (_LOWER, _BACKEND):
         return
-    ahead = threading.current_thread().name.startswith(AHEAD_THREAD_PREFIX)
+    ahead = _on_ahead_thread()
     with _lock:
         for c in _active:
             if ahead:
@@ -116,7 +120,7 @@ def _on_duration(event: str, secs: float, fun_name: str = "?", **_) -> None:
 
 
 def _on_event(event: str, **_) -> None:
-    if _active and event == _HIT and not threading.current_thread().name.startswith(AHEAD_THREAD_PREFIX):
+    if _active and event == _HIT and not _on_ahead_thread():
         with _lock:
             for c in _active:
                 c.cache_hits += 1

@@ -33,7 +33,7 @@ def random_legal_games(env: Any, tokenizer: tokenizers.Tokenizer, seeds: Sequenc
     each game's length."""
     codec = codec or ObservationCodec(tokenizer)
     n = len(seeds)
-    ep = _Episodes(n, max_context, max_turns)
+    ep = _Episodes(n, max_turns)
     step = env.reset(list(map(int, seeds)))
     ids, counts = codec.encode_padded(step.obs)
     if bos_id is not None:

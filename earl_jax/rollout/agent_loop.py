@@ -151,11 +151,10 @@ class _Episodes:
     FIELDS = (("tokens", np.int32), ("mask", bool), ("logp", np.float32), ("rewards", np.float32),
               ("choices", np.int32))
 
-    def __init__(self, n: int, max_context: int, max_turns: int):
-        self.n, self.max_context = n, max_context
+    def __init__(self, n: int, max_turns: int):
+        self.n = n
         self._appends: list[tuple] = []  # (games, start offsets, ids, counts, mask source, logp, choices)
         self._rewards: list[tuple] = []  # (games, positions, values)
-        self._arrays: dict[str, np.ndarray] | None = None
         self.length = np.zeros(n, np.int64)
         self.turns = np.zeros(n, np.int32)
         self.turn_ctx = np.full((n, max_turns), -1, np.int64)
@@ -175,33 +174,31 @@ class _Episodes:
         self._appends.append((games, self.length[games], ids, counts, generated if scored is None else scored,
                               logp, choices))
         self.length[games] += counts
-        self._arrays = None
 
     def add_rewards(self, games, positions, values) -> None:
         """rewards[games[k], positions[k]] += values[k]."""
         self._rewards.append((np.asarray(games), np.asarray(positions), np.asarray(values, np.float32)))
-        self._arrays = None
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """tokens, mask, logp, rewards, choices as [n, T] arrays (T: the longest game), zero past each game's end."""
-        if self._arrays is None:
-            width = max(int(self.length.max(initial=0)), 1)
-            out = {name: np.zeros((self.n, width), dtype) for name, dtype in self.FIELDS}
-            flat = {name: a.reshape(-1) for name, a in out.items()}
-            for games, start, ids, counts, mask, logp, choices in self._appends:
-                cols = np.arange(ids.shape[1])[None, :]
-                valid = cols < counts[:, None]
-                at = ((games * width + start)[:, None] + cols)[valid]
-                flat["tokens"][at] = ids[valid]
-                flat["mask"][at] = mask if np.ndim(mask) == 0 else mask[valid]
-                if logp is not None:
-                    flat["logp"][at] = logp[valid]
-                if choices is not None:
-                    flat["choices"][at] = choices[valid]
-            for games, positions, values in self._rewards:
-                np.add.at(out["rewards"], (games, positions), values)
-            self._arrays = out
-        return self._arrays
+        """tokens, mask, logp, rewards, choices as [n, T] arrays (T: the longest game), zero past each game's end;
+        built from the appends on every call (once per rollout)."""
+        width = max(int(self.length.max(initial=0)), 1)
+        out = {name: np.zeros((self.n, width), dtype) for name, dtype in self.FIELDS}
+        flat = {name: a.reshape(-1) for name, a in out.items()}
+        for games, start, ids, counts, mask, logp, choices in self._appends:
+            cols = np.arange(ids.shape[1])[None, :]
+            valid = cols < counts[:, None]
+            at = ((games * width + start)[:, None] + cols)[valid]
+            flat["tokens"][at] = ids[valid]
+            flat["mask"][at] = mask if np.ndim(mask) == 0 else mask[valid]
+            if logp is not None:
+                flat["logp"][at] = logp[valid]
+            if choices is not None:
+                flat["choices"][at] = choices[valid]
+        for games, positions, values in self._rewards:
+            np.add.at(out["rewards"], (games, positions), values)
+        return out
+
 
 def episode_stats(winner: np.ndarray, invalid: np.ndarray, lengths: np.ndarray, turn_ctx: np.ndarray,
                   turns: np.ndarray, truncated: np.ndarray, loss_mask: np.ndarray) -> dict[str, Any]:
@@ -260,8 +257,7 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
     env_s += time.perf_counter() - t0
     if counts.max() + 1 > cfg.max_context:
         raise ValueError(f"the first observation is {int(counts.max())} tokens: more than max_context={cfg.max_context}")
-    # room for a few turns like the prompt before the buffers grow (growing copies them)
-    ep = _Episodes(n, cfg.max_context, cfg.max_turns)
+    ep = _Episodes(n, cfg.max_turns)
     ep.append(np.arange(n), ids, counts, False)
     _finish(ep, live, np.arange(n), first)  # games over at reset (possible only in odd games)
     if cfg.constrain_moves:
