@@ -15,7 +15,7 @@ from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import init_sharded
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.rl.config import RLConfig
-from earl_jax.rl.trainer import Trainer, compile_ahead_now
+from earl_jax.rl.trainer import Trainer, compact_now, compile_ahead_now, stage_ahead_now
 from earl_jax.rollout.compile_ahead import CompileAhead
 from earl_jax.rollout.sampler import Sampler
 from earl_jax.sharding.mesh import INFERENCE_RULES, MeshShape, make_mesh
@@ -118,6 +118,30 @@ def test_auto_compiles_ahead_on_accelerators_after_the_first_rollout():
     assert not compile_ahead_now("false", 5, "gpu")
 
 
+def test_auto_stage_programs_compile_ahead_on_accelerators_from_the_start():
+    assert stage_ahead_now("auto", "gpu") and not stage_ahead_now("auto", "cpu")
+    assert stage_ahead_now("true", "cpu") and not stage_ahead_now("false", "tpu")
+
+
+def test_auto_compaction_on_cpus_always_and_on_accelerators_after_the_first_rollout():
+    assert compact_now("auto", 0, "cpu") and not compact_now("auto", 0, "gpu") and compact_now("auto", 1, "gpu")
+    assert compact_now("true", 0, "gpu") and not compact_now("false", 3, "cpu")
+    assert compact_now(True, 0, "gpu") and not compact_now(False, 0, "cpu")  # config.json written before "auto"
+
+
+def test_the_compaction_setting_is_what_the_rollout_does(tmp_path):
+    """--compact-finished true / false reach the decode loop: the decode batch shrinks as games end, or not."""
+    rows = {}
+    for mode in ("true", "false"):
+        cfg = RLConfig(groups=2, group_size=4, steps=1, format_warmup_steps=0, devices=1, eval_games=8,
+                       eval_every=0, checkpoint_every=0, max_context=256, prompt_style="compact", progress=False,
+                       wandb_mode="disabled", compact_finished=mode, run_dir=str(tmp_path / mode))
+        trainer = Trainer(cfg, log=False)
+        traj, _ = trainer._rollout(trainer.env, list(range(8)), None, jax.random.key(3), trainer.sampling)
+        rows[mode] = (traj.stats.decode_rows, 8 * int(max(traj.num_turns)))
+    assert rows["false"][0] == rows["false"][1] and rows["true"][0] < rows["true"][1], rows
+
+
 def test_deferred_widths_of_experience_and_train_are_compiled_ahead():
     """Run the grouped experience and train steps at the widest width with a narrower one deferred (what
     limit_new_widths does on a cold start); after the background compiles, the next run at the narrower width
@@ -147,11 +171,14 @@ def test_deferred_widths_of_experience_and_train_are_compiled_ahead():
         logp = grouped_logprobs(run, params, x["tokens"], [t] * micro.count, micro, graphdef=graphdef, ahead=ahead)
         batch = stages.ExperienceBatch(x["tokens"], x["loss_mask"], logp, logp, jnp.ones((n, t), jnp.float32))
         kw = dict(graphdef=graphdef, loss="policy", loss_cfg=LossConfig(), optimizer=opt, token_weighted=True)
-        params, state, _ = grouped_update(run, params, opt.init(params), batch, [t] * micro.count, micro,
-                                          ahead=ahead, **kw)
+        with count_compiles() as first:
+            params, state, _ = grouped_update(run, params, opt.init(params), batch, [t] * micro.count, micro,
+                                              ahead=ahead, **kw)
+        # the optimizer update compiled beside the gradient program, and the real call used it
+        assert ("jit(train_policy_apply)" in first.seconds_by_name) != with_ahead, first.seconds_by_name
         if with_ahead:
             ahead[0].drain()
-            assert ahead[0].submitted == 2 and not ahead[0].failed, ahead[0].failed
+            assert ahead[0].submitted == 3 and not ahead[0].failed, ahead[0].failed
         with count_compiles() as c:  # the deferred width now
             logp2 = grouped_logprobs(run, params, x["tokens"], [32] * micro.count, micro, graphdef=graphdef)
             params, _, m = grouped_update(run, params, state, batch, [32] * micro.count, micro, **kw)

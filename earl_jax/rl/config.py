@@ -77,13 +77,16 @@ class RLConfig:
                                               "H100s, 2048 games, tiny model, rolled out slower split than not (median "
                                               "0.67-1.24 s against 0.52 s), stalled by iterations where one process "
                                               "ran far longer than the others")
-    compact_finished: bool = _f(True, "finished games leave the decode batch (gathered into a smaller batch bucket)")
+    compact_finished: Literal["auto", "true", "false"] = _f(
+        "auto", "finished games leave the decode batch (gathered into a smaller batch bucket): auto = on the CPU "
+                "always, on accelerators from the second training rollout on (a cold first rollout spends longer "
+                "compiling the smaller batches' programs than they save)")
     max_context: int = _f(2048, "max tokens per episode (then truncated, recorded)")
     compile_ahead: Literal["auto", "true", "false"] = _f(
-        "auto", "compile the rollout's next decode programs (next cache size, next compacted batch) and the experience "
-                "/ train programs of deferred micro-batch widths on background threads before they are needed: auto = "
-                "on accelerators from the second rollout on (in the first they only compete with the foreground's "
-                "compiles; on a 2-core CPU with the rollout)")
+        "auto", "compile the rollout's next decode programs (next cache size, next compacted batch), the experience "
+                "/ train programs of deferred micro-batch widths and the optimizer update on background threads before "
+                "they are needed: auto = on accelerators, the rollout's from the second rollout on (in the first they "
+                "only compete with the foreground's compiles; on a 2-core CPU with the rollout)")
     rollout_cache_growth: float = _f(0.0, "KV cache sizes as a game grows: 0 = the default buckets (x1.33-1.5 steps, "
                                           "least padded attention); 2 or 4 = fewer, larger sizes, so fewer decode "
                                           "programs compile (a real-size model's first iteration is mostly compiles)")

@@ -128,7 +128,7 @@ def _zeros_like_rows(x):
     return constrain(jnp.zeros(x.shape, jnp.float32), ("batch", None))
 
 
-# (the compile-ahead queue, the widths this iteration deferred: `limit_new_widths`)
+# (the compile-ahead queue, the widths this iteration deferred: `limit_new_widths`; may be empty)
 Ahead = tuple[CompileAhead, list[int]]
 
 
@@ -205,6 +205,10 @@ def grouped_update(run: StageRun, params: nnx.State, opt_state: Any, batch: stag
                                *jax.tree.map(lambda _: replicated, tuple(acc[1:]))))
     model = run.jit(f"{loss}_grad", stages.micro_grad, donate=(1,), graphdef=graphdef, loss=loss, loss_cfg=loss_cfg,
                     chunk=chunk, choice_tokens=choice_tokens)
+    apply = run.jit(f"{loss}_apply", stages.apply_step, donate=(0, 1), optimizer=optimizer)
+    if ahead is not None:  # the update compiles beside the first gradient program, not after it (once: keyed)
+        specs = (_specs(params), _specs(opt_state), _specs(acc))
+        ahead[0].submit((id(apply), "apply"), lambda: apply.jitted.lower(*specs).compile())
     for j, width in enumerate(widths):  # the grad program per micro-batch shape, as in grouped_logprobs
         mb, w = run.jit("micro_batch", stages.take_micro, micro_batches=micro.count, shards=micro.shards, width=width,
                         token_weighted=token_weighted)(batch, j)
@@ -214,7 +218,9 @@ def grouped_update(run: StageRun, params: nnx.State, opt_state: Any, batch: stag
                     output_as_arg=1)
         _wait(ahead, model, micro.rows, width)
         acc = model(params, acc, mb, w)
-    return run.jit(f"{loss}_apply", stages.apply_step, donate=(0, 1), optimizer=optimizer)(params, opt_state, acc)
+    if ahead is not None:
+        ahead[0].wait((id(apply), "apply"))
+    return apply(params, opt_state, acc)
 
 
 def _take_rows(batch, index):

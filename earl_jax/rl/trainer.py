@@ -75,6 +75,23 @@ def compile_ahead_now(mode: str, rollouts_done: int, backend: str) -> bool:
     return mode == "true" or (mode == "auto" and rollouts_done > 0 and backend != "cpu")
 
 
+def compact_now(mode: str | bool, rollouts_done: int, backend: str) -> bool:
+    """--compact-finished: "auto" compacts on the CPU always and on accelerators from the second training rollout
+    on. On 4 H100s the pod job's cold first rollout took 65.4 s with compaction and 40.9 s without (the smaller
+    batches' decode programs compile for ~8 s each, while a decode step there costs about the same at 64 rows as
+    at 16); later rollouts compile them ahead (results/NOTES.md calls 46 and 49)."""
+    if isinstance(mode, bool):  # config.json of runs before "auto"
+        return mode
+    return mode == "true" or (mode == "auto" and (backend == "cpu" or rollouts_done > 0))
+
+
+def stage_ahead_now(mode: str, backend: str) -> bool:
+    """--compile-ahead for the experience / train programs (deferred widths, the optimizer update): "auto" on
+    accelerators from the start. These are never guesses, and in the first iteration the update compiles beside
+    the gradient program instead of after it."""
+    return mode == "true" or (mode == "auto" and backend != "cpu")
+
+
 def _device_memory() -> dict[str, float]:
     """Largest bytes in use / peak / limit over this process's devices, in GiB (GPU, TPU; {} on CPU)."""
     stats = [device_memory_stats(d) for d in jax.local_devices()]
@@ -160,12 +177,13 @@ class Trainer:
         self._samplers: dict[Any, Sampler] = {}  # per rollout mesh (or device of one): each keeps its programs
         self._ahead_failed_seen = 0  # compile-ahead failures already warned about
         self._rollouts_done = 0  # training rollouts finished (--compile-ahead auto starts after the first)
-        self._stage_ahead: CompileAhead | None = None
+        # experience / train programs compiled in the background: deferred widths, the optimizer update
+        self._stage_ahead = CompileAhead() if stage_ahead_now(cfg.compile_ahead, jax.default_backend()) else None
         self._rollout_groups = 1  # the last rollout's decode groups (device groups x pipeline groups)
         self._gc = GcClock()  # the collector's pauses in an iteration (time/gc_pause_s), timed inside run()
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
         self.rollout_cfg = RolloutConfig(cfg.max_turn_tokens, cfg.max_turns, cfg.max_context,
-                                         compact=cfg.compact_finished, constrain_moves=cfg.constrain_moves)
+                                         constrain_moves=cfg.constrain_moves)
         env_cfg = EnvConfig(game=cfg.game, opponent=cfg.opponent, agent_player=cfg.agent_player,
                             prompt_style=cfg.prompt_style, max_retries=cfg.invalid_retries,
                             win_reward=cfg.win_reward, loss_reward=cfg.loss_reward, draw_reward=cfg.draw_reward,
@@ -252,7 +270,8 @@ class Trainer:
             background = len(samplers) * per > 1 and not at.mesh.is_multi_process
             policies = [SamplerPolicy(sampler, p, sampling, stops, turn_tokens, moves=self.moves, background=background)
                         for sampler, p in samplers for _ in range(per)]
-            rollout_cfg = dataclasses.replace(self.rollout_cfg, max_turn_tokens=turn_tokens,
+            compact = compact_now(self.cfg.compact_finished, self._rollouts_done, jax.default_backend())
+            rollout_cfg = dataclasses.replace(self.rollout_cfg, max_turn_tokens=turn_tokens, compact=compact,
                                               pipeline_groups=len(policies), min_batch=min_batch)
             self._rollout_groups = len(policies) * (jax.process_count() if at.split else 1)
             if league is not None:
@@ -387,14 +406,14 @@ class Trainer:
     def _split(self, run: StageRun, arranged_lengths: np.ndarray, shape: tuple[int, ...]):
         """`packing.length_split`, then at most cfg.new_widths_per_iteration widths this stage's programs have not
         run at yet (the model's program is per stage, mesh, chunk, micro-batch rows and width: packing.py); and,
-        when compiling ahead, the queue with the new widths this iteration ran wider, for the next iteration."""
+        when compiling ahead, the queue and the new widths this iteration ran wider, for the next iteration."""
         micro, wanted = length_split(run, arranged_lengths, shape[1], self.cfg.length_split)
         key = (run.stage, str(run.layout.mesh), micro.rows, micro.shards, run.layout.logprob_chunk)
         seen = self._widths_run.setdefault(key, set())
         widths = limit_new_widths(wanted, seen, self.cfg.new_widths_per_iteration)
         seen.update(widths)
         deferred = sorted(set(wanted) - set(widths))
-        return micro, widths, (self._stage_ahead, deferred) if self._stage_ahead is not None and deferred else None
+        return micro, widths, None if self._stage_ahead is None else (self._stage_ahead, deferred)
 
     def _plan_batch(self, arrays: dict[str, np.ndarray], mean_context_len: float, **extends: int) -> None:
         """Experience / train layouts for the batch they are about to process (its padded width is known)."""
@@ -505,9 +524,6 @@ class Trainer:
             league = self.matchmaker.league_games(self.step, self.params)
             traj, rollout_dispatch_s = self._rollout(self.env, seeds, group_ids, rng, self.sampling, league=league)
             self._rollouts_done += 1
-            if self._stage_ahead is None and compile_ahead_now(self.cfg.compile_ahead, self._rollouts_done,
-                                                               jax.default_backend()):
-                self._stage_ahead = CompileAhead()  # experience / train programs of deferred widths
             s = traj.stats
             arrays = self._batch_arrays(traj)
             # Experience and train are planned for the batch they process; the OOM fallback may still change them.
