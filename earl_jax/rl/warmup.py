@@ -9,7 +9,7 @@ number, then the end token), not the game.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import tokenizers
@@ -27,10 +27,12 @@ def _legal_moves(step) -> list[list[int]]:
 
 def random_legal_games(env: Any, tokenizer: tokenizers.Tokenizer, seeds: Sequence[int], rng: np.random.Generator, *,
                        eos_id: int, bos_id: int | None, max_context: int, max_turns: int = 64,
-                       codec: ObservationCodec | None = None
+                       codec: ObservationCodec | None = None,
+                       choose: Callable[[Any, np.ndarray, list[list[int]]], np.ndarray] | None = None
                        ) -> tuple[Int[np.ndarray, "n t"], Bool[np.ndarray, "n t"], Int[np.ndarray, " n"]]:
     """One game per row of the vector env `env`: token ids (right-padded with 0), a mask on the answers, and
-    each game's length."""
+    each game's length. `choose(env, rows, legal)`: the moves of games `rows` (default: uniform among `legal`;
+    experiments/ttt_imitation_check.py passes the solver's)."""
     codec = codec or ObservationCodec(tokenizer)
     n = len(seeds)
     ep = _Episodes(n, max_turns)
@@ -48,7 +50,8 @@ def random_legal_games(env: Any, tokenizer: tokenizers.Tokenizer, seeds: Sequenc
         if legal is None or any(not m for m in legal):
             raise ValueError(f"format warm-up: {type(env).__name__} gives no legal moves to draw from; pass "
                              "--format-warmup-steps 0 for such environments")
-        moves = np.array([m[int(rng.integers(len(m)))] for m in legal], np.int64)
+        moves = (np.array([m[int(rng.integers(len(m)))] for m in legal], np.int64) if choose is None
+                 else np.asarray(choose(env, rows, legal), np.int64))
         texts = [str(m) for m in moves.tolist()]
         answers = [e.ids + [eos_id] for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
         width = max(map(len, answers))
