@@ -176,7 +176,7 @@ class Trainer:
         self._widths_run: dict[tuple, set[int]] = {}  # micro-batch widths each stage program has run at
         self._samplers: dict[Any, Sampler] = {}  # per rollout mesh (or device of one): each keeps its programs
         self._ahead_failed_seen = 0  # compile-ahead failures already warned about
-        self._rollouts_done = 0  # training rollouts finished (--compile-ahead auto starts after the first)
+        self._rollouts_done = 0  # training rollouts finished (accelerators compile ahead and compact after the first)
         # experience / train programs compiled in the background: deferred widths, the optimizer update
         self._stage_ahead = CompileAhead() if stage_ahead_now(cfg.compile_ahead, jax.default_backend()) else None
         self._rollout_groups = 1  # the last rollout's decode groups (device groups x pipeline groups)
