@@ -5,7 +5,7 @@ env's steps, parsing, tokenizing, the episode buffers. Median over --repeats rol
     python experiments/bench_host_rollout.py [--games 512 2048] [--repeats 9] [--out FILE]
     python experiments/bench_host_rollout.py --trees OLD_CHECKOUT .    # the same in two checkouts, interleaved
 
-Writes experiments/results/bench_host_rollout_cpu.json by default.
+Writes experiments/results/bench_host_rollout_cpu.json by default (with --trees: appends to its `comparisons`).
 """
 from __future__ import annotations
 
@@ -88,7 +88,9 @@ def main(argv=None) -> dict:
                                      capture_output=True, text=True, check=True).stdout
                 runs.append({"tree": str(tree), "round": r, "rows": json.loads(out.strip().splitlines()[-1])})
                 print(runs[-1], flush=True)
-        result = {"machine": f"{os.cpu_count()} CPU cores", "runs": runs}
+        # one file for the benchmark: each comparison is appended (median_of_round_medians_ms added by hand)
+        result = json.loads(args.out.read_text()) if args.out.exists() else {"machine": f"{os.cpu_count()} CPU cores"}
+        result.setdefault("comparisons", []).append({"command": " ".join(sys.argv[1:]), "runs": runs})
     args.out.write_text(json.dumps(result, indent=1))
     return result
 

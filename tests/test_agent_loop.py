@@ -108,3 +108,14 @@ def test_extend_widths_are_recorded_for_the_memory_model():
     assert traj.stats.prompt_tokens == max(int(np.argmax(m)) for m in traj.loss_mask)  # prompt = first span
     assert traj.stats.observation_tokens == max(obs_spans) > 0
     assert traj.stats.first_cache_len == traj.stats.prompt_tokens + 4  # + the default turn budget
+
+
+def test_turn_keys_from_one_program_equal_fold_in_per_turn():
+    """The rollout draws every turn's key from one jitted program; a game's stream must stay fold_in(rng, turn)."""
+    from earl_jax.rollout.agent_loop import _turn_keys
+
+    rng = jax.random.key(11)
+    keys = _turn_keys(rng, 12)
+    assert len(keys) == 12
+    for t, k in enumerate(keys):
+        np.testing.assert_array_equal(jax.random.key_data(k), jax.random.key_data(jax.random.fold_in(rng, t)))

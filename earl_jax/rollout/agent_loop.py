@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from functools import partial
 from typing import Any, Callable, Protocol, Sequence
 
 import jax
@@ -227,6 +228,13 @@ class _Group:
     budgets: np.ndarray | None = None
 
 
+@partial(jax.jit, static_argnums=1)
+def _turn_keys(rng: jax.Array, turns: int) -> tuple[jax.Array, ...]:
+    """fold_in(rng, t) for t < turns in one program: an eager fold_in per turn cost ~0.35 ms of host time each (a
+    2-core CPU, ~7 ms of a 512-game host-only rollout's ~33 ms)."""
+    return tuple(jax.random.fold_in(rng, t) for t in range(turns))
+
+
 def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizers.Tokenizer, cfg: RolloutConfig,
                rng: jax.Array, seeds: Sequence[int], group_ids: Sequence[int] | None = None,
                bos_id: int | None = None, codec: ObservationCodec | None = None, game_offset: int = 0) -> Trajectories:
@@ -276,12 +284,14 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         pol.extend(ids[games], counts[games])
         groups.append(_Group(pol, games, first_batch=len(games)))
 
-    turn_keys: dict[int, jax.Array] = {}
+    turn_keys: tuple[jax.Array, ...] = ()
 
     def turn_key(turn: int) -> jax.Array:
-        """fold_in(rng, turn), once per turn however many groups draw from it (each fold_in is a device call)."""
-        if turn not in turn_keys:
-            turn_keys[turn] = jax.random.fold_in(rng, turn)
+        """fold_in(rng, turn): every turn's key from one device call, on the first draw (generate runs only for
+        turns < max_turns)."""
+        nonlocal turn_keys
+        if not turn_keys:
+            turn_keys = _turn_keys(rng, cfg.max_turns)
         return turn_keys[turn]
 
     def issue(g: _Group) -> None:
