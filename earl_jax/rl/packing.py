@@ -146,7 +146,7 @@ def grouped_logprobs(run: StageRun, params: nnx.State, tokens: jax.Array, widths
         tok, ch = run.jit("micro_tokens", stages.micro_batch, **split, width=width)((tokens, choices), j)
         _wait(ahead, model, micro.rows, width)
         logp = model(params, tok, ch)
-        if j == 0:
+        if j == 0 and _deferred(ahead):
             p = _specs(params)
             _submit(ahead, model, micro.rows, lambda w: (p, spec_of(tok, w), _maybe_spec(ch, w)))
         out = run.jit("put_logprobs", stages.put_micro, donate=(0,), **split)(out, logp, j)
@@ -161,6 +161,11 @@ def _maybe_spec(x, width: int):
     return None if x is None else spec_of(x, width)
 
 
+def _deferred(ahead: Ahead | None) -> list[int]:
+    """The widths to compile ahead (none: no argument specs need building)."""
+    return [] if ahead is None else ahead[1]
+
+
 def _wait(ahead: Ahead | None, program, rows: int, width: int) -> None:
     if ahead is not None:
         ahead[0].wait((id(program), rows, width))
@@ -173,9 +178,7 @@ def _submit(ahead: Ahead | None, program, rows: int, specs_at: Callable[[int], t
     i is the program's own output (the gradient accumulator after the first micro-batch carries the grad program's
     output shardings, which XLA may choose apart from the fresh accumulator's; jit compiles one program per
     sharding: the same program, if they agree)."""
-    if ahead is None:
-        return
-    for width in ahead[1]:
+    for width in _deferred(ahead):
         def compile_job(args=specs_at(width)):
             lowered = program.jitted.lower(*args)
             compiled = lowered.compile()
@@ -206,13 +209,13 @@ def grouped_update(run: StageRun, params: nnx.State, opt_state: Any, batch: stag
     model = run.jit(f"{loss}_grad", stages.micro_grad, donate=(1,), graphdef=graphdef, loss=loss, loss_cfg=loss_cfg,
                     chunk=chunk, choice_tokens=choice_tokens)
     apply = run.jit(f"{loss}_apply", stages.apply_step, donate=(0, 1), optimizer=optimizer)
-    if ahead is not None:  # the update compiles beside the first gradient program, not after it (once: keyed)
+    if ahead is not None and (id(apply), "apply") not in ahead[0]:  # compiles beside the first gradient program
         specs = (_specs(params), _specs(opt_state), _specs(acc))
         ahead[0].submit((id(apply), "apply"), lambda: apply.jitted.lower(*specs).compile())
     for j, width in enumerate(widths):  # the grad program per micro-batch shape, as in grouped_logprobs
         mb, w = run.jit("micro_batch", stages.take_micro, micro_batches=micro.count, shards=micro.shards, width=width,
                         token_weighted=token_weighted)(batch, j)
-        if j == 0:  # specs before the call: it donates the accumulator
+        if j == 0 and _deferred(ahead):  # specs before the call: it donates the accumulator
             p, a = _specs(params), _specs(acc)
             _submit(ahead, model, micro.rows, lambda v: (p, a, jax.tree.map(lambda x: spec_of(x, v), mb), spec_of(w)),
                     output_as_arg=1)

@@ -67,6 +67,10 @@ class CompileAhead:
             future.result()
             self.waited_s += time.perf_counter() - t0
 
+    def __contains__(self, key: Hashable) -> bool:
+        """Whether `key` was submitted (callers skip building specs for a program already on its way)."""
+        return key in self._futures
+
     @property
     def submitted(self) -> int:
         return len(self._futures)
