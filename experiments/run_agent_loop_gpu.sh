@@ -4,8 +4,7 @@
 # Carry .whl_env (open_spiel, gymnasium, pgx wheels for the image's Python) and .baseline.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --find-links .whl_env --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  open_spiel gymnasium farama-notifications ml_collections cloudpickle pgx svgwrite && export PYTHONPATH=/tmp/site || exit 1
+source experiments/gpu_wheels.sh; install_wheels pgx svgwrite
 export PYTHONUNBUFFERED=1 EARL_COMPILE_CACHE=/tmp/earl_cc
 nvidia-smi --query-gpu=name,memory.total --format=csv
 timeout 570 python3 experiments/bench_agent_loop.py --gpu --timeout 200 --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_agent_loop.log"

@@ -9,8 +9,7 @@
 # JOBS= picks the one-GPU jobs; EXTRA= adds connect4.py flags to the four-GPU cases.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --find-links .whl_env --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  open_spiel gymnasium farama-notifications ml_collections cloudpickle pgx svgwrite && export PYTHONPATH=/tmp/site || exit 1
+source experiments/gpu_wheels.sh; install_wheels pgx svgwrite
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 EARL_COMPILE_CACHE=/tmp/earl_cc
 [ -d .earl_cc ] && cp -r .earl_cc /tmp/earl_cc
 nvidia-smi --query-gpu=name,memory.total --format=csv

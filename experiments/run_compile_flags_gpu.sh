@@ -6,8 +6,8 @@
 #   VARIANTS="default= noauto=--xla_gpu_autotune_level=0 notriton=--xla_gpu_enable_triton_gemm=false" bash experiments/run_compile_flags_gpu.sh
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --find-links .whl_env --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  open_spiel gymnasium farama-notifications ml_collections cloudpickle 2>/dev/null && export PYTHONPATH=/tmp/site:. || exit 1
+source experiments/gpu_wheels.sh; install_wheels
+export PYTHONPATH=$PYTHONPATH:.
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
 POD="--preset pod --model qwen2.5-1.5b --devices 1 --steps ${STEPS:-5} --eval-games 16 --format-warmup-steps 0 --wandb-mode disabled --progress false --checkpoint-every 0 --keep-checkpoints 0"

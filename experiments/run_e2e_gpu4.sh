@@ -14,8 +14,7 @@ MODEL=${MODEL:-qwen2.5-1.5b}
 SCHEDULE=${SCHEDULE:-0:480,2:3968,4:16000}
 STEPS=${STEPS:-5}
 STATE=${STATE:-/tmp/e2e_state}; mkdir -p "$STATE"
-python3 -m pip install -q --no-index --find-links .whl_env --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  open_spiel gymnasium farama-notifications ml_collections cloudpickle 2>/dev/null && export PYTHONPATH=/tmp/site || exit 1
+source experiments/gpu_wheels.sh; install_wheels
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export EARL_COMPILE_CACHE=${EARL_COMPILE_CACHE:-/tmp/e2e_cc}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1

@@ -4,8 +4,7 @@
 # .whl_env (pip download, see README "GPU machines"); pip picks the one for the image's Python.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --find-links .whl_env --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  open_spiel gymnasium farama-notifications ml_collections cloudpickle && export PYTHONPATH=/tmp/site || exit 1
+source experiments/gpu_wheels.sh; install_wheels
 export PYTHONUNBUFFERED=1
 python3 -c 'import sys, jax; print(sys.version.split()[0], jax.__version__, jax.devices())'
 nvidia-smi --query-gpu=name,memory.total --format=csv

@@ -7,8 +7,7 @@
 #    then warm (the same cache).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --find-links .whl_env --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  open_spiel gymnasium farama-notifications ml_collections cloudpickle 2>/dev/null && export PYTHONPATH=/tmp/site || exit 1
+source experiments/gpu_wheels.sh; install_wheels
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
 if [[ "${SKIP_PROBE:-0}" != 1 ]]; then

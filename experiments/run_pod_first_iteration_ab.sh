@@ -7,8 +7,7 @@
 # (git archive COMMIT | tar -x -C .baseline; carry it and .whl_env). Logs and metrics.jsonl come back under $OUT.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --find-links .whl_env --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  open_spiel gymnasium farama-notifications ml_collections cloudpickle 2>/dev/null && export PYTHONPATH=/tmp/site || exit 1
+source experiments/gpu_wheels.sh; install_wheels
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
 POD="--preset pod --model qwen2.5-1.5b --steps ${STEPS:-2} --eval-games 16 --format-warmup-steps 0 --wandb-mode disabled --progress false --checkpoint-every 0 --keep-checkpoints 0"

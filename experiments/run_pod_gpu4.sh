@@ -5,8 +5,7 @@
 #    warm (the same cache), format warm-up off; 3. rollout of 2048 games on 4 GPUs and on 1 (current code).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --find-links .whl_env --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  open_spiel gymnasium farama-notifications ml_collections cloudpickle pgx svgwrite && export PYTHONPATH=/tmp/site || exit 1
+source experiments/gpu_wheels.sh; install_wheels pgx svgwrite
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 echo "=== init"; timeout 150 python3 experiments/bench_init.py --model qwen2.5-0.5b --model qwen2.5-7b --mesh d1f4t1 \

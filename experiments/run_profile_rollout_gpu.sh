@@ -3,8 +3,7 @@
 # model, one device call (nvidia-h100-x1). Carry .whl_env (open_spiel, gymnasium wheels) and .earl_cc.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --find-links .whl_env --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  open_spiel gymnasium farama-notifications ml_collections cloudpickle && export PYTHONPATH=/tmp/site || exit 1
+source experiments/gpu_wheels.sh; install_wheels
 export PYTHONUNBUFFERED=1 EARL_COMPILE_CACHE=/tmp/earl_cc
 [ -d .earl_cc ] && cp -r .earl_cc /tmp/earl_cc
 nvidia-smi --query-gpu=name,memory.total --format=csv

@@ -7,8 +7,7 @@
 # Carry .whl_env.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --find-links .whl_env --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  open_spiel gymnasium farama-notifications ml_collections cloudpickle 2>/dev/null && export PYTHONPATH=/tmp/site || exit 1
+source experiments/gpu_wheels.sh; install_wheels
 export PYTHONUNBUFFERED=1
 JOB="--groups 64 --group-size 8 --prompt-style compact --constrain-moves false --format-warmup-steps 0 --eval-every 0"
 JOB="$JOB --eval-games 8 --checkpoint-every 0 --steps ${STEPS:-12} --wandb-mode disabled --progress false --compile-cache off"

@@ -8,8 +8,7 @@
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 TRIALS=${TRIALS:-4}; TRIAL_S=${TRIAL_S:-135}
-python3 -m pip install -q --no-index --find-links .whl_env --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  open_spiel gymnasium farama-notifications ml_collections cloudpickle 2>/dev/null && export PYTHONPATH=/tmp/site || exit 1
+source experiments/gpu_wheels.sh; install_wheels
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 EARL_COMPILE_CACHE=${EARL_COMPILE_CACHE:-/tmp/sweep_cc}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
 SW=/tmp/sweep_selector
