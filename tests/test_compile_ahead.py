@@ -192,3 +192,68 @@ def test_deferred_widths_of_experience_and_train_are_compiled_ahead():
     assert a_loss == b_loss
     for a, b in zip(a_params, b_params):
         np.testing.assert_array_equal(a, b)
+
+
+def test_compaction_programs_are_compiled_ahead_from_a_rollout_that_did_not_compact():
+    """A rollout that kept finished rows (the first on accelerators) tells where a compacting one will shrink the
+    batch: after `compile_compaction_ahead`, the compacted rollout's take / generate / extend / grow find their
+    programs compiled; a batch that never fell to a quarter submits nothing for the smaller sizes."""
+    model = Qwen2(CFG, rngs=nnx.Rngs(0), dtype=jnp.float32)
+    graphdef, params = nnx.split(jax.device_put(model, jax.devices()[0]))
+    sampler = Sampler(graphdef, CFG, cache_buckets=(32, 64, 128))
+
+    def opening():
+        state = sampler.init_state(B, 32)
+        return sampler.extend(params, state, np.ones((B, 10), np.int32), np.full(B, 10))
+
+    state = opening()  # without compaction: all B rows to the end, a quarter of them still playing at turn 1
+    state, _ = _turns(sampler, params, state, 0, 1)
+    state, _ = _turns(sampler, params, state, 1, 3, active=B // 4)  # turn 2 grows the cache to 64
+    sampler.start_compiling_ahead()
+    submitted = sampler.compile_compaction_ahead(params)
+    sampler.ahead.drain()
+    assert not sampler.ahead.failed, sampler.ahead.failed
+    keys = set(sampler.ahead._futures)
+    assert {("take", B, 32, B // 4), ("take", B, 64, B // 4), ("grow", B // 4, 32, 64)} <= keys, keys
+    assert not any(k[0] == "take" and k[3] == B // 16 for k in keys)  # never down to a sixteenth
+    assert submitted == len(keys)
+
+    state = opening()  # the same games, compacting after turn 1
+    state, _ = _turns(sampler, params, state, 0, 1)
+    with count_compiles() as c:
+        state = sampler.take_rows(state, np.arange(B // 4), B // 4)
+        state, _ = _turns(sampler, params, state, 1, 3)
+        jax.block_until_ready(state)
+    assert state.batch_size == B // 4 and state.max_len == 64
+    programs = {name for name in c.seconds_by_name if "_impl" in name}
+    assert not programs, programs
+    assert {("take", B, 32, B // 4), ("grow", B // 4, 32, 64)} <= sampler.ahead.used
+
+
+def test_the_trainer_compiles_compaction_ahead_when_the_next_rollout_compacts(tmp_path, monkeypatch):
+    """The accelerators' rules on the CPU (compaction and compiling ahead from the second rollout on): the first
+    rollout, which kept finished rows, submits the compacted batches' programs; the second, which compacts, does
+    not submit them again and uses them (the sampler test above shows that they are found compiled)."""
+    from earl_jax.rl import trainer as trainer_mod
+    monkeypatch.setattr(trainer_mod, "compact_now", lambda mode, done, backend: done > 0)
+    monkeypatch.setattr(trainer_mod, "compile_ahead_now", lambda mode, done, backend: done > 0)
+    calls = []
+    real = Sampler.compile_compaction_ahead
+    monkeypatch.setattr(Sampler, "compile_compaction_ahead", lambda self, p: calls.append(real(self, p)))
+    cfg = RLConfig(groups=2, group_size=8, steps=2, format_warmup_steps=0, devices=1, eval_games=8, eval_every=0,
+                   checkpoint_every=0, max_context=512, constrain_moves=False, prompt_style="compact",
+                   progress=False, wandb_mode="disabled", run_dir=str(tmp_path))
+    trainer = Trainer(cfg, log=False)
+    trainer.iteration()
+    (sampler,) = trainer._samplers.values()
+    ahead = {k for k in sampler.ahead._futures if k[0] == "take"}
+    assert len(calls) == 1 and calls[0] > 0 and ahead, (calls, ahead)
+    sampler.ahead.drain()
+    asked = []
+    wait = sampler._wait
+    monkeypatch.setattr(sampler, "_wait", lambda key: (asked.append(key), wait(key)))
+    second = trainer.iteration()
+    takes = {k for k in asked if k[0] == "take"}
+    assert len(calls) == 1 and second["compile/ahead_failed"] == 0
+    # these seeds' second rollout compacts where the first foretold (a deeper level it reached is its own look-ahead's)
+    assert takes & ahead and not any(k in sampler.ahead.failed for k in takes), (takes, ahead)

@@ -291,11 +291,26 @@ class Trainer:
             finally:
                 if league is not None:
                     env.assign(None)
+            self._compaction_ahead(compact, samplers)
             if at.split:
                 traj = gather_trajectories(traj)
             return traj, dispatch_s
 
         return self.planner.run("rollout", rollout)
+
+    def _compaction_ahead(self, compacted: bool, samplers: list[tuple[Sampler, Any]]) -> None:
+        """After a rollout that did not compact, when the next one will (accelerators' first training rollout):
+        compile the compacted batches' decode programs now, in the background during experience and train, rather
+        than in the next rollout, which would wait for them (4 x H100, pod job: ~25 s of iteration 2's rollout,
+        results/NOTES.md call 49)."""
+        backend, after = jax.default_backend(), self._rollouts_done + 1
+        if compacted or not compact_now(self.cfg.compact_finished, after, backend):
+            return
+        if not compile_ahead_now(self.cfg.compile_ahead, after, backend):
+            return
+        for sampler, params in samplers:
+            sampler.start_compiling_ahead()
+            sampler.compile_compaction_ahead(params)
 
     def _placement(self, run: StageRun, params: Any, n_games: int, split: bool) -> "_Placement":
         """Where a rollout decodes: with `split`, this process's block of the mesh and share of the games when the

@@ -147,6 +147,10 @@ class Sampler:
         self._params_specs: tuple[int, Any] | None = None  # (id of the weights, their specs): no reference kept
         self._needed = (0, 0)  # the last two ensure_capacity lengths
         self._active = None  # rows the last generate decoded (budget > 0): when to compile the compacted batch ahead
+        # (batch, cache length) -> fewest rows a generate of that shape decoded: where a rollout that did not compact
+        # would have (compile_compaction_ahead)
+        self._fewest: dict[tuple[int, int], int] = {}
+        self._like = None  # specs of a state the sampler ran (any shape: _state_spec resizes them)
 
     # ---- public API --------------------------------------------------------------------------------
     @property
@@ -198,8 +202,8 @@ class Sampler:
         b, s = state.batch_size, state.max_len
         self._wait(("extend", b, s, tb))
         state = self._extend(params, state, *self._put_rows(tokens, num_new))
+        self._extend_widths[tb] = self._extend_widths.get(tb, 0) + 1
         if self.ahead is not None:
-            self._extend_widths[tb] = self._extend_widths.get(tb, 0) + 1
             self._look_ahead(params, state, b, s)
         return state
 
@@ -230,8 +234,11 @@ class Sampler:
         self._wait(("generate", b, s) + statics)
         state, gen = self._generate(params, state, rng, budget, n_bucket, stop_tokens, program_key(sampling),
                                     np.int32(max_new_tokens), row_ids, temperature, greedy)
+        self._generate_like = (statics, _spec(rng), _spec(temperature), _spec(greedy))
+        self._fewest[b, s] = min(self._active, self._fewest.get((b, s), b))
+        if self._like is None:
+            self._like = jax.tree.map(_spec, state)
         if self.ahead is not None:
-            self._generate_like = (statics, _spec(rng), _spec(temperature), _spec(greedy))
             self._look_ahead(params, state, b, s)
         if trim and n_bucket != max_new_tokens:
             gen = Generation(gen.tokens[:, :max_new_tokens], gen.logprobs[:, :max_new_tokens],
@@ -263,6 +270,38 @@ class Sampler:
             self._generate_like = (statics, jax.ShapeDtypeStruct((), jax.random.key(0).dtype), _spec(temperature),
                                    _spec(greedy))
         self._ahead_generate(self._specs_of(params), jax.tree.map(_spec, state), state.batch_size, state.max_len)
+
+    def compile_compaction_ahead(self, params: nnx.State, factor: int = 4, levels: int = 2) -> int:
+        """Submit the compacted batches' programs that the shapes run so far call for, before the first rollout
+        that compacts (on accelerators the first training rollout does not: trainer.compact_now). A batch b that
+        decoded at cache length s with at most b / factor**k rows left would have been compacted there to
+        b / factor**k rows (agent_loop._compact, k <= levels): its take, generate, observation extends and the grow
+        between such cache lengths. Compiled in the background (during the experience and train stages), so the
+        next rollout finds them instead of waiting for them. Returns how many programs were submitted."""
+        if self.ahead is None:
+            raise RuntimeError("compile_compaction_ahead: compiling ahead is off (start_compiling_ahead first)")
+        if self._like is None:
+            return 0
+        p, like, shards = self._specs_of(params), self._like, self._batch_shards()
+        before = self.ahead.submitted
+        for (b, s), fewest in sorted(self._fewest.items()):
+            parent = b
+            for k in range(1, levels + 1):
+                bk = b // factor ** k
+                if b % factor ** k or bk % shards or bk < shards or fewest > bk:
+                    break
+                self.ahead.submit(("take", parent, s, bk), lambda parent=parent, s=s, bk=bk: self._take.lower(
+                    self._state_spec(like, parent, s), self._rows_spec((bk,), np.int32), bk,
+                    self._rows_spec((bk,), np.bool_)).compile())
+                self._ahead_generate(p, like, bk, s)
+                self._ahead_extends(p, like, bk, s)
+                s_next = min((s2 for (b2, s2), f2 in self._fewest.items() if b2 == b and s2 > s and f2 <= bk),
+                             default=None)
+                if s_next is not None:  # the compacted rows go on growing
+                    self.ahead.submit(("grow", bk, s, s_next), lambda bk=bk, s=s, s_next=s_next: self._grow.lower(
+                        self._state_spec(like, bk, s), s_next).compile())
+                parent = bk
+        return self.ahead.submitted - before
 
     def start_compiling_ahead(self) -> None:
         """Turn compiling ahead on from now (e.g. after the first rollout, whose compiles it would only compete with)."""
@@ -305,11 +344,14 @@ class Sampler:
                 self._rows_spec((b_next,), np.bool_)).compile())
         for bb, ss in shapes:
             self._ahead_generate(p, like, bb, ss)
-            for tb, calls in self._extend_widths.items():
-                if calls >= 2:  # an observation's width (a prompt's is used once per rollout)
-                    self.ahead.submit(("extend", bb, ss, tb), lambda bb=bb, ss=ss, tb=tb: self._extend.lower(
-                        p, self._state_spec(like, bb, ss), self._rows_spec((bb, tb), np.int32),
-                        self._rows_spec((bb,), np.int32)).compile())
+            self._ahead_extends(p, like, bb, ss)
+
+    def _ahead_extends(self, p: Any, like: SamplerState, b: int, s: int) -> None:
+        for tb, calls in self._extend_widths.items():
+            if calls >= 2:  # an observation's width (a prompt's is used once per rollout)
+                self.ahead.submit(("extend", b, s, tb), lambda tb=tb: self._extend.lower(
+                    p, self._state_spec(like, b, s), self._rows_spec((b, tb), np.int32),
+                    self._rows_spec((b,), np.int32)).compile())
 
     def _ahead_generate(self, p: Any, like: SamplerState, b: int, s: int) -> None:
         if self._generate_like is None:
