@@ -59,6 +59,7 @@ def enable_compile_cache(path: str | None = None) -> str | None:
 
 
 # ---- counting compiles -----------------------------------------------------------------------------
+_TRACE = "/jax/core/compile/jaxpr_trace_duration"  # Python tracing to a jaxpr: paid by a warm start too
 _LOWER = "/jax/core/compile/jaxpr_to_mlir_module_duration"  # every new program (cache hit or not)
 _BACKEND = "/jax/core/compile/backend_compile_duration"  # XLA compile *or* persistent-cache load
 _HIT = "/jax/compilation_cache/cache_hits"
@@ -71,6 +72,8 @@ class CompileCount:
     backend: int = 0  # executables obtained: compiled by XLA or loaded from the persistent cache
     cache_hits: int = 0  # of those, loaded from the persistent cache
     backend_s: float = 0.0  # seconds spent getting them (compiling or loading)
+    trace_s: float = 0.0  # seconds tracing Python to jaxprs, and lowering jaxprs to MLIR: what no compile cache saves
+    lower_s: float = 0.0
     seconds_by_name: dict[str, float] = dataclasses.field(default_factory=dict)  # the same, per program name
     # executables obtained on compile-ahead threads (rollout/compile_ahead.py), not in the fields above: they
     # are not what the counted code waited for
@@ -102,17 +105,21 @@ def _on_ahead_thread() -> bool:
 
 
 def _on_duration(event: str, secs: float, fun_name: str = "?", **_) -> None:
-    if not _active or event not in (_LOWER, _BACKEND):
+    if not _active or event not in (_TRACE, _LOWER, _BACKEND):
         return
     ahead = _on_ahead_thread()
     with _lock:
         for c in _active:
-            if ahead:
+            if event == _TRACE:
+                if not ahead:
+                    c.trace_s += secs
+            elif ahead:
                 if event == _BACKEND:
                     c.ahead += 1
                     c.ahead_s += secs
             elif event == _LOWER:
                 c.lowered += 1
+                c.lower_s += secs
             else:
                 c.backend += 1
                 c.backend_s += secs

@@ -33,6 +33,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from earl_jax import distributed
+from earl_jax.compile_cache import count_compiles
 from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.memory import MemoryConfig, candidate_meshes, mesh_problem
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
@@ -199,11 +200,13 @@ class ProgramCache:
                 if sig in self.seen:
                     return jitted(*args)
                 t0 = time.perf_counter()
-                out = jitted(*args)
+                with count_compiles() as c:  # where a first call's time goes: tracing and lowering run every start
+                    out = jitted(*args)
                 self.seen.add(sig)
                 width = f", width {static['width']}" if "width" in static else ""
-                log.info("%s/%s on %s, batch %s%s: first call (compile or cache load) %.1f s", run.stage, name,
-                         run.layout.mesh, shapes[-1] if shapes else "-", width, time.perf_counter() - t0)
+                log.info("%s/%s on %s, batch %s%s: first call (compile or cache load) %.1f s (trace %.1f, lower %.1f, "
+                         "compile or load %.1f)", run.stage, name, run.layout.mesh, shapes[-1] if shapes else "-",
+                         width, time.perf_counter() - t0, c.trace_s, c.lower_s, c.backend_s)
                 return out
 
             call.jitted = jitted  # for compiling ahead (rl/packing.py): jitted.lower(*specs).compile()

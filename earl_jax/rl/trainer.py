@@ -619,6 +619,8 @@ class Trainer:
             self._ahead_failed_seen = len(failed)
         return {"compile/programs": len(self.planner.programs) + decode, "time/gc_pause_s": paused_us / 1e6,
                 "compile/lowered": lowered, "time/compile_s": compile_us / 1e6,
+                # this process's tracing and lowering (foreground): the part of a start no compile cache saves
+                "time/trace_s": compiles.trace_s, "time/lower_s": compiles.lower_s,
                 "compile/slowest": compiles.slowest(),  # this process's: names to look for when an iteration is slow
                 # this process's compiles on compile-ahead threads (rollout/compile_ahead.py)
                 "compile/ahead": compiles.ahead, "time/compile_ahead_s": compiles.ahead_s,
