@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from earl_jax.rl.gc_control import GcClock, manual_gc
+from earl_jax.rl.gc_control import GcClock, StartupPause, manual_gc
 
 
 def test_clock_times_collections_while_entered():
@@ -30,3 +30,32 @@ def test_manual_collection_freezes_then_restores():
     with pytest.raises(ValueError, match="--gc-every"):
         with manual_gc(-1):
             pass
+
+
+def test_startup_pause_holds_the_collector_until_the_first_iteration_ends():
+    assert gc.isenabled()
+    with StartupPause(True) as pause:
+        assert not gc.isenabled()
+        pause.end()
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+        pause.end()  # once only
+        assert gc.isenabled()
+    with StartupPause(True):
+        assert not gc.isenabled()
+    assert gc.isenabled()  # leaving the context ends it (an error in the first iteration)
+    with StartupPause(False):  # --gc-every manages the collector
+        assert gc.isenabled()
+
+
+def test_the_trainer_collects_automatically_again_after_its_first_iteration(tmp_path, monkeypatch):
+    from earl_jax.rl.config import RLConfig
+    from earl_jax.rl.trainer import Trainer
+
+    cfg = RLConfig(groups=2, group_size=4, steps=2, format_warmup_steps=0, devices=1, eval_games=4, eval_every=0,
+                   checkpoint_every=0, max_context=256, progress=False, wandb_mode="disabled", run_dir=str(tmp_path))
+    trainer = Trainer(cfg, log=False)
+    seen = []
+    iteration = trainer.iteration
+    monkeypatch.setattr(trainer, "iteration", lambda: (seen.append(gc.isenabled()), iteration())[1])
+    trainer.run()
+    assert seen == [False, True] and gc.isenabled()

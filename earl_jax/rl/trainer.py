@@ -46,7 +46,7 @@ from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.planner import StagePlanner, StageRun
 from earl_jax.rl.checkpoint import Checkpointer
 from earl_jax.rl.config import RLConfig
-from earl_jax.rl.gc_control import GcClock, collect_and_freeze, manual_gc
+from earl_jax.rl.gc_control import GcClock, StartupPause, collect_and_freeze, manual_gc
 from earl_jax.rl.league import host_copy
 from earl_jax.rl.losses import LossConfig
 from earl_jax.rl.matchmaking import Matchmaker
@@ -652,7 +652,7 @@ class Trainer:
         last_eval: dict[str, float] = {}
         # a live bar in a terminal; elsewhere (logs, CI) one plain line per phase and iteration instead
         with Progress(cfg.steps, enabled=cfg.progress and self.is_main and sys.stderr.isatty()) as bar, \
-                self._gc, manual_gc(cfg.gc_every):
+                self._gc, manual_gc(cfg.gc_every), StartupPause(cfg.gc_every == 0) as startup:
             warmup = self.step == 0 and cfg.format_warmup_steps > 0
             if warmup and cfg.constrain_moves:
                 log.info("format warm-up skipped: constrained moves (--constrain-moves) have no answer format to learn")
@@ -674,6 +674,7 @@ class Trainer:
                 bar.status(f"iteration {self.step + 1}")
                 record = self.iteration()
                 t_gc = time.perf_counter()
+                startup.end()  # the collector back on after the first iteration (time/gc_s counts its collection)
                 if cfg.gc_every and self.step % cfg.gc_every == 0:  # every process at the same iteration
                     collect_and_freeze()
                 record["time/gc_s"] = time.perf_counter() - t_gc  # the scheduled collection (--gc-every)
