@@ -12,7 +12,8 @@ import json
 import re
 from pathlib import Path
 
-KEEP = ("time/iteration_s", "time/rollout_s", "time/experience_s", "time/train_s", "time/compile_s",
+KEEP = ("time/iteration_s", "time/rollout_s", "time/experience_s", "time/train_s", "time/compile_s", "time/trace_s",
+        "time/lower_s", "time/gc_pause_s", "time/gc_s",
         "time/compile_ahead_s", "time/compile_ahead_waited_s", "compile/lowered", "compile/ahead", "compile/slowest")
 
 
