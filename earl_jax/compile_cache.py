@@ -66,7 +66,7 @@ _HIT = "/jax/compilation_cache/cache_hits"
 AHEAD_THREAD_PREFIX = "earl-compile-ahead"  # threads of rollout/compile_ahead.py: counted apart
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # identity: nested counters of equal counts are still different counters
 class CompileCount:
     lowered: int = 0  # programs built (new jit signatures): the number of distinct programs
     backend: int = 0  # executables obtained: compiled by XLA or loaded from the persistent cache

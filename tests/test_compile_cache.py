@@ -78,3 +78,19 @@ def test_an_already_configured_cache_is_respected(tmp_path):
     configured = jax.config.jax_compilation_cache_dir
     assert configured and enable_compile_cache(str(tmp_path / "other")) == configured
     assert not (tmp_path / "other").exists()
+
+
+def test_nested_counters_count_the_same_program_and_close_cleanly():
+    import jax.numpy as jnp
+
+    from earl_jax.compile_cache import count_compiles
+
+    with count_compiles() as outer:
+        with count_compiles() as inner:  # equal fields at the start: each still leaves only itself
+            jax.jit(lambda x: x * 7 + 2)(jnp.arange(5.0)).block_until_ready()
+        assert inner.lowered >= 1 and outer.lowered == inner.lowered
+        jax.jit(lambda x: x * 5 - 1)(jnp.arange(6.0)).block_until_ready()  # the outer one still counts
+        assert outer.lowered > inner.lowered
+    with count_compiles() as later:
+        pass
+    assert later.lowered == 0
