@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from typing import Any, Callable, Iterator
 
 import jax
@@ -23,7 +24,7 @@ from jaxtyping import Array, Float, Int
 from earl_jax.models.attention import causal_attention
 from earl_jax.models.cache import KVCache, LayerCache
 from earl_jax.models.config import ModelConfig
-from earl_jax.sharding.context import constrain
+from earl_jax.sharding.context import constrain, current_mesh_rules
 
 _INIT_STD = 0.02
 
@@ -183,14 +184,28 @@ def _remat_policy(remat: bool | str):
     return policy
 
 
-def _remat_layer(layer: DecoderLayer, x, positions, remat: bool | str):
-    """One decoder layer (no cache) under jax.checkpoint with the given policy."""
+def _apply_layer(layer: DecoderLayer, x, positions, cache: LayerCache | None, remat: bool | str):
+    """One decoder layer as a nested jit, traced once for all layers of the same shapes: every layer of a model has
+    the same structure, so JAX's trace cache (and the caches of its derivative and lowering rules) serve layers 2..L
+    from layer 1's trace. A Python loop of L layers otherwise traces, differentiates and lowers L copies, which on 4
+    H100s made tracing the 1.5B train program 8.7 s of a warm start (results/NOTES.md call 53). XLA inlines the calls,
+    so the compiled program is the one the loop gave. `remat` (no cache): the layer under jax.checkpoint."""
     graphdef, state = nnx.split(layer)
+    ctx = current_mesh_rules()  # the sharding names resolve at trace time: part of what a cached trace is
+    key = None if ctx is None else (ctx[0], tuple(sorted(ctx[1].items())))
+    return _layer_program(graphdef, remat if cache is None else False, key)(state, x, positions, cache)
 
-    def run(state, x, positions):
-        return nnx.merge(graphdef, state)(x, positions, None)[0]
 
-    return jax.checkpoint(run, policy=_remat_policy(remat))(state, x, positions)
+@functools.lru_cache(maxsize=256)
+def _layer_program(graphdef: nnx.GraphDef, remat: bool | str, context: Any) -> Callable:
+    def run(state, x, positions, cache):
+        return nnx.merge(graphdef, state)(x, positions, cache)
+
+    if not remat:
+        return jax.jit(run)
+    checkpointed = jax.checkpoint(lambda state, x, positions: run(state, x, positions, None)[0],
+                                  policy=_remat_policy(remat))
+    return jax.jit(lambda state, x, positions, cache: (checkpointed(state, x, positions), None))
 
 
 class Qwen2(nnx.Module):
@@ -219,10 +234,7 @@ class Qwen2(nnx.Module):
         new_layers = []
         remat = getattr(self, "remat", False)
         for i, layer in enumerate(self.layers):
-            if cache is None and remat:
-                x, layer_cache = _remat_layer(layer, x, positions, remat), None
-            else:
-                x, layer_cache = layer(x, positions, None if cache is None else cache.layers[i])
+            x, layer_cache = _apply_layer(layer, x, positions, None if cache is None else cache.layers[i], remat)
             new_layers.append(layer_cache)
         x = self.final_norm(x)
         return x, (None if cache is None else KVCache(tuple(new_layers)))
