@@ -231,8 +231,8 @@ def test_compaction_programs_are_compiled_ahead_from_a_rollout_that_did_not_comp
 
 
 def test_the_trainer_compiles_compaction_ahead_when_the_next_rollout_compacts(tmp_path, monkeypatch):
-    """The accelerators' rules on the CPU (compaction and compiling ahead from the second rollout on): the first
-    rollout, which kept finished rows, submits the compacted batches' programs; the second, which compacts, does
+    """The accelerators' rules on the CPU (compaction and compiling ahead from the second rollout on): not an
+    evaluation, but the first training rollout, which kept finished rows, submits the compacted batches' programs; the second, which compacts, does
     not submit them again and uses them (the sampler test above shows that they are found compiled)."""
     from earl_jax.rl import trainer as trainer_mod
     monkeypatch.setattr(trainer_mod, "compact_now", lambda mode, done, backend: done > 0)
@@ -244,6 +244,8 @@ def test_the_trainer_compiles_compaction_ahead_when_the_next_rollout_compacts(tm
                    checkpoint_every=0, max_context=512, constrain_moves=False, prompt_style="compact",
                    progress=False, wandb_mode="disabled", run_dir=str(tmp_path))
     trainer = Trainer(cfg, log=False)
+    trainer.evaluate()  # an evaluation's rollout (its own batch) predicts nothing
+    assert calls == []
     trainer.iteration()
     (sampler,) = trainer._samplers.values()
     ahead = {k for k in sampler.ahead._futures if k[0] == "take"}

@@ -250,10 +250,11 @@ class Trainer:
         return self.dispatcher(params, run.shardings(params))
 
     # ---------------------------------------------------------------- stages
-    def _rollout(self, env, seeds, group_ids, rng, sampling: SamplingConfig, league=None
+    def _rollout(self, env, seeds, group_ids, rng, sampling: SamplingConfig, league=None, training: bool = True
                  ) -> tuple[Trajectories, float]:
         """Play one game per row of `env` on the planned rollout layout; returns the episodes and the weights'
-        dispatch time. `league` (Matchmaker.league_games): the games a frozen snapshot plays, decoded on the
+        dispatch time. `training` (False: an evaluation) decides what the next training rollout's programs are
+        predicted from. `league` (Matchmaker.league_games): the games a frozen snapshot plays, decoded on the
         same sampler (its compiled programs) with its own cache."""
         turn_tokens = self.cfg.turn_tokens(self.step)
         stops = (self.ids.eos_id,) if self.cfg.stop_at_eos else ()
@@ -291,7 +292,8 @@ class Trainer:
             finally:
                 if league is not None:
                     env.assign(None)
-            self._compaction_ahead(compact, samplers)
+            if training:  # an evaluation's batch is its own: its programs would only compete with the next rollout's
+                self._compaction_ahead(compact, samplers)
             if at.split:
                 traj = gather_trajectories(traj)
             return traj, dispatch_s
@@ -507,7 +509,7 @@ class Trainer:
                 eval_cfg = dataclasses.replace(self.env_cfg, opponent=name, blunder_penalty=0.0)
                 env = self.eval_envs[name] = make_vector_env(eval_cfg, self.cfg.eval_games, self._env_factory)
             seeds = [20_000_000 + i for i in range(env.num_games)]
-            traj, _ = self._rollout(env, seeds, None, jax.random.key(0), greedy)
+            traj, _ = self._rollout(env, seeds, None, jax.random.key(0), greedy, training=False)
             prefix = "eval" if name == self.cfg.eval_opponents[0] else f"eval_{name}"
             for k in ("win_rate", "draw_rate", "loss_rate", "invalid_rate"):
                 out[f"{prefix}/{k}"] = getattr(traj.stats, k)
