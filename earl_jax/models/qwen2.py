@@ -198,6 +198,7 @@ def _apply_layer(layer: DecoderLayer, x, positions, cache: LayerCache | None, re
 
 @functools.lru_cache(maxsize=256)
 def _layer_program(graphdef: nnx.GraphDef, remat: bool | str, context: Any) -> Callable:
+    # `context` (mesh, rules) is only a key: one jitted function per context, so no cached trace crosses layouts
     def run(state, x, positions, cache):
         return nnx.merge(graphdef, state)(x, positions, cache)
 
