@@ -16,6 +16,7 @@ from earl_jax.models.init import init_sharded
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.rl.config import RLConfig
 from earl_jax.rl.trainer import Trainer, compact_now, compile_ahead_now, stage_ahead_now
+from earl_jax.rollout.agent_loop import COMPACT_FACTOR, COMPACT_LEVELS
 from earl_jax.rollout.compile_ahead import CompileAhead
 from earl_jax.rollout.sampler import Sampler
 from earl_jax.sharding.mesh import INFERENCE_RULES, MeshShape, make_mesh
@@ -210,7 +211,7 @@ def test_compaction_programs_are_compiled_ahead_from_a_rollout_that_did_not_comp
     state, _ = _turns(sampler, params, state, 0, 1)
     state, _ = _turns(sampler, params, state, 1, 3, active=B // 4)  # turn 2 grows the cache to 64
     sampler.start_compiling_ahead()
-    submitted = sampler.compile_compaction_ahead(params)
+    submitted = sampler.compile_compaction_ahead(params, COMPACT_FACTOR, COMPACT_LEVELS)
     sampler.ahead.drain()
     assert not sampler.ahead.failed, sampler.ahead.failed
     keys = set(sampler.ahead._futures)
@@ -239,7 +240,7 @@ def test_the_trainer_compiles_compaction_ahead_when_the_next_rollout_compacts(tm
     monkeypatch.setattr(trainer_mod, "compile_ahead_now", lambda mode, done, backend: done > 0)
     calls = []
     real = Sampler.compile_compaction_ahead
-    monkeypatch.setattr(Sampler, "compile_compaction_ahead", lambda self, p: calls.append(real(self, p)))
+    monkeypatch.setattr(Sampler, "compile_compaction_ahead", lambda self, *a: calls.append(real(self, *a)))
     cfg = RLConfig(groups=2, group_size=8, steps=2, format_warmup_steps=0, devices=1, eval_games=8, eval_every=0,
                    checkpoint_every=0, max_context=512, constrain_moves=False, prompt_style="compact",
                    progress=False, wandb_mode="disabled", run_dir=str(tmp_path))

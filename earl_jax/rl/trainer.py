@@ -55,7 +55,7 @@ from earl_jax.rl.packing import (batch_width, grouped_logprobs, grouped_update, 
                                  limit_new_widths, rearrange, scored_spans)
 from earl_jax.rl.stages import ExperienceBatch, advantage_step, make_optimizer, sft_batch
 from earl_jax.rl.warmup import random_legal_games
-from earl_jax.rollout.agent_loop import RolloutConfig, Trajectories, play_games
+from earl_jax.rollout.agent_loop import COMPACT_FACTOR, COMPACT_LEVELS, RolloutConfig, Trajectories, play_games
 from earl_jax.rollout.compile_ahead import CompileAhead
 from earl_jax.rollout.device_groups import device_meshes, device_view
 from earl_jax.rollout.frozen_opponent import FrozenPolicyOpponent
@@ -312,7 +312,7 @@ class Trainer:
             return
         for sampler, params in samplers:
             sampler.start_compiling_ahead()
-            sampler.compile_compaction_ahead(params)
+            sampler.compile_compaction_ahead(params, COMPACT_FACTOR, COMPACT_LEVELS)
 
     def _placement(self, run: StageRun, params: Any, n_games: int, split: bool) -> "_Placement":
         """Where a rollout decodes: with `split`, this process's block of the mesh and share of the games when the

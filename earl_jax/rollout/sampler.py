@@ -271,11 +271,11 @@ class Sampler:
                                    _spec(greedy))
         self._ahead_generate(self._specs_of(params), jax.tree.map(_spec, state), state.batch_size, state.max_len)
 
-    def compile_compaction_ahead(self, params: nnx.State, factor: int = 4, levels: int = 2) -> int:
+    def compile_compaction_ahead(self, params: nnx.State, factor: int, levels: int) -> int:
         """Submit the compacted batches' programs that the shapes run so far call for, before the first rollout
         that compacts (on accelerators the first training rollout does not: trainer.compact_now). A batch b that
         decoded at cache length s with at most b / factor**k rows left would have been compacted there to
-        b / factor**k rows (agent_loop._compact, k <= levels): its take, generate, observation extends and the grow
+        b / factor**k rows (agent_loop._compact: COMPACT_FACTOR, COMPACT_LEVELS): its take, generate, observation extends and the grow
         between such cache lengths. Compiled in the background (during the experience and train stages), so the
         next rollout finds them instead of waiting for them. Returns how many programs were submitted."""
         if self.ahead is None:
@@ -290,16 +290,13 @@ class Sampler:
                 bk = b // factor ** k
                 if b % factor ** k or bk % shards or bk < shards or fewest > bk:
                     break
-                self.ahead.submit(("take", parent, s, bk), lambda parent=parent, s=s, bk=bk: self._take.lower(
-                    self._state_spec(like, parent, s), self._rows_spec((bk,), np.int32), bk,
-                    self._rows_spec((bk,), np.bool_)).compile())
+                self._ahead_take(like, parent, s, bk)
                 self._ahead_generate(p, like, bk, s)
                 self._ahead_extends(p, like, bk, s)
                 s_next = min((s2 for (b2, s2), f2 in self._fewest.items() if b2 == b and s2 > s and f2 <= bk),
                              default=None)
                 if s_next is not None:  # the compacted rows go on growing
-                    self.ahead.submit(("grow", bk, s, s_next), lambda bk=bk, s=s, s_next=s_next: self._grow.lower(
-                        self._state_spec(like, bk, s), s_next).compile())
+                    self._ahead_grow(like, bk, s, s_next)
                 parent = bk
         return self.ahead.submitted - before
 
@@ -332,19 +329,25 @@ class Sampler:
         prev, needed = self._needed
         if s_next <= self._ahead_top and needed + 2 * max(needed - prev, 1) > s:  # rows reach s within ~2 turns
             shapes.append((b, s_next))
-            self.ahead.submit(("grow", b, s, s_next),
-                              lambda: self._grow.lower(self._state_spec(like, b, s), s_next).compile())
+            self._ahead_grow(like, b, s, s_next)
         shards = self._batch_shards()
         if b % 4 == 0 and (b // 4) % shards == 0 and self._active is not None and self._active <= b // 2:
             # half the rows have finished: compaction (at a quarter) comes next
             b_next = b // 4
             shapes.append((b_next, s))
-            self.ahead.submit(("take", b, s, b_next), lambda: self._take.lower(
-                self._state_spec(like, b, s), self._rows_spec((b_next,), np.int32), b_next,
-                self._rows_spec((b_next,), np.bool_)).compile())
+            self._ahead_take(like, b, s, b_next)
         for bb, ss in shapes:
             self._ahead_generate(p, like, bb, ss)
             self._ahead_extends(p, like, bb, ss)
+
+    def _ahead_grow(self, like: SamplerState, b: int, s: int, s_next: int) -> None:
+        self.ahead.submit(("grow", b, s, s_next),
+                          lambda: self._grow.lower(self._state_spec(like, b, s), s_next).compile())
+
+    def _ahead_take(self, like: SamplerState, b: int, s: int, b_next: int) -> None:
+        self.ahead.submit(("take", b, s, b_next), lambda: self._take.lower(
+            self._state_spec(like, b, s), self._rows_spec((b_next,), np.int32), b_next,
+            self._rows_spec((b_next,), np.bool_)).compile())
 
     def _ahead_extends(self, p: Any, like: SamplerState, b: int, s: int) -> None:
         for tb, calls in self._extend_widths.items():
