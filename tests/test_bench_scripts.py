@@ -113,3 +113,15 @@ def test_agent_loop_bench_collects_one_calls_jobs_and_steady_iterations(tmp_path
     assert [r["step"] for r in bench.steady(recs)] == [3, 6]
     # the four-process cases launch through launch/local.py, only with this checkout's code
     assert {"gpu2048_4proc", "gpu2048_4proc_gc"} <= set(bench.LAUNCH) <= bench.CURRENT_ONLY_CASES
+
+
+def test_trace_time_compares_nested_and_plain_layers_and_restores_the_model(tmp_path):
+    from earl_jax.models import qwen2
+
+    nested = qwen2._apply_layer
+    out = tmp_path / "trace.json"
+    result = _load("trace_time").main(["--model", "tiny", "--rows", "2", "--width", "64", "--repeats", "1",
+                                       "--out", str(out)])
+    assert qwen2._apply_layer is nested  # the plain loop is put back
+    assert json.loads(out.read_text())["runs"] == [result]
+    assert result["nested"]["trace_s_median"] > 0 and result["plain"]["trace_s_median"] > 0
