@@ -3,8 +3,8 @@
 # `connect4.py --preset pod --model qwen2.5-1.5b --steps 2` from its own empty compile cache, one after the other.
 #   RUNS="base:.baseline:190 head:.:220 nocompact:.:150:--compact-finished=false" bash experiments/run_pod_first_iteration_ab.sh
 # RUNS: space-separated name:dir:timeout_s[:extra flags, comma-separated[:env settings, comma-separated]]; STEPS
-# iterations (2); EVAL_GAMES games in the evaluation before iteration 1 (16 by default, as in every call so far; the
-# preset's own default is 64, the batch of its first training rollout, whose decode programs it then partly shares);
+# iterations (2); EVAL_GAMES games in the evaluation before iteration 1 (64 by default, the preset's own: the batch of
+# its first training rollout, whose decode programs the evaluation then compiles; calls 46-55 used 16);
 # a baseline commit checked out at .baseline
 # (git archive COMMIT | tar -x -C .baseline; carry it and .whl_env). Logs and metrics.jsonl come back under $OUT.
 set -u
@@ -12,7 +12,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 source experiments/gpu_wheels.sh; install_wheels
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
-POD="--preset pod --model qwen2.5-1.5b --steps ${STEPS:-2} --eval-games ${EVAL_GAMES:-16} --format-warmup-steps 0 --wandb-mode disabled --progress false --checkpoint-every 0 --keep-checkpoints 0"
+POD="--preset pod --model qwen2.5-1.5b --steps ${STEPS:-2} --eval-games ${EVAL_GAMES:-64} --format-warmup-steps 0 --wandb-mode disabled --progress false --checkpoint-every 0 --keep-checkpoints 0"
 ROOT=$(pwd)
 for spec in ${RUNS:?}; do
   IFS=: read -r name dir limit flags envs <<< "$spec"
