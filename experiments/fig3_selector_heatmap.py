@@ -337,7 +337,7 @@ def _draw_pair(fig, axes, result: dict) -> None:
                 ("static no fit" if "infeasible" in (c.get("status_a"), c.get("status_b")) else "static OOM")
                 if c["static_tgs"] is None else "" if vs is None else f"vs static {vs:+.1f}")
             axes[1].text(j, i, txt, ha="center", va="center", fontsize=8)
-    for ax, t in zip(axes, (f"{result['stage']}: Speedup% TP{a} -> TP{b}", f"selector: gap % to best per cell; gain % vs best static ({result['summary']['static_mesh']})")):
+    for ax, t in zip(axes, (f"{result['stage']}:\nSpeedup% TP{a} -> TP{b}", f"selector: gap % to best per cell;\ngain % vs best static ({result['summary']['static_mesh']})")):
         ax.set_xticks(range(len(ress)), [str(n) for n in ress])
         ax.set_yticks(range(len(rows)), [_label(c) for c in rows])
         ax.set_xlabel("number of responses")

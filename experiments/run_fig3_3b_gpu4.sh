@@ -5,7 +5,8 @@
 #   bash experiments/run_fig3_3b_gpu4.sh      # results (tables inside the JSON) and logs land in $OUT
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+source experiments/gpu_wheels.sh; install_wheels
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 PYTHONPATH=/tmp/site:.
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
 for stage in ${STAGES:-rollout train}; do
   budget=${BUDGET:-170}; [ "$stage" = train ] && budget=${TRAIN_BUDGET:-110}
