@@ -3,7 +3,9 @@
 `StagePlanner.run(stage, fn)` calls `fn(run)` with a `StageRun`: the stage's `StageLayout` (from the
 Parallelism Selector's current `StagePlan`), its `Mesh` and logical-axis rules, the row sharding taken
 from the rules table's "batch" entry, the micro-batch split and the compiled programs. An out-of-memory
-error reruns `fn` on the next layout (auto mode) or ends the run naming the stage (static mode). Nothing
+error reruns `fn` on the next layout (auto mode) or ends the run naming the stage (static mode); on GPUs a stage
+program's first call raises one before it runs when XLA's sizes exceed a device's free memory
+(`memory_check.py`: a device out of memory inside a multi-device program can hang the others instead). Nothing
 else in the trainer builds a mesh, a row sharding or a jit: what the selector decides is what runs.
 
     planner.plan()                                       # once per iteration: the rollout's layout
@@ -35,6 +37,7 @@ from jax.sharding import Mesh, NamedSharding
 from earl_jax import distributed
 from earl_jax.compile_cache import count_compiles
 from earl_jax.models.config import ModelConfig
+from earl_jax.parallel import memory_check
 from earl_jax.parallel.memory import MemoryConfig, candidate_meshes, mesh_problem
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
 from earl_jax.parallel.profile import ProfileTable, is_oom_error
@@ -201,6 +204,10 @@ class ProgramCache:
                     return jitted(*args)
                 t0 = time.perf_counter()
                 with count_compiles() as c:  # where a first call's time goes: tracing and lowering run every start
+                    if memory_check.enabled() and memory_check.free_bytes(run.mesh.devices.flat) is not None:
+                        # compiled once: the call below finds this executable (no second trace or compile)
+                        memory_check.check_fits(jitted.lower(*args).compile(), run.mesh.devices.flat,
+                                                f"{run.stage}/{name} on {run.layout.mesh}")
                     out = jitted(*args)
                 self.seen.add(sig)
                 width = f", width {static['width']}" if "width" in static else ""

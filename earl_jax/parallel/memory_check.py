@@ -1,0 +1,74 @@
+"""A stage program's memory, checked against its devices' free memory before it first runs.
+
+Why: with one process driving several GPUs, a program that runs out of memory on one device can hang instead of
+raising, because the other devices wait in the next collective for the one that failed (Fig. 3's train stage at
+3B on 4 H100s waited there until its timeout: experiments/results/NOTES.md call 57), so neither the planner's
+fallback nor the profile's out-of-memory cells ever see an error. Once compiled, XLA knows the program's own memory
+per device (`memory_analysis()`: temporaries and outputs, less the outputs that reuse donated arguments), and the
+allocator knows what is free, so a program that cannot fit is refused with an out-of-memory error before any device
+starts it. A program that fits by these numbers can still fail (fragmentation, NCCL's scratch outside XLA's pool):
+the check catches the certain cases only.
+
+Off where devices report no memory limit (CPU) and with EARL_MEMORY_CHECK=0.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable
+
+import jax
+
+from earl_jax.parallel.memory import device_memory_stats
+
+__all__ = ["ProgramMemoryError", "free_bytes", "program_bytes", "check_fits"]
+
+GIB = 2**30
+
+
+class ProgramMemoryError(RuntimeError):
+    """A compiled program needs more memory than a device of its mesh has free (`is_oom_error` is True for it)."""
+
+
+def free_bytes(devices: Iterable[jax.Device]) -> int | None:
+    """The least free memory (limit - in use) of this process's devices among `devices`; None when any of them
+    reports no limit (CPU) or none is this process's."""
+    free = []
+    for d in devices:
+        if d.process_index != jax.process_index():
+            continue
+        stats = device_memory_stats(d)
+        if not stats.get("bytes_limit"):
+            return None
+        free.append(int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)))
+    return min(free) if free else None
+
+
+def program_bytes(compiled: Any) -> tuple[int, str] | None:
+    """Bytes per device a compiled program allocates beyond its (already resident) arguments, and their parts;
+    None where the backend gives no memory analysis."""
+    m = compiled.memory_analysis()
+    if m is None:
+        return None
+    need = m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+    parts = (f"temporaries {m.temp_size_in_bytes / GIB:.2f} GiB + outputs {m.output_size_in_bytes / GIB:.2f} GiB"
+             f" - reused donated arguments {m.alias_size_in_bytes / GIB:.2f} GiB")
+    return need, parts
+
+
+def enabled() -> bool:
+    return os.environ.get("EARL_MEMORY_CHECK", "1") != "0"
+
+
+def check_fits(compiled: Any, devices: Iterable[jax.Device], what: str) -> None:
+    """Raise ProgramMemoryError when `compiled` needs more than the least free memory of `devices`."""
+    free = free_bytes(devices)
+    sized = program_bytes(compiled) if free is not None else None
+    if sized is None:
+        return
+    need, parts = sized
+    if need > free:
+        raise ProgramMemoryError(
+            f"RESOURCE_EXHAUSTED: out of memory: {what} needs {need / GIB:.2f} GiB per device ({parts}) but a device "
+            f"of its mesh has {free / GIB:.2f} GiB free; refused before running it (a device that runs out of memory "
+            "inside a multi-device program can hang the others; EARL_MEMORY_CHECK=0 skips this check)")
