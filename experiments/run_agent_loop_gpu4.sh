@@ -6,7 +6,7 @@
 #     job, one GPU each, with the rollout split by process (gpu2048_4proc) and not (gpu2048_4proc_nosplit), then one
 #     process over the four GPUs (gpu2048, one SPMD decode). Calls 26-27 ran device groups and one SPMD decode.
 # Carry .whl_env (open_spiel, gymnasium, pgx wheels for the image's Python), .baseline and .earl_cc (compile cache);
-# JOBS= picks the one-GPU jobs; EXTRA= adds connect4.py flags to the four-GPU cases.
+# JOBS= picks the one-GPU jobs; EXTRA= adds connect4.py flags to the four-GPU cases, JEXTRA= to the one-GPU jobs.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 source experiments/gpu_wheels.sh; install_wheels pgx svgwrite
@@ -18,7 +18,8 @@ JOBS=${JOBS-"gpu512:baseline gpu512:current gpu2048:baseline gpu2048:current"}  
 k=0
 for j in $JOBS; do
   c=${j%:*} code=${j#*:}
-  CUDA_VISIBLE_DEVICES=$k timeout 250 $B --cases $c --codes $code --out "$OUT/one_${c}_$code" > "$OUT/one_${c}_$code.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=$k timeout 250 $B --cases $c --codes $code --out "$OUT/one_${c}_$code" ${JEXTRA:+-- $JEXTRA} \
+    > "$OUT/one_${c}_$code.log" 2>&1 &
   k=$((k + 1))
 done
 wait

@@ -173,7 +173,7 @@ CONNECT4 = ["--groups", "4", "--group-size", "2", "--eval-games", "8", "--steps"
             "--experience-thresholds", "0:d8f1t1", "--train-thresholds", "0:d2f2t2", "--progress", "false",
             "--wandb-mode", "disabled"]
 EXACT_PREFIXES = ("episode/", "eval/", "rollout/context", "rollout/tokens", "rollout/generated", "parallel/",
-                  "dispatch/", "compile/programs", "step")  # compile/lowered: two processes also trace the gathers
+                  "dispatch/", "step")  # compile/lowered: two processes also trace the gathers
 
 
 @pytest.mark.slow
@@ -204,6 +204,8 @@ def test_connect4_two_processes_match_one(tmp_path):
         for k in a:
             if k.startswith(EXACT_PREFIXES):
                 assert a[k] == b[k], (a["step"], k, a[k], b[k])
+            elif k == "compile/programs":  # two processes arrange the experience batch on its mesh: one program more
+                assert b[k] == a[k] + (a["step"] > 0), (a["step"], a[k], b[k])
             elif k.startswith(("train/", "warmup/")) and a[k] is not None:
                 assert b[k] == pytest.approx(a[k], rel=1e-3, abs=1e-5), (a["step"], k)
 

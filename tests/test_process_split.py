@@ -56,7 +56,7 @@ def test_halves_played_apart_are_the_games_of_the_whole_batch_and_gather_back(tm
             return process_split.ProcessBlock(local, jax.device_put(params, jax.sharding.NamedSharding(
                 local, jax.sharding.PartitionSpec())), half)
         monkeypatch.setattr(trainer_module, "process_block", block)
-        monkeypatch.setattr(trainer_module, "gather_trajectories", lambda t: t)
+        monkeypatch.setattr(trainer_module, "gather_trajectories", lambda t, **kw: t)
         part, _ = trainer._rollout(trainer.env, seeds, groups, rng, trainer.sampling)
         assert part.num_games == 4 and trainer._rollout_groups == jax.process_count()
         halves.append(part)
@@ -87,3 +87,30 @@ def test_halves_played_apart_are_the_games_of_the_whole_batch_and_gather_back(tm
         else:
             assert a[k] == b[k], k
 
+
+
+def test_columns_left_on_their_process_give_the_same_experience_batch(tmp_path):
+    # gather_trajectories(columns=False): per-row fields and spans of the whole batch, the token columns of this
+    # process's rows only; the experience stage places them per process and arranges them on the devices. On one
+    # process its share is the whole batch, so that path must give the gathered path's batch exactly.
+    from earl_jax.rl.packing import scored_spans
+
+    trainer = Trainer(dataclasses.replace(CFG, run_dir=str(tmp_path / "run"), devices=8), log=False)
+    seeds, groups, rng = list(range(8)), np.repeat(np.arange(4), 2), jax.random.key(5)
+    whole, _ = trainer._rollout(trainer.env, seeds, groups, rng, trainer.sampling)
+    part = process_split.gather_trajectories(whole, columns=False)
+    assert part.local_rows == slice(0, 8)
+    np.testing.assert_array_equal(part.spans, scored_spans(whole.loss_mask))
+    for k in COLS + ROWS:
+        np.testing.assert_array_equal(getattr(part, k), getattr(whole, k), err_msg=k)
+
+    arrays = trainer._batch_arrays(part)
+    trainer._plan_batch(arrays, part.stats.turn_context_len_mean, part.num_games)
+    run = trainer.planner.stage_run("experience")
+    assert run.process_rows(8) == slice(0, 8) and run.batch_shards > 1
+    placed = trainer._experience(run, arrays, part.spans, part.local_rows)
+    gathered = trainer._experience(run, arrays, part.spans)
+    np.testing.assert_array_equal(placed[2], gathered[2])  # the same arrangement
+    for a, b in zip(jax.tree.leaves(placed[0]), jax.tree.leaves(gathered[0])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert a.sharding == b.sharding

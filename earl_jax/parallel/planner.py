@@ -130,6 +130,33 @@ class StageRun:
         placed = distributed.hosts_to_global(list(arrays.values()), [self.row_sharding(v.ndim) for v in arrays.values()])
         return dict(zip(arrays, placed))
 
+    def process_rows(self, rows: int) -> slice | None:
+        """The rows of a `rows`-row batch this process's devices hold under `row_sharding`, when every process
+        holds exactly its equal share in process order (rows [p rows/P, (p+1) rows/P), as a rollout split by process
+        plays them); else None (e.g. a tensor axis across processes)."""
+        n_proc = jax.process_count()
+        if rows % n_proc:
+            return None
+        held: dict[int, set[tuple[int, int]]] = {}
+        for device, (index,) in self.row_sharding(1).devices_indices_map((rows,)).items():
+            held.setdefault(device.process_index, set()).add(index.indices(rows)[:2])
+        share = rows // n_proc
+        for proc, spans in held.items():
+            lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+            if (lo, hi) != (proc * share, (proc + 1) * share) or sum(b - a for a, b in spans) != share:
+                return None
+        me = jax.process_index()
+        return slice(me * share, (me + 1) * share)
+
+    def put_process_rows(self, arrays: Mapping[str, np.ndarray], rows: int) -> dict[str, jax.Array]:
+        """This process's share of a `rows`-row batch (`process_rows`) onto the mesh, rows over the batch axes, as
+        one global array per key: no process sends its rows to another."""
+        if self.process_rows(rows) is None:
+            raise ValueError(f"{self.stage}: mesh {self.layout.mesh} does not hold a batch's rows per process")
+        return {k: jax.make_array_from_process_local_data(self.row_sharding(v.ndim), np.asarray(v),
+                                                          (rows, *v.shape[1:]))
+                for k, v in arrays.items()}
+
     def shardings(self, state: Any) -> Any:
         """Target shardings of a parameter state (nnx.State) under this stage's rules."""
         return state_shardings(state, self.mesh, self.rules)

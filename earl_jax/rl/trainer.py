@@ -61,7 +61,7 @@ from earl_jax.rollout.device_groups import device_meshes, device_view
 from earl_jax.rollout.frozen_opponent import FrozenPolicyOpponent
 from earl_jax.rollout.moves import MoveTokens
 from earl_jax.rollout.policy import SamplerPolicy
-from earl_jax.rollout.process_split import RowView, gather_trajectories, process_block
+from earl_jax.rollout.process_split import RowView, allgather_rows, gather_trajectories, process_block
 from earl_jax.rollout.sampler import (DEFAULT_CACHE_BUCKETS, Sampler, SamplingConfig, cast_weights,
                                       geometric_cache_buckets)
 
@@ -294,8 +294,8 @@ class Trainer:
                     env.assign(None)
             if training:  # an evaluation's batch is its own: its programs would only compete with the next rollout's
                 self._compaction_ahead(compact, samplers)
-            if at.split:
-                traj = gather_trajectories(traj)
+            if at.split:  # the token columns stay on their process: the experience stage places them from there
+                traj = gather_trajectories(traj, columns=False)
             return traj, dispatch_s
 
         return self.planner.run("rollout", rollout)
@@ -365,21 +365,30 @@ class Trainer:
         return want
 
     def _batch_arrays(self, traj: Trajectories) -> dict[str, np.ndarray]:
+        """The rows the experience stage computes on: the batch's, or this process's share (`traj.local_rows`)."""
         width = batch_width(traj.tokens.shape[1])
+        groups = traj.group_ids if traj.local_rows is None else traj.group_ids[traj.local_rows]
         arrays = {"tokens": _pad_cols(traj.tokens, width), "loss_mask": _pad_cols(traj.loss_mask, width),
-                  "rewards": _pad_cols(traj.rewards, width), "group_ids": traj.group_ids}
+                  "rewards": _pad_cols(traj.rewards, width), "group_ids": groups}
         if self.moves is not None:  # free-text runs neither move nor keep the (all-zero) bitmasks
             arrays["choices"] = _pad_cols(traj.choices, width)
         return arrays
 
-    def _experience(self, run: StageRun, arrays: dict[str, np.ndarray], lengths: np.ndarray
-                    ) -> tuple[ExperienceBatch, dict, np.ndarray]:
+    def _experience(self, run: StageRun, arrays: dict[str, np.ndarray], lengths: np.ndarray,
+                    rows: slice | None = None) -> tuple[ExperienceBatch, dict, np.ndarray]:
         """Old (and reference) log-probs by length-grouped micro-batches, then advantages. Returns the batch
-        with its rows arranged by `packing.length_order` (the arrangement is returned too)."""
+        with its rows arranged by `packing.length_order` (the arrangement is returned too). `rows`: `arrays` hold
+        only these rows of the batch (a split rollout's share on this process, `lengths` the whole batch's)."""
         params = self._params_for(run)
         ref = None if self.ref_params is None else self._params_for(run, self.ref_params)
         perm = length_order(lengths, run.batch_shards)
-        x = run.put_rows({k: v[perm] for k, v in arrays.items()})
+        if rows is not None and run.process_rows(len(lengths)) == rows:
+            # each process places its own rows; the arrangement then moves rows device to device
+            x = rearrange(run, run.put_process_rows(arrays, len(lengths)), perm)
+        else:
+            if rows is not None:  # this layout splits rows otherwise (a tensor axis across processes): gather them
+                arrays = allgather_rows(arrays)
+            x = run.put_rows({k: v[perm] for k, v in arrays.items()})
         micro, widths, ahead = self._split(run, lengths[perm], x["tokens"].shape)
         kw = dict(graphdef=self.graphdef, choices=x.get("choices"), choice_tokens=self.choice_tokens)
         old = grouped_logprobs(run, params, x["tokens"], widths, micro, ahead=ahead, **kw)
@@ -432,9 +441,12 @@ class Trainer:
         deferred = sorted(set(wanted) - set(widths))
         return micro, widths, None if self._stage_ahead is None else (self._stage_ahead, deferred)
 
-    def _plan_batch(self, arrays: dict[str, np.ndarray], mean_context_len: float, **extends: int) -> None:
-        """Experience / train layouts for the batch they are about to process (its padded width is known)."""
+    def _plan_batch(self, arrays: dict[str, np.ndarray], mean_context_len: float, rows: int | None = None,
+                    **extends: int) -> None:
+        """Experience / train layouts for the batch they are about to process (its padded width is known); `rows`:
+        the batch's rows where `arrays` hold one process's share."""
         n, width = arrays["tokens"].shape
+        n = rows or n
         self.planner.observe(ContextStats(mean_context_len, width, n, **extends))
         self.planner.plan()
 
@@ -544,12 +556,13 @@ class Trainer:
             s = traj.stats
             arrays = self._batch_arrays(traj)
             # Experience and train are planned for the batch they process; the OOM fallback may still change them.
-            self._plan_batch(arrays, s.turn_context_len_mean, prompt_tokens=s.prompt_tokens,
+            self._plan_batch(arrays, s.turn_context_len_mean, traj.num_games, prompt_tokens=s.prompt_tokens,
                              first_cache_len=s.first_cache_len, observation_tokens=s.observation_tokens)
-            spans = scored_spans(traj.loss_mask)  # what experience and train compute: up to each row's last scored token
+            # what experience and train compute: up to each row's last scored token
+            spans = scored_spans(traj.loss_mask) if traj.spans is None else traj.spans
             t0 = time.perf_counter()
-            batch, exp_metrics, arranged = self.planner.run("experience",
-                                                            lambda run: self._experience(run, arrays, spans))
+            batch, exp_metrics, arranged = self.planner.run(
+                "experience", lambda run: self._experience(run, arrays, spans, traj.local_rows))
             t1 = time.perf_counter()
             # train updates (and donates) the weights: never rerun on a process where it already succeeded
             train_metrics = self.planner.run("train", lambda run: self._train(run, batch, spans, arranged),

@@ -134,6 +134,10 @@ class Trajectories:
     invalid: Bool[np.ndarray, " n"]  # ended by an invalid move
     turn_context_lens: list[list[int]]  # context length when each turn's decoding started
     stats: RolloutStats
+    # A rollout split by process whose token columns were not gathered (rollout/process_split.py): the five [n, t]
+    # arrays above hold only the batch's rows `local_rows`; every per-row field holds the whole batch, `spans` too.
+    local_rows: slice | None = None
+    spans: Int[np.ndarray, " n"] | None = None  # packing.scored_spans of every row of the batch
 
     @property
     def num_games(self) -> int:
@@ -204,7 +208,8 @@ class _Episodes:
 def episode_stats(winner: np.ndarray, invalid: np.ndarray, lengths: np.ndarray, turn_ctx: np.ndarray,
                   turns: np.ndarray, truncated: np.ndarray, loss_mask: np.ndarray) -> dict[str, Any]:
     """The `RolloutStats` fields read off a batch's arrays: outcomes (winner codes index WINNERS), lengths, turns
-    and token counts. `turn_ctx[i, t]`: the context when game i's turn t started, -1 past its last turn."""
+    and token counts. `turn_ctx[i, t]`: the context when game i's turn t started, -1 past its last turn.
+    `loss_mask` is only summed: per-row counts of generated tokens do as well."""
     n = max(len(winner), 1)
     ctx = turn_ctx[turn_ctx >= 0]
     return {"win_rate": float(np.sum(winner == 0)) / n, "loss_rate": float(np.sum(winner == 1)) / n,

@@ -6,9 +6,11 @@ sharded: the host work, which decides the speed of a small model's rollout, is r
 instead of split. This module splits it, the way veRL's or tunix's rollout workers each run their own
 environments: when the rollout mesh's data axis runs across processes and every process's devices hold
 whole copies of the weights (their block of the mesh is a complete model replica), process p plays games
-[p n/P, (p+1) n/P) alone, on its own block of the mesh, with no collective during the rollout; the finished
-trajectories are then all-gathered once (`gather_trajectories`) so the experience and train stages see
-the whole batch as before.
+[p n/P, (p+1) n/P) alone, on its own block of the mesh, with no collective during the rollout. Then one small
+all-gather (`gather_trajectories(columns=False)`) gives every process the whole batch's per-row fields (outcomes,
+lengths, spans, group ids) and statistics, while each process keeps its rows' token columns: the experience
+stage puts them on its mesh from their own process and arranges the batch device to device, so no process
+receives another's tokens over the hosts (a layout whose rows do not split by process gathers them instead).
 
 A game's samples come from fold_in(fold_in(rng, turn), game id) with its id in the whole batch
 (`play_games(game_offset=...)`) and its start from its seed, so the games are the ones one process would
@@ -42,7 +44,7 @@ from earl_jax.envs.openspiel_env import WINNERS
 from earl_jax.envs.vector import NO_WINNER
 from earl_jax.rollout.agent_loop import RolloutStats, Trajectories, episode_stats
 
-__all__ = ["ProcessBlock", "process_block", "RowView", "gather_trajectories"]
+__all__ = ["ProcessBlock", "process_block", "RowView", "gather_trajectories", "allgather_rows"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,15 +118,32 @@ def _round_up(x: int, k: int) -> int:
     return -(-x // k) * k
 
 
-def gather_trajectories(local: Trajectories) -> Trajectories:
-    """Every process's trajectories, concatenated in process order, on every process (a collective).
+def allgather_rows(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every process's rows of each array (the same shapes on every process), concatenated in process order (a
+    collective). Bools travel as int8: a collective over booleans is not supported everywhere."""
+    from jax.experimental import multihost_utils
+
+    sent = {k: v.astype(np.int8) if v.dtype == bool else v for k, v in arrays.items()}
+    got = multihost_utils.process_allgather(sent, tiled=True)
+    return {k: np.asarray(got[k]).astype(arrays[k].dtype) for k in arrays}
+
+
+def gather_trajectories(local: Trajectories, columns: bool = True) -> Trajectories:
+    """The whole batch's trajectories from every process's share, in process order, on every process (collectives).
+
+    With `columns=False` the [n, t] token columns stay where they are: every per-row field (outcomes, lengths,
+    turns, group ids, scored spans) and the statistics cover the whole batch, and the columns hold this process's
+    rows only (`Trajectories.local_rows`), padded to the batch's width. The experience stage puts them on its
+    mesh from each process and arranges them there, device to device (`Trainer._experience`), so the bulk of the
+    batch never crosses the hosts; an all-gather of the columns took ~0.09 s of a 0.28 s split rollout on 4 H100s
+    (experiments/results/NOTES.md call 51).
 
     Outcomes, lengths and token counts are recomputed from the whole batch. `rollout_s` is this process's wall
     time: its own games, then the gather (`gather_s`), which waits for the slowest process (`gather_wait_s`)
     and moves the data; `process_rollout_s` holds every process's own time. `env_s` and `wait_s` are the
     processes' means (their fractions of `rollout_s` stay comparable with one process), `decode_rows` and the
     blunder counts are sums, the prompt / observation widths maxima."""
-    from jax.experimental import multihost_utils
+    from earl_jax.rl.packing import scored_spans  # here: earl_jax.rl's trainer imports this module
 
     t0 = time.perf_counter()
     s = local.stats
@@ -135,38 +154,43 @@ def gather_trajectories(local: Trajectories) -> Trajectories:
     rows = gather_ints(local.tokens.shape[1], turns, s.decode_rows, s.prompt_tokens, s.first_cache_len,
                        s.observation_tokens, judged, blunders, *micro)
     t_synced = time.perf_counter()  # every process has finished its games
+    real = max(r[0] for r in rows)  # the widest game's width, as play_games returns it
     # shapes rounded up: process_allgather compiles a program per shape (a new width every iteration cost ~1 s on
     # 4 H100s), and the experience stage pads the batch anyway
-    width, turns = _round_up(max(r[0] for r in rows), 128), _round_up(max(r[1] for r in rows), 8)
+    width, turns = _round_up(real, 128), _round_up(max(r[1] for r in rows), 8)
 
-    def cols(x: np.ndarray) -> np.ndarray:
-        return np.pad(x, ((0, 0), (0, width - x.shape[1])))
+    def cols(x: np.ndarray, w: int) -> np.ndarray:
+        return np.pad(x, ((0, 0), (0, w - x.shape[1])))
 
     ctx = np.full((local.num_games, turns), -1, np.int32)
     for i, t in enumerate(local.turn_context_lens):
         ctx[i, :len(t)] = t
     winners = np.array([NO_WINNER if w is None else WINNERS.index(w) for w in local.winners], np.int8)
-    parts = {**{k: cols(getattr(local, k)) for k in _COLS}, **{k: getattr(local, k) for k in _ROWS},
-             "turn_ctx": ctx, "winner": winners}
-    dtypes = {k: v.dtype for k, v in parts.items()}
-    # bools travel as int8 (a collective over booleans is not supported everywhere)
-    sent = {k: v.astype(np.int8) if v.dtype == bool else v for k, v in parts.items()}
-    got = {k: np.asarray(v).astype(dtypes[k]) for k, v in multihost_utils.process_allgather(sent, tiled=True).items()}
+    per_row = {**{k: getattr(local, k) for k in _ROWS}, "turn_ctx": ctx, "winner": winners,
+               "spans": scored_spans(local.loss_mask).astype(np.int32),
+               "generated": local.loss_mask.sum(1).astype(np.int32)}
+    got = allgather_rows({**per_row, **({k: cols(getattr(local, k), width) for k in _COLS} if columns else {})})
 
     total_judged, total_blunders = sum(r[6] for r in rows), sum(r[7] for r in rows)
     times = np.array([r[8:] for r in rows], np.float64) / 1e6
     gather_s = time.perf_counter() - t0
     stats = RolloutStats(
         **episode_stats(got["winner"], got["invalid"], got["lengths"], got["turn_ctx"], got["num_turns"],
-                        got["truncated"], got["loss_mask"]),
+                        got["truncated"], got["generated"]),
         env_s=float(times[:, 0].mean()), wait_s=float(times[:, 1].mean()),
         rollout_s=s.rollout_s + gather_s, gather_s=gather_s, gather_wait_s=t_synced - t0,
         process_rollout_s=tuple(times[:, 2].tolist()),
         decode_rows=sum(r[2] for r in rows), prompt_tokens=max(r[3] for r in rows),
         first_cache_len=max(r[4] for r in rows), observation_tokens=max(r[5] for r in rows),
         blunder_rate=total_blunders / total_judged if total_judged else None, judged=total_judged)
-    real = max(r[0] for r in rows)  # back to the widest game's width, as play_games returns it
+    if columns:
+        col_arrays, local_rows, spans = {k: got[k][:, :real] for k in _COLS}, None, None
+    else:
+        start = jax.process_index() * local.num_games  # process_block gives every process an equal share
+        col_arrays = {k: cols(getattr(local, k), real) for k in _COLS}
+        local_rows, spans = slice(start, start + local.num_games), got["spans"]
     return Trajectories(
-        **{k: got[k][:, :real] for k in _COLS}, **{k: got[k] for k in _ROWS},
+        **col_arrays, **{k: got[k] for k in _ROWS},
         winners=[None if w == NO_WINNER else WINNERS[w] for w in got["winner"].tolist()],
-        turn_context_lens=[row[row >= 0].tolist() for row in got["turn_ctx"]], stats=stats)
+        turn_context_lens=[row[row >= 0].tolist() for row in got["turn_ctx"]], stats=stats,
+        local_rows=local_rows, spans=spans)
