@@ -7,7 +7,9 @@ fallback nor the profile's out-of-memory cells ever see an error. Once compiled,
 per device (`memory_analysis()`: temporaries and outputs, less the outputs that reuse donated arguments), and the
 allocator knows what is free, so a program that cannot fit is refused with an out-of-memory error before any device
 starts it. A program that fits by these numbers can still fail (fragmentation, NCCL's scratch outside XLA's pool):
-the check catches the certain cases only.
+the check catches the certain cases only. It did not catch the case that motivated it: rerun with the check,
+Fig. 3's 3B train stage hung the same way (call 58), so that allocation was outside the stage programs' first
+calls or not foreseeable from XLA's sizes (not investigated further).
 
 Off where devices report no memory limit (CPU) and with EARL_MEMORY_CHECK=0.
 """
