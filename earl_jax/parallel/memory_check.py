@@ -9,7 +9,8 @@ allocator knows what is free, so a program that cannot fit is refused with an ou
 starts it. A program that fits by these numbers can still fail (fragmentation, NCCL's scratch outside XLA's pool):
 the check catches the certain cases only. It did not catch the case that motivated it: rerun with the check,
 Fig. 3's 3B train stage hung the same way (call 58), so that allocation was outside the stage programs' first
-calls or not foreseeable from XLA's sizes (not investigated further).
+calls or not foreseeable from XLA's sizes; the likelier cause, found afterwards, was the measure itself keeping
+the previous mesh's train model resident (`rl/measure.py` keeps one now).
 
 Off where devices report no memory limit (CPU) and with EARL_MEMORY_CHECK=0.
 """

@@ -42,7 +42,7 @@ class RealMeasure:
     * train: one `train_stage` step (float32 masters, bf16 compute, per-layer remat, AdamW, GRPO loss),
       micro-batched as the layout says.
     Each is the median of `repeats` after a warm-up (compile) call. Models are cached per mesh, one
-    stage's models at a time."""
+    stage's models at a time (one model for train)."""
 
     def __init__(self, cfg: ModelConfig, *, decode_steps: int = 16, repeats: int = 2, seed: int = 0):
         self.cfg, self.decode_steps, self.repeats, self.seed = cfg, decode_steps, repeats, seed
@@ -54,7 +54,10 @@ class RealMeasure:
 
         key = (stage, layout.mesh)
         if key not in self._models:
-            for k in [k for k in self._models if k[0] != stage]:  # one stage's models at a time
+            # one stage's models at a time, and one train model: its float32 masters (12 GiB per device for a
+            # replicated 3B) are outside what the memory model gives the next mesh's cell (Fig. 3's 3B train stage
+            # ran out of memory in the cell after d4f1t1 with ~98% of the GPU in use: NOTES.md calls 57-58)
+            for k in [k for k in self._models if k[0] != stage or stage == "train"]:
                 del self._models[k]
             mesh = make_mesh(layout.mesh, jax.devices()[:layout.mesh.size])
             # train holds float32 masters (bf16 compute, per-layer remat as the memory model assumes)
