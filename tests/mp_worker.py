@@ -83,6 +83,25 @@ def dispatch_round_trip(out_path: str) -> None:
     y = d(xs, t, sync=True)
     report["host_gather"] = {"routes": d.last.routes, "equal": holds(y, host), "on_target": y.sharding == t}
 
+    # (6) a split rollout's rows, placed by the process that holds them (StageRun.process_rows / put_process_rows),
+    # or all-gathered on the hosts where a layout's rows do not split by process (a tensor axis across processes)
+    from earl_jax.parallel.plan import StageLayout
+    from earl_jax.parallel.planner import ProgramCache, StageRun
+    from earl_jax.rollout.process_split import allgather_rows
+
+    me, share = jax.process_index(), len(host) // jax.process_count()
+    mine = host[me * share:(me + 1) * share]
+    split = {}
+    for shape in (MeshShape(8, 1, 1), MeshShape(4, 1, 2), MeshShape(1, 1, 8)):
+        run = StageRun("experience", StageLayout(shape, 1, 64), make_mesh(shape), STAGE_RULES["experience"],
+                       ProgramCache())
+        held = run.process_rows(len(host))
+        placed = run.put_process_rows({"t": mine}, len(host))["t"] if held is not None else None
+        split[str(shape)] = (None if held is None else (held.start, held.stop), placed is None or holds(placed, host))
+    want = (me * share, (me + 1) * share)
+    report["process_rows"] = {"equal": split == {"d8f1t1": (want, True), "d4f1t2": (want, True), "d1f1t8": (None, True)}
+                              and np.array_equal(allgather_rows({"t": mine})["t"], host), "split": str(split)}
+
     # a decision every process must share: True on one process only -> True everywhere
     report["any_process"] = {"equal": distributed.any_process(jax.process_index() == 1) is True
                              and distributed.any_process(False) is False}

@@ -109,7 +109,7 @@ def test_dispatcher_across_two_processes(tmp_path):
     _finish(proc, 180, "dispatch workers", tmp_path / "logs")
     r = json.loads(out.read_text())
     assert (r["processes"], r["devices"], r["local_devices"]) == (2, 8, 4)
-    for case in ("weights", "batch", "cross_set", "reorder", "host_gather", "any_process"):
+    for case in ("weights", "batch", "cross_set", "reorder", "host_gather", "process_rows", "any_process"):
         assert r[case]["equal"] and r[case].get("on_target", True), (case, r[case])
     assert set(r["weights"]["routes"]) <= {"noop", "reshard"} and r["weights"]["routes"].get("reshard")
     assert r["batch"]["routes"] == {"reshard": 1}
