@@ -169,7 +169,6 @@ def _restore_numpy(run_dir: Path) -> tuple[int, list[np.ndarray]]:
 # reshard weights (train d2f2t2 -> rollout d4f1t2) across the two processes.
 CONNECT4 = ["--groups", "4", "--group-size", "2", "--eval-games", "8", "--steps", "2",
             "--kl-coef", "0.01", "--filter-constant-groups", "false", "--rollout-thresholds", "0:d4f1t2",
-            "--rollout-split-processes", "true",
             "--experience-thresholds", "0:d8f1t1", "--train-thresholds", "0:d2f2t2", "--progress", "false",
             "--wandb-mode", "disabled"]
 EXACT_PREFIXES = ("episode/", "eval/", "rollout/context", "rollout/tokens", "rollout/generated", "parallel/",
@@ -196,7 +195,7 @@ def test_connect4_two_processes_match_one(tmp_path):
     rows2 = [json.loads(l) for l in (two / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows2] == [r["step"] for r in rows1] == [0, 1, 2]  # written once, by process 0
     assert rows1[-1]["train/grad_norm"] > 0 and rows1[-1]["dispatch/bytes"] > 0  # something trained and moved
-    # each process played its half of the games on its block of the rollout mesh (rollout/process_split.py)
+    # by default each process played its half of the games on its block of the rollout mesh (rollout/process_split.py)
     groups = [(a["rollout/groups"], b["rollout/groups"]) for a, b in zip(rows1, rows2) if "rollout/groups" in a]
     assert groups == [(1, 2)] * 2, groups
     for a, b in zip(rows1, rows2):

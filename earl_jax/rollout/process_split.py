@@ -23,8 +23,9 @@ others wait in the gather: it is compiling, for a batch size, cache length or wi
 (`time/compile_s`, `compile/slowest`), not collecting garbage (`--gc-every 1` left those iterations slow). In the
 iterations that compiled nothing the split rollout took 0.23 s against 0.36 s on one GPU (1.54x), a third of it
 the gather. With the token columns left on their process (call 58): 0.198 s against 0.325 s (1.64x), the whole
-iteration 1.48x one GPU's, against 1.11x / 1.18x with the columns all-gathered in the same call. Off by default
-(`--rollout-split-processes`): no same-call comparison with the unsplit multi-process rollout has been made since.
+iteration 1.48x one GPU's, against 1.11x / 1.18x with the columns all-gathered in the same call; the unsplit
+rollout had 0.83x / 1.42x one GPU's in call 31. So it is on by default (`--rollout-split-processes false` turns it
+off); the two have not been compared in one call since call 31.
 
 Not split (the SPMD rollout, with host work repeated): a data axis within one process, weights sharded
 over the data axis, a batch that does not divide into processes, and league games (the frozen snapshot's
