@@ -179,7 +179,7 @@ def test_deferred_widths_of_experience_and_train_are_compiled_ahead():
         assert ("jit(train_policy_apply)" in first.seconds_by_name) != with_ahead, first.seconds_by_name
         if with_ahead:
             ahead[0].drain()
-            assert ahead[0].submitted == 3 and not ahead[0].failed, ahead[0].failed
+            assert ahead[0].submitted == 6 and not ahead[0].failed, ahead[0].failed
         with count_compiles() as c:  # the deferred width now
             logp2 = grouped_logprobs(run, params, x["tokens"], [32] * micro.count, micro, graphdef=graphdef)
             params, _, m = grouped_update(run, params, state, batch, [32] * micro.count, micro, **kw)
@@ -187,6 +187,9 @@ def test_deferred_widths_of_experience_and_train_are_compiled_ahead():
         model_programs = {k for k in c.seconds_by_name if k in ("jit(train_logprobs)", "jit(train_policy_grad)")}
         assert (not model_programs) if with_ahead else model_programs == {"jit(train_logprobs)",
                                                                           "jit(train_policy_grad)"}, model_programs
+        # the programs that cut micro-batches at the new width and write their log-probs back: ahead as well
+        cut = {"jit(train_micro_tokens)", "jit(train_put_logprobs)", "jit(train_micro_batch)"}
+        assert (not cut & set(c.seconds_by_name)) if with_ahead else cut <= set(c.seconds_by_name), c.seconds_by_name
         results.append((np.asarray(logp2), [np.asarray(p) for p in jax.tree.leaves(params)], float(m["loss"])))
     (a_logp, a_params, a_loss), (b_logp, b_params, b_loss) = results
     np.testing.assert_array_equal(a_logp, b_logp)

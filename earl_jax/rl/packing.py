@@ -142,14 +142,24 @@ def grouped_logprobs(run: StageRun, params: nnx.State, tokens: jax.Array, widths
     out = run.jit("zeros", _zeros_like_rows)(tokens)
     model = run.jit("logprobs", stages.micro_logprobs, graphdef=graphdef, chunk=run.layout.logprob_chunk,
                     choice_tokens=choice_tokens)
+    put = run.jit("put_logprobs", stages.put_micro, donate=(0,), **split)
     for j, width in enumerate(widths):
-        tok, ch = run.jit("micro_tokens", stages.micro_batch, **split, width=width)((tokens, choices), j)
+        take = run.jit("micro_tokens", stages.micro_batch, **split, width=width)
+        _wait(ahead, take, micro.rows, width)
+        tok, ch = take((tokens, choices), j)
         _wait(ahead, model, micro.rows, width)
         logp = model(params, tok, ch)
         if j == 0 and _deferred(ahead):
             p = _specs(params)
             _submit(ahead, model, micro.rows, lambda w: (p, spec_of(tok, w), _maybe_spec(ch, w)))
-        out = run.jit("put_logprobs", stages.put_micro, donate=(0,), **split)(out, logp, j)
+            # and the small programs that cut a micro-batch at those widths and write its log-probs back: else
+            # they compile on the critical path when the width is first used (0.3-0.5 s an iteration on one H100)
+            cut = ((spec_of(tokens), _maybe_spec(choices)), 0)
+            for w in _deferred(ahead):
+                _submit_one(ahead, run.jit("micro_tokens", stages.micro_batch, **split, width=w), micro.rows, w, cut)
+                _submit_one(ahead, put, micro.rows, w, (spec_of(out), spec_of(logp, w), 0))
+        _wait(ahead, put, micro.rows, width)
+        out = put(out, logp, j)
     return out
 
 
@@ -157,8 +167,13 @@ def _specs(tree):
     return jax.tree.map(spec_of, tree)
 
 
-def _maybe_spec(x, width: int):
+def _maybe_spec(x, width: int | None = None):
     return None if x is None else spec_of(x, width)
+
+
+def _submit_one(ahead: Ahead, program, rows: int, width: int, specs: tuple) -> None:
+    """Compile `program` ahead for `specs`, keyed as the model programs are (a later `_wait` finds it)."""
+    ahead[0].submit((id(program), rows, width), lambda: program.jitted.lower(*specs).compile())
 
 
 def _deferred(ahead: Ahead | None) -> list[int]:
@@ -212,13 +227,19 @@ def grouped_update(run: StageRun, params: nnx.State, opt_state: Any, batch: stag
     if ahead is not None and (id(apply), "apply") not in ahead[0]:  # compiles beside the first gradient program
         specs = (_specs(params), _specs(opt_state), _specs(acc))
         ahead[0].submit((id(apply), "apply"), lambda: apply.jitted.lower(*specs).compile())
+    def take(width: int):
+        return run.jit("micro_batch", stages.take_micro, micro_batches=micro.count, shards=micro.shards, width=width,
+                       token_weighted=token_weighted)
+
     for j, width in enumerate(widths):  # the grad program per micro-batch shape, as in grouped_logprobs
-        mb, w = run.jit("micro_batch", stages.take_micro, micro_batches=micro.count, shards=micro.shards, width=width,
-                        token_weighted=token_weighted)(batch, j)
+        _wait(ahead, take(width), micro.rows, width)
+        mb, w = take(width)(batch, j)
         if j == 0 and _deferred(ahead):  # specs before the call: it donates the accumulator
             p, a = _specs(params), _specs(acc)
             _submit(ahead, model, micro.rows, lambda v: (p, a, jax.tree.map(lambda x: spec_of(x, v), mb), spec_of(w)),
                     output_as_arg=1)
+            for v in _deferred(ahead):  # the cut at those widths too (as in grouped_logprobs)
+                _submit_one(ahead, take(v), micro.rows, v, (_specs(batch), 0))
         _wait(ahead, model, micro.rows, width)
         acc = model(params, acc, mb, w)
     if ahead is not None:
