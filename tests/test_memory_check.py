@@ -20,13 +20,15 @@ from tests.test_trainer import SMALL
 
 def _fake_compiled(temp: int, out: int, alias: int = 0):
     stats = types.SimpleNamespace(temp_size_in_bytes=temp, output_size_in_bytes=out, alias_size_in_bytes=alias)
-    return types.SimpleNamespace(memory_analysis=lambda: stats)
+    compiled = types.SimpleNamespace(memory_analysis=lambda: stats)
+    return lambda: compiled  # what check_fits calls to compile
 
 
 def test_a_program_larger_than_the_free_memory_is_an_out_of_memory_error(monkeypatch):
     monkeypatch.setattr(memory_check, "free_bytes", lambda devices: 3 * GIB)
     check_fits(_fake_compiled(2 * GIB, GIB, alias=GIB), [], "train/step on d4f1t1")  # 2 GiB: fits
-    with pytest.raises(ProgramMemoryError, match=r"train/step on d4f1t1 needs 4.00 GiB per device .* 3.00 GiB free") as e:
+    refused = r"train/step on d4f1t1 needs 4.00 GiB per device .* 3.00 GiB free"
+    with pytest.raises(ProgramMemoryError, match=refused) as e:
         check_fits(_fake_compiled(3 * GIB, GIB), [], "train/step on d4f1t1")
     assert is_oom_error(e.value)  # what the planner's fallback and the profile's OOM cells catch
 
@@ -54,10 +56,10 @@ def test_the_planner_checks_first_calls_and_falls_back_without_compiling_twice(t
     monkeypatch.setattr(memory_check, "free_bytes", lambda devices: 0 if refusing[0] else 64 * GIB)
     real = memory_check.check_fits
 
-    def check(compiled, devices, what):
+    def check(compile_program, devices, what):
         checked.append(what)
         refusing[0] = what.startswith("experience/") and f" on {first}" in what  # no memory on the first mesh
-        real(compiled, devices, what)
+        real(compile_program, devices, what)
 
     monkeypatch.setattr(memory_check, "check_fits", check)
     record = trainer.iteration()

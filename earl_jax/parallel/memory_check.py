@@ -18,7 +18,7 @@ Off where devices report no memory limit (CPU) and with EARL_MEMORY_CHECK=0.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import jax
 
@@ -59,14 +59,12 @@ def program_bytes(compiled: Any) -> tuple[int, str] | None:
     return need, parts
 
 
-def enabled() -> bool:
-    return os.environ.get("EARL_MEMORY_CHECK", "1") != "0"
-
-
-def check_fits(compiled: Any, devices: Iterable[jax.Device], what: str) -> None:
-    """Raise ProgramMemoryError when `compiled` needs more than the least free memory of `devices`."""
-    free = free_bytes(devices)
-    sized = program_bytes(compiled) if free is not None else None
+def check_fits(compile_program: Callable[[], Any], devices: Iterable[jax.Device], what: str) -> None:
+    """Raise ProgramMemoryError when the program `compile_program()` compiles needs more than the least free memory
+    of `devices`; compiles nothing where no limit is known (CPU) or the check is off."""
+    if os.environ.get("EARL_MEMORY_CHECK", "1") == "0" or (free := free_bytes(devices)) is None:
+        return
+    sized = program_bytes(compile_program())
     if sized is None:
         return
     need, parts = sized

@@ -231,10 +231,9 @@ class ProgramCache:
                     return jitted(*args)
                 t0 = time.perf_counter()
                 with count_compiles() as c:  # where a first call's time goes: tracing and lowering run every start
-                    if memory_check.enabled() and memory_check.free_bytes(run.mesh.devices.flat) is not None:
-                        # compiled once: the call below finds this executable (no second trace or compile)
-                        memory_check.check_fits(jitted.lower(*args).compile(), run.mesh.devices.flat,
-                                                f"{run.stage}/{name} on {run.layout.mesh}")
+                    # compiled here only on devices with a known limit; the call below finds the executable
+                    memory_check.check_fits(lambda: jitted.lower(*args).compile(), run.mesh.devices.flat,
+                                            f"{run.stage}/{name} on {run.layout.mesh}")
                     out = jitted(*args)
                 self.seen.add(sig)
                 width = f", width {static['width']}" if "width" in static else ""

@@ -155,9 +155,9 @@ def grouped_logprobs(run: StageRun, params: nnx.State, tokens: jax.Array, widths
             # and the small programs that cut a micro-batch at those widths and write its log-probs back: else
             # they compile on the critical path when the width is first used (0.3-0.5 s an iteration on one H100)
             cut = ((spec_of(tokens), _maybe_spec(choices)), 0)
-            for w in _deferred(ahead):
+            for w in _deferred(ahead):  # one cutting program per width (its width is static)
                 _submit_one(ahead, run.jit("micro_tokens", stages.micro_batch, **split, width=w), micro.rows, w, cut)
-                _submit_one(ahead, put, micro.rows, w, (spec_of(out), spec_of(logp, w), 0))
+            _submit(ahead, put, micro.rows, lambda w: (spec_of(out), spec_of(logp, w), 0))
         _wait(ahead, put, micro.rows, width)
         out = put(out, logp, j)
     return out
@@ -227,13 +227,15 @@ def grouped_update(run: StageRun, params: nnx.State, opt_state: Any, batch: stag
     if ahead is not None and (id(apply), "apply") not in ahead[0]:  # compiles beside the first gradient program
         specs = (_specs(params), _specs(opt_state), _specs(acc))
         ahead[0].submit((id(apply), "apply"), lambda: apply.jitted.lower(*specs).compile())
+
     def take(width: int):
         return run.jit("micro_batch", stages.take_micro, micro_batches=micro.count, shards=micro.shards, width=width,
                        token_weighted=token_weighted)
 
     for j, width in enumerate(widths):  # the grad program per micro-batch shape, as in grouped_logprobs
-        _wait(ahead, take(width), micro.rows, width)
-        mb, w = take(width)(batch, j)
+        cut = take(width)
+        _wait(ahead, cut, micro.rows, width)
+        mb, w = cut(batch, j)
         if j == 0 and _deferred(ahead):  # specs before the call: it donates the accumulator
             p, a = _specs(params), _specs(acc)
             _submit(ahead, model, micro.rows, lambda v: (p, a, jax.tree.map(lambda x: spec_of(x, v), mb), spec_of(w)),

@@ -295,7 +295,7 @@ class Trainer:
             if training:  # an evaluation's batch is its own: its programs would only compete with the next rollout's
                 self._compaction_ahead(compact, samplers)
             if at.split:  # the token columns stay on their process: the experience stage places them from there
-                traj = gather_trajectories(traj, columns=False)
+                traj = gather_trajectories(traj)
             return traj, dispatch_s
 
         return self.planner.run("rollout", rollout)
@@ -446,8 +446,7 @@ class Trainer:
         """Experience / train layouts for the batch they are about to process (its padded width is known); `rows`:
         the batch's rows where `arrays` hold one process's share."""
         n, width = arrays["tokens"].shape
-        n = rows or n
-        self.planner.observe(ContextStats(mean_context_len, width, n, **extends))
+        self.planner.observe(ContextStats(mean_context_len, width, rows or n, **extends))
         self.planner.plan()
 
     # ---------------------------------------------------------------- warm-up, evaluation
