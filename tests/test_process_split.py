@@ -1,7 +1,7 @@
 """A rollout split by process plays the whole batch's games (one process here; two in test_multiprocess.py).
 
 Each process of a split rollout plays a contiguous share of the games on a view of the env's rows, sampling
-by the games' ids in the whole batch; `gather_trajectories` then concatenates the shares. Here the trainer's
+by the games' ids in the whole batch; `gather_trajectories` then joins the shares' per-row fields. Here the trainer's
 own rollout is made to play each half of the batch as if it were one of two processes, and the halves, joined,
 must be the unsplit rollout's games field by field.
 """
@@ -56,7 +56,7 @@ def test_halves_played_apart_are_the_games_of_the_whole_batch_and_gather_back(tm
             return process_split.ProcessBlock(local, jax.device_put(params, jax.sharding.NamedSharding(
                 local, jax.sharding.PartitionSpec())), half)
         monkeypatch.setattr(trainer_module, "process_block", block)
-        monkeypatch.setattr(trainer_module, "gather_trajectories", lambda t, **kw: t)
+        monkeypatch.setattr(trainer_module, "gather_trajectories", lambda t: t)
         part, _ = trainer._rollout(trainer.env, seeds, groups, rng, trainer.sampling)
         assert part.num_games == 4 and trainer._rollout_groups == jax.process_count()
         halves.append(part)
@@ -90,15 +90,15 @@ def test_halves_played_apart_are_the_games_of_the_whole_batch_and_gather_back(tm
 
 
 def test_columns_left_on_their_process_give_the_same_experience_batch(tmp_path):
-    # gather_trajectories(columns=False): per-row fields and spans of the whole batch, the token columns of this
-    # process's rows only; the experience stage places them per process and arranges them on the devices. On one
+    # gather_trajectories: per-row fields and spans of the whole batch, the token columns of this process's rows
+    # only; the experience stage places them per process and arranges them on the devices. On one
     # process its share is the whole batch, so that path must give the gathered path's batch exactly.
     from earl_jax.rl.packing import scored_spans
 
     trainer = Trainer(dataclasses.replace(CFG, run_dir=str(tmp_path / "run"), devices=8), log=False)
     seeds, groups, rng = list(range(8)), np.repeat(np.arange(4), 2), jax.random.key(5)
     whole, _ = trainer._rollout(trainer.env, seeds, groups, rng, trainer.sampling)
-    part = process_split.gather_trajectories(whole, columns=False)
+    part = process_split.gather_trajectories(whole)
     assert part.local_rows == slice(0, 8)
     np.testing.assert_array_equal(part.spans, scored_spans(whole.loss_mask))
     for k in COLS + ROWS:

@@ -7,7 +7,7 @@ instead of split. This module splits it, the way veRL's or tunix's rollout worke
 environments: when the rollout mesh's data axis runs across processes and every process's devices hold
 whole copies of the weights (their block of the mesh is a complete model replica), process p plays games
 [p n/P, (p+1) n/P) alone, on its own block of the mesh, with no collective during the rollout. Then one small
-all-gather (`gather_trajectories(columns=False)`) gives every process the whole batch's per-row fields (outcomes,
+all-gather (`gather_trajectories`) gives every process the whole batch's per-row fields (outcomes,
 lengths, spans, group ids) and statistics, while each process keeps its rows' token columns: the experience
 stage puts them on its mesh from their own process and arranges the batch device to device, so no process
 receives another's tokens over the hosts (a layout whose rows do not split by process gathers them instead).
@@ -131,15 +131,15 @@ def allgather_rows(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: np.asarray(got[k]).astype(arrays[k].dtype) for k in arrays}
 
 
-def gather_trajectories(local: Trajectories, columns: bool = True) -> Trajectories:
-    """The whole batch's trajectories from every process's share, in process order, on every process (collectives).
+def gather_trajectories(local: Trajectories) -> Trajectories:
+    """The whole batch's per-row fields and statistics from every process's share, in process order, on every
+    process (collectives); the [n, t] token columns stay where they are.
 
-    With `columns=False` the [n, t] token columns stay where they are: every per-row field (outcomes, lengths,
-    turns, group ids, scored spans) and the statistics cover the whole batch, and the columns hold this process's
-    rows only (`Trajectories.local_rows`), padded to the batch's width. The experience stage puts them on its
-    mesh from each process and arranges them there, device to device (`Trainer._experience`), so the bulk of the
-    batch never crosses the hosts; an all-gather of the columns took ~0.09 s of a 0.28 s split rollout on 4 H100s
-    (experiments/results/NOTES.md call 51).
+    Every per-row field (outcomes, lengths, turns, group ids, scored spans) covers the whole batch, and the columns
+    hold this process's rows only (`Trajectories.local_rows`), padded to the batch's width. The experience stage puts
+    them on its mesh from each process and arranges them there, device to device (`Trainer._experience`), so the
+    bulk of the batch never crosses the hosts; an all-gather of the columns took ~0.09 s of a 0.28 s split rollout
+    on 4 H100s (experiments/results/NOTES.md call 51).
 
     Outcomes, lengths and token counts are recomputed from the whole batch. `rollout_s` is this process's wall
     time: its own games, then the gather (`gather_s`), which waits for the slowest process (`gather_wait_s`)
@@ -157,13 +157,9 @@ def gather_trajectories(local: Trajectories, columns: bool = True) -> Trajectori
     rows = gather_ints(local.tokens.shape[1], turns, s.decode_rows, s.prompt_tokens, s.first_cache_len,
                        s.observation_tokens, judged, blunders, *micro)
     t_synced = time.perf_counter()  # every process has finished its games
-    real = max(r[0] for r in rows)  # the widest game's width, as play_games returns it
-    # shapes rounded up: process_allgather compiles a program per shape (a new width every iteration cost ~1 s on
-    # 4 H100s), and the experience stage pads the batch anyway
-    width, turns = _round_up(real, 128), _round_up(max(r[1] for r in rows), 8)
-
-    def cols(x: np.ndarray, w: int) -> np.ndarray:
-        return np.pad(x, ((0, 0), (0, w - x.shape[1])))
+    width = max(r[0] for r in rows)  # the widest game's width, as play_games returns it
+    # rounded up: process_allgather compiles a program per shape (a new one every iteration cost ~1 s on 4 H100s)
+    turns = _round_up(max(r[1] for r in rows), 8)
 
     ctx = np.full((local.num_games, turns), -1, np.int32)
     for i, t in enumerate(local.turn_context_lens):
@@ -172,7 +168,7 @@ def gather_trajectories(local: Trajectories, columns: bool = True) -> Trajectori
     per_row = {**{k: getattr(local, k) for k in _ROWS}, "turn_ctx": ctx, "winner": winners,
                "spans": scored_spans(local.loss_mask).astype(np.int32),
                "generated": local.loss_mask.sum(1).astype(np.int32)}
-    got = allgather_rows({**per_row, **({k: cols(getattr(local, k), width) for k in _COLS} if columns else {})})
+    got = allgather_rows(per_row)
 
     total_judged, total_blunders = sum(r[6] for r in rows), sum(r[7] for r in rows)
     times = np.array([r[8:] for r in rows], np.float64) / 1e6
@@ -186,14 +182,10 @@ def gather_trajectories(local: Trajectories, columns: bool = True) -> Trajectori
         decode_rows=sum(r[2] for r in rows), prompt_tokens=max(r[3] for r in rows),
         first_cache_len=max(r[4] for r in rows), observation_tokens=max(r[5] for r in rows),
         blunder_rate=total_blunders / total_judged if total_judged else None, judged=total_judged)
-    if columns:
-        col_arrays, local_rows, spans = {k: got[k][:, :real] for k in _COLS}, None, None
-    else:
-        start = jax.process_index() * local.num_games  # process_block gives every process an equal share
-        col_arrays = {k: cols(getattr(local, k), real) for k in _COLS}
-        local_rows, spans = slice(start, start + local.num_games), got["spans"]
+    start = jax.process_index() * local.num_games  # process_block gives every process an equal share
     return Trajectories(
-        **col_arrays, **{k: got[k] for k in _ROWS},
+        **{k: np.pad(getattr(local, k), ((0, 0), (0, width - local.tokens.shape[1]))) for k in _COLS},
+        **{k: got[k] for k in _ROWS},
         winners=[None if w == NO_WINNER else WINNERS[w] for w in got["winner"].tolist()],
         turn_context_lens=[row[row >= 0].tolist() for row in got["turn_ctx"]], stats=stats,
-        local_rows=local_rows, spans=spans)
+        local_rows=slice(start, start + local.num_games), spans=got["spans"])
