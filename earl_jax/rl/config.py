@@ -54,6 +54,10 @@ class RLConfig:
     # --- rollout
     groups: int = _f(16, "B: groups of games per iteration (each group shares a start seed)")
     group_size: int = _f(4, "G: games per group (GRPO / RLOO baselines compare within a group)")
+    group_seeds: Literal["shared", "per_game"] = _f(
+        "shared", "shared: a group's games share one seed (seat, opponent stream); per_game: each game its own "
+                  "seed with the group's seat, so a confident policy against a near-deterministic opponent does "
+                  "not replay one game G times (earl_jax/rl/game_seeds.py)")
     max_turn_tokens: int = _f(4, "max tokens the policy may generate per turn")
     constrain_moves: bool = _f(False, "the policy picks each move among the legal moves' tokens (a masked softmax; "
                                       "the experience and train stages score it the same way), then the turn ends: "

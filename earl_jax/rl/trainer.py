@@ -46,6 +46,7 @@ from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.planner import StagePlanner, StageRun
 from earl_jax.rl.checkpoint import Checkpointer
 from earl_jax.rl.config import RLConfig
+from earl_jax.rl.game_seeds import game_seeds
 from earl_jax.rl.gc_control import GcClock, StartupPause, collect_and_freeze, manual_gc
 from earl_jax.rl.league import host_copy
 from earl_jax.rl.losses import LossConfig
@@ -530,10 +531,11 @@ class Trainer:
 
     # ---------------------------------------------------------------- the loop
     def rollout_inputs(self) -> tuple[list[int], np.ndarray, jax.Array]:
-        """This iteration's game seeds (a GRPO group's games share one), group ids and sampling key."""
+        """This iteration's game seeds (by --group-seeds: a GRPO group's games share one, or each has its own with
+        the group's seat), group ids and sampling key."""
         cfg = self.cfg
-        seeds = [(cfg.seed * 1_000_003 + self.step * cfg.groups + g) % (2**31) for g in range(cfg.groups)
-                 for _ in range(cfg.group_size)]
+        seeds = game_seeds([(cfg.seed * 1_000_003 + self.step * cfg.groups + g) % (2**31) for g in range(cfg.groups)],
+                           cfg.group_size, cfg.group_seeds, seat_from_seed=cfg.agent_player is None)
         return seeds, np.repeat(np.arange(cfg.groups), cfg.group_size), jax.random.fold_in(jax.random.key(cfg.seed),
                                                                                            self.step)
 
