@@ -1,0 +1,70 @@
+"""Summarize a paired issue-14 GPU run (experiments/run_connect4_gpu_ab.sh: runs a and b side by side, one GPU
+each, one device call) into one JSON (summarize_connect4_gpu.summarize per run) and a PNG of both curves.
+
+    python experiments/summarize_connect4_gpu_ab.py OUT_DIR --labels "shared seeds" "per-game seeds" \
+        --what "--group-seeds shared vs per_game" --out experiments/results/connect4_gpu_group_seeds_nvidia_h100x2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from summarize_connect4_gpu import load, summarize
+
+
+def plot(runs: dict[str, tuple[list[dict], dict]], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    for i, (label, (rows, summary)) in enumerate(runs.items()):
+        pts = [(c["step"], c["eval/win_rate"]) for c in summary["eval_curve"] if "eval/win_rate" in c]
+        a.plot(*zip(*pts), marker=".", ms=3, lw=1, color=f"C{i}", label=f"{label}: greedy vs random")
+        pts = [(c["step"], c["eval_alphabeta:2/win_rate"]) for c in summary["eval_curve"]
+               if "eval_alphabeta:2/win_rate" in c]
+        if pts:
+            a.plot(*zip(*pts), ls="--", lw=1, color=f"C{i}", label=f"{label}: greedy vs alphabeta:2")
+        it = [r for r in rows if "train/filtered_frac" in r]
+        b.plot([r["step"] for r in it], [r["train/filtered_frac"] for r in it], lw=0.8, color=f"C{i}",
+               label=f"{label}: train/filtered_frac")
+    a.axhline(0.97, color="gray", ls=":", lw=0.8, label="target vs random 0.97")
+    b.axhline(0.3, color="gray", ls=":", lw=0.8, label="target filtered_frac 0.3")
+    a.set_ylabel("win rate (greedy)")
+    b.set_ylabel("share of games in constant groups")
+    b.set_xlabel("iteration")
+    for ax in (a, b):
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize=7, loc="lower right" if ax is a else "upper left")
+    a.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out_dir", type=Path, help="the call's $OUT: a/ and b/ with metrics.jsonl, evaluation.json")
+    p.add_argument("--labels", nargs=2, default=["a", "b"])
+    p.add_argument("--what", required=True, help="what differs between a and b")
+    p.add_argument("--device", default=None, help="default: OUT_DIR/device.txt")
+    p.add_argument("--out", type=Path, required=True, help="path without suffix")
+    args = p.parse_args(argv)
+    device = args.device or (args.out_dir / "device.txt").read_text().strip().split(",")[0]
+    runs = {}
+    for label, sub in zip(args.labels, "ab"):
+        rows, ev = load(args.out_dir / sub)
+        runs[label] = (rows, summarize(rows, ev, device))
+    result = {"what": args.what, "device": device, "script": "experiments/run_connect4_gpu_ab.sh",
+              "runs": {label: s for label, (_, s) in runs.items()}}
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    title = (f"connect4 --preset gpu, {args.what}, side by side on {device} (one GPU each, "
+             f"{runs[args.labels[0]][1]['train_wall_minutes']:.0f} min)")
+    plot(runs, title, args.out.with_suffix(".png"))
+    return result
+
+
+if __name__ == "__main__":
+    main()
