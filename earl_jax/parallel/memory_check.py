@@ -6,8 +6,10 @@ raising, because the other devices wait in the next collective for the one that 
 fallback nor the profile's out-of-memory cells ever see an error. Once compiled, XLA knows the program's own memory
 per device (`memory_analysis()`: temporaries and outputs, less the outputs that reuse donated arguments), and the
 allocator knows what is free, so a program that cannot fit is refused with an out-of-memory error before any device
-starts it. A program that fits by these numbers can still fail (fragmentation, NCCL's scratch outside XLA's pool):
-the check catches the certain cases only. It did not catch the case that motivated it: rerun with the check,
+starts it. XLA's GPU runtime takes a program's temporaries as one buffer, so they must also fit the largest free
+block where the allocator reports it (a fragmented pool: call 60's 18 GiB temporary failed with more than that
+free in all). A program that fits by these numbers can still fail (NCCL's scratch outside XLA's pool): the check
+catches the certain cases only. It did not catch the case that motivated it: rerun with the check,
 Fig. 3's 3B train stage hung the same way (call 58), so that allocation was outside the stage programs' first
 calls or not foreseeable from XLA's sizes; the likelier cause, found afterwards, was the measure itself keeping
 the previous mesh's train model resident (`rl/measure.py` keeps one now).
@@ -24,7 +26,7 @@ import jax
 
 from earl_jax.parallel.memory import device_memory_stats
 
-__all__ = ["ProgramMemoryError", "free_bytes", "program_bytes", "check_fits"]
+__all__ = ["ProgramMemoryError", "free_bytes", "largest_free_block", "program_bytes", "check_fits"]
 
 GIB = 2**30
 
@@ -47,6 +49,13 @@ def free_bytes(devices: Iterable[jax.Device]) -> int | None:
     return min(free) if free else None
 
 
+def largest_free_block(devices: Iterable[jax.Device]) -> int | None:
+    """The smallest of this process's devices' largest free blocks among `devices`; None where not reported."""
+    blocks = [device_memory_stats(d).get("largest_free_block_bytes") for d in devices
+              if d.process_index == jax.process_index()]
+    return None if not blocks or any(b is None for b in blocks) else int(min(blocks))
+
+
 def program_bytes(compiled: Any) -> tuple[int, str] | None:
     """Bytes per device a compiled program allocates beyond its (already resident) arguments, and their parts;
     None where the backend gives no memory analysis."""
@@ -61,15 +70,22 @@ def program_bytes(compiled: Any) -> tuple[int, str] | None:
 
 def check_fits(compile_program: Callable[[], Any], devices: Iterable[jax.Device], what: str) -> None:
     """Raise ProgramMemoryError when the program `compile_program()` compiles needs more than the least free memory
-    of `devices`; compiles nothing where no limit is known (CPU) or the check is off."""
+    of `devices`, or its temporaries more than their largest free block; compiles nothing where no limit is known
+    (CPU) or the check is off."""
     if os.environ.get("EARL_MEMORY_CHECK", "1") == "0" or (free := free_bytes(devices)) is None:
         return
-    sized = program_bytes(compile_program())
+    compiled = compile_program()
+    sized = program_bytes(compiled)
     if sized is None:
         return
     need, parts = sized
+    why = "refused before running it (a device that runs out of memory inside a multi-device program can hang the " \
+          "others; EARL_MEMORY_CHECK=0 skips this check)"
     if need > free:
-        raise ProgramMemoryError(
-            f"RESOURCE_EXHAUSTED: out of memory: {what} needs {need / GIB:.2f} GiB per device ({parts}) but a device "
-            f"of its mesh has {free / GIB:.2f} GiB free; refused before running it (a device that runs out of memory "
-            "inside a multi-device program can hang the others; EARL_MEMORY_CHECK=0 skips this check)")
+        raise ProgramMemoryError(f"RESOURCE_EXHAUSTED: out of memory: {what} needs {need / GIB:.2f} GiB per device "
+                                 f"({parts}) but a device of its mesh has {free / GIB:.2f} GiB free; {why}")
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    if (block := largest_free_block(devices)) is not None and temp > block:
+        raise ProgramMemoryError(f"RESOURCE_EXHAUSTED: out of memory: {what} needs one {temp / GIB:.2f} GiB buffer of "
+                                 f"temporaries per device but the largest free block of a device of its mesh is "
+                                 f"{block / GIB:.2f} GiB ({free / GIB:.2f} GiB free in all: fragmented); {why}")

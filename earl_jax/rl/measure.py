@@ -110,13 +110,20 @@ class RealMeasure:
         step = run.jit("train", train_stage, donate=(0, 1), graphdef=graphdef, optimizer=optimizer,
                        loss_cfg=LossConfig(algorithm="grpo"), micro_batches=micro.count, shards=micro.shards,
                        chunk=layout.logprob_chunk)
-        state = [jax.tree.map(jnp.copy, params), jax.jit(optimizer.init)(params)]  # the cached params survive
+        # The step donates the weights it updates: the cached ones go in and the updated ones come back to the
+        # cache (as good for timing), so the cell holds one float32 copy as the trainer does. A copy kept beside
+        # them was 12 GiB per device for a replicated 3B the memory model does not count (call 60: d4f1t1 at 32K
+        # ran out of memory by 18 GiB of temporaries on top of it).
+        del self._models[("train", layout.mesh)]
+        state = [params, jax.jit(optimizer.init)(params)]
+        del params
 
         def once():
             state[0], state[1], metrics = step(state[0], state[1], batch)
             return metrics["loss"]
 
         seconds = self._timed(once)
+        self._models[("train", layout.mesh)] = (run.mesh, graphdef, state[0])
         del state
         return num_responses * context_len / seconds / layout.mesh.size
 
