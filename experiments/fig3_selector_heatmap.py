@@ -106,7 +106,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--decode-steps", type=int, default=None, help="real rollout measure: new tokens per cell")
     p.add_argument("--measure-repeats", type=int, default=2)
     p.add_argument("--continue-table", type=Path, default=None,
-                   help="real measure: a profile table an earlier call saved; only its missing context rows are measured")
+                   help="real measure: a profile table an earlier call saved; only its missing cells are measured "
+                        "(a cell it names as pending, where that call died, is recorded 'hung'); the --remeasure "
+                        "pass goes on from --save-remeasure-table likewise when that file exists")
+    p.add_argument("--cell-timeout", type=float, default=None,
+                   help="real measure: end the process (exit code 75, tables saved) when one cell takes longer than "
+                        "this many seconds; run it again with --continue-table to record the cell 'hung' and go on")
     p.add_argument("--remeasure-budget", type=float, default=None,
                    help="real measure: like --time-budget, for the --remeasure pass")
     p.add_argument("--time-budget", type=float, default=None,
@@ -176,7 +181,7 @@ def measure_table(memory: MemoryModel, args, n_dev: int, kind: str, stages: tupl
         measure = _Logged(measure, label)
     return profile_rows(memory, measure, contexts=args.contexts, responses=args.responses, stages=stages,
                         num_devices=n_dev, device_kind=kind, tensors=tensors, table=table, save=save,
-                        time_budget=time_budget, progress=not args.no_progress)
+                        time_budget=time_budget, progress=not args.no_progress, cell_timeout_s=args.cell_timeout)
 
 
 def _with(args: argparse.Namespace, **kw) -> argparse.Namespace:
@@ -395,9 +400,7 @@ def main(argv=None) -> dict:
         previous = None
         if args.continue_table is not None:  # rows measured by an earlier call on the same kind of machine
             previous = load_table(args.continue_table, device_count=n_dev, model_name=cfg.name, device_kind=kind)
-        todo = [c for c in args.contexts if previous is None or c not in previous.context_lens(args.stage)]
-        table = measure_table(memory, _with(args, contexts=todo),
-                              n_dev, kind, (args.stage,), args.tps, table=previous,
+        table = measure_table(memory, args, n_dev, kind, (args.stage,), args.tps, table=previous,
                               save=args.save_table, time_budget=args.time_budget, label="first")
         table.meta.update(synthetic=False, budget_bytes=budget)
         if args.save_table:
@@ -422,7 +425,11 @@ def main(argv=None) -> dict:
                                      progress=not args.no_progress)
         else:
             # Same order as the first pass; rows the budget cuts here stay in the figure but are not scored.
-            eval_table = measure_table(memory, args, n_dev, table.device_kind, (args.stage,), args.tps,
+            again = None  # the second pass of a call that ended in a hung cell goes on where it stopped
+            if args.continue_table is not None and args.save_remeasure_table and args.save_remeasure_table.exists():
+                again = load_table(args.save_remeasure_table, device_count=n_dev, model_name=cfg.name,
+                                   device_kind=table.device_kind)
+            eval_table = measure_table(memory, args, n_dev, table.device_kind, (args.stage,), args.tps, table=again,
                                        save=args.save_remeasure_table, time_budget=args.remeasure_budget,
                                        label="second")
             eval_table.meta.update(synthetic=False, budget_bytes=budget)

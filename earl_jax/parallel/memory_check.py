@@ -7,12 +7,12 @@ fallback nor the profile's out-of-memory cells ever see an error. Once compiled,
 per device (`memory_analysis()`: temporaries and outputs, less the outputs that reuse donated arguments), and the
 allocator knows what is free, so a program that cannot fit is refused with an out-of-memory error before any device
 starts it. XLA's GPU runtime takes a program's temporaries as one buffer, so they must also fit the largest free
-block where the allocator reports it (a fragmented pool: call 60's 18 GiB temporary failed with more than that
-free in all). A program that fits by these numbers can still fail (NCCL's scratch outside XLA's pool): the check
-catches the certain cases only. It did not catch the case that motivated it: rerun with the check,
-Fig. 3's 3B train stage hung the same way (call 58), so that allocation was outside the stage programs' first
-calls or not foreseeable from XLA's sizes; the likelier cause, found afterwards, was the measure itself keeping
-the previous mesh's train model resident (`rl/measure.py` keeps one now).
+block where the allocator reports it (a fragmented pool can have the total free and no block for them). A program
+that fits by these numbers can still fail (NCCL's scratch outside XLA's pool): the check catches the certain cases
+only. With the check on, Fig. 3's 3B train stage still ran out of memory and hung (calls
+58 and 61; the log does not say whether the check ran and passed or what it saw): the measure held memory no plan
+counts (every mesh's model, then a second float32 copy of the weights; `rl/measure.py` holds one now), and call
+61's failing allocation was the program's 18 GiB of temporaries, one buffer. Neither change has run on a GPU yet.
 
 Off where devices report no memory limit (CPU) and with EARL_MEMORY_CHECK=0.
 """

@@ -23,8 +23,12 @@ import datetime
 import gc
 import inspect
 import json
+import logging
 import math
+import os
 import re
+import sys
+import threading
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -35,8 +39,15 @@ from earl_jax.parallel.memory import MemoryModel, candidate_meshes
 from earl_jax.parallel.plan import StageLayout
 from earl_jax.sharding.mesh import STAGES, MeshShape
 
+log = logging.getLogger(__name__)
+
 SCHEMA_VERSION = 1
 OK, OOM, INFEASIBLE = "ok", "oom", "infeasible"
+# A cell whose process was ended while measuring it (run_profile's cell_timeout_s, or killed from outside): with one
+# process driving several GPUs, an out-of-memory on one device can leave the others waiting in a collective forever
+# (Fig. 3's 3B train stage on 4 H100s: NOTES.md calls 57, 58, 61), so such a cell never raises. Never chosen.
+HUNG = "hung"
+HUNG_EXIT = 75  # the exit code of a process its cell watchdog ended (EX_TEMPFAIL: run it again to go on)
 
 Measure = Callable[[str, MeshShape, int, int], float]
 
@@ -67,7 +78,7 @@ class ProfileEntry:
     context_len: int
     num_responses: int
     tgs: float | None  # tokens per device per second; None unless status == "ok"
-    status: str = OK  # ok | oom | infeasible
+    status: str = OK  # ok | oom | infeasible | hung
     micro_batch: int | None = None
     logprob_chunk: int | None = None
 
@@ -190,10 +201,16 @@ def run_profile(memory: MemoryModel, measure: Measure, *, num_devices: int | Non
                 context_lens: Sequence[int], response_counts: Sequence[int],
                 stages: Iterable[str] = STAGES, meshes: dict[str, Sequence[MeshShape]] | None = None,
                 device_kind: str | None = None, table: ProfileTable | None = None,
-                progress: bool = True, console=None) -> ProfileTable:
+                progress: bool = True, console=None, save: Path | None = None,
+                cell_timeout_s: float | None = None) -> ProfileTable:
     """Measure every stage x candidate x context x response count; skip (record "infeasible") what the
     memory model rejects, record "oom" when `measure` runs out of memory. Entries already present in
-    `table` (a resumed profile) are not measured again. Returns the (new or extended) table."""
+    `table` (a resumed profile) are not measured again. Returns the (new or extended) table.
+
+    With `save`, the table is written before and after every cell, the cell being measured named in
+    meta["pending"]: a process that dies in a cell leaves it there, and the next run_profile on that table records
+    it "hung" and goes on. `cell_timeout_s` ends this process (exit code HUNG_EXIT, after saving) when one cell takes
+    longer: a hung multi-GPU program cannot be interrupted from Python, only left."""
     num_devices = num_devices or jax.device_count()
     cfg: ModelConfig = memory.cfg
     if table is None:
@@ -201,6 +218,11 @@ def run_profile(memory: MemoryModel, measure: Measure, *, num_devices: int | Non
     else:
         table.check_compatible(device_kind, num_devices, cfg.name)
     stages = list(stages)
+    if (pending := table.meta.pop("pending", None)) is not None:  # the last process died measuring this cell
+        stage, mesh, ctx, n = pending
+        table.add(ProfileEntry(stage, MeshShape.parse(mesh), int(ctx), int(n), None, HUNG))
+        table.meta.setdefault("hung", []).append(pending)
+        log.warning("profile: %s %s ctx %s n %s did not finish in the last run: recorded %r", stage, mesh, ctx, n, HUNG)
     jobs = []
     for stage in stages:
         cands = list(meshes[stage]) if meshes and stage in meshes else candidate_meshes(cfg, num_devices, stage)
@@ -212,6 +234,24 @@ def run_profile(memory: MemoryModel, measure: Measure, *, num_devices: int | Non
     pass_layout = _accepts_layout(measure)
 
     def one(stage, mesh, ctx, n):
+        if save is None:
+            return measure_one(stage, mesh, ctx, n)
+        table.meta["pending"] = [stage, str(mesh), ctx, n]
+        table.save(save)
+        watchdog = None
+        if cell_timeout_s is not None:
+            watchdog = threading.Timer(cell_timeout_s, _give_up, (f"{stage} {mesh} ctx {ctx} n {n}", cell_timeout_s))
+            watchdog.daemon = True
+            watchdog.start()
+        try:
+            return measure_one(stage, mesh, ctx, n)
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+            table.meta.pop("pending", None)
+            table.save(save)
+
+    def measure_one(stage, mesh, ctx, n):
         fit = memory.choose(stage, mesh, ctx, n)
         if fit is None:
             table.add(ProfileEntry(stage, mesh, ctx, n, None, INFEASIBLE))
@@ -246,6 +286,14 @@ def run_profile(memory: MemoryModel, measure: Measure, *, num_devices: int | Non
             res = one(stage, mesh, ctx, n)
             bar.update(task, advance=1, description=f"{stage} {mesh} ctx {ctx} n {n}: {res}")
     return table
+
+
+def _give_up(cell: str, seconds: float) -> None:
+    """The cell watchdog: the table on disk names the cell as pending; end the process so a new one can go on."""
+    print(f"profile: {cell} did not finish in {seconds:.0f} s (a device out of memory inside a multi-device program "
+          f"can leave the others waiting); ending this process with exit code {HUNG_EXIT}: run again with the saved "
+          "table to record the cell as hung and go on", file=sys.stderr, flush=True)
+    os._exit(HUNG_EXIT)
 
 
 # ---- an analytic stand-in for `measure` (tests, --synthetic figures) ----------------------------

@@ -38,7 +38,7 @@ from typing import Any, Literal, Mapping, Sequence
 from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.memory import MemoryConfig, MemoryModel, candidate_meshes, mesh_problem
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
-from earl_jax.parallel.profile import OK, OOM, ProfileTable
+from earl_jax.parallel.profile import HUNG, OK, OOM, ProfileTable
 from earl_jax.sharding.mesh import STAGES, MeshShape
 
 log = logging.getLogger(__name__)
@@ -244,8 +244,8 @@ class ParallelismSelector:
             tgs = None
             if tctx is not None:
                 e = self.table.get(stage, mesh, tctx, tn)
-                if e is not None and e.status == OOM:
-                    continue  # measured out of memory at this bucket
+                if e is not None and e.status in (OOM, HUNG):
+                    continue  # measured out of memory at this bucket, or never finished there
                 tgs = e.tgs if e is not None and e.status == OK else None
             fit = self.memory.choose(stage, mesh, ctx, n, self.micro_batch_caps.get((stage, mesh, bucket)),
                                      extends=stats.extends)

@@ -198,9 +198,11 @@ class RealMeasure:
 def profile_rows(memory: MemoryModel, measure: RealMeasure, *, contexts: Sequence[int], responses: Sequence[int],
                  stages: Sequence[str], num_devices: int, device_kind: str, tensors: Sequence[int] | None = None,
                  table: ProfileTable | None = None, save: Path | None = None, time_budget: float | None = None,
-                 progress: bool = True) -> ProfileTable:
-    """Profile with `measure`, one context row at a time (in the given order), the table saved after each row;
-    rows not started within `time_budget` seconds are left out (table.meta["contexts_cut"])."""
+                 progress: bool = True, cell_timeout_s: float | None = None) -> ProfileTable:
+    """Profile with `measure`, one context row at a time (in the given order), the table saved after each cell
+    (`run_profile`'s `save`: a cell that hangs is recorded "hung" by the next run on the saved table, and
+    `cell_timeout_s` ends a process stuck in one); rows not started within `time_budget` seconds are left out
+    (table.meta["contexts_cut"]); cells a saved table already has are not measured again."""
     meshes = {st: [m for m in candidate_meshes(memory.cfg, num_devices, st) if tensors is None or m.tensor in tensors]
               for st in stages}
     start = time.perf_counter()
@@ -211,8 +213,9 @@ def profile_rows(memory: MemoryModel, measure: RealMeasure, *, contexts: Sequenc
             cut.append(ctx)
             continue
         table = run_profile(memory, measure, num_devices=num_devices, context_lens=[ctx], response_counts=responses,
-                            stages=stages, meshes=meshes, device_kind=device_kind, table=table, progress=progress)
-        done.append(ctx)
+                            stages=stages, meshes=meshes, device_kind=device_kind, table=table, progress=progress,
+                            save=save, cell_timeout_s=cell_timeout_s)
+        done = [c for c in done if c != ctx] + [ctx]
         table.meta.update(measure="RealMeasure", decode_steps=measure.decode_steps, contexts_measured=done,
                           contexts_cut=cut, seconds=round(time.perf_counter() - start, 1))
         if save is not None:

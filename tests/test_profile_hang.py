@@ -1,0 +1,69 @@
+"""A profile cell that never finishes (one GPU out of memory, the others waiting in a collective) is left by its
+process and recorded "hung" by the next one, which goes on; the selector never picks it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from earl_jax.models.config import get_config
+from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel
+from earl_jax.parallel.profile import HUNG, HUNG_EXIT, OK, ProfileTable, run_profile
+from earl_jax.parallel.selector import ParallelismSelector, SelectorConfig
+from earl_jax.parallel.plan import ContextStats
+from earl_jax.sharding.mesh import MeshShape
+
+ROOT = Path(__file__).resolve().parents[1]
+STUCK = MeshShape(8, 1, 1)  # the layout whose cell "hangs" in the child process
+
+
+def _memory():
+    return MemoryModel(get_config("tiny"), MemoryConfig(budget_bytes=4 * GiB))
+
+
+def test_a_stuck_cell_ends_its_process_and_the_next_run_records_it_hung(tmp_path):
+    path = tmp_path / "table.json"
+    child = textwrap.dedent(f"""
+        import time
+        from earl_jax.models.config import get_config
+        from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel
+        from earl_jax.parallel.profile import run_profile
+        from earl_jax.sharding.mesh import MeshShape
+
+        def measure(stage, mesh, ctx, n):
+            if mesh == MeshShape.parse("{STUCK}"):
+                time.sleep(600)  # a hang: only the watchdog ends it
+            return 100.0
+
+        mm = MemoryModel(get_config("tiny"), MemoryConfig(budget_bytes=4 * GiB))
+        run_profile(mm, measure, num_devices=8, context_lens=[64], response_counts=[8], stages=["rollout"],
+                    device_kind="cpu", progress=False, save="{path}", cell_timeout_s=2.0)
+    """)
+    done = subprocess.run([sys.executable, "-c", child], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == HUNG_EXIT, done.stderr[-2000:]
+    assert "did not finish in 2 s" in done.stderr
+    saved = ProfileTable.load(path)
+    assert saved.meta["pending"] == ["rollout", str(STUCK), 64, 8]  # named on disk before the cell started
+
+    calls = []
+    table = run_profile(_memory(), lambda s, m, c, n: calls.append(m) or 100.0, num_devices=8, context_lens=[64],
+                        response_counts=[8], stages=["rollout"], device_kind="cpu", progress=False, table=saved,
+                        save=path)
+    assert table.get("rollout", STUCK, 64, 8).status == HUNG and STUCK not in calls  # recorded, not run again
+    assert "pending" not in ProfileTable.load(path).meta and ProfileTable.load(path).meta["hung"]
+    others = [e for (st, m, *_), e in table.entries.items() if m != STUCK]
+    assert others and all(e.status == OK for e in others)  # the rest of the row was measured
+
+    selector = ParallelismSelector(get_config("tiny"), 8, memory=_memory(), table=table, device_kind="cpu",
+                                   config=SelectorConfig(stages=("rollout",), bucket_edges=(64,), smoothing="none"))
+    ranked = [layout.mesh for layout, _ in selector.ranked_layouts("rollout", 64, ContextStats(60, 60, 8))]
+    assert ranked and STUCK not in ranked  # not even as the last fallback after out-of-memory errors elsewhere
+
+
+def test_without_save_nothing_is_written_and_no_watchdog_runs(tmp_path):
+    table = run_profile(_memory(), lambda *a: 1.0, num_devices=8, context_lens=[64], response_counts=[8],
+                        stages=["rollout"], device_kind="cpu", progress=False, cell_timeout_s=0.001)
+    assert all(e.status == OK for e in table.entries.values()) and "pending" not in table.meta
+    assert not list(tmp_path.iterdir())
