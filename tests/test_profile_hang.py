@@ -43,7 +43,7 @@ def test_a_stuck_cell_ends_its_process_and_the_next_run_records_it_hung(tmp_path
     """)
     done = subprocess.run([sys.executable, "-c", child], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == HUNG_EXIT, done.stderr[-2000:]
-    assert "did not finish in 2 s" in done.stderr
+    assert "profile cell rollout d8f1t1 ctx 64 n 8 made no progress for 2 s" in done.stderr
     saved = ProfileTable.load(path)
     assert saved.meta["pending"] == ["rollout", str(STUCK), 64, 8]  # named on disk before the cell started
 

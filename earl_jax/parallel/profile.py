@@ -25,10 +25,7 @@ import inspect
 import json
 import logging
 import math
-import os
 import re
-import sys
-import threading
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -38,6 +35,7 @@ from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.memory import MemoryModel, candidate_meshes
 from earl_jax.parallel.plan import StageLayout
 from earl_jax.sharding.mesh import STAGES, MeshShape
+from earl_jax.watchdog import EXIT_CODE, Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +45,7 @@ OK, OOM, INFEASIBLE = "ok", "oom", "infeasible"
 # process driving several GPUs, an out-of-memory on one device can leave the others waiting in a collective forever
 # (Fig. 3's 3B train stage on 4 H100s: NOTES.md calls 57, 58, 61), so such a cell never raises. Never chosen.
 HUNG = "hung"
-HUNG_EXIT = 75  # the exit code of a process its cell watchdog ended (EX_TEMPFAIL: run it again to go on)
+HUNG_EXIT = EXIT_CODE  # the exit code of a process its cell watchdog ended: run it again to go on
 
 Measure = Callable[[str, MeshShape, int, int], float]
 
@@ -238,16 +236,11 @@ def run_profile(memory: MemoryModel, measure: Measure, *, num_devices: int | Non
             return measure_one(stage, mesh, ctx, n)
         table.meta["pending"] = [stage, str(mesh), ctx, n]
         table.save(save)
-        watchdog = None
-        if cell_timeout_s is not None:
-            watchdog = threading.Timer(cell_timeout_s, _give_up, (f"{stage} {mesh} ctx {ctx} n {n}", cell_timeout_s))
-            watchdog.daemon = True
-            watchdog.start()
         try:
-            return measure_one(stage, mesh, ctx, n)
+            with Watchdog(cell_timeout_s, f"profile cell {stage} {mesh} ctx {ctx} n {n}",
+                          hint="run again with the saved table to record the cell 'hung' and go on"):
+                return measure_one(stage, mesh, ctx, n)
         finally:
-            if watchdog is not None:
-                watchdog.cancel()
             table.meta.pop("pending", None)
             table.save(save)
 
@@ -286,14 +279,6 @@ def run_profile(memory: MemoryModel, measure: Measure, *, num_devices: int | Non
             res = one(stage, mesh, ctx, n)
             bar.update(task, advance=1, description=f"{stage} {mesh} ctx {ctx} n {n}: {res}")
     return table
-
-
-def _give_up(cell: str, seconds: float) -> None:
-    """The cell watchdog: the table on disk names the cell as pending; end the process so a new one can go on."""
-    print(f"profile: {cell} did not finish in {seconds:.0f} s (a device out of memory inside a multi-device program "
-          f"can leave the others waiting); ending this process with exit code {HUNG_EXIT}: run again with the saved "
-          "table to record the cell as hung and go on", file=sys.stderr, flush=True)
-    os._exit(HUNG_EXIT)
 
 
 # ---- an analytic stand-in for `measure` (tests, --synthetic figures) ----------------------------

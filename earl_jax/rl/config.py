@@ -20,6 +20,10 @@ class RLConfig:
     run_dir: str = _f("runs/connect4", "folder for config, metrics, checkpoints and plots")
     resume: bool = _f(False, "continue from the newest checkpoint in --run-dir")
     max_minutes: float = _f(0.0, "stop after this many minutes of wall time (0: no limit); a checkpoint is written")
+    stall_minutes: float = _f(30.0, "end the process (exit code 75; resume with --resume) when no iteration or "
+                                    "evaluation finishes for this many minutes: a device out of memory inside a "
+                                    "multi-device program can leave the others waiting forever (earl_jax/watchdog.py); "
+                                    "0: off")
     gc_every: int = _f(0, "Python garbage collection: 0 = automatic; N > 0 = automatic collection off, a full "
                           "collection every N iterations on every process at once, its survivors frozen "
                           "(earl_jax/rl/gc_control.py: one process's pause stalls the others in a multi-process job)")
@@ -188,7 +192,7 @@ class RLConfig:
                      "ppo_epochs", "micro_batch_tokens", "logprob_chunk", "eval_games"):
             need(getattr(self, name) > 0, name, "must be positive")
         for name in ("warmup_steps", "format_warmup_steps", "eval_every", "checkpoint_every", "invalid_retries",
-                     "rollout_groups", "top_k", "max_minutes", "kl_coef", "entropy_coef", "weight_decay",
+                     "rollout_groups", "top_k", "max_minutes", "stall_minutes", "kl_coef", "entropy_coef", "weight_decay",
                      "keep_checkpoints", "format_warmup_games", "gc_every", "new_widths_per_iteration"):
             need(getattr(self, name) >= 0, name, "must be >= 0")
         need(self.temperature > 0, "temperature", "must be > 0")

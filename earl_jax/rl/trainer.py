@@ -65,6 +65,7 @@ from earl_jax.rollout.policy import SamplerPolicy
 from earl_jax.rollout.process_split import RowView, allgather_rows, gather_trajectories, process_block
 from earl_jax.rollout.sampler import (DEFAULT_CACHE_BUCKETS, Sampler, SamplingConfig, cast_weights,
                                       geometric_cache_buckets)
+from earl_jax.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -667,12 +668,15 @@ class Trainer:
         history = []
         last_eval: dict[str, float] = {}
         # a live bar in a terminal; elsewhere (logs, CI) one plain line per phase and iteration instead
+        dog = Watchdog(cfg.stall_minutes * 60, f"training in {self.run_dir}", on_fire=self.logger.close,
+                       hint=f"the newest checkpoint is in {self.run_dir / 'checkpoints'}: run again with --resume")
         with Progress(cfg.steps, enabled=cfg.progress and self.is_main and sys.stderr.isatty()) as bar, \
-                self._gc, manual_gc(cfg.gc_every), StartupPause(cfg.gc_every == 0) as startup:
+                self._gc, manual_gc(cfg.gc_every), StartupPause(cfg.gc_every == 0) as startup, dog:
             warmup = self.step == 0 and cfg.format_warmup_steps > 0
             if warmup and cfg.constrain_moves:
                 log.info("format warm-up skipped: constrained moves (--constrain-moves) have no answer format to learn")
                 warmup = False
+            dog.beat("the start: format warm-up or the first evaluation")
             if warmup:
                 bar.status("format warm-up (random legal moves)")
                 with phase(f"format warm-up: {cfg.format_warmup_steps} supervised steps on random legal games"):
@@ -688,6 +692,7 @@ class Trainer:
                 if stop_after is not None and len(history) >= stop_after:
                     return history
                 bar.status(f"iteration {self.step + 1}")
+                dog.beat(f"iteration {self.step + 1}")
                 record = self.iteration()
                 t_gc = time.perf_counter()
                 startup.end()  # the collector back on after the first iteration (time/gc_s counts its collection)
@@ -704,6 +709,7 @@ class Trainer:
                 out_of_time = cfg.max_minutes and (time.perf_counter() - start) / 60 > cfg.max_minutes
                 evaluated = bool((cfg.eval_every and self.step % cfg.eval_every == 0) or last_step or out_of_time)
                 if evaluated:
+                    dog.beat(f"the evaluation after iteration {self.step}")
                     last_eval = self._evaluate_logged(bar)
                 record.update(last_eval)  # carried between evaluations; eval/fresh marks a new one
                 record["eval/fresh"] = evaluated
@@ -719,6 +725,7 @@ class Trainer:
                              record["time/experience_s"], record["time/train_s"], record["parallel/rollout_mesh"],
                              record["parallel/experience_mesh"], record["parallel/train_mesh"])
                 if (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0) or last_step or out_of_time:
+                    dog.beat(f"the checkpoint after iteration {self.step}")
                     self.save()
                 if out_of_time:
                     break
