@@ -184,10 +184,6 @@ def measure_table(memory: MemoryModel, args, n_dev: int, kind: str, stages: tupl
                         time_budget=time_budget, progress=not args.no_progress, cell_timeout_s=args.cell_timeout)
 
 
-def _with(args: argparse.Namespace, **kw) -> argparse.Namespace:
-    return argparse.Namespace(**{**vars(args), **kw})
-
-
 def _compile_cache() -> None:
     """Persistent compilation cache: the --remeasure pass (and reruns) reuse the first pass's programs.
     A cache the caller already configured (e.g. the test suite's) wins; $EARL_JAX_CACHE still names one."""

@@ -112,7 +112,7 @@ class RealMeasure:
                        chunk=layout.logprob_chunk)
         # The step donates the weights it updates: the cached ones go in and the updated ones come back to the
         # cache (as good for timing), so the cell holds one float32 copy as the trainer does. A copy kept beside
-        # them was 12 GiB per device for a replicated 3B the memory model does not count (call 60: d4f1t1 at 32K
+        # them was 12 GiB per device for a replicated 3B the memory model does not count (call 61: d4f1t1 at 32K
         # ran out of memory by 18 GiB of temporaries on top of it).
         del self._models[("train", layout.mesh)]
         state = [params, jax.jit(optimizer.init)(params)]
