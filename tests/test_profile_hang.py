@@ -3,6 +3,7 @@ process and recorded "hung" by the next one, which goes on; the selector never p
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -43,7 +44,7 @@ def test_a_stuck_cell_ends_its_process_and_the_next_run_records_it_hung(tmp_path
     """)
     done = subprocess.run([sys.executable, "-c", child], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == HUNG_EXIT, done.stderr[-2000:]
-    assert "profile cell rollout d8f1t1 ctx 64 n 8 made no progress for 2 s" in done.stderr
+    assert re.search(r"profile cell rollout d8f1t1 ctx 64 n 8 made no progress for \d+ s", done.stderr)
     saved = ProfileTable.load(path)
     assert saved.meta["pending"] == ["rollout", str(STUCK), 64, 8]  # named on disk before the cell started
 
