@@ -239,8 +239,9 @@ def compute_heatmap(table: ProfileTable, memory: MemoryModel, *, stage: str, tp_
             cell = {"context_len": ctx, "num_responses": n, "tgs_a": a, "tgs_b": b,
                     "mesh_a": str(ma) if ma else None, "mesh_b": str(mb) if mb else None,
                     "oom_a": a is None, "oom_b": b is None,
-                    # why a side has no number: "oom" (ran out of memory when measured), "infeasible" (the
-                    # memory model rejected it, so it was never run), "missing" (not measured)
+                    # why a side has no number: "oom" (ran out of memory when measured), "hung" (its process was
+                    # ended in it, profile.HUNG), "infeasible" (the memory model rejected it, so it was never run),
+                    # "missing" (not measured)
                     "status_a": _status(table, stage, ctx, n, tp_a), "status_b": _status(table, stage, ctx, n, tp_b),
                     "speedup_pct": (b - a) / a * 100 if a is not None and b is not None else None}
             sel = ParallelismSelector(memory.cfg, n_dev, memory=memory, table=table,
@@ -319,7 +320,7 @@ def _draw_pair(fig, axes, result: dict) -> None:
         for j, n in enumerate(ress):
             c = by[(ctx, n)]
             if c["oom_a"] or c["oom_b"]:  # measured OOM, or "no fit": the memory model ruled it out unrun
-                word = {"infeasible": "no fit", "missing": "n/a"}
+                word = {"infeasible": "no fit", "missing": "n/a", "hung": "hung"}
                 txt = " / ".join(f"TP{t} {word.get(c.get(k), 'OOM')}" for t, o, k in
                                  ((a, c["oom_a"], "status_a"), (b, c["oom_b"], "status_b")) if o)
             else:
