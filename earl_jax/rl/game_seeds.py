@@ -17,13 +17,15 @@ from typing import Literal, Sequence
 
 import numpy as np
 
+from earl_jax.envs.vector.env import seed_draws
+
 GroupSeeds = Literal["shared", "per_game"]
 
 
 def seat_of_seed(seed: int) -> int:
     """The seat OpenSpielTextEnv.reset(seed=seed) draws (0: the agent moves first) when its config leaves it
-    to chance: gymnasium's np_random(seed), first draw (the vector env mirrors the same draws)."""
-    return int(np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed))).integers(2))
+    to chance, as the vector env reproduces it (cached there: the env's reset finds the chosen seeds' draws)."""
+    return seed_draws(int(seed), True)[0]
 
 
 def game_seeds(group_seeds: Sequence[int], group_size: int, mode: GroupSeeds = "shared",

@@ -32,7 +32,7 @@ _RESULTS = {AGENT_WINS: "win", OPPONENT_WINS: "loss", DRAW: "draw"}
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _seed_draws(seed: int, draw_agent: bool) -> tuple[int | None, int, int]:
+def seed_draws(seed: int, draw_agent: bool) -> tuple[int | None, int, int]:
     """What OpenSpielTextEnv.reset(seed=seed) draws from gymnasium's np_random, in its order:
     (agent_player or None, opponent seed, chance seed). Cached: a GRPO group shares one seed, and
     building the Generator is most of a reset's cost (~20 us)."""
@@ -84,7 +84,7 @@ class VectorTextEnv:
         self.legal = np.zeros((n, self.num_actions), bool)
         self.live = np.zeros(n, bool)  # reset and not finished
         # Per game, what gymnasium's np_random would be after the last reset: the seed (Generator not
-        # built yet: see _seed_draws), a Generator, or None (never reset). Only seed=None reads it.
+        # built yet: see seed_draws), a Generator, or None (never reset). Only seed=None reads it.
         self._np_random: list[int | np.random.Generator | None] = [None] * n
 
     # ---- reset --------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ class VectorTextEnv:
         """Game i's (agent_player or None, opponent seed, chance seed), as the reference draws them."""
         if seed is not None:
             self._np_random[i] = int(seed)
-            return _seed_draws(int(seed), self._draw_agent)
+            return seed_draws(int(seed), self._draw_agent)
         state = self._np_random[i]  # gymnasium: keep the current Generator (a fresh random one if none)
         if state is None:
             state = seeding.np_random(None)[0]
