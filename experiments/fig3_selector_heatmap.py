@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import math
 import os
 import random
@@ -357,6 +358,9 @@ def load_table(path: Path, **check) -> ProfileTable:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.gpu or args.gpu4:  # the pre-run memory check's numbers per program: what an out-of-memory cell saw
+        logging.basicConfig(format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+        logging.getLogger("earl_jax.parallel.memory_check").setLevel(logging.INFO)
     model = args.model or (args.table and load_table(args.table).model_name) or "qwen2.5-72b"
     cfg = get_config(model)
     synthetic = args.synthetic

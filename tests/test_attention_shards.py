@@ -35,9 +35,24 @@ def test_per_shard_attention_equals_the_whole(mesh, stage, kv):
     np.testing.assert_allclose(np.asarray(out), np.asarray(_xla(q, k, v)), rtol=1e-5, atol=1e-5)
 
 
-def test_per_shard_declines_when_kv_heads_are_replicated_but_query_heads_split():
-    q = jnp.zeros((8, 16, 8, 16))
-    k = jnp.zeros((8, 16, 2, 16))  # 2 kv heads on tensor 4: replicated; 8 query heads: split
-    with use_mesh_rules(make_mesh(MeshShape.parse("d2f1t4")), STAGE_RULES["experience"]):
-        assert _per_shard(q, k, k, fn=_xla) is None
-    assert _per_shard(q, k, k, fn=_xla) is None  # no rules active
+def test_per_shard_repeats_replicated_kv_heads_when_query_heads_are_split():
+    """tensor 4 over 2 kv heads (3B on TP4): kv replicated, queries split; cuDNN needs both split alike."""
+    b, t, n, h = 8, 16, 8, 16
+    keys = jax.random.split(jax.random.key(1), 3)
+    q = jax.random.normal(keys[0], (b, t, n, h))
+    k, v = (jax.random.normal(kk, (b, t, 2, h)) for kk in keys[1:])
+    jmesh = make_mesh(MeshShape.parse("d2f1t4"))
+    seen = []
+
+    def kernel(q, k, v):  # what each shard's kernel gets: its own query heads and as many kv heads
+        seen.append((q.shape, k.shape))
+        return _xla(q, k, v)
+
+    @jax.jit
+    def run(q, k, v):
+        with use_mesh_rules(jmesh, STAGE_RULES["experience"]):
+            return _per_shard(q, k, v, fn=kernel)
+
+    np.testing.assert_allclose(np.asarray(run(q, k, v)), np.asarray(_xla(q, k, v)), rtol=1e-5, atol=1e-5)
+    assert seen and seen[0] == ((b // 2, t, n // 4, h), (b // 2, t, n // 4, h))
+    assert _per_shard(q, k, v, fn=_xla) is None  # no rules active: the caller's global call

@@ -47,6 +47,7 @@ def test_a_stuck_cell_ends_its_process_and_the_next_run_records_it_hung(tmp_path
     assert re.search(r"profile cell rollout d8f1t1 ctx 64 n 8 made no progress for \d+ s", done.stderr)
     saved = ProfileTable.load(path)
     assert saved.meta["pending"] == ["rollout", str(STUCK), 64, 8]  # named on disk before the cell started
+    assert saved.meta["timed_out"] == saved.meta["pending"]  # and marked by the watchdog as it left
 
     calls = []
     table = run_profile(_memory(), lambda s, m, c, n: calls.append(m) or 100.0, num_devices=8, context_lens=[64],
@@ -68,3 +69,26 @@ def test_without_save_nothing_is_written_and_no_watchdog_runs(tmp_path):
                         stages=["rollout"], device_kind="cpu", progress=False, cell_timeout_s=0.001)
     assert all(e.status == OK for e in table.entries.values()) and "pending" not in table.meta
     assert not list(tmp_path.iterdir())
+
+
+def test_a_cell_cut_from_outside_is_measured_again_once_then_recorded_hung(tmp_path):
+    """A process killed by something else than its cell watchdog (a call's time limit) says nothing about the cell:
+    it gets one more try; a cell that ends its process twice is hung."""
+    path = tmp_path / "table.json"
+    cell = ["rollout", str(STUCK), 64, 8]
+    cut = ProfileTable("cpu", 8, "tiny")
+    cut.meta["pending"] = cell  # what a killed process leaves: pending, no timed_out mark
+    calls = []
+    table = run_profile(_memory(), lambda s, m, c, n: calls.append(m) or 100.0, num_devices=8, context_lens=[64],
+                        response_counts=[8], stages=["rollout"], device_kind="cpu", progress=False, table=cut,
+                        save=path)
+    assert STUCK in calls and table.get("rollout", STUCK, 64, 8).status == OK  # measured again
+    assert ProfileTable.load(path).meta["cut"] == [cell] and "hung" not in table.meta
+
+    again = ProfileTable("cpu", 8, "tiny")
+    again.meta.update(pending=cell, cut=[cell])  # cut a second time in the same cell
+    calls.clear()
+    table = run_profile(_memory(), lambda s, m, c, n: calls.append(m) or 100.0, num_devices=8, context_lens=[64],
+                        response_counts=[8], stages=["rollout"], device_kind="cpu", progress=False, table=again,
+                        save=path)
+    assert STUCK not in calls and table.get("rollout", STUCK, 64, 8).status == HUNG

@@ -30,8 +30,10 @@ def _cudnn_attention(q, k, v):
 def _per_shard(q, k, v, fn=_cudnn_attention):
     """cuDNN attention run on each device's own rows and heads (shard_map), when a stage's mesh rules split
     them: what the kernel sees is then plain local arrays, never a partitioning decision for XLA to make about
-    a custom call. None when no rules are active, nothing is split, or the kv heads are replicated while the
-    query heads are split (the local grouping of query heads onto kv heads would not hold)."""
+    a custom call. None when no rules are active or nothing is split. Where the query heads are split and the kv
+    heads replicated (tensor > kv heads: 3B's 2 kv heads on TP4), each kv head is repeated for its query heads first,
+    so both split alike: cuDNN's partitioner refuses q and kv sharded differently (Fig. 3, call 63), and the local
+    grouping of query heads onto kv heads would not hold otherwise."""
     from earl_jax.sharding.context import current_mesh_rules
     from earl_jax.sharding.mesh import logical_to_spec
 
@@ -41,8 +43,12 @@ def _per_shard(q, k, v, fn=_cudnn_attention):
     mesh, rules = ctx
     q_spec = logical_to_spec(("batch", "length", "act_heads", None), rules, mesh, q.shape)
     kv_spec = logical_to_spec(("batch", "length", "act_kv_heads", None), rules, mesh, k.shape)
-    if not any(q_spec) or (len(q_spec) > 2 and q_spec[2] is not None and (len(kv_spec) < 3 or kv_spec[2] is None)):
+    if not any(q_spec):
         return None
+    if len(q_spec) > 2 and q_spec[2] is not None and (len(kv_spec) < 3 or kv_spec[2] is None):
+        group = q.shape[2] // k.shape[2]  # query heads per kv head; each device then holds its heads' own copies
+        k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
+        kv_spec = q_spec
     return jax.shard_map(fn, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec,
                          check_vma=False)(q, k, v)
 

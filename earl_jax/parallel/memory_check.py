@@ -19,6 +19,7 @@ Off where devices report no memory limit (CPU) and with EARL_MEMORY_CHECK=0.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Callable, Iterable
 
@@ -29,6 +30,7 @@ from earl_jax.parallel.memory import device_memory_stats
 __all__ = ["ProgramMemoryError", "free_bytes", "largest_free_block", "program_bytes", "check_fits"]
 
 GIB = 2**30
+log = logging.getLogger(__name__)
 
 
 class ProgramMemoryError(RuntimeError):
@@ -85,7 +87,11 @@ def check_fits(compile_program: Callable[[], Any], devices: Iterable[jax.Device]
         raise ProgramMemoryError(f"RESOURCE_EXHAUSTED: out of memory: {what} needs {need / GIB:.2f} GiB per device "
                                  f"({parts}) but a device of its mesh has {free / GIB:.2f} GiB free; {why}")
     temp = compiled.memory_analysis().temp_size_in_bytes
-    if (block := largest_free_block(devices)) is not None and temp > block:
+    block = largest_free_block(devices)
+    # logged when it passes too: an out-of-memory error after a passed check then shows what the check saw
+    log.info("memory check: %s needs %.2f GiB per device (%s); free %.2f GiB, largest free block %s", what,
+             need / GIB, parts, free / GIB, "not reported" if block is None else f"{block / GIB:.2f} GiB")
+    if block is not None and temp > block:
         raise ProgramMemoryError(f"RESOURCE_EXHAUSTED: out of memory: {what} needs one {temp / GIB:.2f} GiB buffer of "
                                  f"temporaries per device but the largest free block of a device of its mesh is "
                                  f"{block / GIB:.2f} GiB ({free / GIB:.2f} GiB free in all: fragmented); {why}")

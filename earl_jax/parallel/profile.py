@@ -206,9 +206,11 @@ def run_profile(memory: MemoryModel, measure: Measure, *, num_devices: int | Non
     `table` (a resumed profile) are not measured again. Returns the (new or extended) table.
 
     With `save`, the table is written before and after every cell, the cell being measured named in
-    meta["pending"]: a process that dies in a cell leaves it there, and the next run_profile on that table records
-    it "hung" and goes on. `cell_timeout_s` ends this process (exit code HUNG_EXIT, after saving) when one cell takes
-    longer: a hung multi-GPU program cannot be interrupted from Python, only left."""
+    meta["pending"]. `cell_timeout_s` ends this process (exit code HUNG_EXIT) when one cell takes longer, after
+    saving the cell in meta["timed_out"]: a hung multi-GPU program cannot be interrupted from Python, only left. The
+    next run_profile on that table records such a cell "hung" and goes on. A cell left pending otherwise (the
+    process killed from outside, e.g. by a call's time limit: Fig. 3's call 62) is measured once more, and
+    recorded "hung" if that process ends in it too (meta["cut"])."""
     num_devices = num_devices or jax.device_count()
     cfg: ModelConfig = memory.cfg
     if table is None:
@@ -216,11 +218,19 @@ def run_profile(memory: MemoryModel, measure: Measure, *, num_devices: int | Non
     else:
         table.check_compatible(device_kind, num_devices, cfg.name)
     stages = list(stages)
-    if (pending := table.meta.pop("pending", None)) is not None:  # the last process died measuring this cell
+    timed_out = table.meta.pop("timed_out", None)
+    if (pending := table.meta.pop("pending", None)) is not None:  # the last process ended while measuring this cell
         stage, mesh, ctx, n = pending
-        table.add(ProfileEntry(stage, MeshShape.parse(mesh), int(ctx), int(n), None, HUNG))
-        table.meta.setdefault("hung", []).append(pending)
-        log.warning("profile: %s %s ctx %s n %s did not finish in the last run: recorded %r", stage, mesh, ctx, n, HUNG)
+        cut = table.meta.setdefault("cut", [])
+        if pending == timed_out or pending in cut:
+            table.add(ProfileEntry(stage, MeshShape.parse(mesh), int(ctx), int(n), None, HUNG))
+            table.meta.setdefault("hung", []).append(pending)
+            why = "ran past its cell timeout" if pending == timed_out else "was cut twice"
+            log.warning("profile: %s %s ctx %s n %s %s in the last run: recorded %r", stage, mesh, ctx, n, why, HUNG)
+        else:  # not its own watchdog: ended from outside, so nothing says the cell hangs; one more try
+            cut.append(pending)
+            log.warning("profile: %s %s ctx %s n %s was cut in the last run (not by its cell timeout): measuring it "
+                        "again", stage, mesh, ctx, n)
     jobs = []
     for stage in stages:
         cands = list(meshes[stage]) if meshes and stage in meshes else candidate_meshes(cfg, num_devices, stage)
@@ -234,10 +244,15 @@ def run_profile(memory: MemoryModel, measure: Measure, *, num_devices: int | Non
     def one(stage, mesh, ctx, n):
         if save is None:
             return measure_one(stage, mesh, ctx, n)
-        table.meta["pending"] = [stage, str(mesh), ctx, n]
+        cell = table.meta["pending"] = [stage, str(mesh), ctx, n]
         table.save(save)
+
+        def mark_timed_out():  # the watchdog's last act: the next run must know this cell hung, not was cut
+            table.meta["timed_out"] = cell
+            table.save(save)
+
         try:
-            with Watchdog(cell_timeout_s, f"profile cell {stage} {mesh} ctx {ctx} n {n}",
+            with Watchdog(cell_timeout_s, f"profile cell {stage} {mesh} ctx {ctx} n {n}", on_fire=mark_timed_out,
                           hint="run again with the saved table to record the cell 'hung' and go on"):
                 return measure_one(stage, mesh, ctx, n)
         finally:
