@@ -46,6 +46,20 @@ def test_temporaries_must_fit_the_largest_free_block(monkeypatch):
     check_fits(_fake_compiled(18 * GIB, GIB), [], "train/step on d4f1t1")
 
 
+def test_free_memory_is_read_after_compiling(monkeypatch):
+    """Compiling can take device memory itself (autotuning, the executable's buffers): what is free for the program
+    is what is left after its compile."""
+    free = [10 * GIB]
+    monkeypatch.setattr(memory_check, "free_bytes", lambda devices: free[0])
+
+    def compile_taking_memory():
+        free[0] = 4 * GIB  # the compile took 6 GiB
+        return _fake_compiled(5 * GIB, 0)()
+
+    with pytest.raises(ProgramMemoryError, match=r"needs 5.00 GiB .* 4.00 GiB free"):
+        check_fits(compile_taking_memory, [], "train/step on d2f1t2")
+
+
 def test_no_limit_reported_means_no_check():
     # CPU devices report no memory limit: nothing to check against, whatever the program needs
     assert memory_check.free_bytes(jax.devices()) is None

@@ -12,7 +12,10 @@ that fits by these numbers can still fail (NCCL's scratch outside XLA's pool): t
 only. With the check on, Fig. 3's 3B train stage still ran out of memory and hung (calls
 58 and 61; the log does not say whether the check ran and passed or what it saw): the measure held memory no plan
 counts (every mesh's model, then a second float32 copy of the weights; `rl/measure.py` holds one now), and call
-61's failing allocation was the program's 18 GiB of temporaries, one buffer. Neither change has run on a GPU yet.
+61's failing allocation was the program's 18 GiB of temporaries, one buffer. In calls 64-65 (JAX 0.11, 4 x H100) the
+check passed two 3B x 32K train layouts (temporaries 22.0 / 28.0 GiB, 30.6 / 33.5 GiB free, no largest free block
+reported by that runtime) whose temporaries then failed to allocate: the totals are not enough there and the block
+is unknown. It now logs what it saw (INFO) and reads the free memory after compiling, which can take memory itself.
 
 Off where devices report no memory limit (CPU) and with EARL_MEMORY_CHECK=0.
 """
@@ -74,9 +77,12 @@ def check_fits(compile_program: Callable[[], Any], devices: Iterable[jax.Device]
     """Raise ProgramMemoryError when the program `compile_program()` compiles needs more than the least free memory
     of `devices`, or its temporaries more than their largest free block; compiles nothing where no limit is known
     (CPU) or the check is off."""
-    if os.environ.get("EARL_MEMORY_CHECK", "1") == "0" or (free := free_bytes(devices)) is None:
+    devices = list(devices)
+    if os.environ.get("EARL_MEMORY_CHECK", "1") == "0" or free_bytes(devices) is None:
         return
     compiled = compile_program()
+    # read after compiling: compiling (autotuning, the executable's own buffers) can take device memory itself
+    free = free_bytes(devices)
     sized = program_bytes(compiled)
     if sized is None:
         return
