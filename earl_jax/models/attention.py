@@ -32,7 +32,7 @@ def _per_shard(q, k, v, fn=_cudnn_attention):
     them: what the kernel sees is then plain local arrays, never a partitioning decision for XLA to make about
     a custom call. None when no rules are active or nothing is split. Where the query heads are split and the kv
     heads replicated (tensor > kv heads: 3B's 2 kv heads on TP4), each kv head is repeated for its query heads first,
-    so both split alike: cuDNN's partitioner refuses q and kv sharded differently (Fig. 3, call 63), and the local
+    so both split alike: cuDNN's partitioner refuses q and kv sharded differently (Fig. 3, call 64), and the local
     grouping of query heads onto kv heads would not hold otherwise."""
     from earl_jax.sharding.context import current_mesh_rules
     from earl_jax.sharding.mesh import logical_to_spec
