@@ -48,7 +48,7 @@ from earl_jax.models.config import get_config
 from earl_jax.rl.measure import RealMeasure, profile_rows
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel, candidate_meshes
 from earl_jax.sharding.mesh import MeshShape
-from earl_jax.parallel.profile import ProfileTable, SyntheticThroughput, device_slug, run_profile
+from earl_jax.parallel.profile import HUNG, ProfileTable, SyntheticThroughput, device_slug, run_profile
 from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.selector import NoFeasibleLayoutError, ParallelismSelector, SelectorConfig
 
@@ -108,8 +108,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--measure-repeats", type=int, default=2)
     p.add_argument("--continue-table", type=Path, default=None,
                    help="real measure: a profile table an earlier call saved; only its missing cells are measured "
-                        "(a cell it names as pending, where that call died, is recorded 'hung'); the --remeasure "
-                        "pass goes on from --save-remeasure-table likewise when that file exists")
+                        "(a cell its watchdog ended is recorded 'hung'; one cut from outside is measured again); the "
+                        "--remeasure pass goes on from --save-remeasure-table likewise when that file exists")
+    p.add_argument("--retry-hung", action="store_true",
+                   help="with --continue-table: measure the cells it records 'hung' again (after a fix, or under "
+                        "other allocator settings)")
     p.add_argument("--cell-timeout", type=float, default=None,
                    help="real measure: end the process (exit code 75, tables saved) when one cell takes longer than "
                         "this many seconds; run it again with --continue-table to record the cell 'hung' and go on")
@@ -402,6 +405,8 @@ def main(argv=None) -> dict:
         previous = None
         if args.continue_table is not None:  # rows measured by an earlier call on the same kind of machine
             previous = load_table(args.continue_table, device_count=n_dev, model_name=cfg.name, device_kind=kind)
+            if args.retry_hung:
+                print(f"--retry-hung: measuring {previous.forget(HUNG)} hung cell(s) again", flush=True)
         table = measure_table(memory, args, n_dev, kind, (args.stage,), args.tps, table=previous,
                               save=args.save_table, time_budget=args.time_budget, label="first")
         table.meta.update(synthetic=False, budget_bytes=budget)

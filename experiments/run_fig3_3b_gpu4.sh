@@ -5,7 +5,8 @@
 # A cell that runs longer than CELL_TIMEOUT seconds (a device out of memory can leave the other GPUs waiting in a
 # collective forever: calls 57, 58, 61) ends its process with exit code 75; the script then goes on from the saved
 # tables, the cell recorded "hung", until LIMIT seconds per stage are spent.
-# CONTINUE=<table.json> (carried) goes on from a table an earlier call saved (t1_<stage>.json), for one stage.
+# CONTINUE=<table.json> (carried) goes on from a table an earlier call saved (t1_<stage>.json, or a figure JSON), for
+# one stage; RETRY_HUNG=1 measures its hung cells once more (first run only: a cell that hangs again stays hung).
 #   bash experiments/run_fig3_3b_gpu4.sh      # results (tables inside the JSON) and logs land in $OUT
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -15,7 +16,10 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1
 for stage in ${STAGES:-rollout train}; do
   budget=${BUDGET:-170}; [ "$stage" = train ] && budget=${TRAIN_BUDGET:-110}
   deadline=$(( SECONDS + ${LIMIT:-280} )); more=()
-  if [ -n "${CONTINUE:-}" ]; then cp "$CONTINUE" "$OUT/t1_$stage.json"; more=(--continue-table "$OUT/t1_$stage.json"); fi
+  if [ -n "${CONTINUE:-}" ]; then
+    cp "$CONTINUE" "$OUT/t1_$stage.json"; more=(--continue-table "$OUT/t1_$stage.json")
+    [ -n "${RETRY_HUNG:-}" ] && more+=(--retry-hung)
+  fi
   while (( deadline - SECONDS > 30 )); do
     timeout "$(( deadline - SECONDS ))" python3 experiments/fig3_selector_heatmap.py --gpu4 --model qwen2.5-3b \
       --stage "$stage" --contexts "${CONTEXTS:-1K,32K,8K}" --responses 8 --remeasure --time-budget "$budget" \

@@ -13,6 +13,7 @@ from flax import nnx
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.rl.logprobs import token_logprobs
+from earl_jax.sharding.mesh import MeshShape
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,6 +80,16 @@ def test_fig3_small_real_measure_and_profile_table(tmp_path):
     from earl_jax.parallel.profile import ProfileTable
     table = ProfileTable.load(tmp_path / "table.json", device_count=8, model_name="tiny")
     assert table.meta["measure"] == "RealMeasure" and len(table) == 8
+
+    # --retry-hung: a cell the table records hung is measured again, the others kept
+    d = json.loads((tmp_path / "table.json").read_text())
+    hung = next(e for e in d["entries"] if e["context_len"] == 64 and e["num_responses"] == 8)
+    hung.update(tgs=None, status="hung")
+    (tmp_path / "hung.json").write_text(json.dumps(d))
+    fig3.main(["--small", "--contexts", "64", "--responses", "8", "--no-progress", "--out", str(tmp_path / "retry"),
+               "--continue-table", str(tmp_path / "hung.json"), "--retry-hung", "--save-table", str(tmp_path / "r.json")])
+    retried = ProfileTable.load(tmp_path / "r.json")
+    assert retried.get("rollout", MeshShape.parse(hung["mesh"]), 64, 8).status == "ok" and len(retried) == 8
 
 
 def test_fig1_small_runs_static_and_selector(tmp_path):

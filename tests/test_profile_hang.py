@@ -3,11 +3,14 @@ process and recorded "hung" by the next one, which goes on; the selector never p
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 from earl_jax.models.config import get_config
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel
@@ -92,3 +95,18 @@ def test_a_cell_cut_from_outside_is_measured_again_once_then_recorded_hung(tmp_p
                         response_counts=[8], stages=["rollout"], device_kind="cpu", progress=False, table=again,
                         save=path)
     assert STUCK not in calls and table.get("rollout", STUCK, 64, 8).status == HUNG
+
+
+def test_forget_drops_hung_cells_so_they_are_measured_again_and_never_a_measured_one():
+    table = ProfileTable("cpu", 8, "tiny")
+    run_profile(_memory(), lambda s, m, c, n: 100.0, num_devices=8, context_lens=[64], response_counts=[8],
+                stages=["rollout"], device_kind="cpu", progress=False, table=table)
+    table.add(dataclasses.replace(table.get("rollout", STUCK, 64, 8), tgs=None, status=HUNG))
+    table.meta["hung"] = [["rollout", str(STUCK), 64, 8]]
+    assert table.forget(HUNG) == 1 and table.get("rollout", STUCK, 64, 8) is None and "hung" not in table.meta
+    calls = []
+    run_profile(_memory(), lambda s, m, c, n: calls.append(m) or 100.0, num_devices=8, context_lens=[64],
+                response_counts=[8], stages=["rollout"], device_kind="cpu", progress=False, table=table)
+    assert calls == [STUCK] and table.get("rollout", STUCK, 64, 8).status == OK
+    with pytest.raises(ValueError, match="not measured ones"):
+        table.forget(OK)

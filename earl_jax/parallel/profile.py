@@ -125,6 +125,18 @@ class ProfileTable:
     def __len__(self) -> int:
         return len(self.entries)
 
+    def forget(self, status: str) -> int:
+        """Drop the entries of one status (e.g. HUNG, to measure those cells again after a fix or under other
+        settings); returns how many. A measured throughput is never dropped this way."""
+        if status == OK:
+            raise ValueError("forget() drops failed or skipped cells, not measured ones")
+        gone = [k for k, e in self.entries.items() if e.status == status]
+        for k in gone:
+            del self.entries[k]
+        if status == HUNG:
+            self.meta.pop("hung", None)
+        return len(gone)
+
     # -- compatibility / persistence ---------------------------------------------------------------
     def check_compatible(self, device_kind: str | None = None, device_count: int | None = None,
                          model_name: str | None = None, source: str = "profile table") -> None:
