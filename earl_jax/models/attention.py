@@ -15,6 +15,25 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 Q_BLOCK = 256
+# A rollout extend's attention over its cache materializes [rows, heads, new tokens, cache slots] float32 scores per
+# device; above this many bytes the new tokens are processed in blocks (`extend_query_block`). 8192 games of the tiny
+# model at 1.5K cache slots asked 12 GiB here and ran out of memory on an H100 (NOTES.md call 63); every measured
+# default configuration stays below it, so their programs are unchanged.
+EXTEND_SCORES_BYTES = 4 * 2**30
+
+
+def extend_query_block(rows: int, heads: int, new_tokens: int, slots: int,
+                       limit_bytes: int = EXTEND_SCORES_BYTES) -> int:
+    """Query positions an extend attends at once so that rows x heads x block x slots float32 scores (per device)
+    stay within `limit_bytes`: all of them when they fit, else the largest power of two that fits (at least 1).
+    Shared by the model (models/qwen2.cached_attention) and the memory model (parallel/memory.py)."""
+    per_query = max(1, rows * heads * slots * 4)
+    if new_tokens * per_query <= limit_bytes:
+        return new_tokens
+    block = 1
+    while block * 2 <= new_tokens and block * 2 * per_query <= limit_bytes:
+        block *= 2
+    return block
 # cuDNN attention under a mesh through shard_map (see _per_shard); EARL_PER_SHARD_CUDNN=0 leaves it to XLA
 PER_SHARD_CUDNN = os.environ.get("EARL_PER_SHARD_CUDNN", "1") != "0"
 

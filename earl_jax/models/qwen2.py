@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import math
 from typing import Any, Callable, Iterator
 
 import jax
@@ -21,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from earl_jax.models.attention import causal_attention
+from earl_jax.models.attention import EXTEND_SCORES_BYTES, causal_attention, extend_query_block
 from earl_jax.models.cache import KVCache, LayerCache
 from earl_jax.models.config import ModelConfig
 from earl_jax.sharding.context import constrain, current_mesh_rules
@@ -130,8 +131,41 @@ class Attention(nnx.Module):
 
 
 def cached_attention(q: Float[Array, "b t n h"], k: Float[Array, "b k s h"], v: Float[Array, "b k s h"],
-                     positions: Int[Array, "b t"]) -> Float[Array, "b t n h"]:
-    """Queries at absolute `positions` attend to cache slots 0..position (slot index == position)."""
+                     positions: Int[Array, "b t"], limit_bytes: int = EXTEND_SCORES_BYTES) -> Float[Array, "b t n h"]:
+    """Queries at absolute `positions` attend to cache slots 0..position (slot index == position). A wide extend
+    whose scores would pass `limit_bytes` per device attends one block of queries at a time (the same values: each
+    query's softmax is its own)."""
+    b, t, n, h = q.shape
+    rows, heads = _per_device(b, n, q.shape)
+    block = extend_query_block(rows, heads, t, k.shape[2], limit_bytes)
+    if block >= t:
+        return _cached_attention(q, k, v, positions)
+    nb = -(-t // block)
+    pad = nb * block - t  # padded queries sit at position 0 and are cut off after
+    qb = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, nb, block, n, h).swapaxes(0, 1)
+    pb = jnp.pad(positions, ((0, 0), (0, pad))).reshape(b, nb, block).swapaxes(0, 1)
+    out = jax.lax.map(lambda qp: _cached_attention(qp[0], k, v, qp[1]), (qb, pb))  # nb x [b, block, n, h]
+    return out.swapaxes(0, 1).reshape(b, nb * block, n, h)[:, :t]
+
+
+def _per_device(b: int, n: int, shape) -> tuple[int, int]:
+    """Rows and query heads one device holds under the active mesh rules (all of them without rules)."""
+    ctx = current_mesh_rules()
+    if ctx is None:
+        return b, n
+    mesh, rules = ctx
+    from earl_jax.sharding.mesh import logical_to_spec
+
+    spec = logical_to_spec(("batch", "length", "act_heads", None), rules, mesh, shape)
+
+    def ways(entry) -> int:
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        return math.prod(mesh.shape[a] for a in names)
+
+    return -(-b // ways(spec[0] if len(spec) > 0 else None)), -(-n // ways(spec[2] if len(spec) > 2 else None))
+
+
+def _cached_attention(q, k, v, positions):
     b, t, n, h = q.shape
     kv = k.shape[1]
     q = q.reshape(b, t, kv, n // kv, h)

@@ -23,7 +23,8 @@ dimension is split over its mesh axis only when the axis size divides it, otherw
   context plus the final hidden states; train: with per-layer rematerialization the saved layer inputs
   (layers x micro-batch x context x embed, bf16) plus one layer's forward+backward working set.
   Attention scores are full (micro-batch x heads/tensor x q x kv, fp32) unless `attn_q_block` says the
-  attention kernel works in query blocks (flash / cuDNN).
+  attention kernel works in query blocks (flash / cuDNN). A rollout extend's scores are full up to
+  `EXTEND_SCORES_BYTES` per device and query-blocked past it (`extend_query_block`, the model's own rule).
 * logits chunk - micro-batch x chunk x vocab / tensor x 4 bytes, times 2 in experience (logits and
   log-softmax) and 3 in training (logits, softmax, gradient).
 * `reserve_bytes` for what is not modeled (XLA scratch, CUDA context, fragmentation).
@@ -41,7 +42,7 @@ from typing import Iterator
 
 import jax
 
-from earl_jax.models.attention import Q_BLOCK
+from earl_jax.models.attention import Q_BLOCK, extend_query_block
 from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.plan import RolloutExtends
 from earl_jax.rollout.sampler import bucket
@@ -306,10 +307,16 @@ class MemoryModel:
         return tokens * b * (3 * c.hidden_size + 2 * q + 2 * kv + 3 * mlp)
 
     def _attn_scores(self, seqs: int, q_len: int, kv_len: int, tensor: int, blocked: bool = True) -> float:
-        # the cached attention of a rollout extend is not query-blocked (models/qwen2.cached_attention)
         q_len = q_len if self.mem.attn_q_block is None or not blocked else min(q_len, self.mem.attn_q_block)
         # scores + probabilities, float32
         return 2 * seqs * self._div(self.cfg.num_attention_heads, tensor) * q_len * kv_len * 4
+
+    def _extend_scores(self, seqs: int, q_len: int, kv_len: int, tensor: int) -> float:
+        """A rollout extend's attention over its cache: query-blocked only past a per-device size, by the rule the
+        model itself follows (models/attention.extend_query_block)."""
+        heads = math.ceil(self._div(self.cfg.num_attention_heads, tensor))
+        block = extend_query_block(int(seqs), heads, int(q_len), int(kv_len))
+        return self._attn_scores(seqs, block, kv_len, tensor, blocked=False)
 
     def _vocab_dev(self, tensor: int) -> float:
         return self._div(self.cfg.vocab_size, tensor)
@@ -347,9 +354,9 @@ class MemoryModel:
             kv = mb * cached * self.kv_bytes_per_token_per_device(t)
             if extends is None:
                 pre = min(m.prefill_len, ctx)
-                acts = self._layer_workspace(mb * pre, t) + self._attn_scores(mb, pre, ctx, t, blocked=False)
+                acts = self._layer_workspace(mb * pre, t) + self._extend_scores(mb, pre, ctx, t)
             else:  # the prompt against its first cache, then each turn's observation against the whole context
-                acts = max(self._layer_workspace(mb * w, t) + self._attn_scores(mb, w, min(kv, ctx), t, blocked=False)
+                acts = max(self._layer_workspace(mb * w, t) + self._extend_scores(mb, w, min(kv, ctx), t)
                            for w, kv in extends.attention(ctx))
             # Growing the cache to its next bucket copies it: the old one (at most 3/4 of the new, the cache
             # buckets' largest ratio) lives beside the new one, in a call of its own (no extend beside it).
