@@ -34,6 +34,8 @@ def extend_query_block(rows: int, heads: int, new_tokens: int, slots: int,
     while block * 2 <= new_tokens and block * 2 * per_query <= limit_bytes:
         block *= 2
     return block
+
+
 # cuDNN attention under a mesh through shard_map (see _per_shard); EARL_PER_SHARD_CUDNN=0 leaves it to XLA
 PER_SHARD_CUDNN = os.environ.get("EARL_PER_SHARD_CUDNN", "1") != "0"
 
