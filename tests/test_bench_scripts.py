@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import types
 from pathlib import Path
 
 import jax
@@ -103,6 +104,27 @@ def test_fig1_small_runs_static_and_selector(tmp_path):
     assert (tmp_path / "fig1_context_growth_cpu.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="exists"):  # results are never overwritten
         fig1.main(["--small", "--out", str(tmp_path)])
+
+
+def test_agent_loop_bench_keeps_a_launched_jobs_iterations_when_its_launcher_times_out(monkeypatch):
+    """launch/local.py exits 124 when its own timeout fires, e.g. after the job's last iteration (call 63): the
+    iterations in metrics.jsonl are kept, as for a job this process timed out; a plain job's failure is an error."""
+    bench = _load("bench_agent_loop")
+
+    def fake_run(cmd, **kw):
+        run_dir = Path(cmd[cmd.index("--run-dir") + 1])
+        run_dir.mkdir(parents=True)
+        recs = [{"step": i, "time/rollout_s": 0.5, "time/experience_s": 0.3, "time/train_s": 0.8,
+                 "time/dispatch_s": 0.01, "rollout/generated_tokens": 1000, "compile/programs": 7} for i in range(1, 6)]
+        (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
+        return types.SimpleNamespace(returncode=124, stdout="", stderr="launch/local.py: timed out after 195s")
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    flags = bench.CASES["gpu"]["gpu8192_4proc"]
+    kept = bench.run_case("current", flags, 60, {}, bench.LAUNCH["gpu8192_4proc"])
+    assert kept["status"] == "cut by the timeout" and kept["iterations"] == 3 and kept["games"] == 8192
+    assert kept["games_per_s"] == pytest.approx(8192 / 0.5)
+    assert bench.run_case("current", flags, 60, {}, None)["status"] == "error"  # not launched: 124 is the job's own
 
 
 def test_agent_loop_bench_collects_one_calls_jobs_and_steady_iterations(tmp_path):
