@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import math
 from typing import Any, Callable, Iterator
 
 import jax
@@ -26,6 +25,7 @@ from earl_jax.models.attention import EXTEND_SCORES_BYTES, causal_attention, ext
 from earl_jax.models.cache import KVCache, LayerCache
 from earl_jax.models.config import ModelConfig
 from earl_jax.sharding.context import constrain, current_mesh_rules
+from earl_jax.sharding.mesh import logical_sharding
 
 _INIT_STD = 0.02
 
@@ -136,7 +136,7 @@ def cached_attention(q: Float[Array, "b t n h"], k: Float[Array, "b k s h"], v: 
     whose scores would pass `limit_bytes` per device attends one block of queries at a time (the same values: each
     query's softmax is its own)."""
     b, t, n, h = q.shape
-    rows, heads = _per_device(b, n, q.shape)
+    rows, _, heads, _ = _shard_shape(q.shape, ("batch", "length", "act_heads", None))
     block = extend_query_block(rows, heads, t, k.shape[2], limit_bytes)
     if block >= t:
         return _cached_attention(q, k, v, positions)
@@ -148,21 +148,10 @@ def cached_attention(q: Float[Array, "b t n h"], k: Float[Array, "b k s h"], v: 
     return out.swapaxes(0, 1).reshape(b, nb * block, n, h)[:, :t]
 
 
-def _per_device(b: int, n: int, shape) -> tuple[int, int]:
-    """Rows and query heads one device holds under the active mesh rules (all of them without rules)."""
+def _shard_shape(shape: tuple[int, ...], logical_axes: tuple[str | None, ...]) -> tuple[int, ...]:
+    """One device's share of an array of `shape` under the active mesh rules (the whole shape without rules)."""
     ctx = current_mesh_rules()
-    if ctx is None:
-        return b, n
-    mesh, rules = ctx
-    from earl_jax.sharding.mesh import logical_to_spec
-
-    spec = logical_to_spec(("batch", "length", "act_heads", None), rules, mesh, shape)
-
-    def ways(entry) -> int:
-        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-        return math.prod(mesh.shape[a] for a in names)
-
-    return -(-b // ways(spec[0] if len(spec) > 0 else None)), -(-n // ways(spec[2] if len(spec) > 2 else None))
+    return tuple(shape) if ctx is None else logical_sharding(*ctx, logical_axes, shape).shard_shape(tuple(shape))
 
 
 def _cached_attention(q, k, v, positions):
