@@ -23,7 +23,7 @@ Per iteration the JSON keeps each run's tokens per GPU per second of every stage
 (throughput/*_tgs), the dispatch share, peak memory per GPU, the meshes in use and how the run ended (the
 trainer names the stage that ran out of memory); the summary (adaptivity_summary.py) compares auto with the
 best static run per phase and over the whole run, against the issue's targets. The PNG shows iteration
-throughput per run with the context length, auto's mesh switches and every OOM.
+throughput per run with the context length, auto's mesh and micro-batch switches and every OOM.
 
     # CPU (tiny model, 4 of the fake devices, 4 iterations per run; 4m44s for all four runs on a busy 2-core CPU)
     python experiments/fig_e2e_adaptivity.py --small
@@ -200,6 +200,12 @@ def auto_table(result: dict, path: Path) -> Path:
     return table.save(path)
 
 
+def keep_replaced(result: dict, name: str) -> None:
+    """A --rerun keeps the run it replaces (e.g. a cold-cache run before the warm one), out of the summary."""
+    if name in result["runs"]:
+        result.setdefault("replaced_runs", {}).setdefault(name, []).append(result["runs"][name])
+
+
 # ---------------------------------------------------------------- the figure
 def plot(result: dict, path: Path) -> None:
     import matplotlib
@@ -234,6 +240,9 @@ def plot(result: dict, path: Path) -> None:
     for prev, cur in zip(auto, auto[1:]):  # the auto run's mesh switches, any stage
         changed = [f"{s} {cur[f'parallel/{s}_mesh']}" for s in ("rollout", "experience", "train")
                    if cur.get(f"parallel/{s}_mesh") != prev.get(f"parallel/{s}_mesh")]
+        changed += [f"{s} micro-batch {prev[k]}->{cur[k]}" for s in ("experience", "train")  # same mesh, new programs
+                    if (k := f"parallel/{s}_micro_batch") in cur and prev.get(k) != cur[k]
+                    and cur.get(f"parallel/{s}_mesh") == prev.get(f"parallel/{s}_mesh")]
         if changed:
             for ax in axes:
                 ax.axvline(cur["step"], color="tab:blue", ls=":", alpha=0.7)
@@ -400,6 +409,7 @@ def main(argv=None) -> dict:
             raise SystemExit(f"{json_path} exists with other {differ}: pass --name for a new figure "
                              "(runs of one figure must share their settings)")
         result["runs"], result["auto_table"] = old["runs"], old.get("auto_table")
+        result["replaced_runs"] = old.get("replaced_runs", {})
     runs_dir = args.keep_runs or Path(tempfile.mkdtemp(prefix=f"{name}_"))
     for run_name in wanted:
         if run_name in result["runs"] and not args.rerun:
@@ -420,6 +430,7 @@ def main(argv=None) -> dict:
         print(f"{run_name}: running (budget {args.budget_s or setting['budget_s']:.0f} s)", flush=True)
         run = run_one(run_name, run_flags, run_dir, args.budget_s or setting["budget_s"], env, schedule)
         run["rollout_mesh"] = static.get(run_name)
+        keep_replaced(result, run_name)
         result["runs"][run_name] = run
         write(result, json_path)  # after every run: a call cut short keeps what finished
     write(result, json_path)

@@ -135,3 +135,33 @@ def test_small_figure_runs_merge_into_one_json_and_refuse_other_settings(tmp_pat
         fig.main(["--small", "--steps", "3", "--schedule", "0:40,1:60", "--out", str(tmp_path), "--runs", "auto"])
     with pytest.raises(SystemExit, match="unknown"):
         fig.main([*trim, "--runs", "static_d3f1t1"])
+
+
+def test_a_rerun_keeps_the_run_it_replaces_and_the_plot_marks_micro_batch_switches(tmp_path, monkeypatch):
+    import importlib
+
+    fig = importlib.import_module("fig_e2e_adaptivity")
+    res = _result()
+    cold = res["runs"]["static_a"]
+    fig.keep_replaced(res, "static_a")  # what main does before a --rerun overwrites the run
+    fig.keep_replaced(res, "static_c")  # nothing to keep: not run before
+    assert res["replaced_runs"] == {"static_a": [cold]}
+    for i, e in enumerate(res["runs"]["auto"]["trace"]):
+        e.update({f"parallel/{s}_mesh": "d2f1t1" for s in ("experience", "train")}, **{
+            "parallel/train_micro_batch": 2 if i < 2 else 1, "parallel/experience_micro_batch": 2,
+            "throughput/iteration_tgs": 100.0, "throughput/rollout_tgs": 50.0})
+    for name in ("static_a", "static_b"):
+        for e in res["runs"][name]["trace"]:
+            e.update({"throughput/iteration_tgs": 90.0, "throughput/rollout_tgs": 40.0})
+    import matplotlib.axes
+
+    notes = []
+
+    orig = matplotlib.axes.Axes.annotate
+    monkeypatch.setattr(matplotlib.axes.Axes, "annotate", lambda self, text, *a, **k: notes.append(text) or orig(self, text, *a, **k))
+    res.update(model="tiny", device="2 x cpu", context_range="-", summary={})
+    fig.plot(res, tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size
+    # auto iteration 3: a new rollout mesh, and the train stage on the same mesh with a smaller micro-batch
+    assert "auto: rollout d4f1t1, train micro-batch 2->1" in notes
+    assert not any("experience micro-batch" in n for n in notes)
