@@ -15,6 +15,12 @@ Definitions (each one stated because a short run makes it matter):
   (compiles included: what the short run cost; with a persistent compile cache this depends on the order of
   the runs, since a later run loads the programs an earlier one compiled on the same mesh). The best single static plan is the eligible static run auto gains least against;
   static runs that died (out of memory, error) are not eligible: they cannot run the whole schedule.
+* Compile-excluded ("net") throughput: every iteration of the phase (or run), each with the foreground seconds the
+  trainer spent tracing, lowering and compiling or loading programs (`time/trace_s` + `time/lower_s` +
+  `time/compile_s`, the most of any process) taken off its iteration time: what the layout would have run at with
+  its programs in memory. It compares runs where a phase has no compile-free iteration (one 32K iteration costs
+  minutes) and where one run found its programs in the persistent cache and the other compiled them. None when a
+  trace lacks those keys (runs before they were kept).
 * Dispatch share: auto's dispatch seconds / iteration seconds over all its iterations.
 
 Targets (from the issue): auto within 3% of the best static run in every phase; >= 15% more whole-run
@@ -42,9 +48,26 @@ def mark_compiles(trace: list[dict[str, Any]]) -> list[bool]:
     return out
 
 
+COMPILE_KEYS = ("time/trace_s", "time/lower_s", "time/compile_s")  # foreground seconds no layout is judged by
+
+
 def _rate(records: Sequence[dict[str, Any]], tokens: str, seconds: str, n_dev: int) -> float | None:
     s = sum(r.get(seconds) or 0.0 for r in records)
     return sum(r.get(tokens) or 0 for r in records) / s / n_dev if records and s > 0 else None
+
+
+def net_seconds(r: dict[str, Any]) -> float | None:
+    """An iteration's seconds without its foreground tracing, lowering and compiling; None if not recorded."""
+    if r.get("time/iteration_s") is None or any(r.get(k) is None for k in COMPILE_KEYS):
+        return None
+    return r["time/iteration_s"] - sum(r[k] for k in COMPILE_KEYS)
+
+
+def _net_rate(records: Sequence[dict[str, Any]], n_dev: int) -> float | None:
+    net = [net_seconds(r) for r in records]
+    if not records or any(s is None for s in net) or sum(net) <= 0:
+        return None
+    return sum(r.get("rollout/tokens") or 0 for r in records) / sum(net) / n_dev
 
 
 def phase_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -65,6 +88,7 @@ def phase_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             use = steady or [r for r, _ in mine]
             row["runs"][name] = {
                 "iteration_tgs": _rate(use, "rollout/tokens", "time/iteration_s", n_dev),
+                "iteration_tgs_net": _net_rate([r for r, _ in mine], n_dev),
                 "rollout_tgs": _rate(use, "rollout/generated_tokens", "time/rollout_s", n_dev),
                 "iterations": len(use), "compile_free": bool(steady),
                 "context_max": max(r.get("rollout/context_len_max") or 0 for r, _ in mine),
@@ -78,6 +102,12 @@ def phase_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                 pct = (auto / statics[best]["iteration_tgs"] - 1) * 100
                 row["auto_vs_best_static_pct"] = round(pct, 2)
                 row["within_target"] = pct >= PHASE_TARGET_PCT
+        nets = {n: v["iteration_tgs_net"] for n, v in row["runs"].items() if n != "auto" and v["iteration_tgs_net"]}
+        auto_net = row["runs"].get("auto", {}).get("iteration_tgs_net")
+        if nets and auto_net:
+            best = max(nets, key=nets.get)
+            row["best_static_net"] = best
+            row["auto_vs_best_static_net_pct"] = round((auto_net / nets[best] - 1) * 100, 2)
         rows.append(row)
     return rows
 
@@ -104,8 +134,10 @@ def whole_run(result: dict[str, Any]) -> dict[str, Any]:
             b = _rate([mine[s][0] for s in common if keep(mine[s][1])], "rollout/tokens", "time/iteration_s", n_dev)
             entry[label] = {"auto_tgs": a, "static_tgs": b,
                             "auto_gain_pct": None if not (a and b) else round((a / b - 1) * 100, 2)}
+        a, b = _net_rate([auto_by_step[s][0] for s in common], n_dev), _net_rate([mine[s][0] for s in common], n_dev)
+        entry["net"] = {"auto_tgs": a, "static_tgs": b, "auto_gain_pct": None if not (a and b) else round((a / b - 1) * 100, 2)}
         out["vs_static"][name] = entry
-    for label in ("all", "compile_free"):
+    for label in ("all", "compile_free", "net"):
         gains = {n: e[label]["auto_gain_pct"] for n, e in out["vs_static"].items()
                  if e["eligible"] and e[label]["auto_gain_pct"] is not None}
         if gains:

@@ -98,7 +98,7 @@ TRACE_KEYS = ("step", "rollout/turn_tokens", "rollout/context_len_mean", "rollou
               "rollout/turn_context_len_mean", "rollout/tokens", "rollout/generated_tokens",
               "throughput/rollout_tgs", "throughput/experience_tgs", "throughput/train_tgs", "throughput/iteration_tgs",
               "time/rollout_s", "time/experience_s", "time/train_s", "time/dispatch_s", "time/iteration_s",
-              "time/elapsed_s", "time/dispatch_share", "dispatch/bytes", "memory/peak_gib", "memory/limit_gib",
+              "time/elapsed_s", "time/dispatch_share", "time/trace_s", "time/lower_s", "time/compile_s", "dispatch/bytes", "memory/peak_gib", "memory/limit_gib",
               "compile/programs", "parallel/context_bucket", "parallel/rollout_mesh", "parallel/experience_mesh",
               "parallel/experience_micro_batch", "parallel/experience_logprob_chunk", "parallel/train_mesh",
               "parallel/train_micro_batch", "parallel/train_logprob_chunk")
@@ -282,13 +282,18 @@ def summary_line(s: dict) -> str:
     """One line of the summary for the figure's foot."""
     if not s:
         return ""
-    phases = " ".join(f"{r['turn_tokens']}:{r['auto_vs_best_static_pct']:+.1f}%" for r in s.get("phases", [])
-                      if r.get("auto_vs_best_static_pct") is not None)
+    def gain(r: dict) -> str:
+        net = r.get("auto_vs_best_static_net_pct")
+        return f"{r['turn_tokens']}:{r['auto_vs_best_static_pct']:+.1f}%" + ("" if net is None else f" (net {net:+.1f}%)")
+
+    phases = " ".join(gain(r) for r in s.get("phases", []) if r.get("auto_vs_best_static_pct") is not None)
     w = s.get("whole_run", {})
     gain = w.get("auto_gain_vs_best_static_compile_free_pct")
+    net = w.get("auto_gain_vs_best_static_net_pct")
     share = s.get("dispatch", {}).get("share")
     return (f"auto vs best static per phase (tok/turn:gain) {phases or '-'}\nwhole run (compile-free) "
-            f"{'-' if gain is None else f'{gain:+.1f}%'} vs {w.get('best_static_compile_free')}; dispatch share "
+            f"{'-' if gain is None else f'{gain:+.1f}%'} vs {w.get('best_static_compile_free')}, compile-excluded "
+            f"{'-' if net is None else f'{net:+.1f}%'} vs {w.get('best_static_net')}; dispatch share "
             f"{'-' if share is None else f'{share:.2%}'}; OOM: {sorted(s.get('oom', {}).get('out_of_memory', {})) or 'none'}")
 
 
@@ -309,9 +314,10 @@ def print_summary(result: dict) -> None:
         tgs = ", ".join(f"{n} {v['iteration_tgs']:.0f}" + ("" if v["compile_free"] else "*")
                         for n, v in row["runs"].items() if v["iteration_tgs"])
         print(f"phase {row['phase']} ({row['turn_tokens']} tok/turn): {tgs}; auto vs best static "
-              f"({row.get('best_static')}): {row.get('auto_vs_best_static_pct')}%")
+              f"({row.get('best_static')}): {row.get('auto_vs_best_static_pct')}%; compile-excluded "
+              f"({row.get('best_static_net')}): {row.get('auto_vs_best_static_net_pct')}%")
     w = s["whole_run"]
-    for label in ("compile_free", "all"):
+    for label in ("compile_free", "all", "net"):
         print(f"whole run ({label.replace('_', '-')} iterations): best static {w.get(f'best_static_{label}')}, auto gain "
               f"{w.get(f'auto_gain_vs_best_static_{label}_pct')}%")
     print(f"dispatch share (auto): {s['dispatch'].get('share')}; out of memory: {s['oom']['out_of_memory']}")

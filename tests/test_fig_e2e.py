@@ -124,11 +124,13 @@ def test_small_figure_runs_merge_into_one_json_and_refuse_other_settings(tmp_pat
         assert run["status"] == "finished" and run["iterations"] == 2, (name, run["tail"])
         assert [e["rollout/turn_tokens"] for e in run["trace"]] == [40, 60]
         assert all(e[k] is not None for e in run["trace"] for k in ("throughput/iteration_tgs", "time/dispatch_share",
-                                                                    "compile/programs", "parallel/train_mesh"))
+                                                                    "compile/programs", "parallel/train_mesh",
+                                                                    "time/compile_s"))
         assert all(e["parallel/rollout_mesh"] == "d4f1t1" for e in run["trace"])  # auto: the only measured layout
     assert [r["mesh"] for r in res["auto_table"]] == ["d4f1t1", "d4f1t1"]
     assert [row["turn_tokens"] for row in res["summary"]["phases"]] == [40, 60]
     assert res["summary"]["phases"][0]["best_static"] == "static_d4f1t1"
+    assert res["summary"]["phases"][0]["auto_vs_best_static_net_pct"] is not None  # compile times were kept
     saved = json.loads((tmp_path / "fig_e2e_adaptivity_tiny_cpu_custom.json").read_text())
     assert set(saved["runs"]) == {"static_d4f1t1", "auto"} and (tmp_path / "fig_e2e_adaptivity_tiny_cpu_custom.png").stat().st_size
     with pytest.raises(SystemExit, match="exists with other"):  # one figure, one setting
@@ -165,3 +167,23 @@ def test_a_rerun_keeps_the_run_it_replaces_and_the_plot_marks_micro_batch_switch
     # auto iteration 3: a new rollout mesh, and the train stage on the same mesh with a smaller micro-batch
     assert "auto: rollout d4f1t1, train micro-batch 2->1" in notes
     assert not any("experience micro-batch" in n for n in notes)
+
+
+def test_compile_excluded_throughput_takes_each_iterations_foreground_compiles_off():
+    res = _result()
+    for name, compile_s in (("static_a", (8.0, 0.0, 10.0, 0.0)), ("auto", (6.0, 0.0, 22.0, 0.0))):
+        for e, c in zip(res["runs"][name]["trace"], compile_s):
+            e.update({"time/trace_s": c / 2, "time/lower_s": 0.0, "time/compile_s": c / 2})
+    assert summary.net_seconds(res["runs"]["auto"]["trace"][2]) == 3.0  # 25 s, 22 of them compiling
+    assert summary.net_seconds(res["runs"]["static_b"]["trace"][0]) is None  # not recorded: no net figure
+    first, second = summary.phase_rows(res)
+    # phase 2, every iteration: static_a 4000 tokens / (10 + 4 s) / 2 devices, auto 4000 / (3 + 4) / 2
+    assert second["runs"]["static_a"]["iteration_tgs_net"] == 4000 / 14 / 2
+    assert second["runs"]["auto"]["iteration_tgs_net"] == 4000 / 7 / 2
+    assert second["runs"]["static_b"]["iteration_tgs_net"] is None
+    assert second["best_static_net"] == "static_a" and second["auto_vs_best_static_net_pct"] == 100.0
+    # phase 1: static_a (10 - 8) + 2 s, auto (8 - 6) + 1 s for 800 tokens each
+    assert first["auto_vs_best_static_net_pct"] == round((4 / 3 - 1) * 100, 2)
+    w = summary.whole_run(res)
+    assert w["vs_static"]["static_a"]["net"]["auto_gain_pct"] == round((18 / 10 - 1) * 100, 2)
+    assert w["vs_static"]["static_b"]["net"]["auto_gain_pct"] is None and w["best_static_net"] == "static_a"
