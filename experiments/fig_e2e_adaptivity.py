@@ -98,7 +98,8 @@ TRACE_KEYS = ("step", "rollout/turn_tokens", "rollout/context_len_mean", "rollou
               "rollout/turn_context_len_mean", "rollout/tokens", "rollout/generated_tokens",
               "throughput/rollout_tgs", "throughput/experience_tgs", "throughput/train_tgs", "throughput/iteration_tgs",
               "time/rollout_s", "time/experience_s", "time/train_s", "time/dispatch_s", "time/iteration_s",
-              "time/elapsed_s", "time/dispatch_share", "time/trace_s", "time/lower_s", "time/compile_s", "dispatch/bytes", "memory/peak_gib", "memory/limit_gib",
+              "time/elapsed_s", "time/dispatch_share", "time/trace_s", "time/lower_s", "time/compile_s",
+              "dispatch/bytes", "memory/peak_gib", "memory/limit_gib",
               "compile/programs", "parallel/context_bucket", "parallel/rollout_mesh", "parallel/experience_mesh",
               "parallel/experience_micro_batch", "parallel/experience_logprob_chunk", "parallel/train_mesh",
               "parallel/train_micro_batch", "parallel/train_logprob_chunk")
@@ -282,11 +283,11 @@ def summary_line(s: dict) -> str:
     """One line of the summary for the figure's foot."""
     if not s:
         return ""
-    def gain(r: dict) -> str:
+    def phase_gain(r: dict) -> str:
         net = r.get("auto_vs_best_static_net_pct")
         return f"{r['turn_tokens']}:{r['auto_vs_best_static_pct']:+.1f}%" + ("" if net is None else f" (net {net:+.1f}%)")
 
-    phases = " ".join(gain(r) for r in s.get("phases", []) if r.get("auto_vs_best_static_pct") is not None)
+    phases = " ".join(phase_gain(r) for r in s.get("phases", []) if r.get("auto_vs_best_static_pct") is not None)
     w = s.get("whole_run", {})
     gain = w.get("auto_gain_vs_best_static_compile_free_pct")
     net = w.get("auto_gain_vs_best_static_net_pct")
