@@ -22,11 +22,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
 
-from earl_jax.envs.vector import tic_tac_toe  # noqa: E402
+from earl_jax.envs.vector import make_vector_env  # noqa: E402
 from earl_jax.envs.vector.blunders import move_classes  # noqa: E402
 from earl_jax.rl import trainer as trainer_mod  # noqa: E402
+from earl_jax.rl.stages import make_optimizer  # noqa: E402
 from earl_jax.rl.warmup import random_legal_games  # noqa: E402
 
 
@@ -39,7 +43,69 @@ def solver_moves(rng: np.random.Generator, env, rows: np.ndarray, legal: list[li
     return np.array([rng.choice(np.flatnonzero(b)) for b in best], np.int64)
 
 
-def run(policy: str, steps: int, games: int, eval_games: int, run_dir: Path, model: str) -> dict:
+def best_and_legal(env, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The solver's best set and the legal moves of games `rows`, for the side to move (the agent)."""
+    agent = env.agent_player[rows]
+    me, opp = env.stones[rows, agent], env.stones[rows, 1 - agent]
+    classes = move_classes("tic_tac_toe", me, opp, env.legal[rows])
+    return classes == classes.max(1, keepdims=True), env.legal[rows].copy()
+
+
+@jax.jit
+def _answer_logits(graphdef, params, tokens):
+    model = nnx.merge(graphdef, params)
+    h, _ = model.hidden(tokens, jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape))
+    return model.logits(h)
+
+
+def move_accuracy(trainer, games: int = 256, seed: int = 30_000_000, agent: str = "random") -> dict:
+    """Per-move check on held-out positions: games against the random opponent where the agent plays random legal
+    moves (`agent="random"`) or the solver's (`"solver"`: the positions the imitation trains on), teacher-forced,
+    so each answer's logits see exactly the context the rollout would give at that turn. Returns the fraction of agent
+    turns where the full-vocabulary argmax is a legal move, and where the argmax among the legal moves (what the
+    constrained greedy rollout plays) is in the solver's best set; the latter's chance level beside it."""
+    env = make_vector_env(dataclasses.replace(trainer.env_cfg, opponent="random"), games, None)
+    turns: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (rows, best, legal) per agent turn, in order
+    rng = np.random.default_rng(seed)
+
+    def record(env, rows, legal):
+        best, lg = best_and_legal(env, rows)
+        turns.append((rows.copy(), best, lg))
+        pick = best if agent == "solver" else lg
+        return np.array([rng.choice(np.flatnonzero(b)) for b in pick], np.int64)
+
+    cfg = trainer.cfg
+    tokens, mask, _ = random_legal_games(env, trainer.tokenizer, list(range(seed, seed + games)), rng,
+                                         eos_id=trainer.ids.eos_id, bos_id=trainer.ids.bos_id,
+                                         max_context=cfg.max_context, max_turns=cfg.max_turns, codec=trainer.codec,
+                                         choose=record)
+    width = -(-tokens.shape[1] // 64) * 64  # few shapes: one compile
+    logits = np.asarray(_answer_logits(trainer.graphdef, trainer.params, jnp.asarray(trainer_mod._pad_cols(tokens, width))))
+    move_ids = np.array([trainer.tokenizer.token_to_id(str(a)) for a in range(9)])
+    first = mask & ~np.pad(mask, ((0, 0), (1, 0)))[:, :-1]  # an answer's first token: the move
+    turn_of_row = np.zeros(games, np.int64)
+    legal_hit, best_hit, chance = [], [], []
+    for rows, best, legal in turns:
+        for r, b, lg in zip(rows, best, legal):
+            pos = np.flatnonzero(first[r])[turn_of_row[r]]
+            turn_of_row[r] += 1
+            assert tokens[r, pos] in move_ids[lg]  # the answer lines up with this turn's record
+            row = logits[r, pos - 1]  # the hidden state before the answer predicts it
+            top = int(np.argmax(row))
+            legal_hit.append(top in move_ids[lg])
+            masked = np.where(lg, row[move_ids], -np.inf)
+            best_hit.append(b[int(np.argmax(masked))])
+            chance.append(b.sum() / lg.sum())
+    best_hit, chance = np.array(best_hit), np.array(chance)
+    decisive = chance < 1  # positions where some legal move is worse than the best (a wrong move exists)
+    return {"positions": len(best_hit), "argmax_legal": float(np.mean(legal_hit)),
+            "legal_argmax_best": float(best_hit.mean()), "best_by_chance": float(chance.mean()),
+            "decisive_positions": int(decisive.sum()), "decisive_best": float(best_hit[decisive].mean()),
+            "decisive_best_by_chance": float(chance[decisive].mean())}
+
+
+def run(policy: str, steps: int, games: int, eval_games: int, run_dir: Path, model: str, lr: float = 3e-3,
+        warmup: int = 5, schedule: str = "cosine", every: int = 0) -> dict:
     from tictactoe import DEFAULT
 
     cfg = dataclasses.replace(DEFAULT, model=model, format_warmup_steps=steps, format_warmup_games=games, eval_games=eval_games,
@@ -47,20 +113,34 @@ def run(policy: str, steps: int, games: int, eval_games: int, run_dir: Path, mod
                               checkpoint_every=0)
     rng = np.random.default_rng(7)
     choose = partial(solver_moves, rng) if policy == "solver" else None
+    trainer = trainer_mod.Trainer(cfg, log=False)
+    # the warm-up's optimizer at this check's settings ("constant": a cosine too long to decay within the run)
+    total = max(steps, warmup + 1) if schedule == "cosine" else 1000 * max(steps, 1)
+    trainer.sft_optimizer = make_optimizer(lr, warmup, total, 0.0, cfg.grad_clip)
+    curve = []
+
+    def data(*args, **kw):  # runs before each step: the per-move check every `every` steps, on the weights so far
+        if every and len(curve) * every < data.calls and data.calls % every == 0:
+            curve.append({"step": data.calls, **move_accuracy(trainer)})
+            print(json.dumps(curve[-1]), flush=True)
+        data.calls += 1
+        return random_legal_games(*args, choose=choose, **kw)
+
+    data.calls = 0
     original = trainer_mod.random_legal_games
-    trainer_mod.random_legal_games = partial(random_legal_games, choose=choose)
+    trainer_mod.random_legal_games = data
     try:
-        trainer = trainer_mod.Trainer(cfg, log=False)
         t0 = time.perf_counter()
         sft = trainer.format_warmup() if steps else {}
         seconds = time.perf_counter() - t0
     finally:
         trainer_mod.random_legal_games = original
     ev = trainer.evaluate(("random", "solver"))
-    out = {"policy": policy, "model": model, "steps": steps, "games_per_step": games, "sft_seconds": round(seconds, 1),
-           "sft_loss": sft.get("loss"),
+    out = {"policy": policy, "model": model, "steps": steps, "games_per_step": games, "lr": lr, "warmup": warmup,
+           "schedule": schedule, "sft_seconds": round(seconds, 1), "sft_loss": sft.get("loss"),
            "vs_random_non_loss": ev["eval/win_rate"] + ev["eval/draw_rate"], "vs_random_win": ev["eval/win_rate"],
-           "vs_solver_non_loss": ev["eval_solver/win_rate"] + ev["eval_solver/draw_rate"]}
+           "vs_solver_non_loss": ev["eval_solver/win_rate"] + ev["eval_solver/draw_rate"],
+           "moves": move_accuracy(trainer), "curve": curve}
     print(json.dumps(out), flush=True)
     return out
 
@@ -72,10 +152,15 @@ def main() -> None:
     p.add_argument("--eval-games", type=int, default=512)
     p.add_argument("--policies", nargs="+", default=["solver", "random"], choices=["solver", "random"])
     p.add_argument("--model", default="tiny", help="model preset (the CPU default's: tiny)")
+    p.add_argument("--lr", type=float, nargs="+", default=[3e-3], help="peak learning rates (one run each)")
+    p.add_argument("--warmup", type=int, default=5, help="linear warm-up steps of the schedule")
+    p.add_argument("--schedule", choices=["cosine", "constant"], default="cosine")
+    p.add_argument("--every", type=int, default=0, help="per-move check every this many steps (0: at the end only)")
     p.add_argument("--out", type=Path, default=Path("experiments/results/ttt_imitation_check_cpu.json"))
     args = p.parse_args()
-    rows = [run(pol, n, args.games, args.eval_games, Path("runs/ttt_imitation") / f"{args.model}_{pol}_{n}", args.model)
-            for n in args.steps for pol in args.policies]
+    rows = [run(pol, n, args.games, args.eval_games, Path("runs/ttt_imitation") / f"{args.model}_{pol}_{n}", args.model,
+                lr, args.warmup, args.schedule, args.every)
+            for n in args.steps for lr in args.lr for pol in args.policies]
     data = json.loads(args.out.read_text()) if args.out.exists() else {"what": __doc__.splitlines()[0],
                                                                        "machine": "2-core CPU", "runs": []}
     data["runs"].append({"command": " ".join(sys.argv), "rows": rows})  # one entry per invocation
