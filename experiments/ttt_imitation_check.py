@@ -84,7 +84,7 @@ def move_accuracy(trainer, games: int = 256, seed: int = 30_000_000, agent: str 
     move_ids = np.array([trainer.tokenizer.token_to_id(str(a)) for a in range(9)])
     first = mask & ~np.pad(mask, ((0, 0), (1, 0)))[:, :-1]  # an answer's first token: the move
     turn_of_row = np.zeros(games, np.int64)
-    legal_hit, best_hit, chance = [], [], []
+    legal_hit, best_hit, chance, legal_chance = [], [], [], []
     for rows, best, legal in turns:
         for r, b, lg in zip(rows, best, legal):
             pos = np.flatnonzero(first[r])[turn_of_row[r]]
@@ -96,9 +96,11 @@ def move_accuracy(trainer, games: int = 256, seed: int = 30_000_000, agent: str 
             masked = np.where(lg, row[move_ids], -np.inf)
             best_hit.append(b[int(np.argmax(masked))])
             chance.append(b.sum() / lg.sum())
+            legal_chance.append(lg.sum() / len(lg))  # a uniform digit 0-8 is legal this often
     best_hit, chance = np.array(best_hit), np.array(chance)
     decisive = chance < 1  # positions where some legal move is worse than the best (a wrong move exists)
     return {"positions": len(best_hit), "argmax_legal": float(np.mean(legal_hit)),
+            "legal_by_chance": float(np.mean(legal_chance)),
             "legal_argmax_best": float(best_hit.mean()), "best_by_chance": float(chance.mean()),
             "decisive_positions": int(decisive.sum()), "decisive_best": float(best_hit[decisive].mean()),
             "decisive_best_by_chance": float(chance[decisive].mean())}
@@ -140,7 +142,8 @@ def run(policy: str, steps: int, games: int, eval_games: int, run_dir: Path, mod
            "schedule": schedule, "sft_seconds": round(seconds, 1), "sft_loss": sft.get("loss"),
            "vs_random_non_loss": ev["eval/win_rate"] + ev["eval/draw_rate"], "vs_random_win": ev["eval/win_rate"],
            "vs_solver_non_loss": ev["eval_solver/win_rate"] + ev["eval_solver/draw_rate"],
-           "moves": move_accuracy(trainer), "curve": curve}
+           "moves": move_accuracy(trainer), "moves_solver_positions": move_accuracy(trainer, agent="solver"),
+           "curve": curve}
     print(json.dumps(out), flush=True)
     return out
 
