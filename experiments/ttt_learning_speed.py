@@ -77,7 +77,8 @@ def digit_cosine(params, digits: list[int]) -> float:
     return float((c.sum() - len(digits)) / (len(digits) * (len(digits) - 1)))
 
 
-def train(trainer, batches, steps: int, lr: float, eos: int, embed_std: float = 0.0) -> list[dict]:
+def train(trainer, batches, steps: int, lr: float, eos: int, embed_std: float = 0.0, check=None,
+          check_every: int = 0) -> list[dict]:
     digits = [trainer.tokenizer.token_to_id(c) for c in "012345678"]
     if embed_std:  # the same directions, a larger scale: Adam's first steps (~lr per entry) no longer drown them
         e = trainer.params["embed_vd"]
@@ -105,6 +106,9 @@ def train(trainer, batches, steps: int, lr: float, eos: int, embed_std: float = 
             log.append({"step": i, "loss": float(loss), "move_loss": float(move_loss),
                         "digit_cosine": round(digit_cosine(params, digits), 3),
                         "seconds": round(time.perf_counter() - t0, 1)})
+            if check_every and i and i % check_every == 0:  # the per-move check on the weights so far
+                trainer.params = params
+                log[-1]["moves"] = check(trainer)
             print(json.dumps(log[-1]), flush=True)
     trainer.params = params
     return log
@@ -116,6 +120,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--games", type=int, default=64, help="turns: games a step")
+    p.add_argument("--check-every", type=int, default=0, help="turns: the per-move check every this many steps "
+                                                                  "(a multiple of 10; 0: at the end only)")
     p.add_argument("--single", action="store_true", help="turns: each turn its own sequence")
     p.add_argument("--batch", type=int, default=256, help="synthetic: sequences a step")
     p.add_argument("--untied", action="store_true", help="the tiny model with untied input/output embeddings")
@@ -154,7 +160,10 @@ def main() -> None:
             mask = np.zeros_like(tok, bool)
             mask[:, -2:] = True
             return tok, mask
-    log = train(trainer, batches, args.steps, args.lr, eos, args.embed_std)
+    check = None
+    if args.check == "turns" and not args.single:
+        from ttt_imitation_check import move_accuracy as check
+    log = train(trainer, batches, args.steps, args.lr, eos, args.embed_std, check, args.check_every)
     out = {"check": args.check, "lr": args.lr, "steps": args.steps, "single": args.single, "task": args.task, "position": args.position,
            "untied": args.untied, "embed_std": args.embed_std,
            "batch": args.batch if args.check == "synthetic" else args.games,
