@@ -70,6 +70,16 @@ def _net_rate(records: Sequence[dict[str, Any]], n_dev: int) -> float | None:
     return sum(r.get("rollout/tokens") or 0 for r in records) / sum(net) / n_dev
 
 
+def _auto_vs_best_static(runs: dict[str, dict[str, Any]], key: str) -> tuple[str | None, float | None]:
+    """The static run with the highest `key`, and auto's percentage against it (None without auto's figure)."""
+    statics = {n: v[key] for n, v in runs.items() if n != "auto" and v[key]}
+    if not statics:
+        return None, None
+    best = max(statics, key=statics.get)
+    auto = runs.get("auto", {}).get(key)
+    return best, (auto / statics[best] - 1) * 100 if auto else None
+
+
 def phase_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Per schedule stage: each run's throughput there, the best static run, auto against it."""
     n_dev = result["num_devices"]
@@ -93,21 +103,16 @@ def phase_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                 "iterations": len(use), "compile_free": bool(steady),
                 "context_max": max(r.get("rollout/context_len_max") or 0 for r, _ in mine),
                 "rollout_meshes": sorted({r.get("parallel/rollout_mesh") for r, _ in mine} - {None})}
-        statics = {n: v for n, v in row["runs"].items() if n != "auto" and v["iteration_tgs"]}
-        if statics:
-            best = max(statics, key=lambda n: statics[n]["iteration_tgs"])
+        best, pct = _auto_vs_best_static(row["runs"], "iteration_tgs")
+        if best:
             row["best_static"] = best
-            auto = row["runs"].get("auto", {}).get("iteration_tgs")
-            if auto:
-                pct = (auto / statics[best]["iteration_tgs"] - 1) * 100
+            if pct is not None:
                 row["auto_vs_best_static_pct"] = round(pct, 2)
                 row["within_target"] = pct >= PHASE_TARGET_PCT
-        nets = {n: v["iteration_tgs_net"] for n, v in row["runs"].items() if n != "auto" and v["iteration_tgs_net"]}
-        auto_net = row["runs"].get("auto", {}).get("iteration_tgs_net")
-        if nets and auto_net:
-            best = max(nets, key=nets.get)
+        best, pct = _auto_vs_best_static(row["runs"], "iteration_tgs_net")
+        if pct is not None:
             row["best_static_net"] = best
-            row["auto_vs_best_static_net_pct"] = round((auto_net / nets[best] - 1) * 100, 2)
+            row["auto_vs_best_static_net_pct"] = round(pct, 2)
         rows.append(row)
     return rows
 

@@ -36,10 +36,7 @@ from earl_jax.rl.warmup import random_legal_games  # noqa: E402
 
 def solver_moves(rng: np.random.Generator, env, rows: np.ndarray, legal: list[list[int]]) -> np.ndarray:
     """Uniform among the moves that keep the game's exact value (the solver's best set) for the side to move."""
-    agent = env.agent_player[rows]
-    me, opp = env.stones[rows, agent], env.stones[rows, 1 - agent]
-    classes = move_classes("tic_tac_toe", me, opp, env.legal[rows])
-    best = classes == classes.max(1, keepdims=True)
+    best, _ = best_and_legal(env, rows)
     return np.array([rng.choice(np.flatnonzero(b)) for b in best], np.int64)
 
 
@@ -122,7 +119,7 @@ def run(policy: str, steps: int, games: int, eval_games: int, run_dir: Path, mod
     curve = []
 
     def data(*args, **kw):  # runs before each step: the per-move check every `every` steps, on the weights so far
-        if every and len(curve) * every < data.calls and data.calls % every == 0:
+        if every and data.calls and data.calls % every == 0:
             curve.append({"step": data.calls, **move_accuracy(trainer)})
             print(json.dumps(curve[-1]), flush=True)
         data.calls += 1
