@@ -2,7 +2,8 @@
 
 Each case is a real training job (`experiments/connect4.py`, a few iterations, no warm-up) in its own
 process, once with this checkout ("current") and once with the code before the change ("baseline": a
-checkout of commit 4fdd9ec at .baseline, `git worktree add --detach .baseline 4fdd9ec`). From the
+checkout of commit 4fdd9ec at .baseline, `git worktree add --detach .baseline 4fdd9ec`; another commit there: name
+it in EARL_BASELINE_COMMIT, and `*_constrained` cases compare the default move mode). From the
 iterations from the third on that compiled nothing (`steady`) it takes the medians of: the rollout's wall time, games and generated
 tokens per second, the host's share of the rollout (env stepping, parsing, tokenizing), and the experience
 and train times. A reference for how fast batched game rules can go: pgx's Connect Four (pure JAX, `pip
@@ -42,6 +43,9 @@ CASES = {
     "gpu": {"gpu512": ["--groups", "64", "--group-size", "8", "--steps", "10", "--prompt-style", "compact"],
             "gpu2048": ["--groups", "256", "--group-size", "8", "--steps", "8", "--prompt-style", "compact"]},
 }
+# The default of connect4.py since constrained moves (one move token a turn, no decode loop): what users run now.
+for _name in ("gpu512", "gpu2048"):
+    CASES["gpu"][f"{_name}_constrained"] = CASES["gpu"][_name] + ["--constrain-moves", "true"]
 # Variants of the current code only: on several GPUs, the rollout as device groups instead of one SPMD decode.
 CASES["gpu"]["gpu2048_device_groups"] = CASES["gpu"]["gpu2048"] + ["--rollout-device-groups", "true"]
 # ... and on one GPU, two pipeline groups (the host steps one group while the device decodes the other).
@@ -65,12 +69,19 @@ CURRENT_ONLY_CASES = {"gpu2048_device_groups", "gpu512_groups2", *LAUNCH}
 TIMES = ("time/rollout_s", "time/experience_s", "time/train_s", "time/dispatch_s")
 
 
+def code_flags(code: str) -> list[str]:
+    """CURRENT_ONLY for this checkout, and for a baseline recent enough to know the flag (then both run free text)."""
+    config = BASELINE / "earl_jax" / "rl" / "config.py"
+    knows = code == "current" or (config.exists() and "constrain_moves" in config.read_text())
+    return CURRENT_ONLY if knows else []
+
+
 def run_case(code: str, flags: list[str], timeout: float, env: dict, launch: list[str] | None = None) -> dict:
     """One training job (as the processes of one job with `launch`: launch/local.py's flags); medians over its
     compile-free iterations from the third on."""
     root = ROOT if code == "current" else BASELINE
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, str(root / "experiments" / "connect4.py"), *COMMON, *(CURRENT_ONLY if code == "current" else []),
+        cmd = [sys.executable, str(root / "experiments" / "connect4.py"), *COMMON, *code_flags(code),
                *flags, "--run-dir", f"{tmp}/run"]
         if launch:
             cmd = [sys.executable, str(root / "launch" / "local.py"), *launch, "--timeout", str(timeout - 5), "--", *cmd]
@@ -240,7 +251,8 @@ def main(argv=None) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if args.cpu:
         env["JAX_PLATFORMS"] = "cpu"
-    result = {"what": "experiments/connect4.py jobs, medians of iterations 3+ that compiled nothing; baseline = commit 4fdd9ec",
+    result = {"what": "experiments/connect4.py jobs, medians of iterations 3+ that compiled nothing; baseline = commit "
+                      + os.environ.get("EARL_BASELINE_COMMIT", "4fdd9ec (the checkout at .baseline)"),
               "cases": {}, "pgx": {}}
     for name, flags in cases.items():
         result["cases"][name] = {}

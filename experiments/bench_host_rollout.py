@@ -1,8 +1,10 @@
 """Host work of one rollout alone: `play_games` over Connect Four (compact prompts, random opponent) with a policy
 that answers at once (a random digit and <eos>, no device), so what is timed is the agent loop's own host work: the
 env's steps, parsing, tokenizing, the episode buffers. Median over --repeats rollouts per batch size.
+`--moves constrained`: the policy answers like `SamplerPolicy` under `--constrain-moves` (the default of
+connect4.py): a uniformly drawn LEGAL move's token, the stop token, and the move itself where `Decoded` carries it.
 
-    python experiments/bench_host_rollout.py [--games 512 2048] [--repeats 9] [--out FILE]
+    python experiments/bench_host_rollout.py [--games 512 2048] [--repeats 9] [--moves constrained] [--out FILE]
     python experiments/bench_host_rollout.py --trees OLD_CHECKOUT .    # the same in two checkouts, interleaved
 
 Writes experiments/results/bench_host_rollout_cpu.json by default (with --trees: appends to its `comparisons`).
@@ -21,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def measure(games: int, repeats: int) -> dict:
+def measure(games: int, repeats: int, moves: str = "free") -> dict:
     import jax
     import numpy as np
 
@@ -45,12 +47,22 @@ def measure(games: int, repeats: int) -> dict:
 
         def generate(self, budgets, rng, row_ids, legal=None):
             b = len(budgets)
+            if legal is not None:  # constrained: a legal move, as rollout/policy.py answers (its move if Decoded has it)
+                action = (self.rng.random(legal.shape) * legal).argmax(1)
+                toks = np.stack([digits[action], np.full(b, eos, np.int32)], 1)
+                counts = np.where(budgets > 0, 2, 0).astype(np.int32)
+                scored = np.zeros((b, 2), bool)
+                scored[:, 0] = budgets > 0
+                extra = {"moves": np.where(budgets > 0, action, -1)} if "moves" in Decoded.__dataclass_fields__ else {}
+                return lambda: Decoded(toks, np.zeros((b, 2), np.float32), counts, budgets > 0, scored,
+                                       np.zeros((b, 2), np.int32), **extra)
             toks = np.stack([digits[self.rng.integers(0, 7, b)], np.full(b, eos, np.int32)], 1)
             counts = np.where(budgets > 0, 2, 0).astype(np.int32)
             return lambda: Decoded(toks, np.zeros((b, 2), np.float32), counts, budgets > 0)
 
     env = make_vector_env(EnvConfig(game="connect_four", opponent="random", prompt_style="compact"), games)
-    codec, cfg, key = ObservationCodec(tok), RolloutConfig(max_turn_tokens=8, max_turns=32, max_context=4096), jax.random.key(0)
+    codec, cfg, key = ObservationCodec(tok), RolloutConfig(max_turn_tokens=8, max_turns=32, max_context=4096,
+                                                                constrain_moves=moves == "constrained"), jax.random.key(0)
     seeds = np.repeat(np.arange(games // 8), 8)
     play_games(Instant(), env, tok, cfg, key, seeds, codec=codec)  # warm
     wall, env_s = [], []
@@ -59,7 +71,7 @@ def measure(games: int, repeats: int) -> dict:
         traj = play_games(Instant(), env, tok, cfg, key, seeds + r + 1, codec=codec)
         wall.append(time.perf_counter() - t0)
         env_s.append(traj.stats.env_s)
-    return {"games": games, "repeats": repeats, "rollout_ms_median": 1e3 * statistics.median(wall),
+    return {"games": games, "repeats": repeats, "moves": moves, "rollout_ms_median": 1e3 * statistics.median(wall),
             "env_ms_median": 1e3 * statistics.median(env_s), "rollout_ms_all": [round(1e3 * w, 2) for w in wall]}
 
 
@@ -67,13 +79,14 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--games", type=int, nargs="+", default=[512, 2048])
     ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--moves", choices=["free", "constrained"], default="free")
     ap.add_argument("--trees", type=Path, nargs="+", default=None)
     ap.add_argument("--rounds", type=int, default=3, help="with --trees: alternate the checkouts this many times")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child run: print one JSON line
     ap.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "bench_host_rollout_cpu.json")
     args = ap.parse_args(argv)
     if args.one or not args.trees:
-        rows = [measure(g, args.repeats) for g in args.games]
+        rows = [measure(g, args.repeats, args.moves) for g in args.games]
         if args.one:
             print(json.dumps(rows))
             return {"rows": rows}
@@ -83,7 +96,7 @@ def main(argv=None) -> dict:
         for r in range(args.rounds):
             for tree in args.trees:
                 cmd = [sys.executable, str(ROOT / "experiments" / "bench_host_rollout.py"), "--one", "--repeats",
-                       str(args.repeats), "--games", *map(str, args.games)]
+                       str(args.repeats), "--moves", args.moves, "--games", *map(str, args.games)]
                 out = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree.resolve())},
                                      capture_output=True, text=True, check=True).stdout
                 runs.append({"tree": str(tree), "round": r, "rows": json.loads(out.strip().splitlines()[-1])})

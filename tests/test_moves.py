@@ -141,6 +141,33 @@ def test_connect_four_turns_are_a_legal_move_then_the_stop_token(tmp_path):
     assert np.abs(plain[mask] - traj.logprobs[mask]).mean() > 0.5
 
 
+def test_the_env_plays_the_move_the_policy_drew_without_parsing_it(tmp_path, monkeypatch):
+    """A constrained answer carries its move (`Decoded.moves`): the env steps exactly the actions whose tokens the
+    trajectory holds, in order, and the answer text is never parsed back (the parser raises here)."""
+    from earl_jax.envs.vector.codec import ObservationCodec
+    from earl_jax.envs.vector.env import VectorTextEnv
+
+    def no_parsing(*args, **kwargs):
+        raise AssertionError("a constrained answer was parsed")
+
+    played = {}
+    step = VectorTextEnv.step
+
+    def spy(self, rows, answers=None, *, moves=None):
+        for row, move in zip(np.asarray(rows).tolist(), np.asarray(moves).tolist()):
+            played.setdefault(row, []).append(move)
+        return step(self, rows, answers, moves=moves)
+
+    monkeypatch.setattr(ObservationCodec, "padded_answers_to_moves", no_parsing)
+    monkeypatch.setattr(VectorTextEnv, "step", spy)
+    trainer = Trainer(dataclasses.replace(TINY, run_dir=str(tmp_path)), log=False)
+    assert isinstance(trainer.env, VectorTextEnv)
+    traj, _ = trainer._rollout(trainer.env, list(range(16)), None, jax.random.key(3), trainer.sampling)
+    for row in range(16):
+        tokens = traj.tokens[row][traj.loss_mask[row]].tolist()
+        assert played[row] == [trainer.moves.token_ids.index(t) for t in tokens]
+
+
 def test_same_seeds_same_games_whatever_the_schedule(tmp_path):
     """Pipelined halves, compaction and the overlap change nothing a game plays (per-game keys)."""
     trainer = Trainer(dataclasses.replace(TINY, run_dir=str(tmp_path)), log=False)

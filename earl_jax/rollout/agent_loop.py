@@ -62,6 +62,7 @@ class Decoded:
     stopped: Bool[np.ndarray, " b"]
     scored: Bool[np.ndarray, "b t"] | None = None  # tokens the policy chose (None: all); a forced stop token is not
     choices: Int[np.ndarray, "b t"] | None = None  # legal-move bitmask of constrained tokens, 0 elsewhere
+    moves: Int[np.ndarray, " b"] | None = None  # constrained: the action each slot's answer names (no parsing)
 
 
 class Policy(Protocol):
@@ -345,7 +346,9 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         ep.turns[games] += 1
         t0 = time.perf_counter()
         if getattr(env, "accepts_moves", False):
-            step = env.step(games, moves=codec.padded_answers_to_moves(out.tokens[slots], out.counts[slots]))
+            moves = (out.moves[slots] if out.moves is not None  # a constrained answer is its move's canonical text
+                     else codec.padded_answers_to_moves(out.tokens[slots], out.counts[slots]))
+            step = env.step(games, moves=moves)
         else:
             step = env.step(games, codec.decode([row[:c] for row, c in zip(out.tokens[slots].tolist(),
                                                                            out.counts[slots].tolist())]))

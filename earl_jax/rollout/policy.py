@@ -109,7 +109,8 @@ class SamplerPolicy:
             scored[:, 0] = going  # the move is the policy's choice; the stop token is not
             choices = np.zeros((b, 2), np.int32)
             choices[:, 0] = bits
-            return Decoded(tokens, logprobs, counts, counts == 2, scored=scored, choices=choices)
+            moves = np.where(going, action_h, -1).astype(np.int64)
+            return Decoded(tokens, logprobs, counts, counts == 2, scored=scored, choices=choices, moves=moves)
 
         return fetch
 

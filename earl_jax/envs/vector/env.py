@@ -100,10 +100,19 @@ class VectorTextEnv:
         check_reset(rows, seeds, histories)
         start = self._positions(histories) if histories is not None else None
         cfg = self.config
-        draws = [self._draws(i, seed) for i, seed in zip(rows.tolist(), seeds)]
+        if all(seed is not None for seed in seeds):  # the common case: drawn once per distinct seed (a GRPO group's)
+            index: dict[int, int] = {}
+            where = np.array([index.setdefault(int(seed), len(index)) for seed in seeds], np.int64)
+            drawn = [seed_draws(seed, self._draw_agent) for seed in index]
+            for i, seed in zip(rows.tolist(), seeds):
+                self._np_random[i] = int(seed)
+            agents, opponent_seeds = (np.array([d[k] or 0 for d in drawn], np.int64)[where] for k in (0, 1))
+        else:
+            draws = [self._draws(i, seed) for i, seed in zip(rows.tolist(), seeds)]
+            agents, opponent_seeds = np.array([d[0] or 0 for d in draws]), np.array([d[1] for d in draws], np.int64)
         if self._draw_agent:
-            self.agent_player[rows] = [d[0] for d in draws]
-        self.opponent.reset(rows.tolist(), [d[1] for d in draws])
+            self.agent_player[rows] = agents
+        self.opponent.reset(rows, opponent_seeds)
         self.stones[rows], self.cells[rows] = start if start is not None else (0, 0)
         self.turn[rows] = 0
         self.retries_left[rows] = cfg.max_retries

@@ -55,11 +55,13 @@ class StreamBank:
         if not len(rows):
             return
         self.seeds[rows] = seeds
-        self.words[rows] = np.stack([_first_block(int(s)) for s in seeds])
+        unique, where = np.unique(np.asarray(seeds, np.int64), return_inverse=True)  # a GRPO group shares its seed
+        self.words[rows] = np.stack([_first_block(int(s)) for s in unique.tolist()])[where.reshape(-1)]
         self.used[rows] = 0
         self.blocks[rows] = 1
-        for i in rows.tolist():
-            self._rngs.pop(i, None)
+        if self._rngs:
+            for i in rows.tolist():
+                self._rngs.pop(i, None)
 
     def randbelow(self, rows: Int[np.ndarray, " r"], n: Int[np.ndarray, " r"]) -> Int[np.ndarray, " r"]:
         """`random.Random.randrange(n)` per row (CPython 3.11 `_randbelow_with_getrandbits`): the top

@@ -122,19 +122,22 @@ class BoardRenderer:
               results: list[str | None], first: bool) -> list[str]:
         """Any observation through `format_observation` (first observations, results): one call per distinct
         observation (the games of a GRPO group start from the same position: one call for the group)."""
-        out, seen = [], {}
-        codes = (legal @ (1 << np.arange(legal.shape[1]))).tolist()
-        for k, board in enumerate(self.board_texts(cells, agent_player)):
-            key = (board, int(opponent_action[k]), results[k], int(agent_player[k]), codes[k])
-            if key not in seen:
-                opp = key[1]
-                seen[key] = format_observation(
-                    self.gt, self.style, board=board,
-                    legal_actions=None if results[k] is not None else np.flatnonzero(legal[k]).tolist(),
-                    opponent_action=None if opp < 0 else opp, result=results[k], first=first,
-                    agent_player=key[3])
-            out.append(seen[key])
-        return out
+        # What an observation depends on, one byte row per game: distinct rows are rendered once.
+        result_ids = {r: k for k, r in enumerate(dict.fromkeys(results))}
+        key = np.concatenate([cells, legal, np.stack([opponent_action + 1, agent_player,
+                                                      [result_ids[r] for r in results]], 1)], 1).astype(np.uint8)
+        rows = np.ascontiguousarray(key).view(np.dtype((np.void, key.shape[1]))).reshape(-1)  # a row as one value
+        _, first_of, where = np.unique(rows, return_index=True, return_inverse=True)
+        boards = self.board_texts(cells[first_of], agent_player[first_of])
+        distinct = []
+        for board, k in zip(boards, first_of.tolist()):
+            opp = int(opponent_action[k])
+            distinct.append(format_observation(
+                self.gt, self.style, board=board,
+                legal_actions=None if results[k] is not None else np.flatnonzero(legal[k]).tolist(),
+                opponent_action=None if opp < 0 else opp, result=results[k], first=first,
+                agent_player=int(agent_player[k])))
+        return [distinct[k] for k in where.reshape(-1).tolist()]
 
 
 def _chars(cells: UInt8[np.ndarray, "n c"], agent_player: Int[np.ndarray, " n"]) -> UInt8[np.ndarray, "n c"]:
