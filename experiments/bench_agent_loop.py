@@ -56,6 +56,7 @@ CASES["gpu"]["gpu512_groups2"] = CASES["gpu"]["gpu512"] + ["--rollout-groups", "
 FOUR_PROC = CASES["gpu"]["gpu2048"][:-4] + ["--steps", "14", "--prompt-style", "compact"]
 CASES["gpu"]["gpu2048_4proc"] = FOUR_PROC + ["--rollout-split-processes", "true"]
 CASES["gpu"]["gpu2048_4proc_nosplit"] = FOUR_PROC + ["--rollout-split-processes", "false"]
+CASES["gpu"]["gpu2048_constrained_4proc"] = CASES["gpu"]["gpu2048_4proc"] + ["--constrain-moves", "true"]
 # ... and 2048 games a GPU (weak scaling): does a data-parallel rollout scale once each GPU has one GPU's load? At 2048
 # games in all each process has 512, which one GPU plays in 0.18-0.21 s against 0.33 s for 2048 (call 58): latency bound.
 CASES["gpu"]["gpu8192"] = ["--groups", "1024", "--group-size", "8", "--steps", "8", "--prompt-style", "compact"]
@@ -64,7 +65,8 @@ CASES["gpu"]["gpu8192_4proc"] = (CASES["gpu"]["gpu8192"][:-4] + ["--steps", "14"
 # ... and split with the collector run on a schedule (earl_jax/rl/gc_control.py): do the stragglers go away?
 CASES["gpu"]["gpu2048_4proc_gc"] = CASES["gpu"]["gpu2048_4proc"] + ["--gc-every", "1"]
 LAUNCH = {name: ["-n", "4", "--devices-per-process", "1"]
-          for name in ("gpu2048_4proc", "gpu2048_4proc_nosplit", "gpu2048_4proc_gc", "gpu8192_4proc")}
+          for name in ("gpu2048_4proc", "gpu2048_4proc_nosplit", "gpu2048_4proc_gc", "gpu8192_4proc",
+                             "gpu2048_constrained_4proc")}
 CURRENT_ONLY_CASES = {"gpu2048_device_groups", "gpu512_groups2", *LAUNCH}
 TIMES = ("time/rollout_s", "time/experience_s", "time/train_s", "time/dispatch_s")
 
