@@ -17,7 +17,7 @@ from earl_jax.parallel.planner import ProgramCache, StageRun
 from earl_jax.rl import stages
 from earl_jax.rl.losses import LossConfig
 from earl_jax.rl.packing import (MIN_SPLIT_ROWS, WIDTH_BUCKETS, grouped_logprobs, grouped_update, length_order,
-                                 length_split, limit_new_widths, micro_batch_widths, rearrange)
+                                 length_split, limit_new_widths, micro_batch_widths, mini_batch_rows, rearrange)
 from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, make_mesh
 
 CFG = ModelConfig.tiny(vocab_size=32).replace(num_hidden_layers=2, hidden_size=64, intermediate_size=128)
@@ -38,6 +38,13 @@ def test_length_order_puts_similar_lengths_in_each_micro_batch():
         assert widths == sorted(widths, reverse=True) and widths[0] == 256 and widths[-1] < 256
     with pytest.raises(ValueError, match="do not split"):
         length_order(lengths[:10], 4)
+
+
+def test_mini_batches_are_contiguous_slices_of_whole_shards():
+    parts = mini_batch_rows(16, 4, 2)
+    assert [p.tolist() for p in parts] == [list(range(k, k + 4)) for k in range(0, 16, 4)]
+    with pytest.raises(ValueError, match="--ppo-mini-batches 4"):
+        mini_batch_rows(16, 4, 8)  # 4 rows a mini-batch over 8 shards
 
 
 def _batch(rng):

@@ -60,6 +60,28 @@ def test_few_new_widths_per_iteration_compile_less_and_change_nothing(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+def _adam_steps(trainer: Trainer) -> int:
+    counts = [int(x) for path, x in jax.tree_util.tree_flatten_with_path(trainer.opt_state)[0]
+              if "count" in jax.tree_util.keystr(path)]
+    assert counts, "no step counter in the optimizer state"
+    return max(counts)
+
+
+def test_ppo_mini_batches_make_that_many_updates_an_iteration(tmp_path):
+    """--ppo-mini-batches N: N optimizer steps per pass over the batch (what the flag promises reaches the train
+    stage), each on whole groups; a count that leaves a mini-batch without whole groups is refused at start."""
+    cfg = dataclasses.replace(SMALL, steps=1, eval_every=0, format_warmup_steps=0, checkpoint_every=0, eval_games=2)
+    steps = {}
+    for n in (1, 2, 4):
+        trainer = Trainer(dataclasses.replace(cfg, run_dir=str(tmp_path / str(n)), ppo_mini_batches=n, ppo_epochs=2),
+                          log=False)
+        trainer.run()
+        steps[n] = _adam_steps(trainer)
+    assert steps == {1: 2, 2: 4, 4: 8}
+    with pytest.raises(ValueError, match="--ppo-mini-batches"):
+        dataclasses.replace(cfg, ppo_mini_batches=3)
+
+
 def test_killed_and_resumed_run_is_bit_exact(tmp_path):
     cfg = dataclasses.replace(SMALL, steps=4, eval_every=0, format_warmup_steps=0)
     # the straight run collects garbage on a schedule (--gc-every): when Python collects changes nothing computed

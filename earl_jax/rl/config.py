@@ -136,6 +136,9 @@ class RLConfig:
     weight_decay: float = _f(0.0, "AdamW weight decay")
     grad_clip: float = _f(1.0, "global gradient-norm clip")
     ppo_epochs: int = _f(1, "passes over each iteration's batch")
+    ppo_mini_batches: int = _f(1, "optimizer updates per pass, each on 1/N of the iteration's games in whole GRPO "
+                                  "groups (veRL's ppo_mini_batch_size = games / N): N times the updates for the same "
+                                  "compute, later ones off-policy within the PPO clip")
     length_split: bool = _f(True, "experience / train: split a batch into more (length-grouped) micro-batches "
                                   "than the plan's memory bound when that cuts the padded tokens by more than "
                                   "packing.SPLIT_GAIN")
@@ -189,7 +192,7 @@ class RLConfig:
                 raise ValueError(f"--{name.replace('_', '-')}: {msg} (got {getattr(self, name)!r})")
 
         for name in ("steps", "groups", "group_size", "max_turn_tokens", "max_turns", "max_context",
-                     "ppo_epochs", "micro_batch_tokens", "logprob_chunk", "eval_games"):
+                     "ppo_epochs", "ppo_mini_batches", "micro_batch_tokens", "logprob_chunk", "eval_games"):
             need(getattr(self, name) > 0, name, "must be positive")
         for name in ("warmup_steps", "format_warmup_steps", "eval_every", "checkpoint_every", "invalid_retries",
                      "rollout_groups", "top_k", "max_minutes", "stall_minutes", "kl_coef", "entropy_coef", "weight_decay",
@@ -211,6 +214,8 @@ class RLConfig:
         need(self.blunder_depth >= 1, "blunder_depth", "must be >= 1")
         need(not (self.between_group_weight and self.filter_constant_groups), "filter_constant_groups",
              "drops the constant groups that --between-group-weight gives an advantage: turn one of them off")
+        need(self.groups % self.ppo_mini_batches == 0, "ppo_mini_batches",
+             f"must divide --groups ({self.groups}): a mini-batch holds whole GRPO groups")
         need(self.agent_player in (None, 0, 1), "agent_player", "must be 0, 1 or none")
         need(0 < self.promote_at <= 1, "promote_at", "must be in (0, 1]")
         need(self.league_size >= 0, "league_size", "must be >= 0")

@@ -61,6 +61,15 @@ def batch_width(t: int) -> int:
     return max(MIN_WIDTH, bucket(t, DEFAULT_LENGTH_BUCKETS))
 
 
+def mini_batch_rows(n: int, count: int, shards: int) -> list[Int[np.ndarray, " m"]]:
+    """The rows of each of `count` PPO mini-batches of an n-row batch: contiguous equal slices, so whole GRPO groups
+    when `count` divides the groups (games are laid out group after group); each must split over the batch shards."""
+    if n % count or (n // count) % shards:
+        raise ValueError(f"--ppo-mini-batches {count}: {n} rows do not make {count} mini-batches of whole batch shards "
+                         f"({shards} here); use a count that divides the games into multiples of {shards}")
+    return list(np.arange(n).reshape(count, n // count))
+
+
 def length_order(lengths: Int[np.ndarray, " n"], shards: int) -> Int[np.ndarray, " n"]:
     """perm: row i of the arranged batch is row perm[i] of the original. Rank k (k-th longest) goes to shard
     k % shards, position k // shards of its block."""

@@ -53,7 +53,7 @@ from earl_jax.rl.losses import LossConfig
 from earl_jax.rl.matchmaking import Matchmaker
 from earl_jax.rl.metrics import MetricsLogger
 from earl_jax.rl.packing import (batch_width, grouped_logprobs, grouped_update, length_order, length_split,
-                                 limit_new_widths, rearrange, scored_spans)
+                                 limit_new_widths, mini_batch_rows, rearrange, scored_spans)
 from earl_jax.rl.stages import ExperienceBatch, advantage_step, make_optimizer, sft_batch
 from earl_jax.rl.warmup import random_legal_games
 from earl_jax.rollout.agent_loop import COMPACT_FACTOR, COMPACT_LEVELS, RolloutConfig, Trajectories, play_games
@@ -169,7 +169,8 @@ class Trainer:
             entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation, gamma=cfg.gamma,
             between_group_weight=cfg.between_group_weight, entropy_floor=cfg.entropy_floor,
             turn_discount=cfg.turn_discount)
-        self.optimizer = make_optimizer(cfg.learning_rate, cfg.warmup_steps, cfg.steps * cfg.ppo_epochs,
+        updates = cfg.ppo_epochs * cfg.ppo_mini_batches  # optimizer steps an iteration: the schedule counts those
+        self.optimizer = make_optimizer(cfg.learning_rate, cfg.warmup_steps * updates, cfg.steps * updates,
                                         cfg.weight_decay, cfg.grad_clip)
         self.opt_state = self._place_opt_state(train, jax.jit(self.optimizer.init)(self.params))
         self.sft_optimizer = make_optimizer(3e-3, 5, max(cfg.format_warmup_steps, 6), 0.0, cfg.grad_clip)
@@ -402,32 +403,37 @@ class Trainer:
 
     def _train(self, run: StageRun, batch: ExperienceBatch, lengths: np.ndarray, arranged: np.ndarray
                ) -> dict[str, Any]:
-        """PPO epochs of length-grouped updates. `batch` rows are `lengths`' rows in the order `arranged`."""
+        """PPO epochs of length-grouped updates, `cfg.ppo_mini_batches` an epoch. `batch` rows are `lengths`' rows
+        in the order `arranged`. Metrics: the mean over the last epoch's updates."""
         t0 = time.perf_counter()
         # The selector may have moved training to another mesh: weights and optimizer state follow.
         self.params = self._params_for(run)
         self.opt_state = self._place_opt_state(run, self.opt_state)
         batch = self.dispatcher(batch, jax.tree.map(lambda x: run.row_sharding(x.ndim), batch))
-        perm = length_order(lengths, run.batch_shards)
-        batch = rearrange(run, batch, np.argsort(arranged)[perm])  # this layout's arrangement (as many shards)
-        jax.block_until_ready(batch)
+        parts = []  # (rows, their length split): each mini-batch in this layout's arrangement (as many shards)
+        for rows in mini_batch_rows(len(lengths), self.cfg.ppo_mini_batches, run.batch_shards):
+            perm = rows[length_order(lengths[rows], run.batch_shards)]
+            part = rearrange(run, batch, np.argsort(arranged)[perm])
+            parts.append((part, self._split(run, lengths[perm], part.tokens.shape)))
+        jax.block_until_ready([part for part, _ in parts])
         dispatch_s = time.perf_counter() - t0
-        micro, widths, ahead = self._split(run, lengths[perm], batch.tokens.shape)
-        metrics = {}
         for _ in range(self.cfg.ppo_epochs):
-            try:
-                self.params, self.opt_state, metrics = grouped_update(
-                    run, self.params, self.opt_state, batch, widths, micro, graphdef=self.graphdef, loss="policy",
-                    loss_cfg=self.loss_cfg, optimizer=self.optimizer,
-                    token_weighted=self.loss_cfg.aggregation == "token_mean", choice_tokens=self.choice_tokens,
-                    ahead=ahead)
-                jax.block_until_ready(metrics)
-            except Exception as e:
-                if any(x.is_deleted() for x in jax.tree.leaves(self.params)):  # donated buffers are gone
-                    raise RuntimeError("the train stage failed after donating the weights; resume from the "
-                                       "last checkpoint (--resume)") from e
-                raise
-        metrics = global_to_host(metrics)
+            updates = []
+            for part, (micro, widths, ahead) in parts:
+                try:
+                    self.params, self.opt_state, metrics = grouped_update(
+                        run, self.params, self.opt_state, part, widths, micro, graphdef=self.graphdef, loss="policy",
+                        loss_cfg=self.loss_cfg, optimizer=self.optimizer,
+                        token_weighted=self.loss_cfg.aggregation == "token_mean", choice_tokens=self.choice_tokens,
+                        ahead=ahead)
+                    jax.block_until_ready(metrics)
+                except Exception as e:
+                    if any(x.is_deleted() for x in jax.tree.leaves(self.params)):  # donated buffers are gone
+                        raise RuntimeError("the train stage failed after donating the weights; resume from the "
+                                           "last checkpoint (--resume)") from e
+                    raise
+                updates.append(global_to_host(metrics))
+        metrics = {k: float(np.mean([u[k] for u in updates])) for k in updates[0]}
         metrics["dispatch_s"] = dispatch_s
         return metrics
 
