@@ -72,12 +72,12 @@ def test_ppo_mini_batches_make_that_many_updates_an_iteration(tmp_path):
     stage), each on whole groups; a count that leaves a mini-batch without whole groups is refused at start."""
     cfg = dataclasses.replace(SMALL, steps=1, eval_every=0, format_warmup_steps=0, checkpoint_every=0, eval_games=2)
     steps = {}
-    for n in (1, 2, 4):
+    for n in (1, 4):
         trainer = Trainer(dataclasses.replace(cfg, run_dir=str(tmp_path / str(n)), ppo_mini_batches=n, ppo_epochs=2),
                           log=False)
         trainer.run()
         steps[n] = _adam_steps(trainer)
-    assert steps == {1: 2, 2: 4, 4: 8}
+    assert steps == {1: 2, 4: 8}
     with pytest.raises(ValueError, match="--ppo-mini-batches"):
         dataclasses.replace(cfg, ppo_mini_batches=3)
 
