@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Issue 14, two `connect4.py --preset gpu` runs side by side on two GPUs of one machine (nvidia-h100-x2), one
-# device call: run A on GPU 0 with A's flags, run B on GPU 1 with B's flags, MINUTES of training each, then each
-# run's newest checkpoint against the ladder (evaluate_run.py). Same code, same host, same minutes: a paired
-# comparison of a learning setting. Carry .whl_env.
+# Issue 14, `connect4.py --preset gpu` runs side by side on the GPUs of one machine, one device call: run A on GPU 0
+# with A's flags, run B on GPU 1 with B's flags (nvidia-h100-x2), and C, D on GPUs 2, 3 when set (nvidia-h100-x4),
+# MINUTES of training each, then each run's newest checkpoint against the ladder (evaluate_run.py). Same code, same
+# host, same minutes: a paired comparison of learning settings. Carry .whl_env.
 #   A="" B="--group-seeds per_game" experiments/run_connect4_gpu_ab.sh 7
-# Back in $OUT: {a,b}/metrics.jsonl, {a,b}/evaluation.json, {a,b}/log_tail.txt, device.txt (7 files).
+#   A="" B="--ppo-mini-batches 4" C="--model-logit-scale 4" D="..." experiments/run_connect4_gpu_ab.sh 5
+# Back in $OUT: {a,b}/metrics.jsonl, {a,b}/evaluation.json, {a,b}/log_tail.txt, device.txt (7 files); with C or D
+# set, all of it in runs.tgz (only 8 files come back from a call). Then experiments/summarize_connect4_gpu_ab.py.
 set -u
 MINUTES=$1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/a" "$OUT/b"
+NAMES="a b"
+[ -n "${C+x}" ] && NAMES="$NAMES c"
+[ -n "${D+x}" ] && NAMES="$NAMES d"
 source experiments/gpu_wheels.sh; install_wheels
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1 | tee "$OUT/device.txt"
@@ -22,9 +27,14 @@ one() {  # one() NAME GPU FLAGS...
   cp "$run/metrics.jsonl" "$run/evaluation.json" "$OUT/$name/" 2>/dev/null
   tail -n 200 "/tmp/$name.log" > "$OUT/$name/log_tail.txt"
 }
-# shellcheck disable=SC2086
-one a 0 ${A:-} &
-# shellcheck disable=SC2086
-one b 1 ${B:-} &
+gpu=0
+for n in $NAMES; do
+  flags_var=${n^^}
+  mkdir -p "$OUT/$n"
+  # shellcheck disable=SC2086
+  one "$n" "$gpu" ${!flags_var:-} &
+  gpu=$((gpu + 1))
+done
 wait
-for n in a b; do echo "== $n"; grep -E "first RL iteration|promot|no learning signal" "/tmp/$n.log" | head -8; tail -n 8 "/tmp/$n.log"; done
+for n in $NAMES; do echo "== $n"; grep -E "first RL iteration|promot|no learning signal" "/tmp/$n.log" | head -8; tail -n 8 "/tmp/$n.log"; done
+if [ "$NAMES" != "a b" ]; then (cd "$OUT" && tar czf /tmp/runs.tgz $NAMES device.txt && rm -rf $NAMES device.txt && mv /tmp/runs.tgz .); fi

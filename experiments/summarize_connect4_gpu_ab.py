@@ -1,4 +1,4 @@
-"""Summarize a paired issue-14 GPU run (experiments/run_connect4_gpu_ab.sh: runs a and b side by side, one GPU
+"""Summarize an issue-14 GPU comparison (experiments/run_connect4_gpu_ab.sh: runs a, b (c, d) side by side, one GPU
 each, one device call) into one JSON (summarize_connect4_gpu.summarize per run) and a PNG of both curves.
 
     python experiments/summarize_connect4_gpu_ab.py OUT_DIR --labels "shared seeds" "per-game seeds" \
@@ -46,15 +46,16 @@ def plot(runs: dict[str, tuple[list[dict], dict]], title: str, path: Path) -> No
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("out_dir", type=Path, help="the call's $OUT: a/ and b/ with metrics.jsonl, evaluation.json")
-    p.add_argument("--labels", nargs=2, default=["a", "b"])
-    p.add_argument("--what", required=True, help="what differs between a and b")
+    p.add_argument("out_dir", type=Path, help="the call's $OUT (runs.tgz unpacked): a/, b/, ... with metrics.jsonl, "
+                                                "evaluation.json")
+    p.add_argument("--labels", nargs="+", default=["a", "b"], help="one per run, in order a, b, c, d")
+    p.add_argument("--what", required=True, help="what differs between the runs")
     p.add_argument("--device", default=None, help="default: OUT_DIR/device.txt")
     p.add_argument("--out", type=Path, required=True, help="path without suffix")
     args = p.parse_args(argv)
     device = args.device or (args.out_dir / "device.txt").read_text().strip().split(",")[0]
     runs = {}
-    for label, sub in zip(args.labels, "ab"):
+    for label, sub in zip(args.labels, "abcd"):
         rows, ev = load(args.out_dir / sub)
         runs[label] = (rows, summarize(rows, ev, device))
     result = {"what": args.what, "device": device, "script": "experiments/run_connect4_gpu_ab.sh",
