@@ -13,6 +13,15 @@ Two checks beside experiments/ttt_imitation_check.py (which runs the format warm
 
     python experiments/ttt_learning_speed.py turns --lr 1e-3 --steps 60
     python experiments/ttt_learning_speed.py synthetic --task set --lr 1e-3 --steps 150
+
+Probes of the plateau (learning notes 16), each a change to the tiny model or its optimiser, monkeypatched here
+(teacher-forced forward only): --qk-norm (RMSNorm on each head's q and k, as Qwen3), --attn-scale (attention logits
+times this), --pos (rope; rope+abs: learned absolute positions added to the embeddings; abs: those without RoPE;
+none), --logit-scale (output logits times this), --embed-mult (input embeddings times this), --model (overrides of
+the tiny preset, e.g. num_hidden_layers=2,hidden_size=256), --init-scale (multiply the initial parameters of these
+names, e.g. o_nhd=0,down_fd=0), --b2/--eps/--warmup/--embed-lr-mult (Adam), --seed.
+
+    python experiments/ttt_learning_speed.py synthetic --task set --lr 3e-4 --steps 150 --log-every 5 --logit-scale 8
 """
 
 from __future__ import annotations
@@ -40,19 +49,83 @@ from earl_jax.rl.logprobs import token_logprobs  # noqa: E402
 from earl_jax.rl.warmup import random_legal_games  # noqa: E402
 
 
-def make_trainer(games: int, untied: bool = False):
+def make_trainer(games: int, untied: bool = False, model: dict | None = None, seed: int = 0):
     from tictactoe import DEFAULT
 
     from earl_jax.models import config as model_config
 
-    if untied:  # the tiny preset with its own output matrix: output gradients no longer move the input embeddings
+    over = dict(model or {}, **({"tie_word_embeddings": False} if untied else {}))  # untied: own output matrix
+    if over:
         tiny = model_config.ModelConfig.tiny
-        model_config.PRESETS["tiny"] = lambda **kw: tiny(**kw).replace(tie_word_embeddings=False)
+        model_config.PRESETS["tiny"] = lambda **kw: tiny(**kw).replace(**over)
 
     cfg = dataclasses.replace(DEFAULT, format_warmup_steps=1, format_warmup_games=games, eval_games=4, devices=1,
                               run_dir="runs/ttt_learning_speed", wandb_mode="disabled", progress=False,
-                              checkpoint_every=0)
+                              checkpoint_every=0, seed=seed)
     return trainer_mod.Trainer(cfg, log=False)
+
+
+def patch_model(qk_norm: bool, attn_scale: float, pos: str, logit_scale: float = 1.0, embed_mult: float = 1.0,
+                max_pos: int = 512) -> None:
+    """Monkeypatch the Qwen2 classes before the trainer builds its model (a probe, not the real option)."""
+    from earl_jax.models import qwen2
+
+    if logit_scale != 1.0:  # the output logits times a constant (a fixed inverse temperature)
+        logits = qwen2.Qwen2.logits
+        qwen2.Qwen2.logits = lambda self, h: logits(self, h) * logit_scale
+    if embed_mult != 1.0 or pos in ("rope+abs", "abs"):  # Qwen2.hidden with the input changed
+        model_init = qwen2.Qwen2.__init__
+
+        def init_model(self, cfg, *, rngs, **kw):
+            model_init(self, cfg, rngs=rngs, **kw)
+            if pos in ("rope+abs", "abs"):  # learned absolute positions, added to the token embeddings
+                self.pos_pd = qwen2._param(rngs, (max_pos, cfg.hidden_size), (None, "embed"), jnp.float32)
+
+        def hidden(self, tokens, positions, cache=None):
+            assert cache is None, "probe patches cover the teacher-forced forward only"
+            x = jnp.take(self.embed_vd[...], tokens, axis=0) * embed_mult  # Gemma scales by sqrt(d)
+            if pos in ("rope+abs", "abs"):
+                x = x + jnp.take(self.pos_pd[...], positions, axis=0)
+            x = x.astype(self.dtype)
+            for layer in self.layers:
+                x, _ = qwen2._apply_layer(layer, x, positions, None, getattr(self, "remat", False))
+            return self.final_norm(x), None
+
+        qwen2.Qwen2.__init__, qwen2.Qwen2.hidden = init_model, hidden
+    if not qk_norm and attn_scale == 1.0 and pos == "rope":
+        return
+    from earl_jax.sharding.context import constrain
+
+    def head_norm(x, scale, eps):  # RMSNorm over head_dim, statistics in float32
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+        return (scale[...].astype(jnp.float32) * x32).astype(x.dtype)
+
+    attn_init = qwen2.Attention.__init__
+
+    def init(self, cfg, *, dtype, param_dtype, rngs):
+        attn_init(self, cfg, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        if qk_norm:
+            h = cfg.dim_per_head
+            self.q_norm = qwen2._param(rngs, (h,), ("head_dim",), param_dtype, init="ones")
+            self.k_norm = qwen2._param(rngs, (h,), ("head_dim",), param_dtype, init="ones")
+
+    def call(self, x, positions, cache):
+        cfg = self.cfg
+        bias = (lambda name: getattr(self, name)) if cfg.attention_bias else (lambda name: None)
+        q = self._proj(x, self.q_dnh, bias("q_bias"), ("batch", "length", "act_heads", None))
+        k = self._proj(x, self.k_dkh, bias("k_bias"), ("batch", "length", "act_kv_heads", None))
+        v = self._proj(x, self.v_dkh, bias("v_bias"), ("batch", "length", "act_kv_heads", None))
+        if qk_norm:
+            q, k = head_norm(q, self.q_norm, cfg.rms_norm_eps), head_norm(k, self.k_norm, cfg.rms_norm_eps)
+        q = q * attn_scale
+        if pos in ("rope", "rope+abs"):
+            q, k = qwen2.rope(q, positions, cfg.rope_theta), qwen2.rope(k, positions, cfg.rope_theta)
+        assert cache is None, "probe patches cover the teacher-forced forward only"
+        out = constrain(qwen2.causal_attention(q, k, v), ("batch", "length", "act_heads", None))
+        return jnp.einsum("btnh,nhd->btd", out, self.o_nhd[...].astype(self.dtype)), cache
+
+    qwen2.Attention.__init__, qwen2.Attention.__call__ = init, call
 
 
 def single_turns(tok: np.ndarray, mask: np.ndarray, eos: int, bos: int) -> tuple[np.ndarray, np.ndarray]:
@@ -77,13 +150,36 @@ def digit_cosine(params, digits: list[int]) -> float:
     return float((c.sum() - len(digits)) / (len(digits) * (len(digits) - 1)))
 
 
+def rescale_init(params, factors: dict[str, float]) -> None:
+    """Multiply every initial parameter named by a key of `factors` (e.g. {"o_nhd": 0.0}: all layers' o)."""
+    for path, var in nnx.to_flat_state(params):
+        name = str(path[-1])
+        if name in factors:
+            var.set_value(var.get_value() * factors[name])
+
+
+def make_opt(lr: float, b2: float = 0.999, eps: float = 1e-8, warmup: int = 0, embed_lr_mult: float = 1.0):
+    """Adam at a constant lr (a linear warm-up over `warmup` steps if given); the embedding's updates times
+    `embed_lr_mult`."""
+    sched = optax.linear_schedule(0.0, lr, warmup) if warmup else lr
+    opt = optax.adam(sched, b2=b2, eps=eps)
+    if embed_lr_mult == 1.0:
+        return opt
+    labels = lambda p: jax.tree.map_with_path(  # noqa: E731
+        lambda kp, _: "embed" if "embed_vd" in jax.tree_util.keystr(kp) else "rest", p)
+    return optax.chain(opt, optax.multi_transform({"embed": optax.scale(embed_lr_mult), "rest": optax.identity()},
+                                                  labels))
+
+
 def train(trainer, batches, steps: int, lr: float, eos: int, embed_std: float = 0.0, check=None,
-          check_every: int = 0) -> list[dict]:
+          check_every: int = 0, opt=None, init_scale: dict | None = None, log_every: int = 10) -> list[dict]:
     digits = [trainer.tokenizer.token_to_id(c) for c in "012345678"]
     if embed_std:  # the same directions, a larger scale: Adam's first steps (~lr per entry) no longer drown them
         e = trainer.params["embed_vd"]
         e.value = e.value * (embed_std / float(jnp.std(e.value)))
-    opt = optax.adam(lr)
+    if init_scale:
+        rescale_init(trainer.params, init_scale)
+    opt = opt or optax.adam(lr)
     params, log = trainer.params, []
     state = opt.init(params)
 
@@ -102,7 +198,7 @@ def train(trainer, batches, steps: int, lr: float, eos: int, embed_std: float = 
     for i in range(steps):
         tokens, mask = batches(i)
         params, state, loss, move_loss = step(params, state, jnp.asarray(tokens), jnp.asarray(mask))
-        if i % 10 == 0 or i == steps - 1:
+        if i % log_every == 0 or i == steps - 1:
             log.append({"step": i, "loss": float(loss), "move_loss": float(move_loss),
                         "digit_cosine": round(digit_cosine(params, digits), 3),
                         "seconds": round(time.perf_counter() - t0, 1)})
@@ -129,10 +225,28 @@ def main() -> None:
                                                                      "(0: the preset's 0.02)")
     p.add_argument("--task", choices=["fixed", "set"], default="set", help="synthetic: which listed digit answers")
     p.add_argument("--position", type=int, default=0, help="synthetic fixed: the listed digit (0-4) that answers")
+    p.add_argument("--seed", type=int, default=0, help="model init seed (the data's stream is seed + 7)")
+    p.add_argument("--log-every", type=int, default=10)
+    probes = p.add_argument_group("plateau probes (learning notes 16)")
+    probes.add_argument("--qk-norm", action="store_true", help="RMSNorm (learned scale) on each head's q and k")
+    probes.add_argument("--attn-scale", type=float, default=1.0, help="attention logits times this")
+    probes.add_argument("--pos", choices=["rope", "rope+abs", "abs", "none"], default="rope",
+                        help="abs: learned absolute position embeddings added to the token embeddings")
+    probes.add_argument("--logit-scale", type=float, default=1.0, help="output logits times this")
+    probes.add_argument("--embed-mult", type=float, default=1.0, help="input embeddings times this")
+    probes.add_argument("--model", default="", help="tiny preset overrides, e.g. num_hidden_layers=2,hidden_size=256")
+    probes.add_argument("--init-scale", default="", help="multiply initial params by name, e.g. o_nhd=0,down_fd=0.35")
+    probes.add_argument("--b2", type=float, default=0.999)
+    probes.add_argument("--eps", type=float, default=1e-8)
+    probes.add_argument("--warmup", type=int, default=0, help="linear lr warm-up steps")
+    probes.add_argument("--embed-lr-mult", type=float, default=1.0)
     args = p.parse_args()
-    trainer = make_trainer(args.games, args.untied)
+    kv = lambda text, cast: {k: cast(v) for k, v in (x.split("=") for x in text.split(",") if x)}  # noqa: E731
+    model, init_scale = kv(args.model, int), kv(args.init_scale, float)
+    patch_model(args.qk_norm, args.attn_scale, args.pos, args.logit_scale, args.embed_mult)
+    trainer = make_trainer(args.games, args.untied, model, args.seed)
     eos, bos = trainer.ids.eos_id, trainer.ids.bos_id
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(7 + args.seed)
     if args.check == "turns":
         from ttt_imitation_check import move_accuracy, solver_moves
 
@@ -163,11 +277,18 @@ def main() -> None:
     check = None
     if args.check == "turns" and not args.single:
         from ttt_imitation_check import move_accuracy as check
-    log = train(trainer, batches, args.steps, args.lr, eos, args.embed_std, check, args.check_every)
+    opt = make_opt(args.lr, args.b2, args.eps, args.warmup, args.embed_lr_mult)
+    log = train(trainer, batches, args.steps, args.lr, eos, args.embed_std, check, args.check_every, opt, init_scale,
+                args.log_every)
     out = {"check": args.check, "lr": args.lr, "steps": args.steps, "single": args.single, "task": args.task, "position": args.position,
            "untied": args.untied, "embed_std": args.embed_std,
-           "batch": args.batch if args.check == "synthetic" else args.games,
-           "log": log}
+           "batch": args.batch if args.check == "synthetic" else args.games}
+    probe = {"seed": args.seed, "qk_norm": args.qk_norm, "attn_scale": args.attn_scale, "pos": args.pos,
+             "logit_scale": args.logit_scale, "embed_mult": args.embed_mult, "model": model, "init_scale": init_scale, "b2": args.b2, "eps": args.eps, "warmup": args.warmup,
+             "embed_lr_mult": args.embed_lr_mult}
+    defaults = {"seed": 0, "qk_norm": False, "attn_scale": 1.0, "pos": "rope", "logit_scale": 1.0, "embed_mult": 1.0, "model": {}, "init_scale": {},
+                "b2": 0.999, "eps": 1e-8, "warmup": 0, "embed_lr_mult": 1.0}
+    out.update({k: v for k, v in probe.items() if v != defaults[k]}, log=log)  # only what differs from the default
     if args.check == "turns" and not args.single:
         out["moves"] = move_accuracy(trainer)
         out["moves_solver_positions"] = move_accuracy(trainer, agent="solver")
