@@ -410,7 +410,7 @@ class Trainer:
         self.params = self._params_for(run)
         self.opt_state = self._place_opt_state(run, self.opt_state)
         batch = self.dispatcher(batch, jax.tree.map(lambda x: run.row_sharding(x.ndim), batch))
-        parts = []  # (rows, their length split): each mini-batch in this layout's arrangement (as many shards)
+        parts = []  # (mini-batch, its length split): each in this layout's arrangement (as many shards)
         for rows in mini_batch_rows(len(lengths), self.cfg.ppo_mini_batches, run.batch_shards):
             perm = rows[length_order(lengths[rows], run.batch_shards)]
             part = rearrange(run, batch, np.argsort(arranged)[perm])
