@@ -47,17 +47,16 @@ def measure(games: int, repeats: int, moves: str = "free") -> dict:
 
         def generate(self, budgets, rng, row_ids, legal=None):
             b = len(budgets)
+            counts = np.where(budgets > 0, 2, 0).astype(np.int32)
             if legal is not None:  # constrained: a legal move, as rollout/policy.py answers (its move if Decoded has it)
                 action = (self.rng.random(legal.shape) * legal).argmax(1)
                 toks = np.stack([digits[action], np.full(b, eos, np.int32)], 1)
-                counts = np.where(budgets > 0, 2, 0).astype(np.int32)
                 scored = np.zeros((b, 2), bool)
                 scored[:, 0] = budgets > 0
                 extra = {"moves": np.where(budgets > 0, action, -1)} if "moves" in Decoded.__dataclass_fields__ else {}
                 return lambda: Decoded(toks, np.zeros((b, 2), np.float32), counts, budgets > 0, scored,
                                        np.zeros((b, 2), np.int32), **extra)
             toks = np.stack([digits[self.rng.integers(0, 7, b)], np.full(b, eos, np.int32)], 1)
-            counts = np.where(budgets > 0, 2, 0).astype(np.int32)
             return lambda: Decoded(toks, np.zeros((b, 2), np.float32), counts, budgets > 0)
 
     env = make_vector_env(EnvConfig(game="connect_four", opponent="random", prompt_style="compact"), games)

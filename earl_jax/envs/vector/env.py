@@ -106,10 +106,9 @@ class VectorTextEnv:
             drawn = [seed_draws(seed, self._draw_agent) for seed in index]
             for i, seed in zip(rows.tolist(), seeds):
                 self._np_random[i] = int(seed)
-            agents, opponent_seeds = (np.array([d[k] or 0 for d in drawn], np.int64)[where] for k in (0, 1))
         else:
-            draws = [self._draws(i, seed) for i, seed in zip(rows.tolist(), seeds)]
-            agents, opponent_seeds = np.array([d[0] or 0 for d in draws]), np.array([d[1] for d in draws], np.int64)
+            drawn, where = [self._draws(i, seed) for i, seed in zip(rows.tolist(), seeds)], np.arange(len(rows))
+        agents, opponent_seeds = (np.array([d[k] or 0 for d in drawn], np.int64)[where] for k in (0, 1))
         if self._draw_agent:
             self.agent_player[rows] = agents
         self.opponent.reset(rows, opponent_seeds)
