@@ -7,6 +7,11 @@
 #   A="" B="--ppo-mini-batches 4" C="--model-logit-scale 4" D="..." experiments/run_connect4_gpu_ab.sh 5
 # Back in $OUT: {a,b}/metrics.jsonl, {a,b}/evaluation.json, {a,b}/log_tail.txt, device.txt (7 files); with C or D
 # set, all of it in runs.tgz (only 8 files come back from a call). Then experiments/summarize_connect4_gpu_ab.py.
+# Longer than one call (600 s) allows, in parts: SAVE=1 skips the evaluation and returns the runs (newest checkpoint,
+# metrics, compile caches) as $OUT/state.tgz; copy it into an ignored folder here and carry it into the next call as
+# STATE=that/state.tgz, which continues each run (--resume; MINUTES more of training) from where it stopped:
+#   SAVE=1 A="" B="..." experiments/run_connect4_gpu_ab.sh 7.5        # then, carrying gpu_state/:
+#   STATE=gpu_state/state.tgz A="" B="..." experiments/run_connect4_gpu_ab.sh 7.5
 set -u
 MINUTES=$1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/a" "$OUT/b"
@@ -14,14 +19,20 @@ NAMES="a b"
 [ -n "${C+x}" ] && NAMES="$NAMES c"
 [ -n "${D+x}" ] && NAMES="$NAMES d"
 source experiments/gpu_wheels.sh; install_wheels
+RESUME=()
+if [ -n "${STATE:-}" ]; then  # runs/connect4-gpu-* (and their compile caches) from the previous part
+  tar xzf "$STATE" || { echo "STATE=$STATE did not unpack" >&2; exit 1; }
+  RESUME=(--resume)
+fi
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1 | tee "$OUT/device.txt"
 one() {  # one() NAME GPU FLAGS...
   local name=$1 gpu=$2; shift 2
   local run=runs/connect4-gpu-$name
-  CUDA_VISIBLE_DEVICES=$gpu EARL_COMPILE_CACHE=/tmp/cc_$name python3 experiments/connect4.py --preset gpu \
-    --max-minutes "$MINUTES" --wandb-mode disabled --eval-opponents random,alphabeta:2 --run-dir "$run" "$@" \
-    > "/tmp/$name.log" 2>&1
+  CUDA_VISIBLE_DEVICES=$gpu EARL_COMPILE_CACHE=$PWD/$run.cc python3 experiments/connect4.py --preset gpu \
+    --max-minutes "$MINUTES" --wandb-mode disabled --eval-opponents random,alphabeta:2 --run-dir "$run" "${RESUME[@]}" "$@" \
+    >> "/tmp/$name.log" 2>&1
+  if [ -n "${SAVE:-}" ]; then tail -n 200 "/tmp/$name.log" > "$OUT/$name/log_tail.txt"; cp "$run/metrics.jsonl" "$OUT/$name/"; return; fi
   CUDA_VISIBLE_DEVICES=$gpu timeout 150 python3 experiments/evaluate_run.py "$run" --games 64 \
     --opponents random,alphabeta:1,alphabeta:2,alphabeta:3,mcts:100 >> "/tmp/$name.log" 2>&1
   cp "$run/metrics.jsonl" "$run/evaluation.json" "$OUT/$name/" 2>/dev/null
@@ -37,4 +48,12 @@ for n in $NAMES; do
 done
 wait
 for n in $NAMES; do echo "== $n"; grep -E "first RL iteration|promot|no learning signal" "/tmp/$n.log" | head -8; tail -n 8 "/tmp/$n.log"; done
+if [ -n "${SAVE:-}" ]; then  # the newest checkpoint of each run (orbax keeps 3) and its compile cache
+  for n in $NAMES; do
+    ck=runs/connect4-gpu-$n/checkpoints
+    ls -d "$ck"/*/ 2>/dev/null | sort -V | head -n -1 | xargs -r rm -rf
+  done
+  tar czf "$OUT/state.tgz" $(for n in $NAMES; do echo runs/connect4-gpu-$n runs/connect4-gpu-$n.cc; done)
+  ls -la "$OUT/state.tgz"
+fi
 if [ "$NAMES" != "a b" ]; then (cd "$OUT" && tar czf /tmp/runs.tgz $NAMES device.txt && rm -rf $NAMES device.txt && mv /tmp/runs.tgz .); fi
