@@ -7,11 +7,12 @@
 #   A="" B="--ppo-mini-batches 4" C="--model-logit-scale 4" D="..." experiments/run_connect4_gpu_ab.sh 5
 # Back in $OUT: {a,b}/metrics.jsonl, {a,b}/evaluation.json, {a,b}/log_tail.txt, device.txt (7 files); with C or D
 # set, all of it in runs.tgz (only 8 files come back from a call). Then experiments/summarize_connect4_gpu_ab.py.
-# Longer than one call (600 s) allows, in parts: SAVE=1 skips the evaluation and returns the runs (newest checkpoint,
-# metrics, compile caches) as $OUT/state.tgz; copy it into an ignored folder here and carry it into the next call as
-# STATE=that/state.tgz, which continues each run (--resume; MINUTES more of training) from where it stopped:
+# Longer than one call (600 s) allows, in parts: SAVE=1 skips the evaluation and returns each run (its newest
+# checkpoint and metrics; not the compile cache, which would pass the 16 MiB a returned file may have) as
+# $OUT/NAME/state.tgz; copy those into an ignored folder here and carry it into the next call as STATE="that/*.tgz",
+# which continues each run (--resume; MINUTES more of training, compiles included) from where it stopped:
 #   SAVE=1 A="" B="..." experiments/run_connect4_gpu_ab.sh 7.5        # then, carrying gpu_state/:
-#   STATE=gpu_state/state.tgz A="" B="..." experiments/run_connect4_gpu_ab.sh 7.5
+#   STATE="gpu_state/*.tgz" A="" B="..." experiments/run_connect4_gpu_ab.sh 7
 set -u
 MINUTES=$1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/a" "$OUT/b"
@@ -21,7 +22,7 @@ NAMES="a b"
 source experiments/gpu_wheels.sh; install_wheels
 RESUME=()
 if [ -n "${STATE:-}" ]; then  # runs/connect4-gpu-* (and their compile caches) from the previous part
-  tar xzf "$STATE" || { echo "STATE=$STATE did not unpack" >&2; exit 1; }
+  for f in $STATE; do tar xzf "$f" || { echo "STATE: $f did not unpack" >&2; exit 1; }; done
   RESUME=(--resume)
 fi
 export PYTHONUNBUFFERED=1
@@ -29,7 +30,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1 | tee "
 one() {  # one() NAME GPU FLAGS...
   local name=$1 gpu=$2; shift 2
   local run=runs/connect4-gpu-$name
-  CUDA_VISIBLE_DEVICES=$gpu EARL_COMPILE_CACHE=$PWD/$run.cc python3 experiments/connect4.py --preset gpu \
+  CUDA_VISIBLE_DEVICES=$gpu EARL_COMPILE_CACHE=/tmp/cc_$name python3 experiments/connect4.py --preset gpu \
     --max-minutes "$MINUTES" --wandb-mode disabled --eval-opponents random,alphabeta:2 --run-dir "$run" "${RESUME[@]}" "$@" \
     >> "/tmp/$name.log" 2>&1
   if [ -n "${SAVE:-}" ]; then tail -n 200 "/tmp/$name.log" > "$OUT/$name/log_tail.txt"; cp "$run/metrics.jsonl" "$OUT/$name/"; return; fi
@@ -48,12 +49,10 @@ for n in $NAMES; do
 done
 wait
 for n in $NAMES; do echo "== $n"; grep -E "first RL iteration|promot|no learning signal" "/tmp/$n.log" | head -8; tail -n 8 "/tmp/$n.log"; done
-if [ -n "${SAVE:-}" ]; then  # the newest checkpoint of each run (orbax keeps 3) and its compile cache
+if [ -n "${SAVE:-}" ]; then  # each run with its newest checkpoint only (orbax keeps 3)
   for n in $NAMES; do
-    ck=runs/connect4-gpu-$n/checkpoints
-    ls -d "$ck"/*/ 2>/dev/null | sort -V | head -n -1 | xargs -r rm -rf
+    ls -d "runs/connect4-gpu-$n/checkpoints"/*/ 2>/dev/null | sort -V | head -n -1 | xargs -r rm -rf
+    tar czf "$OUT/$n/state.tgz" "runs/connect4-gpu-$n" && ls -la "$OUT/$n/state.tgz"
   done
-  tar czf "$OUT/state.tgz" $(for n in $NAMES; do echo runs/connect4-gpu-$n runs/connect4-gpu-$n.cc; done)
-  ls -la "$OUT/state.tgz"
 fi
 if [ "$NAMES" != "a b" ]; then (cd "$OUT" && tar czf /tmp/runs.tgz $NAMES device.txt && rm -rf $NAMES device.txt && mv /tmp/runs.tgz .); fi
