@@ -37,6 +37,8 @@ def test_ladders_parse_and_default_per_game():
     (dict(opponent="random", curriculum="random,alphabeta:1"), "--curriculum"),  # a ladder without the opponent
     (dict(opponent="curriculum", promote_at=0.0), "--promote-at"),
     (dict(opponent="curriculum", promote_at=1.2), "--promote-at"),
+    (dict(opponent="curriculum", promote_on_stall=-1), "--promote-on-stall"),
+    (dict(opponent="random", promote_on_stall=2), "--promote-on-stall"),  # no rung to leave
     (dict(league_share=0.0), "--league-share"),
     (dict(league_every=0), "--league-every"),
     (dict(league_size=-1), "--league-size"),
@@ -65,6 +67,45 @@ def test_curriculum_climbs_one_rung_at_a_time_and_stays_at_the_top():
         other = Curriculum(("random", "alphabeta:2", "alphabeta:3"), promote_at=0.8)
         other.load_state_dict(c.state_dict())
     assert other.opponent == "alphabeta:2"
+
+
+def test_a_stalled_rung_is_left_only_when_asked_and_the_count_survives_resume():
+    ladder = ("random", "alphabeta:1", "alphabeta:2")
+    flat = Curriculum(ladder, promote_at=0.8)  # off: a flat curve below the bar never promotes
+    assert all(flat.observe(0.7, s) is None for s in range(20)) and flat.rung == 0
+    losing = Curriculum(ladder, promote_at=0.8, promote_on_stall=2)  # stuck while losing: stays (the floor)
+    assert all(losing.observe(0.3, s) is None for s in range(10)) and losing.rung == 0 and losing.stalled == 9
+    c = Curriculum(ladder, promote_at=0.8, promote_on_stall=3)
+    # 0.5 sets the best; 0.51 is within STALL_DELTA (a stall); 0.6 a new best; then three stalls promote
+    assert [c.observe(w, s) for s, w in enumerate([0.5, 0.51, 0.6, 0.6])] == [None] * 4
+    assert c.stalled == 1 and c.best == 0.6
+    resumed = Curriculum(ladder, promote_at=0.8, promote_on_stall=3)
+    resumed.load_state_dict(c.state_dict())
+    assert (resumed.best, resumed.stalled) == (0.6, 1)
+    assert resumed.observe(0.55, 4) is None
+    line = resumed.observe(0.61, 5)
+    assert "from random to alphabeta:1" in line and "stalled: 3 evaluations" in line
+    assert (resumed.best, resumed.stalled) == (-1.0, 0)  # the new rung starts its own count
+    assert resumed.metrics()["curriculum/stalled_evals"] == 0
+    assert resumed.observe(0.85, 6) and resumed.at_top  # the bar still promotes at once
+    assert all(resumed.observe(0.1, s) is None for s in range(7, 12))  # nothing above the top
+
+
+def test_trainer_leaves_a_stalled_rung_from_the_flag(tmp_path, monkeypatch):
+    cfg = dataclasses.replace(SMALL, opponent="curriculum", curriculum="random,alphabeta:1", promote_on_stall=1,
+                              run_dir=str(tmp_path / "run"))
+    forced = iter([0.5, 0.5, 0.5])  # before iteration 1: the rung's best; after 1: no better, a stall: promote
+
+    def evaluate(self):
+        win = next(forced)
+        return {"eval/win_rate": win, "eval/draw_rate": 0.0, "eval/loss_rate": 1 - win, "eval/invalid_rate": 0.0,
+                "curriculum/eval_win_rate": win}
+
+    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+    trainer = Trainer(cfg, log=False)
+    assert trainer.matchmaker.curriculum.promote_on_stall == 1
+    history = trainer.run()
+    assert [r["curriculum/opponent"] for r in history] == ["random", "alphabeta:1"]
 
 
 def test_trainer_promotes_on_a_forced_evaluation_and_the_rung_survives_resume(tmp_path, monkeypatch, caplog):

@@ -41,6 +41,8 @@ class RLConfig:
                              "rl/curriculum.py)")
     promote_at: float = _f(0.8, "curriculum: the next rung once the greedy evaluation win rate against the current "
                                 "rung reaches this, in (0, 1]; every evaluation plays the current rung")
+    promote_on_stall: int = _f(0, "curriculum: also the next rung after this many evaluations in a row that did not "
+                                  "beat the rung's best by 0.02, once that best is >= 0.5 (0: off; rl/curriculum.py)")
     league_size: int = _f(0, "K: frozen snapshots of the policy kept in host memory as self-play opponents "
                              "(0: no league)")
     league_every: int = _f(10, "N: iterations between league snapshots (the first right after the warm-up)")
@@ -218,6 +220,9 @@ class RLConfig:
              f"must divide --groups ({self.groups}): a mini-batch holds whole GRPO groups")
         need(self.agent_player in (None, 0, 1), "agent_player", "must be 0, 1 or none")
         need(0 < self.promote_at <= 1, "promote_at", "must be in (0, 1]")
+        need(self.promote_on_stall >= 0, "promote_on_stall", "must be >= 0 (0: off)")
+        need(not self.promote_on_stall or self.opponent == "curriculum", "promote_on_stall",
+             "needs --opponent curriculum")
         need(self.league_size >= 0, "league_size", "must be >= 0")
         need(self.league_every > 0, "league_every", "must be positive")
         need(0 < self.league_share <= 1, "league_share", "must be in (0, 1]")

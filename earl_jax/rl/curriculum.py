@@ -6,6 +6,12 @@ Decisions:
 - Promotion reads the greedy evaluation against the current rung (the trainer adds the rung to every
   evaluation), not the sampled training games: the training win rate is lowered by exploration and would
   promote late and noisily. At or above the threshold moves one rung up; the last rung is kept for good.
+- A stalled rung is left too (`--promote-on-stall N`, off by default): after N evaluations in a row that did not
+  beat the rung's best evaluation by `STALL_DELTA`, if that best is at least `STALL_FLOOR` (a policy that loses
+  most games to the rung would lose even more to the next: stuck is then better than promoted). On one GPU the preset sat at 0.77-0.78 against alphabeta:1 for
+  ~300 iterations under the 0.8 bar, 91-98% of its games in constant groups (a near-deterministic policy against a
+  deterministic opponent: no learning signal); the next rung, which it beats ~30% of the time, mixes wins and
+  losses again (experiments/results/learning_notes.md, section 18).
 - One rung at a time, never down: a demotion loop (promote, lose, demote) would spend evaluations on the
   same two rungs; the league (rl/league.py) is what keeps old skills in play.
 - The state is the rung index and the ladder; it goes into the checkpoint's meta, so a resumed run plays
@@ -56,15 +62,22 @@ def parse_ladder(text: str, game: str) -> tuple[str, ...]:
     return rungs
 
 
+STALL_DELTA = 0.02  # an evaluation must beat the rung's best by this to count as progress (128 games: SE ~0.035)
+STALL_FLOOR = 0.5  # a stall promotes only a policy whose best evaluation on the rung wins at least this often
+
+
 class Curriculum:
-    def __init__(self, ladder: tuple[str, ...], promote_at: float):
+    def __init__(self, ladder: tuple[str, ...], promote_at: float, promote_on_stall: int = 0):
         if not ladder:
             raise ValueError("a curriculum needs at least one rung")
         if not 0 < promote_at <= 1:
             raise ValueError(f"promote_at must be in (0, 1], got {promote_at}")
-        self.ladder, self.promote_at = tuple(ladder), promote_at
+        if promote_on_stall < 0:
+            raise ValueError(f"promote_on_stall must be >= 0 (0: off), got {promote_on_stall}")
+        self.ladder, self.promote_at, self.promote_on_stall = tuple(ladder), promote_at, promote_on_stall
         self.rung = 0
         self.promotions: list[tuple[int, int]] = []  # (iteration, new rung)
+        self.best, self.stalled = -1.0, 0  # on the current rung: best evaluation, evaluations since it last rose
 
     @property
     def opponent(self) -> str:
@@ -76,20 +89,33 @@ class Curriculum:
 
     def observe(self, win_rate: float, step: int) -> str | None:
         """The greedy win rate against the current rung; returns the promotion's log line, or None."""
-        if self.at_top or win_rate < self.promote_at:
+        if self.at_top:
+            return None
+        if win_rate >= self.best + STALL_DELTA:
+            self.best, self.stalled = win_rate, 0
+        else:
+            self.stalled += 1
+        if win_rate >= self.promote_at:
+            why = f"greedy win rate {win_rate:.2f} >= {self.promote_at:.2f}"
+        elif self.promote_on_stall and self.stalled >= self.promote_on_stall and self.best >= STALL_FLOOR:
+            why = (f"stalled: {self.stalled} evaluations without beating the rung's best {self.best:.2f} by "
+                   f"{STALL_DELTA}; greedy win rate {win_rate:.2f} < {self.promote_at:.2f}")
+        else:
             return None
         old = self.opponent
         self.rung += 1
         self.promotions.append((step, self.rung))
-        return (f"curriculum: promoted at iteration {step} from {old} to {self.opponent} (rung {self.rung + 1}/"
-                f"{len(self.ladder)}; greedy win rate {win_rate:.2f} >= {self.promote_at:.2f})")
+        self.best, self.stalled = -1.0, 0
+        return f"curriculum: promoted at iteration {step} from {old} to {self.opponent} (rung {self.rung + 1}/" \
+               f"{len(self.ladder)}; {why})"
 
     def metrics(self) -> dict[str, Any]:
         return {"curriculum/rung": self.rung, "curriculum/opponent": self.opponent,
-                "curriculum/promotions": len(self.promotions)}
+                "curriculum/promotions": len(self.promotions), "curriculum/stalled_evals": self.stalled}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"ladder": list(self.ladder), "rung": self.rung, "promotions": [list(p) for p in self.promotions]}
+        return {"ladder": list(self.ladder), "rung": self.rung, "promotions": [list(p) for p in self.promotions],
+                "best": self.best, "stalled": self.stalled}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """The saved rung; if the ladder changed since, the saved opponent's place in the new ladder (or the
@@ -100,6 +126,7 @@ class Curriculum:
         self.promotions = [tuple(p) for p in state.get("promotions", [])]
         if saved == self.ladder:
             self.rung = rung
+            self.best, self.stalled = float(state.get("best", -1.0)), int(state.get("stalled", 0))
             return
         opponent = saved[rung] if rung < len(saved) else None
         self.rung = self.ladder.index(opponent) if opponent in self.ladder else min(rung, len(self.ladder) - 1)
