@@ -21,7 +21,7 @@ NAMES="a b"
 [ -n "${D+x}" ] && NAMES="$NAMES d"
 source experiments/gpu_wheels.sh; install_wheels
 RESUME=()
-if [ -n "${STATE:-}" ]; then  # runs/connect4-gpu-* (and their compile caches) from the previous part
+if [ -n "${STATE:-}" ]; then  # runs/connect4-gpu-* from the previous part
   for f in $STATE; do tar xzf "$f" || { echo "STATE: $f did not unpack" >&2; exit 1; }; done
   RESUME=(--resume)
 fi
@@ -31,9 +31,12 @@ one() {  # one() NAME GPU FLAGS...
   local name=$1 gpu=$2; shift 2
   local run=runs/connect4-gpu-$name
   CUDA_VISIBLE_DEVICES=$gpu EARL_COMPILE_CACHE=/tmp/cc_$name python3 experiments/connect4.py --preset gpu \
-    --max-minutes "$MINUTES" --wandb-mode disabled --eval-opponents random,alphabeta:2 --run-dir "$run" "${RESUME[@]}" "$@" \
+    --max-minutes "$MINUTES" --wandb-mode disabled --eval-opponents random,alphabeta:2 --run-dir "$run" \
+    "${RESUME[@]}" "$@" \
     >> "/tmp/$name.log" 2>&1
-  if [ -n "${SAVE:-}" ]; then tail -n 200 "/tmp/$name.log" > "$OUT/$name/log_tail.txt"; cp "$run/metrics.jsonl" "$OUT/$name/"; return; fi
+  if [ -n "${SAVE:-}" ]; then  # a part: the evaluation comes after the last one
+    tail -n 200 "/tmp/$name.log" > "$OUT/$name/log_tail.txt"; cp "$run/metrics.jsonl" "$OUT/$name/"; return
+  fi
   CUDA_VISIBLE_DEVICES=$gpu timeout 150 python3 experiments/evaluate_run.py "$run" --games 64 \
     --opponents random,alphabeta:1,alphabeta:2,alphabeta:3,mcts:100 >> "/tmp/$name.log" 2>&1
   cp "$run/metrics.jsonl" "$run/evaluation.json" "$OUT/$name/" 2>/dev/null

@@ -8,10 +8,10 @@ Decisions:
   promote late and noisily. At or above the threshold moves one rung up; the last rung is kept for good.
 - A stalled rung is left too (`--promote-on-stall N`, off by default): after N evaluations in a row that did not
   beat the rung's best evaluation by `STALL_DELTA`, if that best is at least `STALL_FLOOR` (a policy that loses
-  most games to the rung would lose even more to the next: stuck is then better than promoted). On one GPU the preset sat at 0.77-0.78 against alphabeta:1 for
-  ~300 iterations under the 0.8 bar, 91-98% of its games in constant groups (a near-deterministic policy against a
-  deterministic opponent: no learning signal); the next rung, which it beats ~30% of the time, mixes wins and
-  losses again (experiments/results/learning_notes.md, section 18).
+  most games to the rung would lose even more to the next: stuck is then better than promoted). On one GPU the
+  preset sat at 0.77-0.78 against alphabeta:1 for ~300 iterations under the 0.8 bar, 91-98% of its games in
+  constant groups (a near-deterministic policy against a deterministic opponent: no learning signal); the next
+  rung, which it beats ~30% of the time, mixes wins and losses again (results/learning_notes.md, section 18).
 - One rung at a time, never down: a demotion loop (promote, lose, demote) would spend evaluations on the
   same two rungs; the league (rl/league.py) is what keeps old skills in play.
 - The state is the rung index and the ladder; it goes into the checkpoint's meta, so a resumed run plays
