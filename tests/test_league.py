@@ -39,6 +39,11 @@ def test_ladders_parse_and_default_per_game():
     (dict(opponent="curriculum", promote_at=1.2), "--promote-at"),
     (dict(opponent="curriculum", promote_on_stall=-1), "--promote-on-stall"),
     (dict(opponent="random", promote_on_stall=2), "--promote-on-stall"),  # no rung to leave
+    (dict(mix_opponent="alphabeta:x"), "--mix-opponent"),
+    (dict(mix_opponent="random,solver", game="tic_tac_toe"), "--mix-opponent"),  # one opponent
+    (dict(mix_opponent="solver"), "--mix-opponent"),  # not a Connect Four opponent
+    (dict(mix_opponent="alphabeta:1", league_size=2), "--mix-opponent"),
+    (dict(mix_opponent="alphabeta:1", mix_share=1.0), "--mix-share"),
     (dict(league_share=0.0), "--league-share"),
     (dict(league_every=0), "--league-every"),
     (dict(league_size=-1), "--league-size"),
@@ -137,6 +142,19 @@ def test_trainer_promotes_on_a_forced_evaluation_and_the_rung_survives_resume(tm
     forced = iter([0.1])
     record = resumed.run()[-1]
     assert record["step"] == 3 and record["curriculum/opponent"] == "alphabeta:1"
+
+
+def test_mixed_opponents_reach_the_training_env_as_whole_groups(tmp_path):
+    cfg = dataclasses.replace(SMALL, mix_opponent="alphabeta:1", mix_share=0.5, run_dir=str(tmp_path / "run"),
+                              eval_every=0)
+    trainer = Trainer(cfg, log=False)
+    mixed = trainer.env.second_opponent_games  # groups of 2: the last two of four groups
+    assert mixed.tolist() == [False] * 4 + [True] * 4
+    record = trainer.iteration()
+    assert record["mix/games_frac"] == 0.5 and 0 <= record["mix/win_rate"] <= 1
+    assert trainer.env.second_opponent_games.tolist() == mixed.tolist()  # still assigned after the rollout
+    assert Trainer(dataclasses.replace(cfg, mix_opponent="", run_dir=str(tmp_path / "plain")),
+                   log=False).env.second_opponent_games.sum() == 0
 
 
 def test_evaluation_plays_the_current_rung(tmp_path):

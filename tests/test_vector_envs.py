@@ -3,6 +3,7 @@
 Boards are drawn as the compact observation prints them, top row first: X = player 0 (moves first),
 O = player 1, '.' empty, unless a test says X is the agent.
 """
+import dataclasses
 import itertools
 import json
 import random
@@ -80,14 +81,18 @@ def mixed_answer(info: dict, rng: random.Random, num_actions: int):
     return rng.choice(JUNK)
 
 
-def replay(cfg: EnvConfig, num_games: int, seed: int) -> dict:
+def replay(cfg: EnvConfig, num_games: int, seed: int, second: tuple[str, np.ndarray] | None = None) -> dict:
     """Plays num_games through VectorTextEnv and as many OpenSpielTextEnvs with the same seeds and
     answers, asserting every output equal. Steps random subsets of the live games and resets finished
-    games with fresh seeds along the way. Returns counts of what happened, so callers can check coverage."""
+    games with fresh seeds along the way. Returns counts of what happened, so callers can check coverage.
+    `second`: (spec, mask) games that play another scripted opponent (`assign_opponent`), their references too."""
     rng = random.Random(seed)
-    refs = [OpenSpielTextEnv(cfg) for _ in range(num_games)]
+    other = dataclasses.replace(cfg, opponent=second[0]) if second else cfg
+    refs = [OpenSpielTextEnv(other if second and second[1][i] else cfg) for i in range(num_games)]
     env = make_vector_env(cfg, num_games)
     assert isinstance(env, VectorTextEnv)
+    if second:
+        env.assign_opponent(*second)
     seeds = [seed * 10_000 + i for i in range(num_games)]
     infos = [None] * num_games
 
@@ -154,6 +159,24 @@ def test_vector_env_replays_the_reference(game, opponent, style, agent, retries)
     assert seen["games"] >= 25 and seen["invalid"] > 0 and seen["from_bytes"] > 0
     assert seen["retries"] > 0 or retries == 0
     assert "opponent" in seen["winners"]
+
+
+@pytest.mark.parametrize("game, first, second", [("connect_four", "random", "alphabeta:2"),
+                                                  ("tic_tac_toe", "random", "solver"),
+                                                  ("tic_tac_toe", "solver", "random")])
+def test_a_batch_mixing_two_opponents_replays_each_games_reference(game, first, second):
+    cfg = EnvConfig(game=game, opponent=first, prompt_style="compact", agent_player=None, max_retries=1)
+    games = np.arange(24) >= 12  # the last half: whole groups, as the trainer assigns them
+    seen = replay(cfg, 24, seed=7, second=(second, games))
+    assert seen["games"] >= 30 and "opponent" in seen["winners"]
+    env = make_vector_env(cfg, 4)
+    with pytest.raises(ValueError, match="mcts:0|opponent"):
+        env.assign_opponent("mcts:0", [1])
+    with pytest.raises(ValueError):
+        env.assign_opponent("alphabeta:2" if game == "tic_tac_toe" else "solver", [1])  # not this game's
+    env.assign_opponent(second, [1])
+    env.assign_opponent(None)
+    assert not env.second_opponent_games.any()
 
 
 def test_replays_cover_every_outcome():

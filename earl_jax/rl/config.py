@@ -43,6 +43,10 @@ class RLConfig:
                                 "rung reaches this, in (0, 1]; every evaluation plays the current rung")
     promote_on_stall: int = _f(0, "curriculum: also the next rung after this many evaluations in a row that did not "
                                   "beat the rung's best by 0.02, once that best is >= 0.5 (0: off; rl/curriculum.py)")
+    mix_opponent: str = _f("", "a second scripted opponent (random, alphabeta:D, solver) for --mix-share of each "
+                               "iteration's groups, the rest playing --opponent (or the curriculum's rung); empty: "
+                               "none (rl/matchmaking.py)")
+    mix_share: float = _f(0.5, "share of the groups that play --mix-opponent, in (0, 1)")
     league_size: int = _f(0, "K: frozen snapshots of the policy kept in host memory as self-play opponents "
                              "(0: no league)")
     league_every: int = _f(10, "N: iterations between league snapshots (the first right after the warm-up)")
@@ -223,6 +227,17 @@ class RLConfig:
         need(self.promote_on_stall >= 0, "promote_on_stall", "must be >= 0 (0: off)")
         need(not self.promote_on_stall or self.opponent == "curriculum", "promote_on_stall",
              "needs --opponent curriculum")
+        need(0 < self.mix_share < 1, "mix_share", "must be in (0, 1)")
+        need(not (self.mix_opponent and self.league_size), "mix_opponent",
+             "and --league-size both take whole groups from the scripted opponent: use one of them")
+        if self.mix_opponent:
+            from earl_jax.rl.curriculum import parse_ladder  # the same check a rung gets
+
+            try:
+                parse_ladder(self.mix_opponent, self.game)
+            except ValueError as e:
+                raise ValueError(f"--mix-opponent: {e} (got {self.mix_opponent!r})") from None
+            need("," not in self.mix_opponent, "mix_opponent", "takes one opponent")
         need(self.league_size >= 0, "league_size", "must be >= 0")
         need(self.league_every > 0, "league_every", "must be positive")
         need(0 < self.league_share <= 1, "league_share", "must be in (0, 1]")

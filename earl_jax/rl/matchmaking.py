@@ -7,6 +7,10 @@ Decisions:
   rollout path is the same for every opponent.
 - League games are whole GRPO groups (the last round(share x groups) groups): games compared in a group
   face the same kind of opponent. The other groups play the scripted opponent / current rung.
+- `--mix-opponent S --mix-share p`: the last round(p x groups) groups play the scripted opponent S in the same
+  batched env (`VectorTextEnv.assign_opponent`), the others the fixed opponent or the current rung: a policy
+  that learns to draw against the Tic-Tac-Toe solver but to win against random needs both in its batches
+  (experiments/results/learning_notes.md, section 19).
 - League games need the batched env (standard Connect Four / Tic-Tac-Toe, a batched scripted opponent):
   the frozen policy plays inside its step (`envs/vector/model_opponent.py`); other setups are refused at
   start, naming the flag.
@@ -51,7 +55,22 @@ class Matchmaker:
         """The training batch's vector env, rebuilt when the rung changed."""
         if self._env is None or self._env_opponent != self.opponent:
             self._env, self._env_opponent = self._build(self.opponent), self.opponent
+            if self.cfg.mix_opponent:
+                if not hasattr(self._env, "assign_opponent"):
+                    raise ValueError(f"--mix-opponent needs the built-in batched game env (standard connect_four or "
+                                     f"tic_tac_toe, batched scripted opponents), not {type(self._env).__name__}")
+                self._env.assign_opponent(self.cfg.mix_opponent, self.mix_games())
         return self._env
+
+    def mix_games(self) -> np.ndarray | None:
+        """Which rows of the batch play --mix-opponent (whole groups, the last ones), or None."""
+        cfg = self.cfg
+        if not cfg.mix_opponent:
+            return None
+        groups = min(cfg.groups - 1, max(1, round(cfg.mix_share * cfg.groups)))  # both opponents keep a group
+        mask = np.zeros(cfg.batch_size, bool)
+        mask[(cfg.groups - groups) * cfg.group_size:] = True  # group g holds rows g*G .. (g+1)*G - 1
+        return mask
 
     def _build(self, opponent: str):
         env_cfg = dataclasses.replace(self.env_cfg, opponent=opponent)

@@ -622,7 +622,7 @@ class Trainer:
             "dispatch/bytes": sum(h.bytes for h in self.dispatcher.history[n_dispatch:]),
             **self._peer_maxima(compiles),
             **self.planner.ran_log_dict(), **_device_memory(), **self.matchmaker.metrics(),
-            **self._league_metrics(traj, league),
+            **self._league_metrics(traj, league), **self._mix_metrics(traj),
         }
 
     def _peer_maxima(self, compiles: CompileCount) -> dict[str, Any]:
@@ -651,6 +651,16 @@ class Trainer:
                 # of the programs submitted so far, those a real call then asked for (the rest was a wrong guess)
                 "compile/ahead_submitted": sum(a.submitted for a in ahead), "compile/ahead_used": sum(len(a.used) for a in ahead),
                 "time/compile_ahead_waited_s": sum(a.waited_s for a in ahead)}
+
+    def _mix_metrics(self, traj: Trajectories) -> dict[str, Any]:
+        """Outcomes against --mix-opponent and against the other opponent, apart."""
+        games = self.matchmaker.mix_games()
+        if games is None:
+            return {}
+        won, drew = (np.array([w == o for w in traj.winners]) for o in ("agent", "draw"))
+        return {"mix/games_frac": float(games.mean()), "mix/win_rate": float(won[games].mean()),
+                "mix/draw_rate": float(drew[games].mean()), "mix/other_win_rate": float(won[~games].mean()),
+                "mix/other_draw_rate": float(drew[~games].mean())}
 
     def _league_metrics(self, traj: Trajectories, league) -> dict[str, Any]:
         """Outcomes of the games against the frozen snapshot and against the scripted opponent, apart."""

@@ -10,8 +10,9 @@ run over arrays of the whole batch.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyspiel
@@ -70,6 +71,7 @@ class VectorTextEnv:
         self.rules = RULES[short]
         self.num_actions = self.rules.NUM_ACTIONS
         self.opponent = make_vector_opponent(cfg.opponent, short, n)
+        self._second: tuple[str, Any, np.ndarray] | None = None  # (spec, opponent, its games): assign_opponent
         self.renderer = BoardRenderer(self.text, cfg.prompt_style)
         self._pyspiel_game = reference.game
         self._draw_agent = cfg.agent_player is None
@@ -86,6 +88,25 @@ class VectorTextEnv:
         # Per game, what gymnasium's np_random would be after the last reset: the seed (Generator not
         # built yet: see seed_draws), a Generator, or None (never reset). Only seed=None reads it.
         self._np_random: list[int | np.random.Generator | None] = [None] * n
+
+    def assign_opponent(self, spec: str | None, games: Sequence[int] | np.ndarray | None = None) -> None:
+        """Games `games` (indices or a boolean mask) play the scripted opponent `spec` instead of the config's from
+        their next reset; None: every game plays the config's. Each game is then the reference env with
+        `opponent=spec` for the same seed (its seat, opponent stream and chance draws do not depend on the
+        opponent), so a batch can mix opponents without a second env."""
+        if spec is None:
+            self._second = None
+            return
+        mask = np.zeros(self.num_games, bool)
+        if games is not None:
+            mask[np.asarray(games)] = True
+        OpenSpielTextEnv(dataclasses.replace(self.config, opponent=spec))  # the reference's checks: a clear error
+        self._second = (spec, make_vector_opponent(spec, self.game_name, self.num_games), mask)
+
+    @property
+    def second_opponent_games(self) -> np.ndarray:
+        """Which games play the opponent of `assign_opponent` (all False without one)."""
+        return np.zeros(self.num_games, bool) if self._second is None else self._second[2].copy()
 
     # ---- reset --------------------------------------------------------------------------------
     def reset(self, seeds: Sequence[int | None], rows: Sequence[int] | None = None,
@@ -112,6 +133,8 @@ class VectorTextEnv:
         if self._draw_agent:
             self.agent_player[rows] = agents
         self.opponent.reset(rows, opponent_seeds)
+        if self._second is not None:  # both streams from the same seeds: either opponent replays its game
+            self._second[1].reset(rows, opponent_seeds)
         self.stones[rows], self.cells[rows] = start if start is not None else (0, 0)
         self.turn[rows] = 0
         self.retries_left[rows] = cfg.max_retries
@@ -277,7 +300,15 @@ class VectorTextEnv:
             return np.zeros(0, np.int64)
         agent = self.agent_player[rows]
         me, opp = self.stones[rows, 1 - agent], self.stones[rows, agent]
-        actions = self.opponent.act(rows, me, opp, self.rules.legal_mask(self.stones[rows]))
+        legal = self.rules.legal_mask(self.stones[rows])
+        if self._second is None:
+            actions = self.opponent.act(rows, me, opp, legal)
+        else:
+            actions = np.zeros(len(rows), np.int64)
+            second = self._second[2][rows]
+            for opponent, mine in ((self.opponent, ~second), (self._second[1], second)):
+                if mine.any():
+                    actions[mine] = opponent.act(rows[mine], me[mine], opp[mine], legal[mine])
         self._play(rows, actions, 1 - agent)
         return actions
 
