@@ -44,6 +44,7 @@ def test_ladders_parse_and_default_per_game():
     (dict(mix_opponent="solver"), "--mix-opponent"),  # not a Connect Four opponent
     (dict(mix_opponent="alphabeta:1", league_size=2), "--mix-opponent"),
     (dict(mix_opponent="alphabeta:1", mix_share=1.0), "--mix-share"),
+    (dict(mix_opponent="alphabeta:1", groups=1), "--mix-opponent"),
     (dict(league_share=0.0), "--league-share"),
     (dict(league_every=0), "--league-every"),
     (dict(league_size=-1), "--league-size"),
@@ -155,6 +156,8 @@ def test_mixed_opponents_reach_the_training_env_as_whole_groups(tmp_path):
     assert trainer.env.second_opponent_games.tolist() == mixed.tolist()  # still assigned after the rollout
     assert Trainer(dataclasses.replace(cfg, mix_opponent="", run_dir=str(tmp_path / "plain")),
                    log=False).env.second_opponent_games.sum() == 0
+    with pytest.raises(ValueError, match="--mix-opponent 'mcts:5'"):  # no batched mcts: refused before compiling
+        Trainer(dataclasses.replace(cfg, mix_opponent="mcts:5", run_dir=str(tmp_path / "mcts")), log=False)
 
 
 def test_evaluation_plays_the_current_rung(tmp_path):

@@ -228,6 +228,7 @@ class RLConfig:
         need(not self.promote_on_stall or self.opponent == "curriculum", "promote_on_stall",
              "needs --opponent curriculum")
         need(0 < self.mix_share < 1, "mix_share", "must be in (0, 1)")
+        need(not self.mix_opponent or self.groups >= 2, "mix_opponent", "needs --groups >= 2 (one per opponent)")
         need(not (self.mix_opponent and self.league_size), "mix_opponent",
              "and --league-size both take whole groups from the scripted opponent: use one of them")
         if self.mix_opponent:

@@ -59,7 +59,10 @@ class Matchmaker:
                 if not hasattr(self._env, "assign_opponent"):
                     raise ValueError(f"--mix-opponent needs the built-in batched game env (standard connect_four or "
                                      f"tic_tac_toe, batched scripted opponents), not {type(self._env).__name__}")
-                self._env.assign_opponent(self.cfg.mix_opponent, self.mix_games())
+                try:
+                    self._env.assign_opponent(self.cfg.mix_opponent, self.mix_games())
+                except ValueError as e:  # e.g. mcts:N, which has no batched version
+                    raise ValueError(f"--mix-opponent {self.cfg.mix_opponent!r}: {e}") from None
         return self._env
 
     def mix_games(self) -> np.ndarray | None:
