@@ -70,7 +70,11 @@ class Matchmaker:
         cfg = self.cfg
         if not cfg.mix_opponent:
             return None
-        groups = min(cfg.groups - 1, max(1, round(cfg.mix_share * cfg.groups)))  # both opponents keep a group
+        return self._last_groups(min(cfg.groups - 1, max(1, round(cfg.mix_share * cfg.groups))))  # both keep one
+
+    def _last_groups(self, groups: int) -> np.ndarray:
+        """The batch's rows in its last `groups` GRPO groups (league and mixed-opponent games are whole groups)."""
+        cfg = self.cfg
         mask = np.zeros(cfg.batch_size, bool)
         mask[(cfg.groups - groups) * cfg.group_size:] = True  # group g holds rows g*G .. (g+1)*G - 1
         return mask
@@ -111,9 +115,7 @@ class Matchmaker:
             return None
         self.league.maybe_add(step, params)
         cfg = self.cfg
-        groups = max(1, round(cfg.league_share * cfg.groups))
-        mask = np.zeros(cfg.batch_size, bool)
-        mask[(cfg.groups - groups) * cfg.group_size:] = True  # group g holds rows g*G .. (g+1)*G - 1
+        mask = self._last_groups(max(1, round(cfg.league_share * cfg.groups)))
         snap_step, snap = self.league.sample(cfg.seed, step)
         return mask, snap_step, snap
 

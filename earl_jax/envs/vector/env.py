@@ -71,7 +71,7 @@ class VectorTextEnv:
         self.rules = RULES[short]
         self.num_actions = self.rules.NUM_ACTIONS
         self.opponent = make_vector_opponent(cfg.opponent, short, n)
-        self._second: tuple[str, Any, np.ndarray] | None = None  # (spec, opponent, its games): assign_opponent
+        self._second: tuple[Any, np.ndarray] | None = None  # (opponent, its games): assign_opponent
         self.renderer = BoardRenderer(self.text, cfg.prompt_style)
         self._pyspiel_game = reference.game
         self._draw_agent = cfg.agent_player is None
@@ -101,12 +101,12 @@ class VectorTextEnv:
         if games is not None:
             mask[np.asarray(games)] = True
         OpenSpielTextEnv(dataclasses.replace(self.config, opponent=spec))  # the reference's checks: a clear error
-        self._second = (spec, make_vector_opponent(spec, self.game_name, self.num_games), mask)
+        self._second = (make_vector_opponent(spec, self.game_name, self.num_games), mask)
 
     @property
     def second_opponent_games(self) -> np.ndarray:
         """Which games play the opponent of `assign_opponent` (all False without one)."""
-        return np.zeros(self.num_games, bool) if self._second is None else self._second[2].copy()
+        return np.zeros(self.num_games, bool) if self._second is None else self._second[1].copy()
 
     # ---- reset --------------------------------------------------------------------------------
     def reset(self, seeds: Sequence[int | None], rows: Sequence[int] | None = None,
@@ -134,7 +134,7 @@ class VectorTextEnv:
             self.agent_player[rows] = agents
         self.opponent.reset(rows, opponent_seeds)
         if self._second is not None:  # both streams from the same seeds: either opponent replays its game
-            self._second[1].reset(rows, opponent_seeds)
+            self._second[0].reset(rows, opponent_seeds)
         self.stones[rows], self.cells[rows] = start if start is not None else (0, 0)
         self.turn[rows] = 0
         self.retries_left[rows] = cfg.max_retries
@@ -305,8 +305,8 @@ class VectorTextEnv:
             actions = self.opponent.act(rows, me, opp, legal)
         else:
             actions = np.zeros(len(rows), np.int64)
-            second = self._second[2][rows]
-            for opponent, mine in ((self.opponent, ~second), (self._second[1], second)):
+            other, second = self._second[0], self._second[1][rows]
+            for opponent, mine in ((self.opponent, ~second), (other, second)):
                 if mine.any():
                     actions[mine] = opponent.act(rows[mine], me[mine], opp[mine], legal[mine])
         self._play(rows, actions, 1 - agent)
