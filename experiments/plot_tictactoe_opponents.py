@@ -1,11 +1,13 @@
 """Tic-Tac-Toe on the 2-core CPU by training opponent: the greedy evaluations (64 games every 10 iterations) against
 random (non-loss) and against the solver (draws) of the default run (random opponent), `--preset vs-solver`, and
-half or three quarters of the groups against the solver (`--mix-opponent`), with the 512-game evaluation after each run as a marker.
+half or three quarters of the groups against the solver (`--mix-opponent`, the latter also with `--blunder-penalty
+0.5`), with the 512-game evaluation after each run as a marker.
 
     python experiments/plot_tictactoe_opponents.py   # -> experiments/results/tictactoe_cpu_opponents.png
 
 Reads experiments/results/tictactoe_cpu_default.json and tictactoe_cpu_ablations.json (runs `vs_solver`,
-`mix_solver_half`, `mix_solver_three_quarters`); learning_notes.md section 19 says what they show.
+`mix_solver_half`, `mix_solver_three_quarters`, `vs_solver_mix_random_quarter_blunder`); learning_notes.md section 19
+says what they show.
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 RUNS = (("default: random opponent", None), ("--preset vs-solver", "vs_solver"),
         ("--mix-opponent solver --mix-share 0.5", "mix_solver_half"),
-        ("--preset vs-solver --mix-opponent random --mix-share 0.25", "mix_solver_three_quarters"))
+        ("--preset vs-solver --mix-opponent random --mix-share 0.25", "mix_solver_three_quarters"),
+        ("the same, --blunder-penalty 0.5", "vs_solver_mix_random_quarter_blunder"))
 
 
 def load() -> list[tuple[str, list[dict], dict]]:
