@@ -45,6 +45,12 @@ def test_ladders_parse_and_default_per_game():
     (dict(mix_opponent="alphabeta:1", league_size=2), "--mix-opponent"),
     (dict(mix_opponent="alphabeta:1", mix_share=1.0), "--mix-share"),
     (dict(mix_opponent="alphabeta:1", groups=1), "--mix-opponent"),
+    (dict(opponent="curriculum", rehearsal_share=1.0), "--rehearsal-share"),
+    (dict(opponent="curriculum", rehearsal_share=-0.1), "--rehearsal-share"),
+    (dict(opponent="random", rehearsal_share=0.25), "--rehearsal-share"),  # no rungs to replay
+    (dict(opponent="curriculum", rehearsal_share=0.25, groups=1), "--rehearsal-share"),
+    (dict(opponent="curriculum", rehearsal_share=0.25, mix_opponent="alphabeta:1"), "--rehearsal-share"),
+    (dict(opponent="curriculum", rehearsal_share=0.25, league_size=2), "--rehearsal-share"),
     (dict(league_share=0.0), "--league-share"),
     (dict(league_every=0), "--league-every"),
     (dict(league_size=-1), "--league-size"),
@@ -158,6 +164,32 @@ def test_mixed_opponents_reach_the_training_env_as_whole_groups(tmp_path):
                    log=False).env.second_opponent_games.sum() == 0
     with pytest.raises(ValueError, match="--mix-opponent 'mcts:5'"):  # no batched mcts: refused before compiling
         Trainer(dataclasses.replace(cfg, mix_opponent="mcts:5", run_dir=str(tmp_path / "mcts")), log=False)
+
+
+def test_rehearsal_replays_the_rungs_below_in_turn_in_the_last_groups(tmp_path, monkeypatch):
+    """What the matchmaker decides is what the rollout's env plays: nothing on rung 0, then the rungs below the
+    current one in turn, in whole groups at the batch's end, with the outcomes logged apart."""
+    cfg = dataclasses.replace(SMALL, opponent="curriculum", curriculum="random,alphabeta:1,alphabeta:2",
+                              rehearsal_share=0.5, steps=4, eval_every=0, run_dir=str(tmp_path / "run"))
+    trainer = Trainer(cfg, log=False)
+    assert trainer.env.second_opponent is None and trainer.matchmaker.mix_games() is None  # rung 0: none below
+    played = []
+    real_rollout = Trainer._rollout
+
+    def rollout(self, env, *a, **kw):  # what the iteration's env holds when its games are played
+        played.append((env.config.opponent, env.second_opponent, env.second_opponent_games.tolist()))
+        return real_rollout(self, env, *a, **kw)
+
+    monkeypatch.setattr(Trainer, "_rollout", rollout)
+    record = trainer.iteration()
+    assert record["rehearsal/rung"] == -1 and "mix/games_frac" not in record
+    trainer.matchmaker.curriculum.rung = 2
+    records = [trainer.iteration() for _ in range(3)]  # iterations 1, 2, 3: rung 1 % 2, 2 % 2, 3 % 2
+    last_two_groups = [False] * 4 + [True] * 4  # 4 groups of 2, share 0.5
+    assert played == [("random", None, [False] * 8)] + [
+        ("alphabeta:2", rung, last_two_groups) for rung in ("alphabeta:1", "random", "alphabeta:1")]
+    assert [r["rehearsal/rung"] for r in records] == [1, 0, 1]
+    assert all(r["mix/games_frac"] == 0.5 and 0 <= r["mix/win_rate"] <= 1 for r in records)
 
 
 def test_evaluation_plays_the_current_rung(tmp_path):

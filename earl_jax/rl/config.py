@@ -47,6 +47,8 @@ class RLConfig:
                                "iteration's groups, the rest playing --opponent (or the curriculum's rung); empty: "
                                "none (rl/matchmaking.py)")
     mix_share: float = _f(0.5, "share of the groups that play --mix-opponent, in (0, 1)")
+    rehearsal_share: float = _f(0.0, "curriculum: share of the groups that replay the rungs below the current one, "
+                                     "one rung an iteration in turn, in [0, 1) (0: off; rl/matchmaking.py)")
     league_size: int = _f(0, "K: frozen snapshots of the policy kept in host memory as self-play opponents "
                              "(0: no league)")
     league_every: int = _f(10, "N: iterations between league snapshots (the first right after the warm-up)")
@@ -239,6 +241,12 @@ class RLConfig:
             except ValueError as e:
                 raise ValueError(f"--mix-opponent: {e} (got {self.mix_opponent!r})") from None
             need("," not in self.mix_opponent, "mix_opponent", "takes one opponent")
+        need(0 <= self.rehearsal_share < 1, "rehearsal_share", "must be in [0, 1) (0: off)")
+        if self.rehearsal_share:
+            need(self.opponent == "curriculum", "rehearsal_share", "needs --opponent curriculum (rungs to replay)")
+            need(self.groups >= 2, "rehearsal_share", "needs --groups >= 2 (one for the current rung)")
+            need(not (self.mix_opponent or self.league_size), "rehearsal_share",
+                 "takes whole groups from the current rung as --mix-opponent and --league-size do: use one of them")
         need(self.league_size >= 0, "league_size", "must be >= 0")
         need(self.league_every > 0, "league_every", "must be positive")
         need(0 < self.league_share <= 1, "league_share", "must be in (0, 1]")

@@ -11,6 +11,12 @@ Decisions:
   batched env (`VectorTextEnv.assign_opponent`), the others the fixed opponent or the current rung: a policy
   that learns to draw against the Tic-Tac-Toe solver but to win against random needs both in its batches
   (experiments/results/learning_notes.md, section 19).
+- `--rehearsal-share p` (with the curriculum): the last round(p x groups) groups replay the rungs below the
+  current one, one rung an iteration in turn (iteration i: rung i mod k of the k below), through the same
+  second-opponent slot as --mix-opponent. On one GPU a policy promoted by stall from alphabeta:2 (best 0.52-0.55
+  against it) to alphabeta:3 fell to 0.00-0.11 against alphabeta:1 and 2 within 35-85 iterations
+  (results/learning_notes.md, section 20): what a rung taught is lost unless it stays in the batch. On rung 0
+  there is nothing to replay and every group plays the rung.
 - League games need the batched env (standard Connect Four / Tic-Tac-Toe, a batched scripted opponent):
   the frozen policy plays inside its step (`envs/vector/model_opponent.py`); other setups are refused at
   start, naming the flag.
@@ -42,6 +48,7 @@ class Matchmaker:
                            if cfg.opponent == "curriculum" else None)
         self.league = League(cfg.league_size, cfg.league_every, to_host) if cfg.league_size else None
         self._env, self._env_opponent = None, None
+        self._second: str | None = None  # the second opponent the env's mixed games play now (mix or rehearsal)
         if self.league is not None:  # refuse a setup without the batched env now, not at a later promotion
             for rung in self.curriculum.ladder if self.curriculum else (cfg.opponent,):
                 self._build(rung)
@@ -51,26 +58,44 @@ class Matchmaker:
         """The scripted opponent of this iteration's training games."""
         return self.curriculum.opponent if self.curriculum else self.cfg.opponent
 
-    def train_env(self):
-        """The training batch's vector env, rebuilt when the rung changed."""
+    def train_env(self, step: int = 0):
+        """The training batch's vector env for iteration `step`: rebuilt when the rung changed, its mixed groups
+        given this iteration's second opponent (--mix-opponent, or the rung --rehearsal-share replays)."""
         if self._env is None or self._env_opponent != self.opponent:
-            self._env, self._env_opponent = self._build(self.opponent), self.opponent
-            if self.cfg.mix_opponent:
-                if not hasattr(self._env, "assign_opponent"):
-                    raise ValueError(f"--mix-opponent needs the built-in batched game env (standard connect_four or "
-                                     f"tic_tac_toe, batched scripted opponents), not {type(self._env).__name__}")
-                try:
-                    self._env.assign_opponent(self.cfg.mix_opponent, self.mix_games())
-                except ValueError as e:  # e.g. mcts:N, which has no batched version
-                    raise ValueError(f"--mix-opponent {self.cfg.mix_opponent!r}: {e}") from None
+            self._env, self._env_opponent, self._second = self._build(self.opponent), self.opponent, None
+        second = self.second_opponent(step)
+        if second != self._second:
+            if not hasattr(self._env, "assign_opponent"):
+                raise ValueError(f"{self._second_flag()} needs the built-in batched game env (standard connect_four "
+                                 f"or tic_tac_toe, batched scripted opponents), not {type(self._env).__name__}")
+            try:
+                self._env.assign_opponent(second, None if second is None else self._mixed_rows())
+            except ValueError as e:  # e.g. mcts:N, which has no batched version
+                raise ValueError(f"{self._second_flag()} {second!r}: {e}") from None
+            self._second = second
         return self._env
 
+    def second_opponent(self, step: int) -> str | None:
+        """The opponent of this iteration's mixed groups: --mix-opponent, the rung --rehearsal-share replays
+        (the rungs below the current one in turn), or None."""
+        if self.cfg.mix_opponent:
+            return self.cfg.mix_opponent
+        if self.cfg.rehearsal_share and self.curriculum is not None and self.curriculum.rung > 0:
+            return self.curriculum.ladder[step % self.curriculum.rung]
+        return None
+
     def mix_games(self) -> np.ndarray | None:
-        """Which rows of the batch play --mix-opponent (whole groups, the last ones), or None."""
+        """Which rows of the batch play the second opponent the last train_env gave them (whole groups, the last
+        ones), or None: what the iteration's games played, whatever an evaluation since then promoted."""
+        return None if self._second is None else self._mixed_rows()
+
+    def _mixed_rows(self) -> np.ndarray:
         cfg = self.cfg
-        if not cfg.mix_opponent:
-            return None
-        return self._last_groups(min(cfg.groups - 1, max(1, round(cfg.mix_share * cfg.groups))))  # both keep one
+        share = cfg.mix_share if cfg.mix_opponent else cfg.rehearsal_share
+        return self._last_groups(min(cfg.groups - 1, max(1, round(share * cfg.groups))))  # both keep one
+
+    def _second_flag(self) -> str:
+        return "--mix-opponent" if self.cfg.mix_opponent else "--rehearsal-share"
 
     def _last_groups(self, groups: int) -> np.ndarray:
         """The batch's rows in its last `groups` GRPO groups (league and mixed-opponent games are whole groups)."""
@@ -121,6 +146,8 @@ class Matchmaker:
 
     def metrics(self) -> dict[str, Any]:
         out = self.curriculum.metrics() if self.curriculum else {}
+        if self.cfg.rehearsal_share and self.curriculum is not None:  # the rung replayed; -1: none (rung 0)
+            out["rehearsal/rung"] = -1 if self._second is None else self.curriculum.ladder.index(self._second)
         if self.league is not None:
             out["league/size"] = len(self.league)
         return out

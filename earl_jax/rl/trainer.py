@@ -557,7 +557,7 @@ class Trainer:
         with count_compiles() as compiles:
             n_dispatch = len(self.dispatcher.history)
             t_start = time.perf_counter()
-            self.env = self.matchmaker.train_env()  # a new env when the curriculum moved to another rung
+            self.env = self.matchmaker.train_env(self.step)  # a new env when the rung changed; the rung replayed
             league = self.matchmaker.league_games(self.step, self.params)
             traj, rollout_dispatch_s = self._rollout(self.env, seeds, group_ids, rng, self.sampling, league=league)
             self._rollouts_done += 1

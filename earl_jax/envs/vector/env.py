@@ -72,6 +72,7 @@ class VectorTextEnv:
         self.num_actions = self.rules.NUM_ACTIONS
         self.opponent = make_vector_opponent(cfg.opponent, short, n)
         self._second: tuple[Any, np.ndarray] | None = None  # (opponent, its games): assign_opponent
+        self.second_opponent: str | None = None  # the spec of assign_opponent's opponent
         self.renderer = BoardRenderer(self.text, cfg.prompt_style)
         self._pyspiel_game = reference.game
         self._draw_agent = cfg.agent_player is None
@@ -95,13 +96,14 @@ class VectorTextEnv:
         `opponent=spec` for the same seed (its seat, opponent stream and chance draws do not depend on the
         opponent), so a batch can mix opponents without a second env."""
         if spec is None:
-            self._second = None
+            self._second = self.second_opponent = None
             return
         mask = np.zeros(self.num_games, bool)
         if games is not None:
             mask[np.asarray(games)] = True
         OpenSpielTextEnv(dataclasses.replace(self.config, opponent=spec))  # the reference's checks: a clear error
         self._second = (make_vector_opponent(spec, self.game_name, self.num_games), mask)
+        self.second_opponent = spec
 
     @property
     def second_opponent_games(self) -> np.ndarray:
