@@ -54,7 +54,14 @@ class ObservationCodec:
         return out
 
     def encode_padded(self, texts: Sequence[str], pad_id: int = 0) -> tuple[Int[np.ndarray, "n t"], Int[np.ndarray, " n"]]:
-        """Right-padded ids (int32) and each row's length: no Python list per row."""
+        """Right-padded ids (int32) and each row's length: no Python list per row. Texts that repeat (the first
+        observations of a GRPO group's games) are encoded once."""
+        distinct = dict.fromkeys(texts)
+        if len(distinct) < len(texts) and 2 * len(distinct) <= len(texts):
+            index = {t: k for k, t in enumerate(distinct)}
+            where = np.fromiter(map(index.__getitem__, texts), np.int64, len(texts))
+            ids, lengths = self.encode_padded(list(distinct), pad_id)
+            return ids[where], lengths[where]
         lengths = _text_lengths(texts)
         if not self.fast:
             slow = list(range(len(texts)))

@@ -29,10 +29,14 @@ ORDER = np.array(_ref.ORDER)  # the reference's search order: its first immediat
 WIN = _ref.WIN
 MAX_LEAVES = 1 << 22  # positions searched at once, at most (x 8 bytes, a few arrays): ~100 MB at depth 5
 DIRECTIONS = tuple(_U(d) for d in (1, H1, H1 - 1, H1 + 1))  # vertical, horizontal, two diagonals
+_SHIFTS = np.array(DIRECTIONS, _U)[:, None]  # is_win: the four directions in one pass, [direction, game]
+_SHIFTS2 = _SHIFTS + _SHIFTS
 # Cell k of the printed board (top row first, left to right) is bit PRINT_BITS[k].
 PRINT_BITS: UInt64[np.ndarray, " 42"] = np.array(
     [c * H1 + r for r in reversed(range(ROWS)) for c in range(COLS)], _U
 )
+# print_index by bit index (0..64; 64 is what a 0 bitboard counts): (ROWS - 1 - i % H1) * COLS + i // H1
+_PRINT_OF_BIT = np.array([(ROWS - 1 - i % H1) * COLS + i // H1 for i in range(65)], np.int64)
 
 
 # ---- rules ----------------------------------------------------------------------------------------
@@ -49,12 +53,12 @@ def drop(stones: UInt64[np.ndarray, "n 2"], actions: Int[np.ndarray, " n"]) -> U
 
 
 def is_win(p: UInt64[np.ndarray, " n"]) -> Bool[np.ndarray, " n"]:
-    """Four in a row in any direction: `connect_four_search.is_win`, batched."""
-    win = np.zeros(p.shape, bool)
-    for d in DIRECTIONS:
-        m = p & (p >> d)
-        win |= (m & (m >> (d + d))) != 0
-    return win
+    """Four in a row in any direction: `connect_four_search.is_win`, batched (the four directions in one pass
+    over a [4, n] array: ~16 against ~24 us a loop over them took at 480 games on the 2-core CPU)."""
+    q = p.reshape(1, -1)
+    m = q & (q >> _SHIFTS)
+    m &= m >> _SHIFTS2
+    return (np.bitwise_or.reduce(m, 0) != 0).reshape(p.shape)
 
 
 def is_full(stones: UInt64[np.ndarray, "n 2"]) -> Bool[np.ndarray, " n"]:
@@ -63,8 +67,7 @@ def is_full(stones: UInt64[np.ndarray, "n 2"]) -> Bool[np.ndarray, " n"]:
 
 def print_index(bits: UInt64[np.ndarray, " n"]) -> Int[np.ndarray, " n"]:
     """Where single-stone bitboards sit on the printed board (top row first): the inverse of PRINT_BITS."""
-    i = np.bitwise_count(bits - _U(1)).astype(np.int64)  # the bit's index
-    return (ROWS - 1 - i % H1) * COLS + i // H1
+    return _PRINT_OF_BIT[np.bitwise_count(bits - _U(1))]  # by the bit's index
 
 
 def cells(stones: UInt64[np.ndarray, "n 2"]) -> UInt8[np.ndarray, "n 42"]:

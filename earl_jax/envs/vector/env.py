@@ -81,10 +81,17 @@ class VectorTextEnv:
         self.stones = np.zeros((n, 2), np.uint64)  # [:, p]: player p's stones (connect_four / tic_tac_toe layout)
         # The printed board (rules.cells of stones), kept up to date move by move: rendering reads it as is.
         self.cells = np.zeros((n, self.renderer.rows * self.renderer.cols), np.uint8)
+        # The compact style's boards as text, kept up to date the same way (renderer.keeps_blocks): a turn's
+        # observation is then copies of byte rows, no rendering. `_stone_chars[i, p]`: player p's character in game i.
+        self._blocks = self._stone_chars = None
+        if self.renderer.keeps_blocks:
+            self._blocks = np.zeros((n, len(self.renderer.empty_block)), np.uint8)
+            self._stone_chars = np.zeros((n, 2), np.uint8)
         self.agent_player = np.full(n, cfg.agent_player or 0, np.int64)
         self.turn = np.zeros(n, np.int64)
         self.retries_left = np.full(n, cfg.max_retries, np.int64)
         self.legal = np.zeros((n, self.num_actions), bool)
+        self._legal_weights = 1 << np.arange(self.num_actions)  # legal @ this: the legal set's bits
         self.live = np.zeros(n, bool)  # reset and not finished
         # Per game, what gymnasium's np_random would be after the last reset: the seed (Generator not
         # built yet: see seed_draws), a Generator, or None (never reset). Only seed=None reads it.
@@ -123,12 +130,12 @@ class VectorTextEnv:
         check_reset(rows, seeds, histories)
         start = self._positions(histories) if histories is not None else None
         cfg = self.config
-        if all(seed is not None for seed in seeds):  # the common case: drawn once per distinct seed (a GRPO group's)
-            index: dict[int, int] = {}
-            where = np.array([index.setdefault(int(seed), len(index)) for seed in seeds], np.int64)
+        if None not in seeds:  # the common case: drawn once per distinct seed (a GRPO group's)
+            ints = list(map(int, seeds))  # per-game loops as C-level maps: a 512-game reset is ~0.1 ms less
+            index = {seed: k for k, seed in enumerate(dict.fromkeys(ints))}  # in order of first appearance
+            where = np.fromiter(map(index.__getitem__, ints), np.int64, len(ints))
             drawn = [seed_draws(seed, self._draw_agent) for seed in index]
-            for i, seed in zip(rows.tolist(), seeds):
-                self._np_random[i] = int(seed)
+            list(map(self._np_random.__setitem__, rows.tolist(), ints))
         else:
             drawn, where = [self._draws(i, seed) for i, seed in zip(rows.tolist(), seeds)], np.arange(len(rows))
         agents, opponent_seeds = (np.array([d[k] or 0 for d in drawn], np.int64)[where] for k in (0, 1))
@@ -138,6 +145,11 @@ class VectorTextEnv:
         if self._second is not None:  # both streams from the same seeds: either opponent replays its game
             self._second[0].reset(rows, opponent_seeds)
         self.stones[rows], self.cells[rows] = start if start is not None else (0, 0)
+        if self._blocks is not None:
+            agent = self.agent_player[rows]
+            self._stone_chars[rows] = self.renderer.stone_chars(agent)
+            self._blocks[rows] = (self.renderer.empty_block if start is None
+                                  else self.renderer.block_rows(start[1], agent))
         self.turn[rows] = 0
         self.retries_left[rows] = cfg.max_retries
         # The opponent opens where it is to move (the agent is player 1, or a history left it to move).
@@ -151,7 +163,7 @@ class VectorTextEnv:
         self.legal[rows] = self.rules.legal_mask(self.stones[rows]) & ~ended[:, None]
         cells = self.cells[rows]
         agent = self.agent_player[rows]
-        results = [_RESULTS.get(w) for w in winner.tolist()]
+        results = list(map(_RESULTS.get, winner.tolist()))
         obs = self.renderer.texts(cells, agent, self.legal[rows], opponent_action, results, first=True)
         return self._result(rows, obs, np.zeros(len(rows)), ended, np.zeros(len(rows), bool), winner,
                             np.full(len(rows), -1, np.int64), opponent_action, cells)
@@ -204,62 +216,83 @@ class VectorTextEnv:
         answers, moves = check_answers(rows, answers, moves)
         if answers is not None:
             moves = parse_actions(answers)
-        cfg, r = self.config, len(rows)
+        cfg, r, rules = self.config, len(rows), self.rules
         in_range = (moves >= 0) & (moves < self.num_actions)
         ok = in_range & self.legal[rows, np.where(in_range, moves, 0)]
-        retry = ~ok & (self.retries_left[rows] > 0)
-        forfeit = ~ok & ~retry
-
+        all_ok = bool(ok.all())  # the common case (always with constrained moves): no retry, no forfeit
         winner = np.full(r, NO_WINNER, np.int8)
-        winner[forfeit] = OPPONENT_WINS
         opponent_action = np.full(r, -1, np.int64)
-        self.retries_left[rows[retry]] -= 1
-
-        valid = np.flatnonzero(ok)
-        blunder = np.full(r, -1, np.int64)
-        if len(valid):
-            v = rows[valid]
-            agent = self.agent_player[v]
+        if all_ok:
+            retry = forfeit = np.zeros(r, bool)
+            valid, v, mv = slice(None), rows, moves
+        else:
+            retry = ~ok & (self.retries_left[rows] > 0)
+            forfeit = ~ok & ~retry
+            winner[forfeit] = OPPONENT_WINS
+            self.retries_left[rows[retry]] -= 1
+            valid = np.flatnonzero(ok)
+            v, mv = rows[valid], moves[valid]
+        agent_all = self.agent_player[rows]
+        blunder = np.full(r, -1, np.int64) if cfg.blunder_penalty else None
+        if len(v):
+            agent = agent_all if all_ok else agent_all[valid]
             if cfg.blunder_penalty:  # judged before the move is played
                 blunder[valid] = blunders(self.game_name, self.stones[v, agent], self.stones[v, 1 - agent],
-                                          self.legal[v], moves[valid], cfg.blunder_depth)
+                                          self.legal[v], mv, cfg.blunder_depth)
             self.retries_left[v] = cfg.max_retries
-            self._play(v, moves[valid], agent)
+            self._play(v, mv, agent)
             self.turn[v] += 1
             # Only the player who just moved can have won.
-            won = np.where(self.rules.is_win(self.stones[v, agent]), AGENT_WINS,
-                           np.where(self.rules.is_full(self.stones[v]), DRAW, NO_WINNER)).astype(np.int8)
-            going = np.flatnonzero(won == NO_WINNER)
-            if len(going):
+            stones = self.stones[v]
+            ar = np.arange(len(v))
+            won = np.where(rules.is_win(stones[ar, agent]), AGENT_WINS,
+                           np.where(rules.is_full(stones), DRAW, NO_WINNER)).astype(np.int8)
+            going = won == NO_WINNER
+            if going.all():
+                opponent_action[valid] = self._opponent_moves(v, agent)
+                stones = self.stones[v]
+                won = np.where(rules.is_win(stones[ar, 1 - agent]), OPPONENT_WINS,
+                               np.where(rules.is_full(stones), DRAW, NO_WINNER)).astype(np.int8)
+            elif going.any():
+                going = np.flatnonzero(going)
                 g = v[going]
-                opponent_action[valid[going]] = self._opponent_moves(g)
-                won[going] = np.where(self.rules.is_win(self.stones[g, 1 - agent[going]]), OPPONENT_WINS,
-                                      np.where(self.rules.is_full(self.stones[g]), DRAW, NO_WINNER))
+                opponent_action[going if all_ok else valid[going]] = self._opponent_moves(g, agent[going])
+                s = self.stones[g]
+                won[going] = np.where(rules.is_win(s[np.arange(len(g)), 1 - agent[going]]), OPPONENT_WINS,
+                                      np.where(rules.is_full(s), DRAW, NO_WINNER))
             winner[valid] = won
         # The reward by outcome; invalid answers get theirs (a forfeit's winner is the opponent, its reward not).
         reward = self._rewards[winner]
-        reward[retry] = cfg.retry_reward
-        reward[forfeit] = cfg.invalid_reward
-        reward -= cfg.blunder_penalty * np.maximum(blunder, 0)
+        if not all_ok:
+            reward[retry] = cfg.retry_reward
+            reward[forfeit] = cfg.invalid_reward
+        if cfg.blunder_penalty:
+            reward -= cfg.blunder_penalty * np.maximum(blunder, 0)
 
         terminated = winner != NO_WINNER
         self.live[rows] = ~terminated
-        self.legal[rows] = self.rules.legal_mask(self.stones[rows]) & ~terminated[:, None]
+        legal = rules.legal_mask(self.stones[rows])
+        legal &= ~terminated[:, None]
+        self.legal[rows] = legal
         cells = self.cells[rows]
-        obs, obs_bytes = self._observations(rows, ok, retry, forfeit, terminated, winner, opponent_action, cells)
-        result = self._result(rows, obs, reward, terminated, ~ok, winner, np.where(ok, moves, -1), opponent_action, cells)
-        result.blunder = blunder if cfg.blunder_penalty else None
+        blocks = None if self._blocks is None else self._blocks[rows]
+        obs, obs_bytes = self._observations(rows, ok, retry, forfeit, terminated, winner, opponent_action, cells,
+                                            agent_all, legal, blocks)
+        result = self._result(rows, obs, reward, terminated, ~ok, winner, moves if all_ok else np.where(ok, moves, -1),
+                              opponent_action, cells, agent_all, legal)
+        result.blunder = blunder
         result._obs_bytes = obs_bytes
         return result
 
-    def _observations(self, rows, ok, retry, forfeit, terminated, winner, opponent_action, cells):
+    def _observations(self, rows, ok, retry, forfeit, terminated, winner, opponent_action, cells, agent, legal,
+                      blocks=None):
         """(a function that renders every entry's observation text, one that gives some entries' as bytes).
+        `agent`, `legal`: the entries' seats and legal moves now; `blocks`: their boards as text, if kept.
 
         Nothing is rendered here: the agent loop asks only for the games that go on, as bytes."""
-        legal = self.legal[rows]
-        code = legal @ (1 << np.arange(self.num_actions))  # the legal set as bits: cached texts
-        agent = self.agent_player[rows]
+        code = legal @ self._legal_weights  # the legal set as bits: cached texts
         turn = ok & ~terminated
+        all_ok = not retry.any()
         r = self.renderer
 
         def texts() -> list[str]:
@@ -284,9 +317,12 @@ class VectorTextEnv:
                 return None
             t = where & turn
             if t.all():  # the common case: no copies
-                return r.turn_bytes(cells, agent, opponent_action, code)
-            turn_rows = r.turn_bytes(cells[t], agent[t], opponent_action[t], code[t])
-            if not (where & retry).any():
+                return r.turn_bytes(cells, agent, opponent_action, code, blocks)
+            if blocks is None:
+                turn_rows = r.turn_bytes(cells[t], agent[t], opponent_action[t], code[t])
+            else:  # the kept boards are all it reads
+                turn_rows = r.turn_bytes(None, None, opponent_action[t], code[t], blocks[t])
+            if all_ok or not (where & retry).any():
                 return turn_rows
             return _merge(where, t, turn_rows, r.retry_bytes(code[where & retry]))
 
@@ -294,15 +330,20 @@ class VectorTextEnv:
 
     # ---- helpers ----------------------------------------------------------------------------
     def _play(self, rows, actions, players) -> None:
-        _play(self.rules, self.stones, self.cells, rows, actions, players)
+        where = _play(self.rules, self.stones, self.cells, rows, actions, players)
+        if self._blocks is not None:
+            self._blocks[rows, self.renderer.block_index[where]] = self._stone_chars[rows, players]
 
-    def _opponent_moves(self, rows) -> Int[np.ndarray, " r"]:
-        """The opponent's replies in `rows` (the opponent is to move there), played on the boards."""
+    def _opponent_moves(self, rows, agent=None) -> Int[np.ndarray, " r"]:
+        """The opponent's replies in `rows` (the opponent is to move there), played on the boards. `agent`: the
+        agent's seat in those games, if the caller has it."""
         if not len(rows):
             return np.zeros(0, np.int64)
-        agent = self.agent_player[rows]
-        me, opp = self.stones[rows, 1 - agent], self.stones[rows, agent]
-        legal = self.rules.legal_mask(self.stones[rows])
+        agent = self.agent_player[rows] if agent is None else agent
+        stones = self.stones[rows]
+        ar = np.arange(len(rows))
+        me, opp = stones[ar, 1 - agent], stones[ar, agent]
+        legal = self.rules.legal_mask(stones)
         if self._second is None:
             actions = self.opponent.act(rows, me, opp, legal)
         else:
@@ -323,21 +364,25 @@ class VectorTextEnv:
         return np.select([agent_won, opp_won, self.rules.is_full(s)], [AGENT_WINS, OPPONENT_WINS, DRAW],
                          NO_WINNER).astype(np.int8)
 
-    def _result(self, rows, obs, reward, terminated, invalid, winner, action, opponent_action, cells) -> VectorStep:
-        agent = self.agent_player[rows]
+    def _result(self, rows, obs, reward, terminated, invalid, winner, action, opponent_action, cells, agent=None,
+                legal=None) -> VectorStep:
+        agent = self.agent_player[rows] if agent is None else agent
         return VectorStep(
             rows=rows, _obs=obs, reward=reward.astype(np.float64), terminated=terminated,
             truncated=np.zeros(len(rows), bool), invalid=invalid, winner=winner, action=action,
             opponent_action=opponent_action, turn=self.turn[rows], retries_left=self.retries_left[rows],
-            agent_player=agent, legal=self.legal[rows], _board=lambda: self.renderer.values(cells, agent),
+            agent_player=agent, legal=self.legal[rows] if legal is None else legal,
+            _board=lambda: self.renderer.values(cells, agent),
         )
 
 
-def _play(rules, stones, cells, rows, actions, players) -> None:
-    """Drop each row's stone: the bitboards and the printed board, in place."""
+def _play(rules, stones, cells, rows, actions, players) -> np.ndarray:
+    """Drop each row's stone: the bitboards and the printed board, in place. Returns the printed cells."""
     bits = rules.drop(stones[rows], actions)
     stones[rows, players] |= bits
-    cells[rows, rules.print_index(bits)] = players + 1
+    where = rules.print_index(bits)
+    cells[rows, where] = players + 1
+    return where
 
 
 def _merge(where, first, first_rows, other_rows):

@@ -82,12 +82,12 @@ class ModelOpponentEnv(VectorTextEnv):
         super()._play(rows, actions, players)
         self._last_move[rows] = actions  # the policy's next observation names the agent's last move
 
-    def _opponent_moves(self, rows):
+    def _opponent_moves(self, rows, agent=None):
         if self._policy is None:
-            return super()._opponent_moves(rows)
+            return super()._opponent_moves(rows, agent)
         mine = self._policy_game[rows]
         out = np.zeros(len(rows), np.int64)
-        out[~mine] = super()._opponent_moves(rows[~mine])
+        out[~mine] = super()._opponent_moves(rows[~mine], None if agent is None else agent[~mine])
         if mine.any():
             out[mine] = self._policy_moves(rows[mine])
         return out

@@ -4,8 +4,10 @@ Boards are rendered for the whole batch in one pass over a byte array (cell -> '
 agent's seat, newlines and chat-style spaces from a fixed template). The common observation (the
 opponent's reply, the board, the legal moves) and a retry's are glued here from cached pieces as NUL-padded
 byte rows (`turn_bytes`, `retry_bytes`): the codec maps those to token ids without a string per game, and
-`turn_texts` cuts the same bytes into strings. Every rarer text (first observations, results, forfeits)
-comes from `format_observation` itself, so the vector env cannot drift from the reference in those.
+`turn_texts` cuts the same bytes into strings. In the compact style the env keeps each game's board as such a
+byte row, updated move by move (`keeps_blocks`), so a turn's observation is three copies. Every rarer text (first
+observations, results, forfeits) comes from `format_observation` itself, so the vector env cannot drift from the
+reference in those.
 """
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ from earl_jax.envs.text import AGENT, EMPTY, OPPONENT, GameText, format_observat
 _CHARS = np.array([ord(EMPTY), ord(AGENT), ord(OPPONENT), ord(EMPTY), ord(OPPONENT), ord(AGENT)], np.uint8)
 _VALUES = np.array([0, 1, -1, 0, -1, 1], np.int8)
 _CHAR_TABLE = _CHARS.tobytes() + bytes(256 - len(_CHARS))  # the same for bytes.translate (C speed)
+# The same shifted by one, every other byte unchanged: text with boards as codes 1..6 (never in the text: it is
+# printable ASCII and newlines) -> text with the boards' characters, in one translate.
+_CODED_TABLE = bytes([0]) + _CHARS.tobytes() + bytes(range(len(_CHARS) + 1, 256))
 
 
 class BoardRenderer:
@@ -51,6 +56,26 @@ class BoardRenderer:
         # The same pieces as padded byte tables (row = action or legal code): glued per batch by array code.
         self._opp_bytes, self._moves_bytes = _table(self.opponent_lines), _table(self.moves_lines)
         self._minimal_bytes, self._retry_bytes = _table(self.minimal_texts), _table(self.retry_texts)
+        opp_len = self._opp_bytes[1]
+        self._opp_width = int(opp_len[0]) if len(opp_len) and (opp_len == opp_len[0]).all() else None
+        # The compact board as a byte row per game, kept up to date by the env move by move (`keeps_blocks`):
+        # printed cell k sits at block_index[k] (a newline ends each row).
+        pieces = "".join(self.opponent_lines + self.moves_lines)  # no byte 1..6 in them: see _CODED_TABLE
+        self.keeps_blocks = (prompt_style == "compact" and self._opp_width is not None
+                             and not any(chr(c) in pieces for c in range(1, len(_CHARS) + 1)))
+        k = np.arange(self.rows * self.cols)
+        self.block_index = k + k // self.cols
+        self.empty_block = self._compact(np.zeros((1, self.rows * self.cols), np.uint8), np.zeros(1, np.int64),
+                                         labeled=False)[0]
+
+    def block_rows(self, cells, agent_player) -> UInt8[np.ndarray, "n w"]:
+        """The compact boards (what `keeps_blocks` keeps), rendered whole."""
+        return self._compact(cells, agent_player, labeled=False)
+
+    @staticmethod
+    def stone_chars(agent_player: Int[np.ndarray, " n"]) -> UInt8[np.ndarray, "n 2"]:
+        """[game, player]: the character player's stones show in that game ('X' the agent's, 'O' the other's)."""
+        return _CHARS[(np.asarray(agent_player, np.int64) * 3)[:, None] + np.array([1, 2])]
 
     # ---- boards --------------------------------------------------------------------------------
     def values(self, cells: UInt8[np.ndarray, "n c"], agent_player: Int[np.ndarray, " n"]) -> Int8[np.ndarray, "n h w"]:
@@ -103,14 +128,37 @@ class BoardRenderer:
         return row_texts(*self.turn_bytes(cells, agent_player, opponent_action, legal_code))
 
     def turn_bytes(self, cells, agent_player, opponent_action: Int[np.ndarray, " n"],
-                   legal_code: Int[np.ndarray, " n"]) -> tuple[UInt8[np.ndarray, "n t"], Int[np.ndarray, " n"]]:
-        """`turn_texts` as NUL-padded ASCII byte rows and their lengths."""
+                   legal_code: Int[np.ndarray, " n"], blocks: UInt8[np.ndarray, "n w"] | None = None
+                   ) -> tuple[UInt8[np.ndarray, "n t"], Int[np.ndarray, " n"]]:
+        """`turn_texts` as NUL-padded ASCII byte rows and their lengths. `blocks`: the boards as `block_rows` renders
+        them, where the caller keeps them (`keeps_blocks`)."""
         if self.style == "minimal":
             return _pick(self._minimal_bytes, opponent_action)
+        if self.keeps_blocks:  # fixed-width reply and board: one buffer
+            return self._compact_turn_bytes(cells, agent_player, opponent_action, legal_code, blocks)
         board = self._block_rows(cells, agent_player)
         w = board.shape[1]
         return _glue(_pick(self._opp_bytes, opponent_action), (board, np.full(len(cells), w)),
                      _pick(self._moves_bytes, legal_code))
+
+    def _compact_turn_bytes(self, cells, agent_player, opponent_action, legal_code, blocks=None) -> Rows:
+        """`turn_bytes` of the compact style written straight into one buffer (what `_glue` makes of the reply's
+        line, the board and the moves line when the reply lines all have one width). With `blocks` (the env keeps
+        the rendered boards) nothing is rendered: three copies. Without, the board goes in as cell codes 1..6
+        (`_CODED_TABLE`) and one translate of the whole buffer turns them into 'X'/'O'/'.'."""
+        n, a, b = len(opponent_action), self._opp_width, self.rows * (self.cols + 1)
+        moves, moves_len = self._moves_bytes
+        out = np.empty((n, a + b + moves.shape[1]), np.uint8)
+        out[:, :a] = self._opp_bytes[0].take(opponent_action, 0)
+        out[:, a + b:] = moves.take(legal_code, 0)
+        if blocks is not None:
+            out[:, a:a + b] = blocks
+        else:
+            board = out[:, a:a + b].reshape(n, self.rows, self.cols + 1)
+            board[:, :, :-1] = (cells + (agent_player.astype(np.uint8) * 3 + 1)[:, None]).reshape(n, self.rows, self.cols)
+            board[:, :, -1] = ord("\n")
+            out = np.frombuffer(out.tobytes().translate(_CODED_TABLE), np.uint8).reshape(out.shape)
+        return out, moves_len.take(legal_code) + (a + b)
 
     def retry_obs(self, legal_code: Int[np.ndarray, " n"]) -> list[str]:
         return [self.retry_texts[c] for c in legal_code.tolist()]
@@ -125,7 +173,7 @@ class BoardRenderer:
         # What an observation depends on, one byte row per game: distinct rows are rendered once.
         result_ids = {r: k for k, r in enumerate(dict.fromkeys(results))}
         key = np.concatenate([cells, legal, np.stack([opponent_action + 1, agent_player,
-                                                      [result_ids[r] for r in results]], 1)], 1).astype(np.uint8)
+                                                      list(map(result_ids.__getitem__, results))], 1)], 1).astype(np.uint8)
         rows = np.ascontiguousarray(key).view(np.dtype((np.void, key.shape[1]))).reshape(-1)  # a row as one value
         _, first_of, where = np.unique(rows, return_index=True, return_inverse=True)
         boards = self.board_texts(cells[first_of], agent_player[first_of])
@@ -137,7 +185,7 @@ class BoardRenderer:
                 legal_actions=None if results[k] is not None else np.flatnonzero(legal[k]).tolist(),
                 opponent_action=None if opp < 0 else opp, result=results[k], first=first,
                 agent_player=int(agent_player[k])))
-        return [distinct[k] for k in where.reshape(-1).tolist()]
+        return list(map(distinct.__getitem__, where.reshape(-1).tolist()))
 
 
 def _chars(cells: UInt8[np.ndarray, "n c"], agent_player: Int[np.ndarray, " n"]) -> UInt8[np.ndarray, "n c"]:

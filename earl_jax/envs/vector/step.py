@@ -93,15 +93,19 @@ def check_rows(rows, num_games: int, live: np.ndarray, check_live: bool) -> Int[
     """Game indices as int64, or a clear error: not 1-D integers, out of range, repeated, or (stepping)
     a game that is not running. Checked before anything changes, so a bad call leaves the batch as it was."""
     rows = np.asarray(rows)
-    if rows.ndim != 1 or (len(rows) and not np.issubdtype(rows.dtype, np.integer)):
+    if rows.ndim != 1 or (len(rows) and rows.dtype.kind not in "iu"):  # np.issubdtype(dtype, np.integer)
         raise ValueError(f"rows must be a 1-D sequence of game indices, got {rows!r}")
     rows = rows.astype(np.int64)
-    if len(rows) and (rows.min() < 0 or rows.max() >= num_games):
+    # Increasing rows (the agent loop's) are unique, and their ends are their extremes: two numpy calls.
+    increasing = len(rows) > 1 and bool((rows[1:] > rows[:-1]).all())
+    if len(rows) and ((rows[0] if increasing else rows.min()) < 0
+                      or (rows[-1] if increasing else rows.max()) >= num_games):
         raise ValueError(f"rows must be in [0, {num_games}), got {rows[(rows < 0) | (rows >= num_games)].tolist()}")
-    seen = np.zeros(num_games, bool)
-    seen[rows] = True
-    if np.count_nonzero(seen) != len(rows):  # cheaper than np.unique: no sort
-        raise ValueError("rows must be unique: one answer per game per step")
+    if not increasing:
+        seen = np.zeros(num_games, bool)
+        seen[rows] = True
+        if np.count_nonzero(seen) != len(rows):  # cheaper than np.unique: no sort
+            raise ValueError("rows must be unique: one answer per game per step")
     if check_live and not live[rows].all():
         raise RuntimeError(f"step() on finished (or never reset) games {rows[~live[rows]].tolist()}; reset them first")
     return rows
@@ -116,7 +120,7 @@ def check_answers(rows: Int[np.ndarray, " r"], answers, moves) -> tuple[list | N
             raise ValueError(f"{1 if isinstance(answers, str) else len(answers)} answers for {len(rows)} games")
         return answers, None
     moves = np.asarray(moves)
-    if moves.shape != rows.shape or not np.issubdtype(moves.dtype, np.integer):
+    if moves.shape != rows.shape or moves.dtype.kind not in "iu":  # np.issubdtype(dtype, np.integer)
         raise ValueError(f"moves must be {len(rows)} integers, got {moves.dtype} {moves.shape}")
     return None, moves.astype(np.int64)
 
@@ -125,6 +129,8 @@ def check_reset(rows: Int[np.ndarray, " r"], seeds, histories) -> None:
     """A seed per row (a non-negative integer, or None: continue the game's stream), a history per row if any."""
     if isinstance(seeds, (str, bytes)) or len(seeds) != len(rows):
         raise ValueError(f"{len(seeds)} seeds for {len(rows)} games")
+    if set(map(type, seeds)) == {int} and min(seeds) >= 0:  # the common case, checked without a Python loop
+        seeds = ()
     for seed in seeds:
         if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0):
             raise ValueError(f"seeds must be non-negative integers or None, got {seed!r}")
