@@ -223,6 +223,23 @@ def collect(folders: list[Path]) -> dict:
     return result
 
 
+def with_repeats(folders: list[Path]) -> dict:
+    """The first folder's result, plus every folder's baseline / current pair of each case (the same cases run again,
+    in one device call or a few on the same machine) and their medians: one pair is within the host's noise."""
+    runs = [json.loads(next(Path(d).glob("bench_agent_loop_*.json")).read_text()) for d in folders]
+    result = runs[0]
+    keys = ("rollout_s", "env_frac", "iteration_s", "games_per_s")
+    result["repeats"] = {}
+    for name in result["cases"]:
+        pairs = [{code: {k: r["cases"][name][code][k] for k in keys} for code in ("baseline", "current")
+                  if code in r["cases"].get(name, {})} for r in runs if name in r["cases"]]
+        medians = {code: {k: statistics.median(p[code][k] for p in pairs if code in p) for k in keys}
+                   for code in ("baseline", "current")}
+        result["repeats"][name] = {"folders": [str(d) for d in folders], "pairs": pairs, "median": medians}
+        print(name, "medians over", len(pairs), "pairs:", medians)
+    return result
+
+
 def _speedups(result: dict) -> None:
     for c in result["cases"].values():
         b, cur = c.get("baseline", {}), c.get("current", {})
@@ -243,10 +260,14 @@ def main(argv=None) -> dict:
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--collect", type=Path, nargs="+", default=None,
                    help="run nothing: merge the results in these folders (jobs of one device call) into one")
+    p.add_argument("--repeats", type=Path, nargs="+", default=None,
+                   help="run nothing: the first folder's result with every folder's pairs and their medians")
     p.add_argument("extra", nargs="*", help="more connect4.py flags for every job (after --)")
     args = p.parse_args(argv)
     if args.collect:
         return _write(collect(args.collect), args.out)
+    if args.repeats:
+        return _write(with_repeats(args.repeats), args.out)
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # this process (pgx) must leave the jobs their memory
     setting = "gpu" if args.gpu else "cpu"
     cases = {k: v + args.extra for k, v in CASES[setting].items() if args.cases is None or k in args.cases.split(",")}
