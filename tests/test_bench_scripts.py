@@ -148,6 +148,26 @@ def test_agent_loop_bench_collects_one_calls_jobs_and_steady_iterations(tmp_path
     assert {"gpu2048_4proc", "gpu2048_4proc_gc"} <= set(bench.LAUNCH) <= bench.CURRENT_ONLY_CASES
 
 
+def test_agent_loop_bench_merges_repeated_pairs_with_medians(tmp_path):
+    bench = _load("bench_agent_loop")
+    keys = ("rollout_s", "env_frac", "iteration_s", "games_per_s")
+    fracs = {"r1": (0.14, 0.12), "r2": (0.13, 0.08), "r3": (0.15, 0.10)}  # (baseline, current)
+    for run, (b, c) in fracs.items():
+        (tmp_path / run).mkdir()
+        cases = {"gpu512": {"baseline": dict.fromkeys(keys, 1.0) | {"env_frac": b},
+                            "current": dict.fromkeys(keys, 1.0) | {"env_frac": c}}}
+        if run == "r1":  # a case only the first run has: its own medians, over one pair
+            cases["gpu2048"] = {"baseline": dict.fromkeys(keys, 2.0), "current": dict.fromkeys(keys, 3.0)}
+        part = {"what": "x", "device": "NVIDIA H200", "pgx": {}, "cases": cases}
+        (tmp_path / run / "bench_agent_loop_nvidia_h200.json").write_text(json.dumps(part))
+    merged = bench.with_repeats([tmp_path / r for r in fracs])
+    assert merged["cases"]["gpu512"]["current"]["env_frac"] == 0.12  # the first run's result stays the main one
+    rep = merged["repeats"]["gpu512"]
+    assert len(rep["pairs"]) == 3 and rep["pairs"][1]["current"]["env_frac"] == 0.08
+    assert rep["median"]["baseline"]["env_frac"] == 0.14 and rep["median"]["current"]["env_frac"] == 0.10
+    assert len(merged["repeats"]["gpu2048"]["pairs"]) == 1 and merged["repeats"]["gpu2048"]["median"]["current"]["rollout_s"] == 3.0
+
+
 def test_trace_time_compares_nested_and_plain_layers_and_restores_the_model(tmp_path):
     from earl_jax.models import qwen2
 
