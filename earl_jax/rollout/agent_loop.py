@@ -182,7 +182,7 @@ class _Episodes:
         self.length[games] += counts
 
     def add_rewards(self, games, positions, values) -> None:
-        """rewards[games[k], positions[k]] += values[k]."""
+        """rewards[games[k], positions[k]] += values[k]; the games of one call are unique (a turn's)."""
         self._rewards.append((np.asarray(games), np.asarray(positions), np.asarray(values, np.float32)))
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -192,18 +192,25 @@ class _Episodes:
         out = {name: np.zeros((self.n, width), dtype) for name, dtype in self.FIELDS}
         flat = {name: a.reshape(-1) for name, a in out.items()}
         for games, start, ids, counts, mask, logp, choices in self._appends:
-            cols = np.arange(ids.shape[1])[None, :]
-            valid = cols < counts[:, None]
-            at = ((games * width + start)[:, None] + cols)[valid]
-            flat["tokens"][at] = ids[valid]
-            flat["mask"][at] = mask if np.ndim(mask) == 0 else mask[valid]
+            at = (games * width + start)[:, None] + np.arange(ids.shape[1])
+            # rows as wide as their counts (a turn's answers, most observations) need no boolean selection
+            valid = None if counts.min() == ids.shape[1] else np.arange(ids.shape[1]) < counts[:, None]
+            at = _select(at, valid)
+            flat["tokens"][at] = _select(ids, valid)
+            if np.ndim(mask) or mask:  # an observation's (all False) is already there
+                flat["mask"][at] = mask if np.ndim(mask) == 0 else _select(mask, valid)
             if logp is not None:
-                flat["logp"][at] = logp[valid]
+                flat["logp"][at] = _select(logp, valid)
             if choices is not None:
-                flat["choices"][at] = choices[valid]
-        for games, positions, values in self._rewards:
-            np.add.at(out["rewards"], (games, positions), values)
+                flat["choices"][at] = _select(choices, valid)
+        for games, positions, values in self._rewards:  # unique games per call: `+=` does what np.add.at did
+            flat["rewards"][games * width + positions] += values
         return out
+
+
+def _select(a: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
+    """a[valid], or all of `a` when valid is None."""
+    return a if valid is None else a[valid]
 
 
 def episode_stats(winner: np.ndarray, invalid: np.ndarray, lengths: np.ndarray, turn_ctx: np.ndarray,
@@ -405,7 +412,14 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         lengths=ep.length.astype(np.int32), returns=rewards.sum(1), num_turns=ep.turns, truncated=ep.truncated,
         group_ids=np.asarray(group_ids if group_ids is not None else np.arange(n), np.int32),
         winners=[None if w == NO_WINNER else WINNERS[w] for w in ep.winner.tolist()], invalid=ep.invalid,
-        turn_context_lens=[row[row >= 0].tolist() for row in ep.turn_ctx], stats=stats)
+        turn_context_lens=_turn_contexts(ep.turn_ctx), stats=stats)
+
+
+def _turn_contexts(turn_ctx: np.ndarray) -> list[list[int]]:
+    """Each row's turn contexts: its leading entries >= 0 (a game's turns are a prefix; -1 after). One tolist and
+    slices: a boolean selection per row was ~1.5 ms of a 512-game host-only rollout."""
+    counts = (turn_ctx >= 0).sum(1).tolist()
+    return [row[:k] for row, k in zip(turn_ctx.tolist(), counts)]
 
 
 def _last_scored(counts: np.ndarray, scored: np.ndarray | None) -> np.ndarray:
