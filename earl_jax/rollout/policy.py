@@ -12,7 +12,7 @@ from flax import nnx
 from earl_jax.distributed import global_to_host
 from earl_jax.rollout.agent_loop import Decoded
 from earl_jax.rollout.moves import MoveTokens, legal_bits
-from earl_jax.rollout.sampler import Sampler, SamplingConfig
+from earl_jax.rollout.sampler import Sampler, SamplingConfig, bucket
 
 
 class SamplerPolicy:
@@ -43,7 +43,8 @@ class SamplerPolicy:
     def extend(self, tokens: np.ndarray, counts: np.ndarray) -> None:
         tokens, counts = np.asarray(tokens, np.int32), np.asarray(counts, np.int64)
         if self._pending_n.any():  # the last answers go in first, in the same call (only for games that go on)
-            tokens, counts = _prepend(self._pending, np.where(counts > 0, self._pending_n, 0), tokens, counts)
+            tokens, counts = _prepend(self._pending, np.where(counts > 0, self._pending_n, 0), tokens, counts,
+                                      self.sampler.length_buckets)  # as wide as the sampler pads: no copy there
             self._pending_n[counts > 0] = 0  # rows not extended now keep theirs
         if not counts.any():
             return
@@ -132,17 +133,27 @@ def _pool() -> ThreadPoolExecutor:
     return _POOL
 
 
-def _prepend(first: np.ndarray, first_n: np.ndarray, tokens: np.ndarray, counts: np.ndarray
-             ) -> tuple[np.ndarray, np.ndarray]:
-    """Row r: first[r, :first_n[r]] then tokens[r, :counts[r]] (ragged rows, right-padded with 0)."""
+def _prepend(first: np.ndarray, first_n: np.ndarray, tokens: np.ndarray, counts: np.ndarray,
+             buckets: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Row r: first[r, :first_n[r]] then tokens[r, :counts[r]] (ragged rows, right-padded with 0, the sampler's
+    PAD_TOKEN). `buckets`: widen the rows to the length bucket the sampler's extend would pad them to."""
     b = len(first_n)
-    width = int((first_n + counts).max(initial=0))
-    out = np.zeros((b, max(width, first.shape[1])), np.int32)
+    width = max(int((first_n + counts).max(initial=0)), first.shape[1])
+    if buckets is not None:
+        width = bucket(max(width, 1), buckets)
+    out = np.zeros((b, width), np.int32)
     a_cols = np.arange(first.shape[1])[None, :]
     out[:, :first.shape[1]] = np.where(a_cols < first_n[:, None], first, 0)
     if tokens.shape[1]:
         t_cols = np.arange(tokens.shape[1])[None, :]
         valid = t_cols < counts[:, None]
-        rows = np.repeat(np.arange(b), counts)
-        out[rows, (first_n[:, None] + t_cols)[valid]] = tokens[valid]
+        extended = np.flatnonzero(counts)
+        k = first_n[extended]
+        if len(k) and (k == k[0]).all():  # one offset (constrained moves: a digit and the stop): a block copy
+            start = int(k[0])
+            t = min(tokens.shape[1], width - start)  # columns past that are padding
+            out[extended, start:start + t] = np.where(valid, tokens, 0)[extended, :t]  # ~0.3x the scatter
+        else:
+            rows = np.repeat(np.arange(b), counts)
+            out[rows, (first_n[:, None] + t_cols)[valid]] = tokens[valid]
     return out, first_n + counts
