@@ -377,11 +377,13 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         live[cont_games[no_room]] = False
         keep = ~no_room
         if keep.any():
-            ep.append(cont_games[keep], ids[keep], counts[keep], False)
-            observation_tokens = max(observation_tokens, int(counts[keep].max()))
+            if not keep.all():  # the common case (room for every game) copies no rows
+                cont_games, cont_slots, ids, counts = cont_games[keep], cont_slots[keep], ids[keep], counts[keep]
+            ep.append(cont_games, ids, counts, False)
+            observation_tokens = max(observation_tokens, int(counts.max()))
             new = np.zeros((len(g.games), ids.shape[1]), np.int32)
             new_counts = np.zeros(len(g.games), np.int32)
-            new[cont_slots[keep]], new_counts[cont_slots[keep]] = ids[keep], counts[keep]
+            new[cont_slots], new_counts[cont_slots] = ids, counts
             g.policy.extend(new, new_counts)
         g.turn += 1
         if cfg.compact:
