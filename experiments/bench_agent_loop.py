@@ -232,7 +232,7 @@ def with_repeats(folders: list[Path]) -> dict:
     result["repeats"] = {}
     for name in result["cases"]:
         pairs = [{code: {k: r["cases"][name][code][k] for k in keys} for code in ("baseline", "current")
-                  if code in r["cases"].get(name, {})} for r in runs if name in r["cases"]]
+                  if "rollout_s" in r["cases"][name].get(code, {})} for r in runs if name in r["cases"]]  # ran
         medians = {code: {k: statistics.median(p[code][k] for p in pairs if code in p) for k in keys}
                    for code in ("baseline", "current")}
         result["repeats"][name] = {"folders": [str(d) for d in folders], "pairs": pairs, "median": medians}
