@@ -225,7 +225,8 @@ def collect(folders: list[Path]) -> dict:
 
 def with_repeats(folders: list[Path]) -> dict:
     """The first folder's result, plus every folder's baseline / current pair of each case (the same cases run again,
-    in one device call or a few on the same machine) and their medians: one pair is within the host's noise."""
+    in one device call or several, each pair from one call) and their medians: one pair is within the host's noise.
+    A code whose job did not finish (no rollout_s: a timeout) is left out of its pair."""
     runs = [json.loads(next(Path(d).glob("bench_agent_loop_*.json")).read_text()) for d in folders]
     result = runs[0]
     keys = ("rollout_s", "env_frac", "iteration_s", "games_per_s")
