@@ -13,10 +13,6 @@ if "xla_backend_optimization_level" not in _flags:
 # test, cold, alone: 64 -> 45 s; the suite in CI had grown past its 15 minutes on the same code).
 if "xla_cpu_use_fusion_emitters" not in _flags:
     _flags += " --xla_cpu_use_fusion_emitters=false"
-# One compute thread per program: `pytest -n 2` runs two workers on two cores, and each worker's 8 fake devices
-# oversubscribed them (two learning tests of each kind, -n 2: 198 -> 129 s).
-if "xla_cpu_multi_thread_eigen" not in _flags:
-    _flags += " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 os.environ["XLA_FLAGS"] = _flags.strip()
 
 import jax  # noqa: E402  (must come after the flags above)
