@@ -4,7 +4,7 @@
     python experiments/connect4.py --help                 # every field of RLConfig as a flag
     python experiments/connect4.py --preset qwen0.5b --hf-checkpoint /path/to/Qwen2.5-0.5B-Instruct
     python experiments/connect4.py --preset pod           # GPUs: the largest model that fits them (earl_jax/rl/pod.py)
-    python experiments/connect4.py --preset gpu           # one GPU, 15 minutes: 2048 games, curriculum, entropy floor (earl_jax/rl/gpu_preset.py)
+    python experiments/connect4.py --preset gpu           # one GPU, 15 minutes (earl_jax/rl/gpu_preset.py)
 
 The run folder (--run-dir) receives config.json, metrics.jsonl, checkpoints/ and curves.png.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone: no install needed
 
 from earl_jax.rl.config import RLConfig
-from earl_jax.rl.gpu_preset import gpu_preset
+from earl_jax.rl.gpu_preset import CONNECT4_GPU_FIELDS, gpu_preset
 from earl_jax.rl.pod import pod_preset_for_this_machine
 
 # Constrained moves (the policy picks among the legal moves' tokens, earl_jax/rollout/moves.py) with a higher learning
@@ -35,8 +35,8 @@ PRESETS = {
         group_size=8, learning_rate=1e-6, warmup_steps=10, format_warmup_steps=0, kl_coef=0.001,
         eval_opponents=("random", "alphabeta:2"), micro_batch_tokens=65536, run_dir="runs/connect4-qwen0.5b",
         constrain_moves=False),
-    # One GPU, 15 minutes: tiny model, 512 games, compact prompts, opponent curriculum (reasons in gpu_preset.py).
-    "gpu": lambda: gpu_preset(DEFAULT, "runs/connect4-gpu"),
+    # One GPU, 15 minutes: tiny model, 2048 games, curriculum to alphabeta:2, rehearsal (reasons in gpu_preset.py).
+    "gpu": lambda: gpu_preset(DEFAULT, "runs/connect4-gpu", **CONNECT4_GPU_FIELDS),
     # Sized for this machine's devices (count, memory): the largest Qwen2.5 shape that fits, or --hf-checkpoint.
     "pod": lambda flags: pod_preset_for_this_machine(flags, DEFAULT),
     # EARL's setting: REINFORCE++ estimator, free-text answers.

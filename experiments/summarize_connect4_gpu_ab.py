@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from pathlib import Path
 
 from summarize_connect4_gpu import load, summarize
@@ -39,7 +40,7 @@ def plot(runs: dict[str, tuple[list[dict], dict]], title: str, path: Path) -> No
     for ax in (a, b):
         ax.set_ylim(-0.02, 1.02)
         ax.legend(fontsize=7, loc="lower right" if ax is a else "upper left")
-    a.set_title(title, fontsize=10)
+    a.set_title(textwrap.fill(title, 110), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

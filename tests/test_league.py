@@ -249,7 +249,7 @@ def test_league_refuses_an_env_without_the_batched_path():
 
 
 # ---- the GPU preset --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("script, last_rung", [("connect4", "alphabeta:3"), ("tictactoe", "solver")])
+@pytest.mark.parametrize("script, last_rung", [("connect4", "alphabeta:2"), ("tictactoe", "solver")])
 def test_gpu_preset_parses_validates_and_yields_to_flags(script, last_rung, capsys):
     import importlib
     import sys
@@ -261,8 +261,13 @@ def test_gpu_preset_parses_validates_and_yields_to_flags(script, last_rung, caps
     assert cfg.batch_size == 2048 and cfg.group_size == 8 and cfg.prompt_style == "compact"
     assert cfg.opponent == "curriculum" and parse_ladder(cfg.curriculum, cfg.game)[-1] == last_rung
     assert cfg.game == mod.DEFAULT.game and cfg.max_minutes == 15 and cfg.run_dir.endswith("-gpu")
-    cfg = parse_config(RLConfig, ["--preset", "gpu", "--promote-at", "0.9", "--league-size", "4"], presets=mod.PRESETS,
-                       base=mod.DEFAULT)
+    if script == "connect4":  # the fields measured on Connect Four only (gpu_preset.CONNECT4_GPU_FIELDS)
+        assert (cfg.ppo_mini_batches, cfg.group_seeds, cfg.promote_on_stall, cfg.rehearsal_share) == (
+            8, "per_game", 3, 0.5)
+    else:
+        assert (cfg.ppo_mini_batches, cfg.rehearsal_share) == (1, 0.0)
+    flags = ["--preset", "gpu", "--promote-at", "0.9", "--rehearsal-share", "0", "--league-size", "4"]
+    cfg = parse_config(RLConfig, flags, presets=mod.PRESETS, base=mod.DEFAULT)
     assert cfg.promote_at == 0.9 and cfg.league_size == 4 and cfg.batch_size == 2048
     with pytest.raises(SystemExit):
         parse_config(RLConfig, ["--preset", "gpu", "--promote-at", "1.5"], presets=mod.PRESETS, base=mod.DEFAULT)

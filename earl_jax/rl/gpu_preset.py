@@ -11,8 +11,8 @@ not capacity, collapses the shared logits), half the learning rate, and the entr
 (the one lever that prevented a collapse there). The third (present) one inherits constrained moves from the
 scripts' defaults (`--constrain-moves`: the move drawn among the legal moves' tokens; the format warm-up is then
 skipped): 8 minutes on one H100 gave greedy 0.81 against random, 0.56 against alphabeta:1, 0.09 against alphabeta:2
-(free text: 0.70 / 0.45 / 0.00); experiments/results/connect4_gpu_constrained_nvidia_h100.json. The reasoning
-below is the first version's where not updated.
+(free text: 0.70 / 0.45 / 0.00); experiments/results/connect4_gpu_constrained_nvidia_h100.json. Connect Four adds
+CONNECT4_GPU_FIELDS (below) on top. The reasoning below is the first version's where not updated.
 
 * Model: the tiny preset (0.8M parameters, random init, the built-in game tokenizer). The one measured GPU
   data point is this model: an earlier session's run with 512 games per iteration and compact prompts on
@@ -31,7 +31,8 @@ below is the first version's where not updated.
   a group of 8 still mixes wins and losses (all 8 won at p = 0.8: 17% of groups; at 0.91: 47%), which is
   what `train/filtered_frac` (the issue's metric, target below ~30% at the end) measures.
 * No league by default: it adds a second decode per opponent turn and compiles a second batch size (the
-  league's games), which is untested on a GPU; add `--league-size 4 --league-every 25` to try it.
+  league's games), which is untested on a GPU; add `--league-size 4 --league-every 25` to try it (Connect
+  Four: with `--rehearsal-share 0`, as both take whole groups).
 * Format warm-up: 30 steps of 256 random legal games (the answer format only; a few seconds of device time,
   the host builds the games). Checkpoints every 50 iterations; 300 iterations (the learning-rate schedule's
   length: ~3 s each) or 15 minutes of wall time, whichever comes first.
@@ -51,6 +52,18 @@ GPU_FIELDS = dict(
 )
 
 
-def gpu_preset(base: RLConfig, run_dir: str) -> RLConfig:
-    """`base` (the script's CPU default: game, opponent list, turn limits) with the fields above."""
-    return dataclasses.replace(base, run_dir=run_dir, **GPU_FIELDS)
+# Connect Four's fourth version (2026-11-28; learning_notes.md sections 18-22): 8 updates per batch, per-game seeds
+# (the deterministic rungs then still mix wins and losses in a group), a ladder that ends at alphabeta:2 (on
+# alphabeta:3 every game is lost and the policy forgot what it had learned), leaving a rung after 3 evaluations
+# without progress, and half the groups replaying the rungs below. 14.5 minutes on one H200 (two resumed parts):
+# greedy 0.94 against random, 0.70 against alphabeta:1, 0.56 against alphabeta:2; 0.25 of games in constant groups.
+# Tic-Tac-Toe keeps the fields above: none of these were measured on it.
+CONNECT4_GPU_FIELDS = dict(
+    ppo_mini_batches=8, group_seeds="per_game", curriculum="random,alphabeta:1,alphabeta:2", promote_on_stall=3,
+    rehearsal_share=0.5,
+)
+
+
+def gpu_preset(base: RLConfig, run_dir: str, **game_fields) -> RLConfig:
+    """`base` (the script's CPU default: game, opponent list, turn limits) with the fields above, then the game's."""
+    return dataclasses.replace(base, run_dir=run_dir, **{**GPU_FIELDS, **game_fields})
