@@ -199,19 +199,20 @@ def test_a_game_with_multi_token_moves_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("hidden", [False, True])  # two tests: the workers of `pytest -n 2` share them
-def test_constrained_policy_learns_the_digit_shown_on_turn_two(tmp_path, hidden):
+def test_constrained_policy_learns_the_digit_shown_on_turn_two(tmp_path):
     """The probe free-text GRPO never learned (learning_notes.md: 0.46 after 80 iterations at every setting tried): a
     digit d in {0, 1} shown on turn 2, after a free turn-1 answer. Constrained to the two digits, with the defaults'
     learning rate and entropy floor and a turn discount of 0.5, the greedy policy answers d in >= 90% of 50
-    evaluation games after 80 iterations (seed 0: 0.54 up to 30, 1.00 at 40, 0.46 at 50, 1.00 from 60 on);
-    hidden, it cannot (0.54 throughout). Constrained moves alone at lr 1e-3 stay at 0.54 (section 8)."""
+    evaluation games after 80 iterations (seed 0: 0.54 up to 30, 1.00 at 40, 0.46 at 50, 1.00 from 60 on).
+    Hidden, it cannot (an 80-iteration run: 0.54 throughout); that control is now
+    test_learning.py::test_with_the_digit_hidden_every_game_gets_one_answer. Constrained moves alone at lr 1e-3 stay
+    at 0.54 (section 8)."""
     cfg = dataclasses.replace(TINY, groups=8, group_size=8, learning_rate=2e-3, entropy_coef=0.1, entropy_floor=0.5,
                               filter_constant_groups=False, turn_discount=0.5, steps=80, max_turns=3, max_context=32,
                               eval_games=50, eval_every=0, run_dir=str(tmp_path))
     trainer = Trainer(cfg, log=False, env_factory=functools.partial(
-        ShowDigitEnv, choices=2, reveal_turn=1, hidden=hidden, warmup_moves=(0, 1)))
+        ShowDigitEnv, choices=2, reveal_turn=1, warmup_moves=(0, 1)))
     for _ in range(cfg.steps):
         trainer.iteration()
     success = trainer.evaluate()["eval/win_rate"]
-    assert (success <= 0.6) if hidden else (success >= 0.9), (hidden, success)
+    assert success >= 0.9, success
