@@ -95,12 +95,12 @@ def test_fig3_small_real_measure_and_profile_table(tmp_path):
 
 def test_fig1_small_runs_static_and_selector(tmp_path):
     fig1 = _load("fig1_context_growth")
-    # short games (at most 6 agent turns): fewer KV-cache sizes to compile in the two jobs (~15% of the test)
-    res = fig1.main(["--small", "--out", str(tmp_path), "--", "--steps", "2", "--max-turns", "6"])
+    # one iteration of short games (at most 6 agent turns) per job: the figure's whole path, fewer programs to compile
+    res = fig1.main(["--small", "--out", str(tmp_path), "--", "--steps", "1", "--max-turns", "6"])
     assert set(res["runs"]) == {"static", "selector"}
     for name, run in res["runs"].items():
-        assert run["status"] == "finished" and run["iterations"] == 2, (name, run["tail"])
-        assert [e["rollout/turn_tokens"] for e in run["trace"]] == [8, 8]
+        assert run["status"] == "finished" and run["iterations"] == 1, (name, run["tail"])
+        assert [e["rollout/turn_tokens"] for e in run["trace"]] == [8]
     assert (tmp_path / "fig1_context_growth_cpu.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="exists"):  # results are never overwritten
         fig1.main(["--small", "--out", str(tmp_path)])
