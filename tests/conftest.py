@@ -37,14 +37,50 @@ def pytest_report_header(config):
     return f"jax {jax.__version__}, devices: {jax.device_count()} x {jax.devices()[0].platform}"
 
 
-# The longest tests first (measured from a clean clone, 2 workers), then the other `slow` ones: started last,
-# they would run alone at the end of `pytest -n 2` with the other worker idle.
-_FIRST = ("test_constrained_policy_learns_the_digit_shown_on_turn_two",
-          "test_policy_learns_to_read_the_first_observation", "test_fig1_small_runs_static_and_selector",
-          "test_each_stage_receives_what_the_plan_says",
-          "test_coarse_cache_sizes_reach_the_stages_and_compile_fewer_decode_programs",
-          "test_train_pass_scores_exactly_the_sampled_tokens", "test_short_run_logs_every_metric_and_checkpoints",
-          "test_connect4_two_processes_match_one", "test_small_figure_runs_merge_into_one_json_and_refuse_other_settings")
+# The longest tests first, longest to shortest (each name's slowest case from a clean clone, 2 workers, seconds in
+# brackets), then the other `slow` ones: a long test started last runs alone at the end of `pytest -n 2` with the
+# other worker idle (a 2-minute tail before this list covered every test over ~12 s).
+_FIRST = (
+    "test_connect4_two_processes_match_one",  # 93
+    "test_train_keeps_one_model_and_rollout_keeps_one_per_mesh",  # 82
+    "test_constrained_policy_learns_the_digit_shown_on_turn_two",  # 78
+    "test_policy_learns_to_read_the_first_observation",  # 78
+    "test_fig1_small_runs_static_and_selector",  # ~75
+    "test_each_stage_receives_what_the_plan_says",  # 65
+    "test_small_figure_runs_merge_into_one_json_and_refuse_other_settings",  # 56
+    "test_the_entropy_floor_keeps_a_collapsed_run_learning",  # 49
+    "test_killed_and_resumed_run_is_bit_exact",  # 44
+    "test_policy_learns_a_trivial_game",  # 40
+    "test_train_pass_scores_exactly_the_sampled_tokens",  # 39
+    "test_the_trainer_compiles_compaction_ahead_when_the_next_rollout_compacts",  # 38
+    "test_league_iterations_play_frozen_snapshots_that_do_not_train",  # 35
+    "test_few_new_widths_per_iteration_compile_less_and_change_nothing",  # 35
+    "test_a_collapsed_run_has_no_gradient_and_says_so",  # 35
+    "test_corrupt_newest_checkpoint_resumes_from_the_previous_one",  # 32
+    "test_fig3_small_real_measure_and_profile_table",  # 31
+    "test_coarse_cache_sizes_reach_the_stages_and_compile_fewer_decode_programs",  # ~30
+    "test_ppo_mini_batches_make_that_many_updates_an_iteration",  # 29
+    "test_the_trainer_collects_automatically_again_after_its_first_iteration",  # 28
+    "test_short_run_logs_every_metric_and_checkpoints",  # 27
+    "test_evaluates_the_checkpoint_against_each_opponent_and_leaves_the_run_as_it_was",  # 24
+    "test_trainer_promotes_on_a_forced_evaluation_and_the_rung_survives_resume",  # 22
+    "test_trainer_leaves_a_stalled_rung_from_the_flag",  # 20
+    "test_the_planner_checks_first_calls_and_falls_back_without_compiling_twice",  # 20
+    "test_halves_played_apart_are_the_games_of_the_whole_batch_and_gather_back",  # 20
+    "test_micro_batched_stages_equal_one_batch_on_every_mesh",  # 18
+    "test_predicted_programs_are_compiled_before_the_calls_and_change_nothing",  # 18
+    "test_dispatcher_across_two_processes",  # 18
+    "test_grouped_equals_padded",  # 17
+    "test_rehearsal_replays_the_rungs_below_in_turn_in_the_last_groups",  # 16
+    "test_train_measure_holds_one_copy_of_the_weights",  # 16
+    "test_trainer_plays_the_same_games_with_and_without_compiling_ahead",  # 15
+    "test_bench_train_tiny",  # 14
+    "test_no_full_rematerialization_on_stage_layouts",  # 14
+    "test_training_beats_at_every_phase_under_the_configured_timeout",  # 14
+    "test_fused_attention_and_multi_step_loop_give_the_same_generation",  # 14
+    "test_a_stuck_cell_ends_its_process_and_the_next_run_records_it_hung",  # 13
+    "test_connect_four_turns_are_a_legal_move_then_the_stop_token",  # 13
+)
 
 
 def pytest_collection_modifyitems(config, items):
