@@ -33,8 +33,18 @@ os.environ.setdefault("EARL_COMPILE_CACHE", os.path.abspath(_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 
+def pytest_configure(config):
+    # `-n N` without --dist means xdist's "load", which first hands each worker a run of consecutive tests (a quarter
+    # of its share): with the longest tests first (below) one worker got all of them while the other idled (a
+    # ~5-minute tail). worksteal lets an idle worker take tests from the busy one. Not in addopts: `-p no:xdist`
+    # would then refuse the unknown --dist.
+    if getattr(config.option, "dist", "no") == "load" and "--dist" not in " ".join(config.invocation_params.args):
+        config.option.dist = "worksteal"
+
+
 def pytest_report_header(config):
-    return f"jax {jax.__version__}, devices: {jax.device_count()} x {jax.devices()[0].platform}"
+    dist = getattr(config.option, "dist", "no")
+    return f"jax {jax.__version__}, devices: {jax.device_count()} x {jax.devices()[0].platform}, xdist: {dist}"
 
 
 # The longest tests first, longest to shortest (each name's slowest case from a clean clone, 2 workers, seconds in
