@@ -47,8 +47,8 @@ def pytest_report_header(config):
     return f"jax {jax.__version__}, devices: {jax.device_count()} x {jax.devices()[0].platform}, xdist: {dist}"
 
 
-# The longest tests first, longest to shortest (each name's slowest case from a clean clone, 2 workers, seconds in
-# brackets), then the other `slow` ones: a long test started last runs alone at the end of `pytest -n 2` with the
+# The longest tests first, longest to shortest (each name's slowest case from a clean clone, 2 workers, in seconds
+# after it), then the other `slow` ones: a long test started last runs alone at the end of `pytest -n 2` with the
 # other worker idle (a 2-minute tail before this list covered every test over ~12 s).
 _FIRST = (
     "test_connect4_two_processes_match_one",  # 93
