@@ -13,10 +13,12 @@
 # which continues each run (--resume; MINUTES more of training, compiles included) from where it stopped:
 #   SAVE=1 A="" B="..." experiments/run_connect4_gpu_ab.sh 7.5        # then, carrying gpu_state/:
 #   STATE="gpu_state/*.tgz" A="" B="..." experiments/run_connect4_gpu_ab.sh 7
+# ONLY_A=1 runs A alone (one GPU, the whole host to itself: the setting of the one-GPU target).
 set -u
 MINUTES=$1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/a" "$OUT/b"
 NAMES="a b"
+[ -n "${ONLY_A:-}" ] && NAMES="a"
 [ -n "${C+x}" ] && NAMES="$NAMES c"
 [ -n "${D+x}" ] && NAMES="$NAMES d"
 source experiments/gpu_wheels.sh; install_wheels
