@@ -14,6 +14,8 @@
 #   SAVE=1 A="" B="..." experiments/run_connect4_gpu_ab.sh 7.5        # then, carrying gpu_state/:
 #   STATE="gpu_state/*.tgz" A="" B="..." experiments/run_connect4_gpu_ab.sh 7
 # ONLY_A=1 runs A alone (one GPU, the whole host to itself: the setting of the one-GPU target).
+# SAME_GPU=1 runs every run on GPU 0 (one-GPU machine; each process gets 45% of its memory): a paired comparison of
+# learning per iteration, not of speed (the runs share the GPU and the host).
 set -u
 MINUTES=$1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/a" "$OUT/b"
@@ -28,6 +30,7 @@ if [ -n "${STATE:-}" ]; then  # runs/connect4-gpu-* from the previous part
   RESUME=(--resume)
 fi
 export PYTHONUNBUFFERED=1
+[ -n "${SAME_GPU:-}" ] && export XLA_PYTHON_CLIENT_MEM_FRACTION=0.45  # two processes under jax's default 75% each
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1 | tee "$OUT/device.txt"
 one() {  # one() NAME GPU FLAGS...
   local name=$1 gpu=$2; shift 2
@@ -50,7 +53,7 @@ for n in $NAMES; do
   mkdir -p "$OUT/$n"
   # shellcheck disable=SC2086
   one "$n" "$gpu" ${!flags_var:-} &
-  gpu=$((gpu + 1))
+  [ -n "${SAME_GPU:-}" ] || gpu=$((gpu + 1))
 done
 wait
 for n in $NAMES; do echo "== $n"; grep -E "first RL iteration|promot|no learning signal" "/tmp/$n.log" | head -8; tail -n 8 "/tmp/$n.log"; done

@@ -56,14 +56,14 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     device = args.device or (args.out_dir / "device.txt").read_text().strip().split(",")[0]
     runs = {}
-    for label, sub in zip(args.labels, "abcd"):
+    for label, sub in zip(args.labels, "abcd"):  # one label: run a alone
         rows, ev = load(args.out_dir / sub)
         runs[label] = (rows, summarize(rows, ev, device))
     result = {"what": args.what, "device": device, "script": "experiments/run_connect4_gpu_ab.sh",
               "runs": {label: s for label, (_, s) in runs.items()}}
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    title = (f"connect4 --preset gpu, {args.what}, side by side on {device} (one GPU each, "
-             f"{runs[args.labels[0]][1]['train_wall_minutes']:.0f} min)")
+    where = f"side by side on {device} (one GPU each" if len(runs) > 1 else f"alone on one {device} (ONLY_A=1"
+    title = f"connect4 --preset gpu, {args.what}, {where}, {runs[args.labels[0]][1]['train_wall_minutes']:.0f} min)"
     plot(runs, title, args.out.with_suffix(".png"))
     return result
 
