@@ -55,8 +55,9 @@ GPU_FIELDS = dict(
 # Connect Four's fourth version (2026-11-28; learning_notes.md sections 18-22): 8 updates per batch, per-game seeds
 # (the deterministic rungs then still mix wins and losses in a group), a ladder that ends at alphabeta:2 (on
 # alphabeta:3 every game is lost and the policy forgot what it had learned), leaving a rung after 3 evaluations
-# without progress, and half the groups replaying the rungs below. 14.5 minutes on one H200 (two resumed parts):
-# greedy 0.94 against random, 0.70 against alphabeta:1, 0.56 against alphabeta:2; 0.25 of games in constant groups.
+# without progress, and half the groups replaying the rungs below. 14.5 minutes, two resumed parts, greedy against
+# random / alphabeta:1 / alphabeta:2: 0.94 / 0.70 / 0.56 on one GPU of 2 x H200 (another run on the other), and
+# 0.91 / 0.63 / 0.16 alone on one H200 (it left alphabeta:1 at iteration 380, not 240: learning_notes.md section 23).
 # Tic-Tac-Toe keeps the fields above: none of these were measured on it.
 CONNECT4_GPU_FIELDS = dict(
     ppo_mini_batches=8, group_seeds="per_game", curriculum="random,alphabeta:1,alphabeta:2", promote_on_stall=3,
