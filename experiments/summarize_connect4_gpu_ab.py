@@ -25,10 +25,11 @@ def plot(runs: dict[str, tuple[list[dict], dict]], title: str, path: Path) -> No
     for i, (label, (rows, summary)) in enumerate(runs.items()):
         pts = [(c["step"], c["eval/win_rate"]) for c in summary["eval_curve"] if "eval/win_rate" in c]
         a.plot(*zip(*pts), marker=".", ms=3, lw=1, color=f"C{i}", label=f"{label}: greedy vs random")
-        pts = [(c["step"], c["eval_alphabeta:2/win_rate"]) for c in summary["eval_curve"]
-               if "eval_alphabeta:2/win_rate" in c]
-        if pts:
-            a.plot(*zip(*pts), ls="--", lw=1, color=f"C{i}", label=f"{label}: greedy vs alphabeta:2")
+        for rung, ls in (("alphabeta:1", ":"), ("alphabeta:2", "--")):  # the ladder's rungs, where evaluated
+            pts = [(c["step"], c[f"eval_{rung}/win_rate"]) for c in summary["eval_curve"]
+                   if c.get(f"eval_{rung}/win_rate") is not None]
+            if pts:
+                a.plot(*zip(*pts), ls=ls, lw=1, color=f"C{i}", label=f"{label}: greedy vs {rung}")
         it = [r for r in rows if "train/filtered_frac" in r]
         b.plot([r["step"] for r in it], [r["train/filtered_frac"] for r in it], lw=0.8, color=f"C{i}",
                label=f"{label}: train/filtered_frac")
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--what", required=True, help="what differs between the runs")
     p.add_argument("--device", default=None, help="default: OUT_DIR/device.txt")
     p.add_argument("--out", type=Path, required=True, help="path without suffix")
+    p.add_argument("--same-gpu", action="store_true", help="the runs shared GPU 0 (run_connect4_gpu_ab.sh SAME_GPU=1)")
     args = p.parse_args(argv)
     device = args.device or (args.out_dir / "device.txt").read_text().strip().split(",")[0]
     runs = {}
@@ -60,9 +62,11 @@ def main(argv: list[str] | None = None) -> dict:
         rows, ev = load(args.out_dir / sub)
         runs[label] = (rows, summarize(rows, ev, device))
     result = {"what": args.what, "device": device, "script": "experiments/run_connect4_gpu_ab.sh",
+              "runs_shared_one_gpu": args.same_gpu,
               "runs": {label: s for label, (_, s) in runs.items()}}
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    where = f"side by side on {device} (one GPU each" if len(runs) > 1 else f"alone on one {device} (ONLY_A=1"
+    where = (f"alone on one {device} (ONLY_A=1" if len(runs) == 1 else
+             f"at once on one {device} (SAME_GPU=1" if args.same_gpu else f"side by side on {device} (one GPU each")
     title = f"connect4 --preset gpu, {args.what}, {where}, {runs[args.labels[0]][1]['train_wall_minutes']:.0f} min)"
     plot(runs, title, args.out.with_suffix(".png"))
     return result
