@@ -51,30 +51,32 @@ def pytest_report_header(config):
 
 
 # The longest tests first, longest to shortest (each name's slowest case from a clean clone, 2 workers, in seconds
-# after it), then the other `slow` ones: a long test started last runs alone at the end of `pytest -n 2` with the
-# other worker idle (a 2-minute tail before this list covered every test over ~12 s).
+# after it; those over 24 s from the sixteenth session's last run), then the other `slow` ones: a long test started
+# last runs alone at the end of `pytest -n 2` with the other worker idle (a 2-minute tail before this list covered
+# every test over ~12 s).
 _FIRST = (
-    "test_connect4_two_processes_match_one",  # 93
-    "test_train_keeps_one_model_and_rollout_keeps_one_per_mesh",  # 82
-    "test_constrained_policy_learns_the_digit_shown_on_turn_two",  # 78
-    "test_policy_learns_to_read_the_first_observation",  # 78
-    "test_fig1_small_runs_static_and_selector",  # ~75
-    "test_each_stage_receives_what_the_plan_says",  # 65
-    "test_small_figure_runs_merge_into_one_json_and_refuse_other_settings",  # 56
-    "test_the_entropy_floor_keeps_a_collapsed_run_learning",  # 49
-    "test_killed_and_resumed_run_is_bit_exact",  # 44
-    "test_policy_learns_a_trivial_game",  # 40
-    "test_train_pass_scores_exactly_the_sampled_tokens",  # 39
-    "test_the_trainer_compiles_compaction_ahead_when_the_next_rollout_compacts",  # 38
-    "test_league_iterations_play_frozen_snapshots_that_do_not_train",  # 35
-    "test_few_new_widths_per_iteration_compile_less_and_change_nothing",  # 35
-    "test_a_collapsed_run_has_no_gradient_and_says_so",  # 35
-    "test_corrupt_newest_checkpoint_resumes_from_the_previous_one",  # 32
-    "test_fig3_small_real_measure_and_profile_table",  # 31
-    "test_coarse_cache_sizes_reach_the_stages_and_compile_fewer_decode_programs",  # ~30
-    "test_ppo_mini_batches_make_that_many_updates_an_iteration",  # 29
+    "test_constrained_policy_learns_the_digit_shown_on_turn_two",  # 75
+    "test_policy_learns_to_read_the_first_observation",  # 68
+    "test_the_trainer_compiles_compaction_ahead_when_the_next_rollout_compacts",  # 67
+    "test_small_figure_runs_merge_into_one_json_and_refuse_other_settings",  # 64
+    "test_fig1_small_runs_static_and_selector",  # 61
+    "test_connect4_two_processes_match_one",  # 58
+    "test_each_stage_receives_what_the_plan_says",  # 55
+    "test_killed_and_resumed_run_is_bit_exact",  # 55
+    "test_train_keeps_one_model_and_rollout_keeps_one_per_mesh",  # 49
+    "test_the_entropy_floor_keeps_a_collapsed_run_learning",  # 44
+    "test_league_iterations_play_frozen_snapshots_that_do_not_train",  # 43
+    "test_train_pass_scores_exactly_the_sampled_tokens",  # 41
+    "test_fig3_small_real_measure_and_profile_table",  # 40
+    "test_with_the_digit_hidden_every_game_gets_one_answer",  # 38
+    "test_ppo_mini_batches_make_that_many_updates_an_iteration",  # 37
+    "test_policy_learns_a_trivial_game",  # 35
+    "test_short_run_logs_every_metric_and_checkpoints",  # 35
+    "test_corrupt_newest_checkpoint_resumes_from_the_previous_one",  # 30
+    "test_out_of_memory_in_a_stage_reruns_it_on_the_next_mesh",  # 29
+    "test_few_new_widths_per_iteration_compile_less_and_change_nothing",  # 29
     "test_the_trainer_collects_automatically_again_after_its_first_iteration",  # 28
-    "test_short_run_logs_every_metric_and_checkpoints",  # 27
+    "test_a_collapsed_run_has_no_gradient_and_says_so",  # 25
     "test_evaluates_the_checkpoint_against_each_opponent_and_leaves_the_run_as_it_was",  # 24
     "test_trainer_promotes_on_a_forced_evaluation_and_the_rung_survives_resume",  # 22
     "test_trainer_leaves_a_stalled_rung_from_the_flag",  # 20
@@ -86,6 +88,7 @@ _FIRST = (
     "test_grouped_equals_padded",  # 17
     "test_rehearsal_replays_the_rungs_below_in_turn_in_the_last_groups",  # 16
     "test_train_measure_holds_one_copy_of_the_weights",  # 16
+    "test_coarse_cache_sizes_reach_the_stages_and_compile_fewer_decode_programs",  # 15
     "test_trainer_plays_the_same_games_with_and_without_compiling_ahead",  # 15
     "test_bench_train_tiny",  # 14
     "test_no_full_rematerialization_on_stage_layouts",  # 14
