@@ -30,14 +30,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cpu_xla_flags(flags: str, devices: int) -> str:
+    """XLA_FLAGS with the fake CPU device count set to `devices` (any earlier count dropped, other flags kept)."""
+    kept = [f for f in flags.split() if "xla_force_host_platform_device_count" not in f]
+    return " ".join(kept + [f"--xla_force_host_platform_device_count={devices}"])
+
+
 def process_env(i: int, n: int, coordinator: str, cpu_devices: int | None = None,
                 devices_per_process: int | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     env.update(EARL_COORDINATOR=coordinator, EARL_NUM_PROCESSES=str(n), EARL_PROCESS_ID=str(i))
     if cpu_devices:
         env["JAX_PLATFORMS"] = "cpu"
-        flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
-        env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={cpu_devices}"])
+        env["XLA_FLAGS"] = cpu_xla_flags(env.get("XLA_FLAGS", ""), cpu_devices)
     if devices_per_process:
         ids = range(i * devices_per_process, (i + 1) * devices_per_process)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ids))

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -24,13 +25,15 @@ from earl_jax import distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = [sys.executable, str(ROOT / "launch" / "local.py")]
+_spec = importlib.util.spec_from_file_location("launch_local", ROOT / "launch" / "local.py")
+launch_local = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(launch_local)
 
 
 def _env(devices: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EARL_", "SLURM_"))}
     # conftest.py's quick-compile XLA flags too (the jobs are mostly compiles), with this job's device count
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(flags + [f"--xla_force_host_platform_device_count={devices}"]),
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=launch_local.cpu_xla_flags(env.get("XLA_FLAGS", ""), devices),
                PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), WANDB_MODE="disabled",
                EARL_COMPILE_CACHE="off")  # the jobs would otherwise cache programs in the user's home
     return env
