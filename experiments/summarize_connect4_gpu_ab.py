@@ -65,9 +65,13 @@ def main(argv: list[str] | None = None) -> dict:
               "runs_shared_one_gpu": args.same_gpu,
               "runs": {label: s for label, (_, s) in runs.items()}}
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    where = (f"alone on one {device} (ONLY_A=1" if len(runs) == 1 else
-             f"at once on one {device} (SAME_GPU=1" if args.same_gpu else f"side by side on {device} (one GPU each")
-    title = f"connect4 --preset gpu, {args.what}, {where}, {runs[args.labels[0]][1]['train_wall_minutes']:.0f} min)"
+    if len(runs) == 1:
+        where = f"alone on one {device} (ONLY_A=1)"
+    elif args.same_gpu:
+        where = f"at once on one {device} (SAME_GPU=1)"
+    else:
+        where = f"side by side on {device} (one GPU each)"
+    title = f"connect4 --preset gpu, {args.what}, {where}, {runs[args.labels[0]][1]['train_wall_minutes']:.0f} min"
     plot(runs, title, args.out.with_suffix(".png"))
     return result
 
