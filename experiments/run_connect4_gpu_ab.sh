@@ -18,7 +18,7 @@
 # learning per iteration, not of speed (the runs share the GPU and the host).
 set -u
 MINUTES=$1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/a" "$OUT/b"
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"  # each run's folder is made below
 NAMES="a b"
 [ -n "${ONLY_A:-}" ] && NAMES="a"
 [ -n "${C+x}" ] && NAMES="$NAMES c"
