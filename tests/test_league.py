@@ -39,6 +39,8 @@ def test_ladders_parse_and_default_per_game():
     (dict(opponent="curriculum", promote_at=1.2), "--promote-at"),
     (dict(opponent="curriculum", promote_on_stall=-1), "--promote-on-stall"),
     (dict(opponent="random", promote_on_stall=2), "--promote-on-stall"),  # no rung to leave
+    (dict(opponent="curriculum", rung_max_iterations=-1), "--rung-max-iterations"),
+    (dict(opponent="random", rung_max_iterations=100), "--rung-max-iterations"),
     (dict(mix_opponent="alphabeta:x"), "--mix-opponent"),
     (dict(mix_opponent="random,solver", game="tic_tac_toe"), "--mix-opponent"),  # one opponent
     (dict(mix_opponent="solver"), "--mix-opponent"),  # not a Connect Four opponent
@@ -103,9 +105,28 @@ def test_a_stalled_rung_is_left_only_when_asked_and_the_count_survives_resume():
     assert all(resumed.observe(0.1, s) is None for s in range(7, 12))  # nothing above the top
 
 
+def test_a_rung_is_left_when_its_budget_is_spent_and_the_budget_survives_resume():
+    ladder = ("random", "alphabeta:1", "alphabeta:2")
+    c = Curriculum(ladder, promote_at=0.8, rung_max_iterations=100)
+    assert [c.observe(0.1, s) for s in (0, 20, 99)] == [None] * 3  # losing, under budget: stays (no floor here)
+    line = c.observe(0.1, 100)
+    assert "from random to alphabeta:1" in line and "budget: 100 iterations" in line
+    assert c.rung_start == 100 and c.metrics()["curriculum/rung_start"] == 100
+    assert c.observe(0.3, 150) is None  # the new rung's budget counts from its own start
+    resumed = Curriculum(ladder, promote_at=0.8, rung_max_iterations=100)
+    resumed.load_state_dict(c.state_dict())
+    assert resumed.rung_start == 100 and resumed.observe(0.3, 199) is None
+    assert "budget: 120 iterations" in resumed.observe(0.3, 220) and resumed.at_top
+    assert resumed.observe(0.0, 1000) is None  # the last rung has no budget: it keeps the rest of the run
+    early = Curriculum(ladder, promote_at=0.8, rung_max_iterations=100)
+    assert "win rate 0.85 >= 0.80" in early.observe(0.85, 10)  # the bar still promotes before the budget
+    with pytest.raises(ValueError, match="rung_max_iterations"):
+        Curriculum(ladder, promote_at=0.8, rung_max_iterations=-5)
+
+
 def test_trainer_leaves_a_stalled_rung_from_the_flag(tmp_path, monkeypatch):
     cfg = dataclasses.replace(SMALL, opponent="curriculum", curriculum="random,alphabeta:1", promote_on_stall=1,
-                              run_dir=str(tmp_path / "run"))
+                              rung_max_iterations=50, run_dir=str(tmp_path / "run"))
     forced = iter([0.5, 0.5, 0.5])  # before iteration 1: the rung's best; after 1: no better, a stall: promote
 
     def evaluate(self):
@@ -116,6 +137,7 @@ def test_trainer_leaves_a_stalled_rung_from_the_flag(tmp_path, monkeypatch):
     monkeypatch.setattr(Trainer, "evaluate", evaluate)
     trainer = Trainer(cfg, log=False)
     assert trainer.matchmaker.curriculum.promote_on_stall == 1
+    assert trainer.matchmaker.curriculum.rung_max_iterations == 50  # the flag reaches the rung that obeys it
     history = trainer.run()
     assert [r["curriculum/opponent"] for r in history] == ["random", "alphabeta:1"]
 

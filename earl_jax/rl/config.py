@@ -43,6 +43,9 @@ class RLConfig:
                                 "rung reaches this, in (0, 1]; every evaluation plays the current rung")
     promote_on_stall: int = _f(0, "curriculum: also the next rung after this many evaluations in a row that did not "
                                   "beat the rung's best by 0.02, once that best is >= 0.5 (0: off; rl/curriculum.py)")
+    rung_max_iterations: int = _f(0, "curriculum: also the next rung at the first evaluation at least this many "
+                                     "iterations after the rung began, whatever its win rate: the last rung's "
+                                     "share of a fixed budget (0: off; rl/curriculum.py)")
     mix_opponent: str = _f("", "a second scripted opponent (random, alphabeta:D, solver) for --mix-share of each "
                                "iteration's groups, the rest playing --opponent (or the curriculum's rung); empty: "
                                "none (rl/matchmaking.py)")
@@ -228,6 +231,9 @@ class RLConfig:
         need(0 < self.promote_at <= 1, "promote_at", "must be in (0, 1]")
         need(self.promote_on_stall >= 0, "promote_on_stall", "must be >= 0 (0: off)")
         need(not self.promote_on_stall or self.opponent == "curriculum", "promote_on_stall",
+             "needs --opponent curriculum")
+        need(self.rung_max_iterations >= 0, "rung_max_iterations", "must be >= 0 (0: off)")
+        need(not self.rung_max_iterations or self.opponent == "curriculum", "rung_max_iterations",
              "needs --opponent curriculum")
         need(0 < self.mix_share < 1, "mix_share", "must be in (0, 1)")
         need(not self.mix_opponent or self.groups >= 2, "mix_opponent", "needs --groups >= 2 (one per opponent)")

@@ -12,6 +12,12 @@ Decisions:
   preset sat at 0.77-0.78 against alphabeta:1 for ~300 iterations under the 0.8 bar, 91-98% of its games in
   constant groups (a near-deterministic policy against a deterministic opponent: no learning signal); the next
   rung, which it beats ~30% of the time, mixes wins and losses again (results/learning_notes.md, section 18).
+- A rung may also be given a budget (`--rung-max-iterations N`, off by default): the first evaluation at least N
+  iterations after the rung began moves up whatever the win rate. The stall rule waits for a best of 0.5, and how
+  long a run takes to get there varies: one GPU preset run reached it on alphabeta:1 at iteration 320 of its 451,
+  left only ~70 iterations for alphabeta:2 and ended at 0.16 against it, where a run that left at 240 ended at 0.56
+  (results/learning_notes.md, sections 22-23). The cap bounds the time a lower rung can take from the last.
+  The rung's start is the last promotion's iteration (0 before any), so resume needs no more state.
 - One rung at a time, never down: a demotion loop (promote, lose, demote) would spend evaluations on the
   same two rungs; the league (rl/league.py) is what keeps old skills in play.
 - The state is the rung index and the ladder; it goes into the checkpoint's meta, so a resumed run plays
@@ -67,14 +73,18 @@ STALL_FLOOR = 0.5  # a stall promotes only a policy whose best evaluation on the
 
 
 class Curriculum:
-    def __init__(self, ladder: tuple[str, ...], promote_at: float, promote_on_stall: int = 0):
+    def __init__(self, ladder: tuple[str, ...], promote_at: float, promote_on_stall: int = 0,
+                 rung_max_iterations: int = 0):
         if not ladder:
             raise ValueError("a curriculum needs at least one rung")
         if not 0 < promote_at <= 1:
             raise ValueError(f"promote_at must be in (0, 1], got {promote_at}")
         if promote_on_stall < 0:
             raise ValueError(f"promote_on_stall must be >= 0 (0: off), got {promote_on_stall}")
+        if rung_max_iterations < 0:
+            raise ValueError(f"rung_max_iterations must be >= 0 (0: off), got {rung_max_iterations}")
         self.ladder, self.promote_at, self.promote_on_stall = tuple(ladder), promote_at, promote_on_stall
+        self.rung_max_iterations = rung_max_iterations
         self.rung = 0
         self.promotions: list[tuple[int, int]] = []  # (iteration, new rung)
         self.best, self.stalled = -1.0, 0  # on the current rung: best evaluation, evaluations since it last rose
@@ -82,6 +92,11 @@ class Curriculum:
     @property
     def opponent(self) -> str:
         return self.ladder[self.rung]
+
+    @property
+    def rung_start(self) -> int:
+        """The iteration the current rung began at (its promotion's; 0 for the first rung)."""
+        return self.promotions[-1][0] if self.promotions else 0
 
     @property
     def at_top(self) -> bool:
@@ -100,6 +115,9 @@ class Curriculum:
         elif self.promote_on_stall and self.stalled >= self.promote_on_stall and self.best >= STALL_FLOOR:
             why = (f"stalled: {self.stalled} evaluations without beating the rung's best {self.best:.2f} by "
                    f"{STALL_DELTA}; greedy win rate {win_rate:.2f} < {self.promote_at:.2f}")
+        elif self.rung_max_iterations and step - self.rung_start >= self.rung_max_iterations:
+            why = (f"the rung's budget: {step - self.rung_start} iterations on it >= {self.rung_max_iterations}; "
+                   f"greedy win rate {win_rate:.2f} < {self.promote_at:.2f}")
         else:
             return None
         old = self.opponent
@@ -111,7 +129,8 @@ class Curriculum:
 
     def metrics(self) -> dict[str, Any]:
         return {"curriculum/rung": self.rung, "curriculum/opponent": self.opponent,
-                "curriculum/promotions": len(self.promotions), "curriculum/stalled_evals": self.stalled}
+                "curriculum/promotions": len(self.promotions), "curriculum/stalled_evals": self.stalled,
+                "curriculum/rung_start": self.rung_start}
 
     def state_dict(self) -> dict[str, Any]:
         return {"ladder": list(self.ladder), "rung": self.rung, "promotions": [list(p) for p in self.promotions],

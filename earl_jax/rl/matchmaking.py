@@ -44,8 +44,8 @@ class Matchmaker:
     def __init__(self, cfg: RLConfig, env_cfg: EnvConfig, env_factory: Callable[[EnvConfig], Any] | None = None,
                  to_host: Callable[[Any], Any] | None = None):
         self.cfg, self.env_cfg, self.env_factory = cfg, env_cfg, env_factory
-        self.curriculum = (Curriculum(parse_ladder(cfg.curriculum, cfg.game), cfg.promote_at, cfg.promote_on_stall)
-                           if cfg.opponent == "curriculum" else None)
+        self.curriculum = (Curriculum(parse_ladder(cfg.curriculum, cfg.game), cfg.promote_at, cfg.promote_on_stall,
+                                      cfg.rung_max_iterations) if cfg.opponent == "curriculum" else None)
         self.league = League(cfg.league_size, cfg.league_every, to_host) if cfg.league_size else None
         self._env, self._env_opponent = None, None
         self._second: str | None = None  # the second opponent the env's mixed games play now (mix or rehearsal)
