@@ -1,5 +1,6 @@
 """Summarize an issue-14 GPU comparison (experiments/run_connect4_gpu_ab.sh: runs a, b (c, d) side by side, one GPU
 each, one device call) into one JSON (summarize_connect4_gpu.summarize per run) and a PNG of both curves.
+`--reference RESULT.json LABEL` draws a run of an earlier result beside them (its evaluation points only).
 
     python experiments/summarize_connect4_gpu_ab.py OUT_DIR --labels "shared seeds" "per-game seeds" \
         --what "--group-seeds shared vs per_game" --out experiments/results/connect4_gpu_group_seeds_nvidia_h100x2
@@ -55,6 +56,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--device", default=None, help="default: OUT_DIR/device.txt")
     p.add_argument("--out", type=Path, required=True, help="path without suffix")
     p.add_argument("--same-gpu", action="store_true", help="the runs shared GPU 0 (run_connect4_gpu_ab.sh SAME_GPU=1)")
+    p.add_argument("--reference", nargs=2, metavar=("RESULT_JSON", "LABEL"), default=None,
+                   help="an earlier result of this script: its first run is plotted beside these, as LABEL")
     args = p.parse_args(argv)
     device = args.device or (args.out_dir / "device.txt").read_text().strip().split(",")[0]
     runs = {}
@@ -64,6 +67,12 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"what": args.what, "device": device, "script": "experiments/run_connect4_gpu_ab.sh",
               "runs_shared_one_gpu": args.same_gpu,
               "runs": {label: s for label, (_, s) in runs.items()}}
+    plotted = dict(runs)
+    if args.reference:  # plotted only; the JSON names the file (its numbers stay where they were measured)
+        ref_path, ref_label = Path(args.reference[0]), args.reference[1]
+        ref_name, ref = next(iter(json.loads(ref_path.read_text())["runs"].items()))
+        plotted[ref_label] = (ref["eval_curve"], ref)  # its curve rows carry train/filtered_frac at each evaluation
+        result["reference"] = {"file": str(ref_path), "run": ref_name, "label": ref_label}
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     if len(runs) == 1:
         where = f"alone on one {device} (ONLY_A=1)"
@@ -72,7 +81,9 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         where = f"side by side on {device} (one GPU each)"
     title = f"connect4 --preset gpu, {args.what}, {where}, {runs[args.labels[0]][1]['train_wall_minutes']:.0f} min"
-    plot(runs, title, args.out.with_suffix(".png"))
+    if args.reference:
+        title += f"; {args.reference[1]}: {result['reference']['file']}"
+    plot(plotted, title, args.out.with_suffix(".png"))
     return result
 
 

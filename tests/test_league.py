@@ -284,10 +284,10 @@ def test_gpu_preset_parses_validates_and_yields_to_flags(script, last_rung, caps
     assert cfg.opponent == "curriculum" and parse_ladder(cfg.curriculum, cfg.game)[-1] == last_rung
     assert cfg.game == mod.DEFAULT.game and cfg.max_minutes == 15 and cfg.run_dir.endswith("-gpu")
     if script == "connect4":  # the fields measured on Connect Four only (gpu_preset.CONNECT4_GPU_FIELDS)
-        assert (cfg.ppo_mini_batches, cfg.group_seeds, cfg.promote_on_stall, cfg.rehearsal_share) == (
-            8, "per_game", 3, 0.5)
+        assert (cfg.ppo_mini_batches, cfg.group_seeds, cfg.promote_on_stall, cfg.rehearsal_share,
+                cfg.rung_max_iterations) == (8, "per_game", 3, 0.5, 180)
     else:
-        assert (cfg.ppo_mini_batches, cfg.rehearsal_share) == (1, 0.0)
+        assert (cfg.ppo_mini_batches, cfg.rehearsal_share, cfg.rung_max_iterations) == (1, 0.0, 0)
     flags = ["--preset", "gpu", "--promote-at", "0.9", "--rehearsal-share", "0", "--league-size", "4"]
     cfg = parse_config(RLConfig, flags, presets=mod.PRESETS, base=mod.DEFAULT)
     assert cfg.promote_at == 0.9 and cfg.league_size == 4 and cfg.batch_size == 2048

@@ -58,10 +58,14 @@ GPU_FIELDS = dict(
 # without progress, and half the groups replaying the rungs below. 14.5 minutes, two resumed parts, greedy against
 # random / alphabeta:1 / alphabeta:2: 0.94 / 0.70 / 0.56 on one GPU of 2 x H200 (another run on the other), and
 # 0.91 / 0.63 / 0.16 alone on one H200 (it left alphabeta:1 at iteration 380, not 240: learning_notes.md section 23).
+# Fifth (2026-11-29, section 24): a budget of 180 iterations per lower rung, so alphabeta:2 gets the last ~60% of a
+# 15-minute run (~470 iterations on one H200) however slowly alphabeta:1 goes. The same seed alone on one H200,
+# identical to section 23's run until it left alphabeta:1 at iteration 180 (win rate 0.30 there): 0.92 / 0.67 / 0.56.
+# The budget is in iterations, not minutes: a slower GPU gives the last rung a smaller share.
 # Tic-Tac-Toe keeps the fields above: none of these were measured on it.
 CONNECT4_GPU_FIELDS = dict(
     ppo_mini_batches=8, group_seeds="per_game", curriculum="random,alphabeta:1,alphabeta:2", promote_on_stall=3,
-    rehearsal_share=0.5,
+    rehearsal_share=0.5, rung_max_iterations=180,
 )
 
 
