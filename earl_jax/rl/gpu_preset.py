@@ -60,7 +60,7 @@ GPU_FIELDS = dict(
 # 0.91 / 0.63 / 0.16 alone on one H200 (it left alphabeta:1 at iteration 380, not 240: learning_notes.md section 23).
 # Fifth (2026-11-29, section 24): a budget of 180 iterations per lower rung, so alphabeta:2 gets the last ~60% of a
 # 15-minute run (~470 iterations on one H200) however slowly alphabeta:1 goes. The same seed alone on one H200,
-# identical to section 23's run until it left alphabeta:1 at iteration 180 (win rate 0.30 there): 0.92 / 0.67 / 0.56.
+# on section 23's course until it left alphabeta:1 at iteration 180 (win rate 0.30 there): 0.92 / 0.67 / 0.56.
 # The budget is in iterations, not minutes: a slower GPU gives the last rung a smaller share.
 # Tic-Tac-Toe keeps the fields above: none of these were measured on it.
 CONNECT4_GPU_FIELDS = dict(
