@@ -41,7 +41,7 @@ def plot(runs: dict[str, tuple[list[dict], dict]], title: str, path: Path) -> No
     b.set_xlabel("iteration")
     for ax in (a, b):
         ax.set_ylim(-0.02, 1.02)
-        ax.legend(fontsize=7, loc="lower right" if ax is a else "upper left")
+        ax.legend(fontsize=7, loc="best")
     a.set_title(textwrap.fill(title, 110), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--device", default=None, help="default: OUT_DIR/device.txt")
     p.add_argument("--out", type=Path, required=True, help="path without suffix")
     p.add_argument("--same-gpu", action="store_true", help="the runs shared GPU 0 (run_connect4_gpu_ab.sh SAME_GPU=1)")
+    p.add_argument("--where", default=None, help="how the runs were placed, for the title when not one call's "
+                                                 "(e.g. resumed in separate calls)")
     p.add_argument("--reference", nargs=2, metavar=("RESULT_JSON", "LABEL"), default=None,
                    help="an earlier result of this script: its first run is plotted beside these, as LABEL")
     args = p.parse_args(argv)
@@ -73,13 +75,16 @@ def main(argv: list[str] | None = None) -> dict:
         ref_name, ref = next(iter(json.loads(ref_path.read_text())["runs"].items()))
         plotted[ref_label] = (ref["eval_curve"], ref)  # its curve rows carry train/filtered_frac at each evaluation
         result["reference"] = {"file": str(ref_path), "run": ref_name, "label": ref_label}
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    if len(runs) == 1:
+    if args.where:
+        where = args.where
+    elif len(runs) == 1:
         where = f"alone on one {device} (ONLY_A=1)"
     elif args.same_gpu:
         where = f"at once on one {device} (SAME_GPU=1)"
     else:
         where = f"side by side on {device} (one GPU each)"
+    result["placement"] = where
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     title = f"connect4 --preset gpu, {args.what}, {where}, {runs[args.labels[0]][1]['train_wall_minutes']:.0f} min"
     if args.reference:
         title += f"; {args.reference[1]}: {result['reference']['file']}"
