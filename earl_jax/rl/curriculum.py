@@ -15,8 +15,9 @@ Decisions:
 - A rung may also be given a budget (`--rung-max-iterations N`, off by default): the first evaluation at least N
   iterations after the rung began moves up whatever the win rate. The stall rule waits for a best of 0.5, and how
   long a run takes to get there varies: one GPU preset run reached it on alphabeta:1 at iteration 320 of its 451,
-  left only ~70 iterations for alphabeta:2 and ended at 0.16 against it, where a run that left at 240 ended at 0.56
-  (results/learning_notes.md, sections 22-23). The cap bounds the time a lower rung can take from the last.
+  left only ~70 iterations for alphabeta:2 and ended at 0.16 against it; the same seed with a budget of 180 left
+  alphabeta:1 at 180 (winning 0.30 there) and ended at 0.56 against alphabeta:2 and 0.67 against alphabeta:1
+  (results/learning_notes.md, sections 23-24). The budget bounds the time a lower rung can take from the last.
   The rung's start is the last promotion's iteration (0 before any), so resume needs no more state.
 - One rung at a time, never down: a demotion loop (promote, lose, demote) would spend evaluations on the
   same two rungs; the league (rl/league.py) is what keeps old skills in play.
