@@ -1,0 +1,66 @@
+"""Behaviour guard: the main jobs' first iterations reproduce recorded values to the float bit (CPU, 8 fake devices).
+
+Recorded from the code before a refactor (`EARL_RECORD_GOLDEN=1 python -m pytest tests/test_golden.py`); a change
+that alters behaviour on purpose re-records them and says so in its commit. What is compared: returns, win rates,
+losses, KL, entropy, gradient norms, context lengths, the layouts chosen, evaluation rates, and a digest of the final
+weights; not wall times, compile counts or memory figures.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from earl_jax.rl.trainer import Trainer
+
+from golden_configs import CASES, golden_config
+
+FIXTURES = Path(__file__).parent / "fixtures" / "golden"
+RECORD = os.environ.get("EARL_RECORD_GOLDEN") == "1"
+# Metric prefixes that describe what was learned and decided (not how long it took).
+KEPT = ("episode/", "eval", "train/", "rollout/context_len", "rollout/turn_context_len_mean", "rollout/tokens",
+        "rollout/generated_tokens", "rollout/turn_tokens", "rollout/decode_rows", "parallel/", "curriculum/")
+
+
+def _kept(record: dict) -> dict:
+    return {k: v for k, v in sorted(record.items()) if k.startswith(KEPT)}
+
+
+def _digest(params) -> str:
+    h = hashlib.sha256()
+    for leaf in jax.tree.leaves(params):
+        h.update(np.asarray(leaf).tobytes())
+    return h.hexdigest()
+
+
+def _run(case: str, tmp_path: Path) -> dict:
+    trainer = Trainer(golden_config(case, str(tmp_path / case)), log=False)
+    history = trainer.run()
+    return {"jax": jax.__version__, "devices": jax.device_count(),
+            "history": [_kept(r) for r in history], "params_sha256": _digest(trainer.params)}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_first_iterations_match_the_recorded_values(case, tmp_path):
+    got = json.loads(json.dumps(_run(case, tmp_path)))  # the JSON round trip the fixture went through
+    path = FIXTURES / f"{case}.json"
+    if RECORD:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(got, indent=1) + "\n")
+        pytest.skip(f"recorded {path.name}")
+    want = json.loads(path.read_text())
+    if (want["jax"], want["devices"]) != (got["jax"], got["devices"]):
+        pytest.skip(f"recorded with jax {want['jax']} on {want['devices']} devices; this is jax {got['jax']} on "
+                    f"{got['devices']}: float bits are only comparable on the same build")
+    assert len(got["history"]) == len(want["history"])
+    for step, (g, w) in enumerate(zip(got["history"], want["history"]), start=1):
+        assert sorted(g) == sorted(w), f"iteration {step}: metric names differ"
+        diff = {k: (w[k], g[k]) for k in w if g[k] != w[k]}
+        assert not diff, f"iteration {step}: (recorded, now) {diff}"
+    assert got["params_sha256"] == want["params_sha256"], "the final weights differ"
