@@ -30,7 +30,7 @@ def measure(games: int, repeats: int, moves: str = "free") -> dict:
     from earl_jax.envs import EnvConfig
     from earl_jax.envs.vector import ObservationCodec, make_vector_env
     from earl_jax.models.tokenizer import game_tokenizer
-    from earl_jax.rollout.agent_loop import Decoded, RolloutConfig, play_games
+    from earl_jax.rollout.agent_loop import Decoded, PlayConfig, play_games
 
     tok = game_tokenizer()
     eos = tok.token_to_id("<eos>")
@@ -60,7 +60,7 @@ def measure(games: int, repeats: int, moves: str = "free") -> dict:
             return lambda: Decoded(toks, np.zeros((b, 2), np.float32), counts, budgets > 0)
 
     env = make_vector_env(EnvConfig(game="connect_four", opponent="random", prompt_style="compact"), games)
-    codec, cfg, key = ObservationCodec(tok), RolloutConfig(max_turn_tokens=8, max_turns=32, max_context=4096,
+    codec, cfg, key = ObservationCodec(tok), PlayConfig(max_turn_tokens=8, max_turns=32, max_context=4096,
                                                                 constrain_moves=moves == "constrained"), jax.random.key(0)
     seeds = np.repeat(np.arange(games // 8), 8)
     play_games(Instant(), env, tok, cfg, key, seeds, codec=codec)  # warm

@@ -10,13 +10,13 @@ import pytest
 from earl_jax.envs import EnvConfig, OpenSpielTextEnv
 from earl_jax.envs.vector import make_vector_env
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
-from earl_jax.rollout.agent_loop import RolloutConfig, ScriptedPolicy, play_games
+from earl_jax.rollout.agent_loop import PlayConfig, ScriptedPolicy, play_games
 
 TOK = game_tokenizer()
 IDS = special_ids(TOK)
 
 
-def _play(answer, n=4, game="connect_four", cfg=RolloutConfig(), **env_kw):
+def _play(answer, n=4, game="connect_four", cfg=PlayConfig(), **env_kw):
     env = make_vector_env(EnvConfig(game=game, **env_kw), n)
     policy = ScriptedPolicy(answer, TOK, IDS.eos_id)
     return play_games(policy, env, TOK, cfg, jax.random.key(0), seeds=list(range(n)), bos_id=IDS.bos_id)
@@ -81,19 +81,19 @@ def test_outcomes_match_openspiel_replay():
 
 
 def test_context_budget_truncates_and_records():
-    traj = _play(_lowest_legal, n=2, cfg=RolloutConfig(max_turn_tokens=4, max_turns=32, max_context=200))
+    traj = _play(_lowest_legal, n=2, cfg=PlayConfig(max_turn_tokens=4, max_turns=32, max_context=200))
     assert traj.truncated.all() and (traj.lengths <= 200).all()
     assert all(w is None for w in traj.winners)
 
 
 def test_turn_budget_truncates():
-    traj = _play(_lowest_legal, n=2, cfg=RolloutConfig(max_turns=2))
+    traj = _play(_lowest_legal, n=2, cfg=PlayConfig(max_turns=2))
     assert traj.truncated.all() and (traj.num_turns == 2).all()
 
 
 def test_first_observation_longer_than_the_context_is_an_error():
     with pytest.raises(ValueError, match="max_context"):
-        _play(_lowest_legal, n=1, cfg=RolloutConfig(max_context=10))
+        _play(_lowest_legal, n=1, cfg=PlayConfig(max_context=10))
 
 
 def test_extend_widths_are_recorded_for_the_memory_model():

@@ -16,7 +16,7 @@ from earl_jax.envs.vector.model_opponent import ModelOpponentEnv
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
-from earl_jax.rollout.agent_loop import RolloutConfig, play_games
+from earl_jax.rollout.agent_loop import PlayConfig, play_games
 from earl_jax.rollout.frozen_opponent import FrozenPolicyOpponent
 from earl_jax.rollout.policy import SamplerPolicy
 from earl_jax.rollout.sampler import Sampler, SamplingConfig
@@ -212,7 +212,7 @@ def test_a_frozen_model_plays_legal_moves_through_the_parser_in_both_seats():
     env.assign(counted_policy := _Wrap(opponent, counted), games)
     agent = SamplerPolicy(sampler, params, sampling, (IDS.eos_id,), 3)
     seeds = [11, 11, 12, 12, 13, 13, 14, 14]
-    traj = play_games(agent, env, TOK, RolloutConfig(max_turn_tokens=3, max_turns=9, max_context=512),
+    traj = play_games(agent, env, TOK, PlayConfig(max_turn_tokens=3, max_turns=9, max_context=512),
                       jax.random.key(0), seeds, bos_id=IDS.bos_id, codec=codec)
     assert all(w is not None or t for w, t in zip(traj.winners, traj.truncated))
     assert not env.live.any() or traj.truncated.any()

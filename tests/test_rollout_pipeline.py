@@ -19,7 +19,7 @@ from earl_jax.envs.vector import make_vector_env
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
-from earl_jax.rollout.agent_loop import RolloutConfig, play_games
+from earl_jax.rollout.agent_loop import PlayConfig, play_games
 from earl_jax.rollout.policy import SamplerPolicy
 from earl_jax.rollout.sampler import Sampler, SamplingConfig
 
@@ -36,7 +36,7 @@ def model():
     return graphdef, params, Sampler(graphdef, CFG, cache_dtype=jnp.float32)
 
 
-def _rollout(model, cfg: RolloutConfig, groups: int = 1, sampling=SamplingConfig(temperature=1.0),
+def _rollout(model, cfg: PlayConfig, groups: int = 1, sampling=SamplingConfig(temperature=1.0),
              background: bool = False):
     graphdef, params, sampler = model
     env = make_vector_env(EnvConfig(game="tic_tac_toe", prompt_style="compact", max_retries=2), N)
@@ -55,7 +55,7 @@ def _same(a, b):
 
 
 def test_overlapped_pipeline_plays_the_same_games_as_the_reference_schedule(model):
-    base = RolloutConfig(max_turn_tokens=3, max_turns=9, max_context=256, compact=False)
+    base = PlayConfig(max_turn_tokens=3, max_turns=9, max_context=256, compact=False)
     reference = _rollout(model, dataclasses.replace(base, overlap=False), groups=2)
     overlapped = _rollout(model, base, groups=2)
     _same(reference, overlapped)
@@ -67,7 +67,7 @@ def test_overlapped_pipeline_plays_the_same_games_as_the_reference_schedule(mode
 
 
 def test_finished_games_leave_the_batch_without_changing_any_game(model):
-    base = RolloutConfig(max_turn_tokens=3, max_turns=9, max_context=256)
+    base = PlayConfig(max_turn_tokens=3, max_turns=9, max_context=256)
     full = _rollout(model, dataclasses.replace(base, compact=False))
     compacted = _rollout(model, base)
     _same(full, compacted)
@@ -84,7 +84,7 @@ def test_compiled_programs_stay_bounded(model):
     for k in range(6):
         env = make_vector_env(EnvConfig(game="tic_tac_toe", prompt_style="compact", max_retries=k % 3), N)
         policy = SamplerPolicy(sampler, params, SamplingConfig(temperature=1.0), (IDS.eos_id,), 3)
-        play_games(policy, env, TOK, RolloutConfig(max_turn_tokens=3, max_turns=9, max_context=256),
+        play_games(policy, env, TOK, PlayConfig(max_turn_tokens=3, max_turns=9, max_context=256),
                    jax.random.key(k), list(range(100 * k, 100 * k + N)), bos_id=IDS.bos_id)
         counts.append(sampler.compile_count)
     # batch buckets 16, 8, 4, 2, 1 x a few length buckets; the later rollouts add (almost) nothing

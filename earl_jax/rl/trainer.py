@@ -56,7 +56,7 @@ from earl_jax.rl.packing import (batch_width, grouped_logprobs, grouped_update, 
                                  limit_new_widths, mini_batch_rows, rearrange, scored_spans)
 from earl_jax.rl.stages import ExperienceBatch, advantage_step, make_optimizer, sft_batch
 from earl_jax.rl.warmup import random_legal_games
-from earl_jax.rollout.agent_loop import COMPACT_FACTOR, COMPACT_LEVELS, RolloutConfig, Trajectories, play_games
+from earl_jax.rollout.agent_loop import COMPACT_FACTOR, COMPACT_LEVELS, PlayConfig, Trajectories, play_games
 from earl_jax.rollout.compile_ahead import CompileAhead
 from earl_jax.rollout.device_groups import device_meshes, device_view
 from earl_jax.rollout.frozen_opponent import FrozenPolicyOpponent
@@ -185,7 +185,7 @@ class Trainer:
         self._rollout_groups = 1  # the last rollout's decode groups (device groups x pipeline groups)
         self._gc = GcClock()  # the collector's pauses in an iteration (time/gc_pause_s), timed inside run()
         self.sampling = SamplingConfig(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
-        self.rollout_cfg = RolloutConfig(cfg.max_turn_tokens, cfg.max_turns, cfg.max_context,
+        self.rollout_cfg = PlayConfig(cfg.max_turn_tokens, cfg.max_turns, cfg.max_context,
                                          constrain_moves=cfg.constrain_moves)
         env_cfg = EnvConfig(game=cfg.game, opponent=cfg.opponent, agent_player=cfg.agent_player,
                             prompt_style=cfg.prompt_style, max_retries=cfg.invalid_retries,

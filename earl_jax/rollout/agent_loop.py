@@ -37,7 +37,7 @@ from earl_jax.envs.vector import NO_WINNER, ObservationCodec
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutConfig:
+class PlayConfig:
     max_turn_tokens: int = 4  # tokens the policy may generate per turn
     max_turns: int = 32  # agent turns per game, then truncated
     max_context: int = 2048  # tokens per episode (prompt + all turns), then truncated
@@ -49,7 +49,7 @@ class RolloutConfig:
 
     def __post_init__(self):
         if self.pipeline_groups < 1 or self.min_batch < 1:
-            raise ValueError(f"RolloutConfig: pipeline_groups and min_batch must be >= 1, got {self}")
+            raise ValueError(f"PlayConfig: pipeline_groups and min_batch must be >= 1, got {self}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,7 +248,7 @@ def _turn_keys(rng: jax.Array, turns: int) -> tuple[jax.Array, ...]:
     return tuple(jax.random.fold_in(rng, t) for t in range(turns))
 
 
-def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizers.Tokenizer, cfg: RolloutConfig,
+def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizers.Tokenizer, cfg: PlayConfig,
                rng: jax.Array, seeds: Sequence[int], group_ids: Sequence[int] | None = None,
                bos_id: int | None = None, codec: ObservationCodec | None = None, game_offset: int = 0) -> Trajectories:
     """Play one game per row of the vector env `env` (`envs.vector.make_vector_env`) to its end (or a budget).
