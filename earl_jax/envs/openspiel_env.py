@@ -22,8 +22,6 @@ from earl_jax.envs.opponents import make_opponent
 from earl_jax.envs.parser import parse_action
 from earl_jax.envs.text import PROMPT_STYLES, format_observation, game_text, observation_alphabet
 
-WINNERS = ("agent", "opponent", "draw")
-
 
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:

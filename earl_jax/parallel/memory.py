@@ -45,7 +45,7 @@ import jax
 from earl_jax.models.attention import Q_BLOCK, extend_query_block
 from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.plan import RolloutExtends
-from earl_jax.rollout.sampler import bucket
+from earl_jax.rollout.buckets import bucket
 from earl_jax.sharding.mesh import STAGE_RULES, STAGES, MeshShape, logical_to_spec
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30

@@ -41,7 +41,7 @@ from earl_jax.parallel.planner import MicroBatches, StageRun
 from earl_jax.rl import stages
 from earl_jax.rl.losses import LossConfig
 from earl_jax.rollout.compile_ahead import CompileAhead, spec_of
-from earl_jax.rollout.sampler import DEFAULT_LENGTH_BUCKETS, bucket
+from earl_jax.rollout.buckets import DEFAULT_LENGTH_BUCKETS, bucket, scored_spans  # noqa: F401 (re-exported)
 from earl_jax.sharding.context import constrain
 
 # the narrowest experience / train width: short games (probes, the first turns) are not padded to 64 tokens
@@ -111,14 +111,6 @@ def length_split(run: StageRun, arranged_lengths: Int[np.ndarray, " n"], full_wi
     finest = min(padded for *_, padded in options)
     micro, widths, _ = next(o for o in options if o[2] <= finest * (1 + SPLIT_GAIN))
     return micro, widths
-
-
-def scored_spans(loss_mask: Bool[np.ndarray, "n t"]) -> Int[np.ndarray, " n"]:
-    """Each row's length up to and including its last scored token (0: none). A game's last observation (the
-    result) is never scored, and with causal attention the tokens after a row's last scored one change nothing
-    before it: experience and train group and cut rows by these spans, not by the games' lengths."""
-    mask = np.asarray(loss_mask, bool)
-    return np.where(mask.any(1), mask.shape[1] - np.argmax(mask[:, ::-1], axis=1), 0)
 
 
 def limit_new_widths(widths: list[int], compiled: set[int], budget: int) -> list[int]:

@@ -32,8 +32,8 @@ import numpy as np
 import tokenizers
 from jaxtyping import Bool, Float, Int
 
-from earl_jax.envs.openspiel_env import WINNERS
-from earl_jax.envs.vector import NO_WINNER, ObservationCodec
+from earl_jax.envs.outcomes import NO_WINNER, WINNERS
+from earl_jax.envs.vector.codec import ObservationCodec
 
 
 @dataclasses.dataclass(frozen=True)

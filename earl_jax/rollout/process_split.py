@@ -43,9 +43,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from earl_jax.distributed import gather_ints
-from earl_jax.envs.openspiel_env import WINNERS
-from earl_jax.envs.vector import NO_WINNER
+from earl_jax.envs.outcomes import NO_WINNER, WINNERS
 from earl_jax.rollout.agent_loop import RolloutStats, Trajectories, episode_stats
+from earl_jax.rollout.buckets import scored_spans
 
 __all__ = ["ProcessBlock", "process_block", "RowView", "gather_trajectories", "allgather_rows"]
 
@@ -146,8 +146,6 @@ def gather_trajectories(local: Trajectories) -> Trajectories:
     and moves the data; `process_rollout_s` holds every process's own time. `env_s` and `wait_s` are the
     processes' means (their fractions of `rollout_s` stay comparable with one process), `decode_rows` and the
     blunder counts are sums, the prompt / observation widths maxima."""
-    from earl_jax.rl.packing import scored_spans  # here: earl_jax.rl's trainer imports this module
-
     t0 = time.perf_counter()
     s = local.stats
     turns = max(max((len(t) for t in local.turn_context_lens), default=0), 1)

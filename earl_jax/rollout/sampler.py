@@ -20,7 +20,6 @@ Measurements: experiments/results/bench_rollout_notes.md.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import dataclasses
 import math
@@ -39,13 +38,11 @@ from earl_jax.models.config import ModelConfig
 from earl_jax.sharding.context import use_mesh_rules
 from earl_jax.sharding.mesh import Rules, batch_axes, logical_sharding
 from earl_jax.rollout import decode_step, moves
+from earl_jax.rollout.buckets import DEFAULT_CACHE_BUCKETS, DEFAULT_LENGTH_BUCKETS, bucket, geometric_cache_buckets  # noqa
 from earl_jax.rollout.compile_ahead import CompileAhead, spec_of as _spec
 from earl_jax.rollout.decode_attention import block_size
 from earl_jax.rollout.sampling import SamplingConfig, program_key, runtime_values, sample_logits
 
-DEFAULT_LENGTH_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-DEFAULT_CACHE_BUCKETS = (128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384,
-                         24576, 32768)
 PAD_TOKEN = 0
 
 
@@ -72,27 +69,6 @@ class Generation:
     logprobs: Float[Array, "b n"]  # log_softmax(logits / temperature) at each token; 0 past num_tokens
     num_tokens: Int[Array, "b"]  # generated tokens, the stop token included
     stopped: Bool[Array, "b"]  # True: ended on a stop token; False: budget (or cache) ran out
-
-
-def geometric_cache_buckets(growth: float, top: int = 1 << 17) -> tuple[int, ...]:
-    """Cache sizes 128 x growth, 128 x growth^2, ... (multiples of 128) up to `top`: growth 4 walks a game to
-    2048 tokens through 2 sizes (512, 2048) where DEFAULT_CACHE_BUCKETS takes 7 (128 ... 1536), so fewer
-    decode programs compile, while a row's attention reads up to 4x its context instead of 1.5x."""
-    if growth < 1.5:
-        raise ValueError(f"cache bucket growth must be >= 1.5, got {growth}")
-    out = [-(-int(128 * growth) // 128) * 128]
-    while out[-1] < top:
-        out.append(-(-int(out[-1] * growth) // 128) * 128)
-    return tuple(out)
-
-
-def bucket(n: int, buckets: Sequence[int]) -> int:
-    """Smallest bucket >= n; past the largest, the next multiple of the largest."""
-    i = bisect.bisect_left(buckets, n)
-    if i < len(buckets):
-        return buckets[i]
-    top = buckets[-1]
-    return -(-n // top) * top
 
 
 def cast_weights(params: nnx.State, dtype) -> nnx.State:

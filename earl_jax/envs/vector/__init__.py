@@ -56,12 +56,37 @@ depth 1: 0.5 ms, 2: 1.8 ms, 3: 15 ms, 4: 146 ms, against 32 / 81 / 299 / 945 ms 
 search over the same positions. Depth <= 2 stays within a turn's budget at 512 games; depth 3
 costs ~15x a random-opponent turn; depth 4 is still 6x faster than per game but dominates the
 turn; at depth 5 both take ~2 s for 512 games (an earlier run).
-"""
-from earl_jax.envs.vector.codec import ObservationCodec
-from earl_jax.envs.vector.env import VectorTextEnv
-from earl_jax.envs.vector.parser import parse_actions
-from earl_jax.envs.vector.per_game import PerGameVectorEnv, make_vector_env
-from earl_jax.envs.vector.step import NO_WINNER, VectorStep
 
-__all__ = ["NO_WINNER", "ObservationCodec", "PerGameVectorEnv", "VectorStep", "VectorTextEnv", "make_vector_env",
-           "parse_actions"]
+The names below load on first use (PEP 562): the agent loop reads `ObservationCodec` without loading OpenSpiel.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+_LAZY = {
+    "ObservationCodec": "codec", "VectorTextEnv": "env", "parse_actions": "parser",
+    "PerGameVectorEnv": "per_game", "make_vector_env": "per_game", "NO_WINNER": "step", "VectorStep": "step",
+}
+
+__all__ = sorted(_LAZY)
+
+if TYPE_CHECKING:
+    from earl_jax.envs.vector.codec import ObservationCodec
+    from earl_jax.envs.vector.env import VectorTextEnv
+    from earl_jax.envs.vector.parser import parse_actions
+    from earl_jax.envs.vector.per_game import PerGameVectorEnv, make_vector_env
+    from earl_jax.envs.vector.step import NO_WINNER, VectorStep
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later reads skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

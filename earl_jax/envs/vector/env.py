@@ -19,7 +19,8 @@ import pyspiel
 from gymnasium.utils import seeding
 from jaxtyping import Int
 
-from earl_jax.envs.openspiel_env import WINNERS, EnvConfig, OpenSpielTextEnv
+from earl_jax.envs.openspiel_env import EnvConfig, OpenSpielTextEnv
+from earl_jax.envs.outcomes import WINNERS
 from earl_jax.envs.vector import connect_four, tic_tac_toe
 from earl_jax.envs.vector.blunders import blunders
 from earl_jax.envs.vector.opponents import make_vector_opponent

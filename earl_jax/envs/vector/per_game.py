@@ -11,7 +11,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from jaxtyping import Int
 
-from earl_jax.envs.openspiel_env import WINNERS, EnvConfig, OpenSpielTextEnv
+from earl_jax.envs.openspiel_env import EnvConfig, OpenSpielTextEnv
+from earl_jax.envs.outcomes import WINNERS
 from earl_jax.envs.vector.env import VectorTextEnv
 from earl_jax.envs.vector.opponents import make_vector_opponent
 from earl_jax.envs.vector.step import NO_WINNER, VectorStep, check_answers, check_reset, check_rows

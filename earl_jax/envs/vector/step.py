@@ -7,9 +7,7 @@ from typing import Any, Callable
 import numpy as np
 from jaxtyping import Bool, Float, Int, Int8, UInt8
 
-from earl_jax.envs.openspiel_env import WINNERS
-
-NO_WINNER = -1  # winner code of a game still running; else an index into WINNERS
+from earl_jax.envs.outcomes import NO_WINNER, WINNERS
 
 
 @dataclasses.dataclass
