@@ -11,7 +11,7 @@ out-of-memory error ends that process only and frees its devices), each capped b
 * auto           `--selector-mode auto`: every stage planned for the context, OOM fallback. Its rollout
                  ranks layouts by a profile table (`--auto-table`): by default the rollout throughput the static
                  runs measured per phase (EARL's start-up profile, paid here by the static runs and not
-                 charged to auto), or `none` (the memory model's heuristic), or a table from profile_selector.py.
+                 charged to auto), or `none` (the memory model's heuristic), or a table from benchmarks/profile_selector.py.
 
 The context grows through the turn-token schedule (`--turn-tokens-schedule`, fixed-length answers
 `--stop-at-eos false`: every answer uses its whole budget), not through a policy that learned to think
@@ -33,8 +33,8 @@ throughput per run with the context length, auto's mesh and micro-batch switches
     ...  --runs static_d2f1t2,   then --runs static_d1f1t4,   then --runs auto      (the same command otherwise)
     python experiments/fig_e2e_adaptivity.py --replot experiments/results/<name>.json
 
-Measured (4 x H100, 2026-11-26, `experiments/run_e2e_gpu4.sh`, the 1.5B trim, mem fraction 0.92; results in
-experiments/results/NOTES.md): a cold run spends ~95 s to its first iteration and ~100 s on the 8K phase's
+Measured (4 x H100, `run_on_device.sh e2e`, the 1.5B trim, mem fraction 0.92; docs/results.md, "End-to-end
+adaptivity"): a cold run spends ~95 s to its first iteration and ~100 s on the 8K phase's
 compiles; with compiles cached (the auto run) 1K + 8K phases take ~80 s and the 32K iteration 161 s. A run of
 all three phases therefore needs ~420 s cold: two runs per 10-minute device call do not reach 32K at 270 s each.
 

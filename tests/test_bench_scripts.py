@@ -20,7 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    """A script from experiments/ (the paper's figures) or experiments/benchmarks/ (the rest)."""
+    path = ROOT / "experiments" / f"{name}.py"
+    if not path.exists():
+        path = ROOT / "experiments" / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -107,7 +111,7 @@ def test_fig1_small_runs_static_and_selector(tmp_path):
 
 
 def test_agent_loop_bench_keeps_a_launched_jobs_iterations_when_its_launcher_times_out(monkeypatch):
-    """launch/local.py exits 124 when its own timeout fires, e.g. after the job's last iteration (call 63): the
+    """launch/local.py exits 124 when its own timeout fires, e.g. after the job's last iteration: the
     iterations in metrics.jsonl are kept, as for a job this process timed out; a plain job's failure is an error."""
     bench = _load("bench_agent_loop")
 

@@ -4,8 +4,8 @@ the other, then per iteration the programs lowered in the foreground (`compile/l
 those submitted ahead (`compile/ahead`). Compile seconds are not comparable (the second run finds the first's
 persistent cache); the counts are.
 
-    git archive OLD | tar -x -C .baseline && python experiments/ab_stage_helpers_cpu.py --trees .baseline .
-    python experiments/ab_stage_helpers_cpu.py --summarize /tmp/h_base /tmp/h_new    # run folders already made
+    git archive OLD | tar -x -C .baseline && python experiments/benchmarks/ab_stage_helpers_cpu.py --trees .baseline .
+    python experiments/benchmarks/ab_stage_helpers_cpu.py --summarize /tmp/h_base /tmp/h_new    # run folders already made
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 JOB = ["--steps", "8", "--eval-every", "0", "--format-warmup-steps", "5", "--compile-ahead", "true", "--prompt-style",
        "compact", "--groups", "16", "--group-size", "8", "--wandb-mode", "disabled", "--progress", "false"]
 

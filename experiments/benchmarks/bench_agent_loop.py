@@ -9,8 +9,8 @@ tokens per second, the host's share of the rollout (env stepping, parsing, token
 and train times. A reference for how fast batched game rules can go: pgx's Connect Four (pure JAX, `pip
 install pgx`) stepping uniformly random legal moves for the same number of games on the same device.
 
-    python experiments/bench_agent_loop.py --cpu          # the CPU default (64 games, minimal prompts)
-    python experiments/bench_agent_loop.py --gpu          # one GPU: 512 and 2048 compact games, tiny model
+    python experiments/benchmarks/bench_agent_loop.py --cpu          # the CPU default (64 games, minimal prompts)
+    python experiments/benchmarks/bench_agent_loop.py --gpu          # one GPU: 512 and 2048 compact games, tiny model
 
 Writes experiments/results/bench_agent_loop_<device>.json and .png.
 """
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
 RESULTS = ROOT / "experiments" / "results"
 
@@ -58,7 +58,7 @@ CASES["gpu"]["gpu2048_4proc"] = FOUR_PROC + ["--rollout-split-processes", "true"
 CASES["gpu"]["gpu2048_4proc_nosplit"] = FOUR_PROC + ["--rollout-split-processes", "false"]
 CASES["gpu"]["gpu2048_constrained_4proc"] = CASES["gpu"]["gpu2048_4proc"] + ["--constrain-moves", "true"]
 # ... and 2048 games a GPU (weak scaling): does a data-parallel rollout scale once each GPU has one GPU's load? At 2048
-# games in all each process has 512, which one GPU plays in 0.18-0.21 s against 0.33 s for 2048 (call 58): latency bound.
+# games in all each process has 512, which one GPU plays in 0.18-0.21 s against 0.33 s for 2048: latency bound.
 CASES["gpu"]["gpu8192"] = ["--groups", "1024", "--group-size", "8", "--steps", "8", "--prompt-style", "compact"]
 CASES["gpu"]["gpu8192_4proc"] = (CASES["gpu"]["gpu8192"][:-4] + ["--steps", "14", "--prompt-style", "compact"]
                                  + ["--rollout-split-processes", "true"])
@@ -101,7 +101,7 @@ def run_case(code: str, flags: list[str], timeout: float, env: dict, launch: lis
     compiling = not settled  # every measured iteration still compiled: say so rather than drop the job
     recs = settled or [r for r in recs if r.get("step", 0) >= 3]
     # a job cut by the timeout keeps the iterations it finished (metrics.jsonl is written as it goes): this process's
-    # timeout (rc None) or launch/local.py's (rc 124; call 63's four processes were cut after their last iteration)
+    # timeout (rc None) or launch/local.py's (rc 124, which can fire after a job's last iteration)
     if rc == 124 and launch:
         rc = None
     if (rc is not None and rc != 0) or not recs:
@@ -208,8 +208,8 @@ def plot(result: dict, path: Path) -> None:
 
 
 def collect(folders: list[Path]) -> dict:
-    """One result from the JSONs of several jobs of one device call (run_agent_loop_gpu4.sh runs each job into its
-    own folder, side by side on the GPUs)."""
+    """One result from the JSONs of several jobs of one device call (run_on_device.sh agent-loop-4gpu runs each job
+    into its own folder, side by side on the GPUs)."""
     parts = [json.loads(f.read_text()) for d in folders for f in sorted(Path(d).glob("bench_agent_loop_*.json"))]
     if not parts:
         raise SystemExit(f"no bench_agent_loop_*.json in {', '.join(map(str, folders))}")

@@ -8,8 +8,8 @@ tensor; rollout keeps tensor parallelism only. The moves:
 - fsdp->dp:    train (1, n, 1) -> rollout (n, 1, 1): every rollout replica needs all weights (all-gather),
 - half->half:  train on the first half of the devices, rollout (tensor) on the second (two_step).
 
-    python experiments/bench_dispatch_weights.py                 # GPUs: qwen2.5-0.5b in bf16
-    python experiments/bench_dispatch_weights.py --small         # CPU, 8 fake devices, tiny model
+    python experiments/benchmarks/bench_dispatch_weights.py                 # GPUs: qwen2.5-0.5b in bf16
+    python experiments/benchmarks/bench_dispatch_weights.py --small         # CPU, 8 fake devices, tiny model
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pathlib import Path
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/timing.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/timing.py
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -64,7 +64,7 @@ def main(argv=None) -> dict:
     p.add_argument("--small", action="store_true", default=None)
     p.add_argument("--model", default="qwen2.5-0.5b")
     p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "results")
     args = p.parse_args(argv)
     devs = jax.devices()
     n = len(devs)

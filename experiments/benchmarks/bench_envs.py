@@ -18,7 +18,7 @@ Only the env / parse / encode work is timed, not the (scripted) choice of answer
 timed separately (once per episode). Also: batched vs per-game alpha-beta per depth at 512
 positions, the opponents' per-move cost, the parser.
 
-    python experiments/bench_envs.py [--batches 64 512 2048] [--rounds 3] [--quick]
+    python experiments/benchmarks/bench_envs.py [--batches 64 512 2048] [--rounds 3] [--quick]
 
 Writes experiments/results/bench_envs.json (the machine named via platform.processor()/node(),
 and its load average, which matters on a shared machine).
@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import pyspiel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone: no install needed
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a clone: no install needed
 
 from earl_jax.envs import EnvConfig, OpenSpielTextEnv, connect_four_search, make_opponent, parse_action  # noqa: E402
 from earl_jax.envs.vector import ObservationCodec, make_vector_env, parse_actions  # noqa: E402
@@ -217,7 +217,7 @@ def main(argv=None):
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 512, 2048])
     ap.add_argument("--rounds", type=int, default=3, help="episodes (all games reset together) per measurement")
     ap.add_argument("--quick", action="store_true", help="compact style only, one round, no opponents")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_envs.json"))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "bench_envs.json"))
     args = ap.parse_args(argv)
     styles = ("compact",) if args.quick else ("compact", "chat")
     rounds = 1 if args.quick else args.rounds

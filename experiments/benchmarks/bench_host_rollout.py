@@ -4,8 +4,8 @@ env's steps, parsing, tokenizing, the episode buffers. Median over --repeats rol
 `--moves constrained`: the policy answers like `SamplerPolicy` under `--constrain-moves` (the default of
 connect4.py): a uniformly drawn LEGAL move's token, the stop token, and the move itself where `Decoded` carries it.
 
-    python experiments/bench_host_rollout.py [--games 512 2048] [--repeats 9] [--moves constrained] [--out FILE]
-    python experiments/bench_host_rollout.py --trees OLD_CHECKOUT .    # the same in two checkouts, interleaved
+    python experiments/benchmarks/bench_host_rollout.py [--games 512 2048] [--repeats 9] [--moves constrained] [--out FILE]
+    python experiments/benchmarks/bench_host_rollout.py --trees OLD_CHECKOUT .    # the same in two checkouts, interleaved
 
 Writes experiments/results/bench_host_rollout_cpu.json by default (with --trees: appends to its `comparisons`).
 """
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def measure(games: int, repeats: int, moves: str = "free") -> dict:
@@ -94,7 +94,7 @@ def main(argv=None) -> dict:
         runs = []
         for r in range(args.rounds):
             for tree in args.trees:
-                cmd = [sys.executable, str(ROOT / "experiments" / "bench_host_rollout.py"), "--one", "--repeats",
+                cmd = [sys.executable, str(ROOT / "experiments" / "benchmarks" / "bench_host_rollout.py"), "--one", "--repeats",
                        str(args.repeats), "--moves", args.moves, "--games", *map(str, args.games)]
                 out = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree.resolve())},
                                      capture_output=True, text=True, check=True).stdout

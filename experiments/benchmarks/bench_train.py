@@ -12,9 +12,9 @@ Each case (shape x remat policy x micro-batches x log-prob chunk) runs in its ow
 peak memory is the case's own and an out-of-memory case does not end the run (`--isolate`). Cases start
 only while `--time-budget` seconds have not passed, so one device call stays bounded.
 
-Run (GPU, one device call, ~6-8 min):      python experiments/bench_train.py
-Only the train variants you name:          python experiments/bench_train.py --shapes 8x4096 --remat none,dots
-CPU smoke test (< 60 s):                   python experiments/bench_train.py --tiny
+Run (GPU, one device call, ~6-8 min):      python experiments/benchmarks/bench_train.py
+Only the train variants you name:          python experiments/benchmarks/bench_train.py --shapes 8x4096 --remat none,dots
+CPU smoke test (< 60 s):                   python experiments/benchmarks/bench_train.py --tiny
 Writes experiments/results/bench_train_<device>.json (and $OUT/ when set). The peer: ../shared/bench/peer_train.py.
 """
 
@@ -29,9 +29,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 PEAK_BF16 = (("h200", 989e12), ("h100 pcie", 756e12), ("h100", 989e12), ("h800", 989e12), ("a100", 312e12),
              ("l40s", 362e12), ("b200", 2250e12), ("gh200", 989e12))
 PEER = {"8x4096": {"tok_s": 18400, "mfu": 0.065}, "16x2048": {"tok_s": 34500, "mfu": 0.113},
@@ -91,7 +91,7 @@ def run_case(case: dict) -> dict:
     tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (b, t)), jnp.int32)
     prompt = t // 4  # the first quarter is "prompt": no loss there
     mask = jnp.asarray(np.broadcast_to(np.arange(t)[None] >= prompt, (b, t)))
-    loss_cfg = LossConfig(algorithm="grpo")
+    loss_cfg = LossConfig(filter_constant_groups=False)
 
     if train:
         optimizer = make_optimizer(1e-6, 10, 1000, 0.0, 1.0)
@@ -115,8 +115,7 @@ def run_case(case: dict) -> dict:
 
         def step(params, tokens, mask, rewards, group_ids):
             out, _ = experience_stage(params, None, tokens, mask, rewards, group_ids, graphdef=graphdef,
-                                      num_groups=groups, loss_cfg=loss_cfg, micro_batches=1, shards=1, chunk=chunk,
-                                      filter_constant_groups=False)
+                                      num_groups=groups, loss_cfg=loss_cfg, micro_batches=1, shards=1, chunk=chunk)
             return out.old_logp, out.advantages
 
         fn = jax.jit(step)

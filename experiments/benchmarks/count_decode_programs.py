@@ -1,7 +1,7 @@
 """How many sampler programs (init, grow, take, extend, generate) the first evaluation and the first RL iteration
 of the pod-shaped job compile, with the default KV cache sizes and with --rollout-cache-growth 4.
 
-    python experiments/count_decode_programs.py     # CPU, 4 fake devices, tiny model: counts do not depend on size
+    python experiments/benchmarks/count_decode_programs.py     # CPU, 4 fake devices, tiny model: counts do not depend on size
 
 Compact prompts, 8-token answers, max context 4096, 64 games: the pod preset's rollout shape. Writes
 experiments/results/count_decode_programs_cpu.json.
@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from earl_jax.rl.config import RLConfig  # noqa: E402

@@ -1,11 +1,11 @@
 """Command to first finished RL iteration with an empty compile cache (`--compile-cache off`), for each value of one
 connect4.py flag (default --new-widths-per-iteration 0 / 1), interleaved `--repeats` times.
 
-    python experiments/first_iteration.py [--values 0 1] [--repeats 2]  # the README's main job on this machine
-    python experiments/first_iteration.py --gpu                          # 512 compact free-text games (issue 13's
+    python experiments/benchmarks/first_iteration.py [--values 0 1] [--repeats 2]  # the README's main job on this machine
+    python experiments/benchmarks/first_iteration.py --gpu                          # 512 compact free-text games (issue 13's
                                                                          # job), the settings side by side, one GPU each
-    python experiments/first_iteration.py --gpu --flag compile-ahead --values false true
-    python experiments/first_iteration.py --job pod-cpu --trees /tmp/old_checkout . --repeats 1 --out ...
+    python experiments/benchmarks/first_iteration.py --gpu --flag compile-ahead --values false true
+    python experiments/benchmarks/first_iteration.py --job pod-cpu --trees /tmp/old_checkout . --repeats 1 --out ...
         # the same flags in two checkouts: the pod preset's rollout shape, tiny model, 4 fake CPU devices
 
 Writes experiments/results/first_iteration_<cpu|gpu>.json (or --out; each run's "first RL iteration finished" line).
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPU_JOB = ["--groups", "64", "--group-size", "8", "--prompt-style", "compact", "--constrain-moves", "false",
            "--format-warmup-steps", "0", "--eval-every", "0", "--eval-games", "8", "--checkpoint-every", "0"]
 # the pod preset's job shape (rl/pod.py RANDOM_INIT) with the tiny model on 4 fake CPU devices, in flags that

@@ -1,4 +1,4 @@
-# Sourced by the run_*.sh device scripts: `source experiments/gpu_wheels.sh; install_wheels [pgx svgwrite]`.
+# Sourced by run_on_device.sh: `source experiments/benchmarks/gpu_wheels.sh; install_wheels [pgx svgwrite]`.
 # The GPU image lacks open_spiel, gymnasium and their dependencies: they come as wheels in .whl_env (carried with
 # the call, built per the README of the device tool) and install into /tmp/site, put on PYTHONPATH.
 install_wheels() {

@@ -2,10 +2,10 @@
 
 The context is "<bos>d k\\n> " with k drawn from 0 .. K-1 (one k per group of G); ONE token is sampled; reward +1 if
 it is the digit k, `miss` for another digit, -1 for anything else. Used to sweep learning rate x batch x group
-size quickly (experiments/results/learning_notes.md); the Trainer-level probe is experiments/learning_probe.py.
+size quickly (docs/learning.md, "What limits the tiny model"); tests/test_learning.py runs the Trainer-level probe.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=1 taskset -c 1 \\
-        python experiments/learning_bandit.py K=10 lr=1e-3 B=16 G=8 steps=300
+        python experiments/benchmarks/learning_bandit.py K=10 lr=1e-3 B=16 G=8 steps=300
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone: no install needed
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a clone: no install needed
 
 import jax
 import jax.numpy as jnp

@@ -3,10 +3,10 @@ random (non-loss) and against the solver (draws) of the default run (random oppo
 half or three quarters of the groups against the solver (`--mix-opponent`, the latter also with `--blunder-penalty
 0.5`), with the 512-game evaluation after each run as a marker.
 
-    python experiments/plot_tictactoe_opponents.py   # -> experiments/results/tictactoe_cpu_opponents.png
+    python experiments/benchmarks/plot_tictactoe_opponents.py   # -> experiments/results/tictactoe_cpu_opponents.png
 
 Reads experiments/results/tictactoe_cpu_default.json and tictactoe_cpu_ablations.json (runs `vs_solver`,
-`mix_solver_half`, `mix_solver_three_quarters`, `vs_solver_mix_random_quarter_blunder`); learning_notes.md section 19
+`mix_solver_half`, `mix_solver_three_quarters`, `vs_solver_mix_random_quarter_blunder`); docs/learning.md
 says what they show.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 RUNS = (("default: random opponent", None), ("--preset vs-solver", "vs_solver"),
         ("--mix-opponent solver --mix-share 0.5", "mix_solver_half"),
         ("--preset vs-solver --mix-opponent random --mix-share 0.25", "mix_solver_three_quarters"),

@@ -1,8 +1,8 @@
 """Why a data-parallel train step needs more memory per device than the same per-device work on one device:
 the collectives XLA put into one micro-batch step (`rl.stages.grad_step`) and the largest buffers it assigned.
 
-    python experiments/probe_train_collectives.py d1f1t1 4 16 2048 d2f1t1 4 32 2048   # pairs: mesh layers rows t
-    XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu python experiments/probe_train_collectives.py d4f1t1 2 8 512
+    python experiments/benchmarks/probe_train_collectives.py d1f1t1 4 16 2048 d2f1t1 4 32 2048   # pairs: mesh layers rows t
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu python experiments/benchmarks/probe_train_collectives.py d4f1t1 2 8 512
 
 Compile only (nothing runs), with the options the planner gives the train stage (`stage_compiler_options`;
 EARL_XLA_LHS=1 for XLA's defaults). Prints one JSON line per case: XLA's temp bytes, the collectives by kind and
@@ -24,7 +24,7 @@ from pathlib import Path
 DUMP = tempfile.mkdtemp(prefix="xla_dump_")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={DUMP} "
                            "--xla_dump_hlo_module_re=.*step.*").strip()
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -6,7 +6,7 @@ program is compiled, then rolls out one more batch twice:
   2. with every Sampler call (extend, generate, take_rows, grow) made synchronous and timed, so the device
      time of each kind of call, and its count per rollout, are known.
 
-    python experiments/profile_rollout.py -- --groups 256 --group-size 8 --prompt-style compact --constrain-moves false
+    python experiments/benchmarks/profile_rollout.py -- --groups 256 --group-size 8 --prompt-style compact --constrain-moves false
 
 Writes experiments/results/profile_rollout_<device>.json (and prints the tables).
 """
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
 
 

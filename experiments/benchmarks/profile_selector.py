@@ -6,9 +6,9 @@ recorded "infeasible", out-of-memory cells "oom". The table is saved after every
 short by `--time-budget` (or a timeout) still leaves a usable table.
 
     # CPU, 8 fake devices, tiny model (~2-3 min):
-    python experiments/profile_selector.py --small
+    python experiments/benchmarks/profile_selector.py --small
     # 1-2 GPUs, Qwen2.5-0.5B, rollout only (~6-8 min, one device call):
-    python experiments/profile_selector.py --gpu --out experiments/results/profile_qwen2.5-0.5b.json
+    python experiments/benchmarks/profile_selector.py --gpu --out experiments/results/profile_qwen2.5-0.5b.json
     # then: python experiments/connect4.py ... --selector-table experiments/results/profile_qwen2.5-0.5b.json
 
 The table names the device kind, the device count and the model: the selector refuses one measured for
@@ -22,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 if "--small" in sys.argv:  # 8 fake CPU devices: the flags must precede jax's start-up
     os.environ.setdefault("JAX_PLATFORMS", "cpu")

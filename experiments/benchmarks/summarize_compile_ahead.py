@@ -1,8 +1,9 @@
-"""Collect the compile-ahead device calls (run_compile_ahead_gpu.sh, run_compile_ahead_steady_gpu.sh) into
+"""Collect the compile-ahead device calls (run_on_device.sh first-iteration --flag
+compile-ahead --values false true, then run_on_device.sh steady) into
 experiments/results/compile_ahead_<device>.{json,png}: the cold first iterations, and per iteration of the 512-game
 job the rollout seconds and the programs compiled in the foreground, without and with compiling ahead.
 
-    python experiments/summarize_compile_ahead.py --first DIR_OF_CALL_1 --steady DIR_OF_CALL_2 --device nvidia_h100x2
+    python experiments/benchmarks/summarize_compile_ahead.py --first DIR_OF_CALL_1 --steady DIR_OF_CALL_2 --device nvidia_h100x2
 """
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "experiments" / "benchmarks"))  # summarize_steady.py beside it
 
 from summarize_steady import per_iteration_bars  # noqa: E402
 KEYS = ("time/iteration_s", "time/rollout_s", "time/compile_s", "compile/lowered", "compile/ahead",
@@ -37,7 +38,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     first = json.loads(next(args.first.glob("first_iteration_compile_ahead_*.json")).read_text())
     steady = {}
-    for mode, side in (("false", "a"), ("true", "b")):  # call 42 wrote steady_<mode>.jsonl, run_steady_gpu.sh <side>
+    for mode, side in (("false", "a"), ("true", "b")):  # older results: steady_<mode>.jsonl; run_on_device.sh steady: <side>
         path = args.steady / f"steady_{mode}.jsonl"
         path = path if path.exists() else args.steady / f"steady_{side}.jsonl"
         rows = [json.loads(l) for l in path.read_text().splitlines()]
@@ -45,7 +46,7 @@ def main(argv=None) -> dict:
     later = {m: round(sum(r["time/rollout_s"] for r in rows if r["step"] > 1), 2) for m, rows in steady.items()}
     result = {
         "device": f"2 x {first['device']}",
-        "scripts": "experiments/run_compile_ahead_gpu.sh, experiments/run_compile_ahead_steady_gpu.sh",
+        "scripts": "experiments/benchmarks/run_on_device.sh first-iteration, steady",
         "first_iteration_tiny_512_games": first["runs"],
         "pod_qwen2.5-1.5b_2gpu_cold": {m: _pod(args.first / f"pod_{m}.log") for m in ("false", "true")},
         "steady_512_games_per_iteration": steady,

@@ -1,8 +1,8 @@
-"""Summarize an issue-14 GPU comparison (experiments/run_connect4_gpu_ab.sh: runs a, b (c, d) side by side, one GPU
+"""Summarize an issue-14 GPU comparison (`run_on_device.sh connect4`: runs a, b (c, d) side by side, one GPU
 each, one device call) into one JSON (summarize_connect4_gpu.summarize per run) and a PNG of both curves.
 `--reference RESULT.json LABEL` draws a run of an earlier result beside them (its evaluation points only).
 
-    python experiments/summarize_connect4_gpu_ab.py OUT_DIR --labels "shared seeds" "per-game seeds" \
+    python experiments/benchmarks/summarize_connect4_gpu_ab.py OUT_DIR --labels "shared seeds" "per-game seeds" \
         --what "--group-seeds shared vs per_game" --out experiments/results/connect4_gpu_group_seeds_nvidia_h100x2
 """
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--what", required=True, help="what differs between the runs")
     p.add_argument("--device", default=None, help="default: OUT_DIR/device.txt")
     p.add_argument("--out", type=Path, required=True, help="path without suffix")
-    p.add_argument("--same-gpu", action="store_true", help="the runs shared GPU 0 (run_connect4_gpu_ab.sh SAME_GPU=1)")
+    p.add_argument("--same-gpu", action="store_true", help="the runs shared GPU 0 (run_on_device.sh connect4 with SAME_GPU=1)")
     p.add_argument("--where", default=None, help="how the runs were placed, for the title when not one call's "
                                                  "(e.g. resumed in separate calls)")
     p.add_argument("--reference", nargs=2, metavar=("RESULT_JSON", "LABEL"), default=None,
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
     for label, sub in zip(args.labels, "abcd"):  # one label: run a alone
         rows, ev = load(args.out_dir / sub)
         runs[label] = (rows, summarize(rows, ev, device))
-    result = {"what": args.what, "device": device, "script": "experiments/run_connect4_gpu_ab.sh",
+    result = {"what": args.what, "device": device, "script": "experiments/benchmarks/run_on_device.sh connect4",
               "runs_shared_one_gpu": args.same_gpu,
               "runs": {label: s for label, (_, s) in runs.items()}}
     plotted = dict(runs)

@@ -1,6 +1,6 @@
-"""Per-iteration seconds of two side-by-side runs of `run_steady_gpu.sh` (A, B) -> experiments/results/<name>.{json,png}.
+"""Per-iteration seconds of two side-by-side runs of `run_on_device.sh steady` (A, B) -> experiments/results/<name>.{json,png}.
 
-    python experiments/summarize_steady.py DIR --name steady_packing_nvidia_h100x2 --a "label of A" --b "label of B"
+    python experiments/benchmarks/summarize_steady.py DIR --name steady_packing_nvidia_h100x2 --a "label of A" --b "label of B"
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KEYS = ("time/iteration_s", "time/rollout_s", "time/experience_s", "time/train_s", "time/compile_s", "compile/lowered",
         "compile/ahead", "compile/ahead_submitted", "compile/ahead_used", "compile/slowest")
 
@@ -49,7 +49,7 @@ def main(argv=None) -> dict:
                      "rollout_2_on_s": round(sum(r["time/rollout_s"] for r in rows[1:]), 2),
                      "experience_train_2_on_s": round(sum(r["time/experience_s"] + r["time/train_s"] for r in rows[1:]), 2)}
              for label, rows in runs.items()}
-    result = {"device": args.device, "script": "experiments/run_steady_gpu.sh", "job": "512 compact free-text games, "
+    result = {"device": args.device, "script": "experiments/benchmarks/run_on_device.sh steady", "job": "512 compact free-text games, "
               "tiny model, empty compile cache", "totals": total, "iterations": runs}
     out = ROOT / "experiments" / "results" / args.name
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))

@@ -1,8 +1,8 @@
 """The selector sweep's result file from its trial folders (issue 12 item 5): JSON + PNG.
 
-    python experiments/sweep_table.py /tmp/sw1 /tmp/sw2 --device nvidia_h100x4
+    python experiments/benchmarks/sweep_table.py /tmp/sw1 /tmp/sw2 --device nvidia_h100x4
 
-Each folder is a `sweep.py --out` folder (or the trials.tgz of `run_sweep_gpu4.sh` unpacked): trial.json per
+Each folder is a `sweep.py --out` folder (or the trials.tgz of `run_on_device.sh sweep` unpacked): trial.json per
 trial (parameters, status) and the trial's metrics.jsonl. A trial found in several folders keeps its last run.
 Every trial is summarized again with `sweep.summarize` (steady iterations: those that compiled nothing), and
 each steady iteration is listed with its context and meshes, so layouts compare at the same context.
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments"))
 from sweep import load_sweep, steady_iterations, summarize  # noqa: E402
 

@@ -3,9 +3,9 @@ log-probs) for a real-size model shape, with the decoder layers as one nested pr
 (`models/qwen2._apply_layer`, the default) and as a plain Python loop over the layers (the code before it). No
 weights are made: the model is abstract (`nnx.eval_shape`), so this runs on the CPU in seconds. Tracing and lowering
 are what a warm start still pays (the compile cache saves only XLA's compile): on 4 H100s tracing this program for
-Qwen2.5-1.5B took 8.7 s of a warm start (results/NOTES.md call 53).
+Qwen2.5-1.5B took 8.7 s of a warm start (docs/results.md, "Start-up").
 
-    python experiments/trace_time.py [--model qwen2.5-1.5b] [--rows 8] [--width 1536] [--repeats 3]
+    python experiments/benchmarks/trace_time.py [--model qwen2.5-1.5b] [--rows 8] [--width 1536] [--repeats 3]
 
 Appends a run to experiments/results/trace_time_<backend>.json (medians over fresh traces of each variant, alternated).
 """
@@ -18,7 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def measure(model: str, rows: int, width: int, repeats: int) -> dict:

@@ -1,13 +1,13 @@
 """Can the Tic-Tac-Toe CPU default's model hold the game at all? Supervised steps on the solver's moves.
 
-The RL runs of learning_notes.md (sections 8-11) plateau at a board-blind move order (non-loss ~0.78 against random,
+The RL runs of docs/learning.md plateau at a board-blind move order (non-loss ~0.78 against random,
 ~0.0-0.05 against the solver). This asks whether the limit is the model or the learning signal: the format
 warm-up's machinery (teacher-forced supervised steps on games generated from the rules, no sampling), with the
 agent's moves drawn uniformly among the SOLVER's best moves instead of among all legal moves (the control), the
 same model, prompts and opponent as `python experiments/tictactoe.py`; then greedy games against random and the
 solver. A diagnostic, not a training recipe: it imitates the solver, so it says nothing about what RL learns.
 
-    python experiments/ttt_imitation_check.py --steps 30 150 --games 64 --eval-games 512
+    python experiments/benchmarks/ttt_imitation_check.py --steps 30 150 --games 64 --eval-games 512
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import time
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/tictactoe.py
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

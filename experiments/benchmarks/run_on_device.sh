@@ -1,0 +1,241 @@
+#!/usr/bin/env bash
+# One device call of a figure or benchmark, from the repository root of a GPU machine:
+#   bash experiments/benchmarks/run_on_device.sh SUBCOMMAND [ARGS...]
+# Results and logs go to $OUT (default /tmp/out); copy the JSON/PNG you keep into experiments/results/.
+# The GPU image lacks open_spiel and gymnasium: carry their wheels in .whl_env (install_wheels, gpu_wheels.sh).
+# Settings are environment variables named per subcommand below; docs/results.md gives each figure's command.
+#
+#   train [bench_train.py args]  bench_train.py on GPU 0, tunix's step (.peer/peer_train.py, if carried) on GPU 1
+#   fig1 [args]                  fig1_context_growth.py --gpu: static plan against the selector, 5 GiB cap
+#   fig3 [args]                  fig3_selector_heatmap.py (e.g. --gpu4 --model qwen2.5-7b --remeasure); a cell that
+#                                hangs (exit 75) is recorded and the run goes on from the saved table until LIMIT s
+#                                (CONTINUE=table.json continues a table an earlier call saved; RETRY_HUNG=1)
+#   fig4 [args]                  fig4_dispatch_latency.py --repeats 20
+#   e2e                          fig_e2e_adaptivity.py --gpu4: RUNS (comma list), BUDGET, MODEL, SCHEDULE, STEPS,
+#                                RERUN=1; the figure's JSON chains calls through E2E_STATE (/tmp/e2e_state) or a
+#                                carried e2e_state/
+#   agent-loop [args]            bench_agent_loop.py --gpu on one GPU (e.g. --cases gpu512 --codes baseline,current)
+#   agent-loop-4gpu              JOBS="case:code ..." one-GPU jobs side by side (GPU k runs job k), then
+#                                FOUR="case:seconds ..." jobs over all four GPUs; EXTRA / JEXTRA add connect4.py flags
+#   pod-first-iteration          command to first finished iteration of `connect4.py --preset pod`, one run after
+#                                another from its own empty compile cache: RUNS="name:dir:timeout_s[:flags,..[:env,..]]",
+#                                STEPS (2), EVAL_GAMES (64), MODEL (qwen2.5-1.5b); dir . or a baseline at .baseline
+#   steady                       the 512-game compact free-text job on two GPUs side by side, STEPS iterations:
+#                                A_DIR/A_FLAGS against B_DIR/B_FLAGS (e.g. A_FLAGS="--compile-ahead false")
+#   first-iteration [args]       first_iteration.py --gpu (command to first iteration, empty compile cache)
+#   init [args]                  bench_init.py (random init in fresh processes, no compile cache)
+#   profile-rollout              profile_rollout.py at 2048 and 512 compact free-text games
+#   sweep                        experiments/sweep.py launch/sweep_selector.yaml offline: TRIALS, TRIAL_S, ONLY
+#   connect4 MINUTES             `connect4.py --preset gpu` runs side by side, one GPU each, flags in A, B (C, D),
+#                                then evaluate_run.py against the ladder; ONLY_A=1 (one run), SAME_GPU=1 (all on GPU 0),
+#                                SAVE=1 (return each run as NAME/state.tgz) and STATE="dir/*.tgz" (resume them):
+#                                runs longer than one call go in parts
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source "$HERE/gpu_wheels.sh"
+BENCH=experiments/benchmarks
+QUIET_XLA="IOTA device assignment|not expected as JAX|Involuntary full rematerialization"
+POD_FLAGS="--format-warmup-steps 0 --wandb-mode disabled --progress false --checkpoint-every 0 --keep-checkpoints 0"
+
+device() { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1 | tee "$OUT/device.txt"; }
+
+metrics_lines() {  # metrics_lines FILE: per iteration, the seconds and compiles a start-up comparison reads
+  python3 - "$1" <<'PY'
+import json, sys
+keys = ("time/iteration_s", "time/rollout_s", "time/compile_s")
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if "time/rollout_s" in r:
+        print(r["step"], *(round(r.get(k) or 0, 3) for k in keys), r.get("compile/lowered"), r.get("compile/ahead"),
+              r.get("compile/ahead_submitted"), r.get("compile/ahead_used"), r.get("compile/slowest"))
+PY
+}
+
+cmd_train() {
+  CUDA_VISIBLE_DEVICES=0 timeout 230 python3 $BENCH/bench_train.py --time-budget 150 --case-timeout 150 --remat dots \
+    --out "$OUT" "$@" > "$OUT/bench_train.log" 2>&1 &
+  if [ -f .peer/peer_train.py ]; then  # tunix's step at the same shapes, its wheels carried in .whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/peer .whl/*.whl
+    for bt in "8 4096" "16 2048"; do set -- $bt
+      CUDA_VISIBLE_DEVICES=1 B=$1 T=$2 PYTHONPATH=/tmp/peer timeout 110 python3 .peer/peer_train.py
+    done > "$OUT/peer_train.log" 2>&1
+  fi
+  wait
+  cat "$OUT"/*train.log
+}
+
+cmd_fig1() { install_wheels; timeout 580 python3 experiments/fig1_context_growth.py --gpu --timeout 420 --out "$OUT" "$@"; }
+
+cmd_fig3() {
+  [ -d .whl_env ] && install_wheels  # the rollout cells need no game; the wheels only if carried
+  local deadline=$(( SECONDS + ${LIMIT:-540} )) more=() rc
+  if [ -n "${CONTINUE:-}" ]; then
+    cp "$CONTINUE" "$OUT/table1.json"; more=(--continue-table "$OUT/table1.json")
+    [ -n "${RETRY_HUNG:-}" ] && more+=(--retry-hung)
+  fi
+  while (( deadline - SECONDS > 30 )); do
+    timeout "$(( deadline - SECONDS ))" python3 experiments/fig3_selector_heatmap.py --no-progress --out "$OUT" \
+      --cell-timeout "${CELL_TIMEOUT:-240}" --save-table "$OUT/table1.json" "$@" "${more[@]}" 2>&1 \
+      | grep --line-buffered -v -E "$QUIET_XLA" | tee -a "$OUT/fig3.log"
+    rc=${PIPESTATUS[0]}; echo "fig3 rc=$rc"
+    (( rc == 75 )) || break  # 75: a cell hung and was recorded; anything else: done, cut by the limit, or an error
+    more=(--continue-table "$OUT/table1.json")
+  done
+}
+
+cmd_fig4() { timeout 150 python3 experiments/fig4_dispatch_latency.py --repeats 20 --out "$OUT" "$@"; }
+
+cmd_e2e() {
+  install_wheels
+  local state=${E2E_STATE:-/tmp/e2e_state}; mkdir -p "$state"
+  export EARL_COMPILE_CACHE=${EARL_COMPILE_CACHE:-/tmp/e2e_cc}
+  if ! ls "$state"/*.json >/dev/null 2>&1 && ls e2e_state/*.json >/dev/null 2>&1; then
+    cp e2e_state/*.json "$state/" && echo "figure so far from e2e_state/"  # a fresh machine: the last call's JSON
+  fi
+  echo "compile cache: $(ls "$EARL_COMPILE_CACHE" 2>/dev/null | wc -l) entries"
+  timeout 590 python3 experiments/fig_e2e_adaptivity.py --gpu4 --model "${MODEL:-qwen2.5-1.5b}" \
+    --schedule "${SCHEDULE:-0:480,2:3968,4:16000}" --steps "${STEPS:-5}" --runs "${RUNS:?RUNS=comma list of runs}" \
+    --budget-s "${BUDGET:-280}" ${RERUN:+--rerun} --out "$state" --keep-runs "/tmp/e2e_runs_$(date +%s)" 2>&1 \
+    | tee "$OUT/e2e.log"
+  cp "$state"/*.json "$state"/*.png "$OUT/" 2>/dev/null || echo "e2e: no figure written yet"
+}
+
+cmd_agent_loop() {
+  install_wheels pgx svgwrite
+  EARL_COMPILE_CACHE=/tmp/earl_cc timeout 570 python3 $BENCH/bench_agent_loop.py --gpu --timeout 200 --out "$OUT" "$@"
+}
+
+cmd_agent_loop_4gpu() {
+  install_wheels pgx svgwrite
+  export EARL_COMPILE_CACHE=/tmp/earl_cc
+  local bench="python3 $BENCH/bench_agent_loop.py --gpu --timeout 220" k=0 j c code
+  for j in ${JOBS-"gpu512:baseline gpu512:current gpu2048:baseline gpu2048:current"}; do  # one GPU each
+    c=${j%:*} code=${j#*:}
+    CUDA_VISIBLE_DEVICES=$k timeout 250 $bench --cases "$c" --codes "$code" --out "$OUT/one_${c}_$code" \
+      ${JEXTRA:+-- $JEXTRA} > "$OUT/one_${c}_$code.log" 2>&1 &
+    k=$((k + 1))
+  done
+  wait
+  grep -hE "^gpu" "$OUT"/one_*.log 2>/dev/null | cut -c1-600
+  for c in ${FOUR-"gpu2048_4proc:170 gpu2048_4proc_nosplit:150 gpu2048:130"}; do
+    timeout $((${c#*:} + 10)) $bench --cases "${c%:*}" --codes current --timeout "${c#*:}" --out "$OUT/four_${c%:*}" \
+      ${EXTRA:+-- $EXTRA} > "$OUT/four_${c%:*}.log" 2>&1
+    grep -hE "^gpu|Error" "$OUT/four_${c%:*}.log" | cut -c1-600
+  done
+  (cd "$OUT" && tar czf /tmp/agent_loop.tgz --exclude='*.png' . && rm -rf ./* && mv /tmp/agent_loop.tgz .)  # few files
+}
+
+cmd_pod_first_iteration() {
+  install_wheels
+  local pod="--preset pod --model ${MODEL:-qwen2.5-1.5b} --steps ${STEPS:-2} --eval-games ${EVAL_GAMES:-64} $POD_FLAGS"
+  local spec name dir limit flags envs start
+  for spec in ${RUNS:?RUNS=\"name:dir:timeout_s[:flags[:env]] ...\"}; do
+    IFS=: read -r name dir limit flags envs <<< "$spec"
+    flags=${flags//,/ }; envs=${envs//,/ }
+    echo "=== $name ($dir, ${limit}s, flags: ${flags:-none}, env: ${envs:-none})"
+    start=$(date +%s)
+    # shellcheck disable=SC2086
+    (cd "$dir" && EARL_COMPILE_CACHE=/tmp/cc_$name PYTHONPATH=${PYTHONPATH:-}:. env $envs timeout "$limit" \
+       python3 experiments/connect4.py $pod $flags --run-dir /tmp/pod_$name) > "$OUT/pod_$name.log" 2>&1
+    echo "rc=$? wall $(( $(date +%s) - start )) s"
+    grep -E "first RL iteration|iteration [0-9]+/|out of memory|RESOURCE|Error" "$OUT/pod_$name.log" | tail -12
+    cp /tmp/pod_$name/metrics.jsonl "$OUT/pod_$name.jsonl" 2>/dev/null
+  done
+}
+
+cmd_steady() {
+  install_wheels
+  local job="--groups 64 --group-size 8 --prompt-style compact --constrain-moves false --format-warmup-steps 0"
+  job="$job --eval-every 0 --eval-games 8 --checkpoint-every 0 --steps ${STEPS:-12} --wandb-mode disabled"
+  job="$job --progress false --compile-cache off"
+  local gpu=0 side dir flags
+  for side in a b; do
+    dir=A_DIR flags=A_FLAGS; [ $side = b ] && dir=B_DIR flags=B_FLAGS
+    CUDA_VISIBLE_DEVICES=$gpu bash -c "cd ${!dir:-.} && PYTHONPATH=${PYTHONPATH:-}:. timeout ${JOB_S:-400} \
+      python3 experiments/connect4.py $job ${!flags:-} --run-dir /tmp/steady_$side" > "$OUT/steady_$side.log" 2>&1 &
+    gpu=$((gpu + 1))
+  done
+  wait
+  for side in a b; do
+    echo "=== $side"; grep -E "first RL iteration|Error" "$OUT/steady_$side.log" | tail -2
+    cp /tmp/steady_$side/metrics.jsonl "$OUT/steady_$side.jsonl" && metrics_lines "$OUT/steady_$side.jsonl"
+  done
+}
+
+cmd_first_iteration() { install_wheels; timeout 570 python3 $BENCH/first_iteration.py --gpu --out "$OUT/first_iteration.json" "$@"; }
+
+cmd_init() { timeout 570 python3 $BENCH/bench_init.py --out "$OUT/bench_init.json" "$@"; }
+
+cmd_profile_rollout() {
+  install_wheels
+  local groups
+  for groups in 256 64; do
+    EARL_COMPILE_CACHE=/tmp/earl_cc timeout 270 python3 $BENCH/profile_rollout.py --out "$OUT/g$groups" -- \
+      --groups $groups --group-size 8 --prompt-style compact --constrain-moves false 2>&1 | tee "$OUT/profile_g$groups.log" \
+      | grep -vE "^ +[0-9]" | tail -30
+  done
+}
+
+cmd_sweep() {
+  install_wheels
+  export EARL_COMPILE_CACHE=${EARL_COMPILE_CACHE:-/tmp/sweep_cc}
+  local sw=/tmp/sweep_selector f
+  timeout 585 python3 experiments/sweep.py launch/sweep_selector.yaml --trials "${TRIALS:-4}" --timeout "${TRIAL_S:-135}" \
+    ${ONLY:+--only "$ONLY"} --out "$sw" -- --wandb-mode disabled 2>&1 | tee "$OUT/sweep.log"
+  cp "$sw/summary.csv" "$sw/trials.jsonl" "$OUT/" 2>/dev/null
+  tar czf "$OUT/trials.tgz" -C "$sw" --exclude checkpoints . 2>/dev/null  # then sweep_table.py on the unpacked folders
+}
+
+connect4_one() {  # connect4_one NAME GPU MINUTES FLAGS...
+  local name=$1 gpu=$2 minutes=$3; shift 3
+  local run=runs/connect4-gpu-$name
+  CUDA_VISIBLE_DEVICES=$gpu EARL_COMPILE_CACHE=/tmp/cc_$name python3 experiments/connect4.py --preset gpu \
+    --max-minutes "$minutes" --wandb-mode disabled --eval-opponents random,alphabeta:2 --run-dir "$run" \
+    "${RESUME[@]}" "$@" >> "/tmp/$name.log" 2>&1
+  if [ -z "${SAVE:-}" ]; then  # the last part: the newest checkpoint against the ladder
+    CUDA_VISIBLE_DEVICES=$gpu timeout 150 python3 experiments/evaluate_run.py "$run" --games 64 \
+      --opponents random,alphabeta:1,alphabeta:2,alphabeta:3,mcts:100 >> "/tmp/$name.log" 2>&1
+    cp "$run/evaluation.json" "$OUT/$name/" 2>/dev/null
+  fi
+  cp "$run/metrics.jsonl" "$OUT/$name/"; tail -n 200 "/tmp/$name.log" > "$OUT/$name/log_tail.txt"
+}
+
+cmd_connect4() {
+  local minutes=${1:?connect4 MINUTES} names="a b" n gpu=0 flags_var f
+  [ -n "${ONLY_A:-}" ] && names="a"
+  [ -n "${C+x}" ] && names="$names c"
+  [ -n "${D+x}" ] && names="$names d"
+  install_wheels
+  RESUME=()
+  if [ -n "${STATE:-}" ]; then  # runs/connect4-gpu-* from the previous part
+    for f in $STATE; do tar xzf "$f" || { echo "STATE: $f did not unpack" >&2; exit 1; }; done
+    RESUME=(--resume)
+  fi
+  [ -n "${SAME_GPU:-}" ] && export XLA_PYTHON_CLIENT_MEM_FRACTION=0.45  # two processes on one GPU
+  for n in $names; do
+    flags_var=${n^^}; mkdir -p "$OUT/$n"
+    # shellcheck disable=SC2086
+    connect4_one "$n" "$gpu" "$minutes" ${!flags_var:-} &
+    [ -n "${SAME_GPU:-}" ] || gpu=$((gpu + 1))
+  done
+  wait
+  for n in $names; do echo "== $n"; grep -E "first RL iteration|promot|no learning signal" "/tmp/$n.log" | head -8; done
+  if [ -n "${SAVE:-}" ]; then  # each run with its newest checkpoint only, small enough to come back
+    for n in $names; do
+      ls -d "runs/connect4-gpu-$n/checkpoints"/*/ 2>/dev/null | sort -V | head -n -1 | xargs -r rm -rf
+      tar czf "$OUT/$n/state.tgz" "runs/connect4-gpu-$n"
+    done
+  fi
+  if [ "$names" != "a b" ]; then (cd "$OUT" && tar czf /tmp/runs.tgz $names device.txt && rm -rf $names device.txt \
+    && mv /tmp/runs.tgz .); fi  # few files come back from a call: one archive
+  echo "then: python experiments/benchmarks/summarize_connect4_gpu_ab.py OUT_DIR --labels ..."
+}
+
+sub=${1:-}; shift || true
+case "$sub" in
+  train|fig1|fig3|fig4|e2e|sweep|init|steady|connect4) device; "cmd_$sub" "$@" ;;
+  agent-loop|agent-loop-4gpu|pod-first-iteration|first-iteration|profile-rollout) device; "cmd_${sub//-/_}" "$@" ;;
+  *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" >&2; [ -z "$sub" ] || echo "run_on_device.sh: unknown subcommand '$sub'" >&2; exit 2 ;;
+esac
