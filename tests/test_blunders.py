@@ -106,7 +106,7 @@ def test_blunder_penalty_lands_on_the_move_that_misses_the_block():
 def test_blunder_penalty_needs_the_batched_env_and_valid_settings():
     with pytest.raises(ValueError, match="blunder_penalty needs the batched env"):
         make_vector_env(EnvConfig.connect_four(opponent="mcts:4", blunder_penalty=0.1), 2)
-    with pytest.raises(ValueError, match="blunder_penalty must be >= 0"):
+    with pytest.raises(ValueError, match="blunder_penalty: must be >= 0"):
         make_vector_env(EnvConfig.tic_tac_toe(blunder_penalty=-1.0), 2)
     with pytest.raises(ValueError, match="--blunder-depth"):
         RLConfig(blunder_depth=0)

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from probe import ShowDigitEnv
 
-from earl_jax.envs.probe import ShowDigitEnv
 from earl_jax.rl.config import RLConfig
 from earl_jax.rl.trainer import Trainer
 from earl_jax.rollout.sampler import Sampler

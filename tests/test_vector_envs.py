@@ -26,8 +26,8 @@ from earl_jax.envs.vector import (
     make_vector_env,
     parse_actions,
 )
-from earl_jax.envs.vector import connect_four as c4
-from earl_jax.envs.vector import tic_tac_toe as ttt
+from earl_jax.envs.games import connect_four as c4
+from earl_jax.envs.games import tic_tac_toe as ttt
 from earl_jax.envs.vector.opponents import StreamBank
 from earl_jax.envs.vector.parser import MoveCache
 from earl_jax.models.tokenizer import game_tokenizer

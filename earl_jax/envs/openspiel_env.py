@@ -18,36 +18,12 @@ import gymnasium as gym
 import numpy as np
 import pyspiel
 
+from earl_jax.envs.config import EnvConfig
 from earl_jax.envs.opponents import make_opponent
 from earl_jax.envs.parser import parse_action
-from earl_jax.envs.text import PROMPT_STYLES, format_observation, game_text, observation_alphabet
+from earl_jax.envs.text import format_observation, game_text, observation_alphabet
 
-
-@dataclasses.dataclass(frozen=True)
-class EnvConfig:
-    """One text environment. Rewards are what `step` returns, not OpenSpiel's returns."""
-
-    game: str = "connect_four"  # any OpenSpiel game string, e.g. "tic_tac_toe", "breakthrough(rows=6)"
-    opponent: str = "random"  # "random" | "mcts:N" | "solver" | "alphabeta:D" (see opponents.py)
-    agent_player: int | None = None  # 0 moves first, 1 second, None: drawn per reset from the seed
-    prompt_style: str = "compact"  # "compact" | "minimal" (board once, then replies only) | "chat" (English)
-    max_retries: int = 0  # invalid answers allowed per move before the forfeit; 0: forfeit at once
-    win_reward: float = 1.0
-    loss_reward: float = -1.0
-    draw_reward: float = 0.0
-    invalid_reward: float = -1.0  # the forfeit's reward; the game ends, winner "opponent"
-    retry_reward: float = 0.0  # reward of an invalid answer that is allowed a retry
-    # minus this x the outcome classes a move gives away (envs/vector/blunders.py); batched envs only
-    blunder_penalty: float = 0.0
-    blunder_depth: int = 1  # Connect Four: plies searched to judge a move (Tic-Tac-Toe: exact)
-
-    @classmethod
-    def connect_four(cls, **kw) -> "EnvConfig":
-        return cls(game="connect_four", **kw)
-
-    @classmethod
-    def tic_tac_toe(cls, **kw) -> "EnvConfig":
-        return cls(game="tic_tac_toe", **kw)
+__all__ = ["EnvConfig", "OpenSpielTextEnv"]  # EnvConfig lives in envs/config.py (no OpenSpiel there)
 
 
 class OpenSpielTextEnv(gym.Env):
@@ -69,16 +45,7 @@ class OpenSpielTextEnv(gym.Env):
     metadata = {"render_modes": ["ansi"]}
 
     def __init__(self, config: EnvConfig | None = None, render_mode: str | None = None, **overrides):
-        cfg = dataclasses.replace(config or EnvConfig(), **overrides)
-        if cfg.prompt_style not in PROMPT_STYLES:
-            raise ValueError(f"prompt_style must be one of {PROMPT_STYLES}, got {cfg.prompt_style!r}")
-        if cfg.agent_player not in (0, 1, None):
-            raise ValueError(f"agent_player must be 0, 1 or None, got {cfg.agent_player!r}")
-        if cfg.max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {cfg.max_retries}")
-        if cfg.blunder_penalty < 0 or cfg.blunder_depth < 1:
-            raise ValueError(f"blunder_penalty must be >= 0 and blunder_depth >= 1, got {cfg.blunder_penalty}, "
-                             f"{cfg.blunder_depth}")
+        cfg = dataclasses.replace(config or EnvConfig(), **overrides)  # EnvConfig checks its fields
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         self.config, self.render_mode = cfg, render_mode

@@ -1,9 +1,14 @@
 """Opponents the agent plays against, built from a short spec string, all seeded.
 
+Every game has these (here):
+
     "random"         uniform over legal moves (microseconds)
     "mcts:N"         OpenSpiel's MCTSBot, N simulations, one random rollout per leaf ("mcts" = 200)
     "solver"         perfect play by memoised minimax (tiny games: Tic-Tac-Toe; not Connect Four)
-    "alphabeta:D"    Connect Four bitboard alpha-beta, D plies deep ("alphabeta" = 4)
+
+and a registered game adds its own in its GameSpec (envs/games/), e.g. Connect Four's
+
+    "alphabeta:D"    bitboard alpha-beta, D plies deep ("alphabeta" = 4)
 
 Ties between equally good moves are broken by the opponent's own RNG, which the environment
 reseeds on every `reset(seed=...)`, so a seeded game replays exactly.
@@ -18,11 +23,10 @@ import numpy as np
 import pyspiel
 from open_spiel.python.algorithms import mcts
 
-from earl_jax.envs import connect_four_search
+from earl_jax.envs.games import OpponentSpec, find_game, game_names, spec_for
 
 DEFAULT_MCTS_SIMULATIONS = 200
-DEFAULT_ALPHABETA_DEPTH = 4
-SPEC_HELP = '"random", "mcts:<simulations>", "solver" or "alphabeta:<depth>" (Connect Four only)'
+GENERIC = ('"random"', '"mcts:<simulations>"', '"solver"')
 
 
 class Opponent(Protocol):
@@ -120,53 +124,30 @@ def _solve(state: pyspiel.State, memo: dict) -> tuple[float, float]:
     return value
 
 
-class AlphaBetaOpponent:
-    """Connect Four depth-limited alpha-beta (see connect_four_search); < 50 ms a move at depth 5."""
-
-    def __init__(self, depth: int, seed: int = 0):
-        self.depth = depth
-        self._rng = random.Random(seed)
-
-    def reset(self, seed: int) -> None:
-        self._rng.seed(seed)
-
-    def act(self, state: pyspiel.State) -> int:
-        return connect_four_search.choose_move(state.history(), self.depth, self._rng)
+def spec_help() -> str:
+    """The specs make_opponent knows, for error messages: the generic ones, then each registered game's own."""
+    own = [f'"{kind}:..." ({name} only)' for name in game_names() for kind in find_game(name).opponents]
+    return ", ".join(GENERIC + tuple(own))
 
 
 def make_opponent(spec: str, game: pyspiel.Game, seed: int = 0) -> Opponent:
     """Builds the opponent a spec names for `game`. Bad spec -> ValueError that names it."""
-    if not isinstance(spec, str):
-        raise ValueError(f"opponent spec must be a string, one of {SPEC_HELP}; got {spec!r}")
-    kind, _, arg = spec.strip().lower().partition(":")
-    short = game.get_type().short_name
+    parsed = OpponentSpec.parse(spec, spec_help())
+    kind, arg = parsed.kind, parsed.arg
+    registered = find_game(game.get_type().short_name)  # any parameters: a refusal holds for every board size
+    if registered is not None and kind in registered.refused_opponents:
+        raise ValueError(f"opponent {spec!r}: {registered.refused_opponents[kind]}")
     if kind == "random" and not arg:
         return RandomOpponent(seed)
     if kind == "mcts":
-        return MCTSOpponent(game, _positive_int(spec, arg, DEFAULT_MCTS_SIMULATIONS), seed)
+        return MCTSOpponent(game, parsed.positive_int(DEFAULT_MCTS_SIMULATIONS), seed)
     if kind == "solver" and not arg:
-        if short == "connect_four":
-            raise ValueError(
-                f"opponent {spec!r}: Connect Four is too large to solve here; use 'alphabeta:<depth>'"
-            )
         return SolverOpponent(game, seed)
-    if kind == "alphabeta":
-        if str(game) != "connect_four()":
-            raise ValueError(
-                f"opponent {spec!r} is only implemented for standard connect_four, not {str(game)!r}; "
-                "use 'solver' or 'mcts:<simulations>'"
-            )
-        return AlphaBetaOpponent(_positive_int(spec, arg, DEFAULT_ALPHABETA_DEPTH), seed)
-    raise ValueError(f"unknown opponent spec {spec!r}: expected {SPEC_HELP}")
-
-
-def _positive_int(spec: str, arg: str, default: int) -> int:
-    if not arg:
-        return default
-    try:
-        value = int(arg)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"opponent spec {spec!r}: {arg!r} is not a positive integer")
-    return value
+    standard = spec_for(game)
+    if standard is not None and kind in standard.opponents:
+        return standard.opponents[kind](parsed, seed)
+    offered = [name for name in game_names() if kind in find_game(name).opponents]
+    if offered:
+        raise ValueError(f"opponent {spec!r} is only implemented for standard {' / '.join(offered)}, not "
+                         f"{str(game)!r}; use 'solver' or 'mcts:<simulations>'")
+    raise ValueError(f"unknown opponent spec {spec!r}: expected {spec_help()}")

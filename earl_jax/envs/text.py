@@ -45,9 +45,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import string
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyspiel
+
+from earl_jax.envs.games import game_names, spec_for
+
+if TYPE_CHECKING:
+    import pyspiel
 
 PROMPT_STYLES = ("compact", "minimal", "chat", "labeled")
 COMPACT_ALPHABET = "\n .0123456789:>OXadeilmnoprstuvw"
@@ -62,7 +67,8 @@ AGENT, OPPONENT, EMPTY = "X", "O", "."
 
 @dataclasses.dataclass(frozen=True)
 class GameText:
-    """Text conventions of one game. Presets know their board layout; others fall back to str(state)."""
+    """Text conventions of one game. Presets (a registered game's `GameSpec.text`, envs/games/) know their board
+    layout: OpenSpiel's str(state) is the board, rows of 'x' / 'o' / '.'. Others fall back to str(state)."""
 
     name: str
     num_actions: int  # size of the action vocabulary: answers are 0 .. num_actions-1
@@ -126,7 +132,7 @@ class GameText:
 
 
 def _translate_tables():
-    # OpenSpiel prints player 0 as 'x' and player 1 as 'o' in both preset games.
+    # OpenSpiel prints player 0 as 'x' and player 1 as 'o' in the preset games (a registered game must).
     as_first = str.maketrans({"x": AGENT, "o": OPPONENT})
     as_second = str.maketrans({"x": OPPONENT, "o": AGENT})
     return (as_first, as_second)
@@ -145,42 +151,13 @@ def _value_luts():
 _TRANSLATE = _translate_tables()
 _VALUE_LUT = _value_luts()
 
-_PRESETS = {
-    "connect_four": GameText(
-        name="connect_four",
-        num_actions=7,
-        board_shape=(6, 7),
-        move_noun="column",
-        rules=(
-            "We play Connect Four on a board of 6 rows and 7 columns. You are X, your opponent is O. "
-            "Players take turns dropping a piece into a column, numbered 0 to 6 from left to right; "
-            "it falls to the lowest empty cell. The first to get four in a row, horizontally, "
-            "vertically or diagonally, wins. A full board is a draw. An illegal answer is penalised."
-        ),
-        cell_labels="0 1 2 3 4 5 6",
-    ),
-    "tic_tac_toe": GameText(
-        name="tic_tac_toe",
-        num_actions=9,
-        board_shape=(3, 3),
-        move_noun="cell",
-        rules=(
-            "We play Tic-Tac-Toe on a 3 by 3 board. You are X, your opponent is O. Players take "
-            "turns marking an empty cell. Cells are numbered 0 to 8, row by row from the top left:\n"
-            "0 1 2\n3 4 5\n6 7 8\n"
-            "The first to get three in a row, horizontally, vertically or diagonally, wins. "
-            "A full board is a draw. An illegal answer is penalised."
-        ),
-    ),
-}
-
 
 def game_text(game: pyspiel.Game) -> GameText:
     """The text conventions for a loaded OpenSpiel game (a preset or the generic fallback)."""
-    short = game.get_type().short_name
-    if short in _PRESETS and game.get_parameters() == _default_params(short):
-        return _PRESETS[short]
-    # Presets with non-default parameters (other board sizes) use the generic fallback, too.
+    spec = spec_for(game)
+    if spec is not None:
+        return spec.text
+    # Registered games with non-default parameters (other board sizes) use the generic fallback, too.
     return GameText(
         name=str(game),
         num_actions=game.num_distinct_actions(),
@@ -191,11 +168,6 @@ def game_text(game: pyspiel.Game) -> GameText:
             "Each turn, answer with the number of one of the legal actions."
         ),
     )
-
-
-@functools.lru_cache(maxsize=None)
-def _default_params(short_name: str) -> dict:
-    return pyspiel.load_game(short_name).get_parameters()
 
 
 def render_board(state: pyspiel.State, agent_player: int = 0, prompt_style: str = "compact") -> str:
@@ -287,10 +259,14 @@ def observation_alphabet(game: str | pyspiel.Game, prompt_style: str = "compact"
     Compact style, both presets: `\\n`, space, `.`, `:`, `>`, the digits, `O`, `X`, and the
     letters of "opp moves result win loss draw invalid".
     """
-    gt = game_text(pyspiel.load_game(game) if isinstance(game, str) else game)
+    if isinstance(game, str):
+        import pyspiel  # here: the text conventions load without OpenSpiel
+
+        game = pyspiel.load_game(game)
+    gt = game_text(game)
     if not gt.is_preset:
         raise ValueError(
-            f"observation_alphabet is defined for the preset games {sorted(_PRESETS)}, not {gt.name!r}: "
+            f"observation_alphabet is defined for the preset games {list(game_names())}, not {gt.name!r}: "
             "other games print str(state), whose characters OpenSpiel decides"
         )
     if prompt_style not in PROMPT_STYLES:

@@ -34,17 +34,15 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-DEFAULT_LADDERS = {
-    "connect_four": ("random", "alphabeta:1", "alphabeta:2", "alphabeta:3"),
-    "tic_tac_toe": ("random", "solver"),
-}
+from earl_jax.envs.games import find_game
 
 
 def default_ladder(game: str) -> tuple[str, ...]:
-    short = game.split("(")[0].strip()
-    if short not in DEFAULT_LADDERS:
+    """The registered game's `GameSpec.ladder` (envs/games/)."""
+    spec = find_game(game.split("(")[0].strip())
+    if spec is None:
         raise ValueError(f"no default ladder for {game!r}: give the rungs, e.g. 'random,mcts:50,mcts:400'")
-    return DEFAULT_LADDERS[short]
+    return spec.ladder
 
 
 def parse_ladder(text: str, game: str) -> tuple[str, ...]:

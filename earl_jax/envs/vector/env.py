@@ -1,4 +1,4 @@
-"""`VectorTextEnv`: N games of Connect Four or Tic-Tac-Toe stepped by one call, as array code.
+"""`VectorTextEnv`: N games of a registered game (envs/games/: Connect Four, Tic-Tac-Toe) stepped by one call.
 
 Observationally identical to N `OpenSpielTextEnv(config)` reset with the same seeds and fed the same
 answers: the same observation strings, rewards, flags and info fields, the same RNG streams. The
@@ -6,7 +6,7 @@ reference stays the definition; tests replay thousands of games through both.
 
 Per game, what is left in Python is a seeded RNG draw for the opponent and gluing the observation
 string from cached pieces; rules, win tests, legal masks, board text and the opponent's search
-run over arrays of the whole batch.
+run over arrays of the whole batch. Everything game-specific comes from the game's GameSpec.
 """
 from __future__ import annotations
 
@@ -19,16 +19,15 @@ import pyspiel
 from gymnasium.utils import seeding
 from jaxtyping import Int
 
+from earl_jax.envs.games import game_names, spec_for
 from earl_jax.envs.openspiel_env import EnvConfig, OpenSpielTextEnv
 from earl_jax.envs.outcomes import WINNERS
-from earl_jax.envs.vector import connect_four, tic_tac_toe
 from earl_jax.envs.vector.blunders import blunders
 from earl_jax.envs.vector.opponents import make_vector_opponent
 from earl_jax.envs.vector.parser import parse_actions
 from earl_jax.envs.vector.render import BoardRenderer
 from earl_jax.envs.vector.step import NO_WINNER, VectorStep, check_answers, check_reset, check_rows
 
-RULES = {"connect_four": connect_four, "tic_tac_toe": tic_tac_toe}
 AGENT_WINS, OPPONENT_WINS, DRAW = (WINNERS.index(w) for w in ("agent", "opponent", "draw"))
 _RESULTS = {AGENT_WINS: "win", OPPONENT_WINS: "loss", DRAW: "draw"}
 
@@ -44,8 +43,9 @@ def seed_draws(seed: int, draw_agent: bool) -> tuple[int | None, int, int]:
 
 
 class VectorTextEnv:
-    """`num_games` games of one `EnvConfig` (standard connect_four or tic_tac_toe; opponent random,
-    alphabeta:D (Connect Four) or solver (Tic-Tac-Toe)). Use `make_vector_env` for any config.
+    """`num_games` games of one `EnvConfig` (a registered game with its default parameters; opponent random or
+    one of the game's batched opponents: alphabeta:D for Connect Four, solver for Tic-Tac-Toe). Use
+    `make_vector_env` for any config.
 
         env = VectorTextEnv(EnvConfig.connect_four(opponent="alphabeta:2"), 512)
         first = env.reset(seeds)                 # VectorStep for every game, first observations
@@ -62,16 +62,15 @@ class VectorTextEnv:
         reference = OpenSpielTextEnv(config)  # validates the config and the opponent spec as the reference does
         self.config = cfg = reference.config
         self.text = reference.text
-        short = reference.game.get_type().short_name
-        if not self.text.is_preset or short not in RULES:
-            raise ValueError(f"VectorTextEnv plays standard {sorted(RULES)}, not {cfg.game!r}: use make_vector_env")
+        self.spec = spec_for(reference.game)
+        if self.spec is None:
+            raise ValueError(f"VectorTextEnv plays standard {list(game_names())}, not {cfg.game!r}: use make_vector_env")
         if num_games < 1:
             raise ValueError(f"num_games must be >= 1, got {num_games}")
-        self.game_name = short
         self.num_games = n = num_games
-        self.rules = RULES[short]
-        self.num_actions = self.rules.NUM_ACTIONS
-        self.opponent = make_vector_opponent(cfg.opponent, short, n)
+        self.rules = self.spec.rules
+        self.num_actions = self.rules.num_actions
+        self.opponent = make_vector_opponent(cfg.opponent, self.spec.name, n)
         self._second: tuple[Any, np.ndarray] | None = None  # (opponent, its games): assign_opponent
         self.second_opponent: str | None = None  # the spec of assign_opponent's opponent
         self.renderer = BoardRenderer(self.text, cfg.prompt_style)
@@ -80,7 +79,7 @@ class VectorTextEnv:
         # Indexed by winner code: agent, opponent, draw, then NO_WINNER (-1): a game that goes on.
         self._rewards = np.array([cfg.win_reward, cfg.loss_reward, cfg.draw_reward, 0.0], np.float64)
         self.stones = np.zeros((n, 2), np.uint64)  # [:, p]: player p's stones (connect_four / tic_tac_toe layout)
-        # The printed board (rules.cells of stones), kept up to date move by move: rendering reads it as is.
+        # The printed board (0 empty, 1 player 0, 2 player 1), kept up to date move by move: rendering reads it as is.
         self.cells = np.zeros((n, self.renderer.rows * self.renderer.cols), np.uint8)
         # The compact style's boards as text, kept up to date the same way (renderer.keeps_blocks): a turn's
         # observation is then copies of byte rows, no rendering. `_stone_chars[i, p]`: player p's character in game i.
@@ -110,7 +109,7 @@ class VectorTextEnv:
         if games is not None:
             mask[np.asarray(games)] = True
         OpenSpielTextEnv(dataclasses.replace(self.config, opponent=spec))  # the reference's checks: a clear error
-        self._second = (make_vector_opponent(spec, self.game_name, self.num_games), mask)
+        self._second = (make_vector_opponent(spec, self.spec.name, self.num_games), mask)
         self.second_opponent = spec
 
     @property
@@ -238,7 +237,7 @@ class VectorTextEnv:
         if len(v):
             agent = agent_all if all_ok else agent_all[valid]
             if cfg.blunder_penalty:  # judged before the move is played
-                blunder[valid] = blunders(self.game_name, self.stones[v, agent], self.stones[v, 1 - agent],
+                blunder[valid] = blunders(self.spec.name, self.stones[v, agent], self.stones[v, 1 - agent],
                                           self.legal[v], mv, cfg.blunder_depth)
             self.retries_left[v] = cfg.max_retries
             self._play(v, mv, agent)

@@ -2,12 +2,11 @@
 
 Each game has its own `random.Random` stream, seeded at reset exactly as `opponents.py` seeds its
 opponent, and consumed exactly as the per-game opponent consumes it, so a seeded game replays move
-for move. The choice of candidate moves (legal cells, the alpha-beta best set, the solver's table)
-is array code:
+for move. The choice of candidate moves is array code. Here: the base class, the streams and the opponent
+every game has; a game's own (Connect Four's alpha-beta, Tic-Tac-Toe's solver) sit in its file in envs/games/
+and `make_vector_opponent` finds them through its GameSpec:
 
     RandomOpponents         legal[rng.randrange(len(legal))], every move
-    AlphaBetaOpponents(d)   connect_four.best_moves; rng.randrange(len(best)) only when there are several
-    SolverOpponents         tic_tac_toe.solver_best_moves; rng.randrange(len(best)) every move (even of 1)
 
 The draws are batched too (`StreamBank`): CPython's `randrange(n)` for small n is one 32-bit
 Mersenne Twister word shifted right, redrawn while it is >= n, and `getrandbits(32 * m)` returns
@@ -23,8 +22,7 @@ from typing import Sequence
 import numpy as np
 from jaxtyping import Bool, Int, UInt32, UInt64
 
-from earl_jax.envs.opponents import DEFAULT_ALPHABETA_DEPTH
-from earl_jax.envs.vector import connect_four, tic_tac_toe
+from earl_jax.envs.games import OpponentSpec, find_game
 
 BLOCK = 64  # words fetched per generator call: a move draws one or two, so most games never fetch a second
 AHEAD = 8  # words a row that was rejected reads at once (randbelow)
@@ -163,38 +161,15 @@ class RandomOpponents(BatchedOpponent):
         return kth[code * width + self.streams.randbelow(rows, sizes[code])]
 
 
-class AlphaBetaOpponents(BatchedOpponent):
-    def __init__(self, num_games: int, depth: int = DEFAULT_ALPHABETA_DEPTH):
-        super().__init__(num_games)
-        self.depth = depth
-
-    def act(self, rows, me, opp, legal):
-        best, _ = connect_four.best_moves(me, opp, self.depth)
-        counts = best.sum(1)
-        pick = np.zeros(len(rows), np.int64)
-        ties = np.flatnonzero(counts > 1)  # choose_move draws only when it has a choice
-        pick[ties] = self.streams.randbelow(rows[ties], counts[ties])
-        return kth_true(best, pick)
-
-
-class SolverOpponents(BatchedOpponent):
-    def act(self, rows, me, opp, legal):
-        # The table is indexed by (player 0's cells, player 1's cells); `me` is whoever is to move.
-        me_first = (np.bitwise_count(me | opp) & 1) == 0
-        x, o = np.where(me_first, me, opp), np.where(me_first, opp, me)
-        masks = tic_tac_toe.solver_best_moves(np.stack([x, o], 1)).astype(np.int64)
-        best = ((masks[:, None] >> np.arange(tic_tac_toe.NUM_ACTIONS)) & 1).astype(bool)
-        return kth_true(best, self.streams.randbelow(rows, best.sum(1)))
-
-
 def make_vector_opponent(spec: str, game: str, num_games: int) -> BatchedOpponent:
-    """The batched opponent for a spec `opponents.make_opponent` accepted for `game` (its short name);
-    ValueError for a spec that has none (mcts: use make_vector_env's per-game path)."""
-    kind, _, arg = spec.strip().lower().partition(":")
-    if kind == "random" and not arg:
+    """The batched opponent for a spec `opponents.make_opponent` accepted for `game` (its short name): random, or
+    one of the game's GameSpec.batched_opponents; ValueError for a spec that has none (mcts: use make_vector_env's
+    per-game path)."""
+    parsed = OpponentSpec.parse(spec, "an opponent spec")
+    if parsed.kind == "random" and not parsed.arg:
         return RandomOpponents(num_games)
-    if kind == "alphabeta" and game == "connect_four":
-        return AlphaBetaOpponents(num_games, int(arg) if arg else DEFAULT_ALPHABETA_DEPTH)
-    if kind == "solver" and not arg and game == "tic_tac_toe":
-        return SolverOpponents(num_games)
-    raise ValueError(f"no batched opponent for {spec!r} in {game}: use make_vector_env (per-game path)")
+    registered = find_game(game)
+    make = registered.batched_opponents.get(parsed.kind) if registered is not None else None
+    if make is None:
+        raise ValueError(f"no batched opponent for {spec!r} in {game}: use make_vector_env (per-game path)")
+    return make(parsed, num_games)

@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from jaxtyping import Int
 
+from earl_jax.envs.games import game_names
 from earl_jax.envs.openspiel_env import EnvConfig, OpenSpielTextEnv
 from earl_jax.envs.outcomes import WINNERS
 from earl_jax.envs.vector.env import VectorTextEnv
@@ -73,9 +74,9 @@ def _step(rows, obs, reward, terminated, truncated, infos) -> VectorStep:
 
 def make_vector_env(config: EnvConfig, num_games: int,
                     env_factory: Callable[[EnvConfig], Any] | None = None) -> VectorTextEnv | PerGameVectorEnv:
-    """The batched env where there is one (standard connect_four / tic_tac_toe against random,
-    alphabeta:D or solver), else the per-game wrapper: over `env_factory(config)` per game when given
-    (the trainer's hook), else over OpenSpielTextEnv(config). Both have the same interface."""
+    """The batched env where there is one (a registered game, envs/games/, with its default parameters against
+    random or one of its batched opponents), else the per-game wrapper: over `env_factory(config)` per game when
+    given (the trainer's hook), else over OpenSpielTextEnv(config). Both have the same interface."""
     if env_factory is not None:
         return PerGameVectorEnv([env_factory(config) for _ in range(num_games)])
     reference = OpenSpielTextEnv(config)  # a bad config fails here, with the reference's message
@@ -88,6 +89,6 @@ def make_vector_env(config: EnvConfig, num_games: int,
     if batched:
         return VectorTextEnv(config, num_games)
     if config.blunder_penalty:
-        raise ValueError(f"blunder_penalty needs the batched env (standard connect_four / tic_tac_toe against random, "
-                         f"alphabeta:D or solver); {config.game!r} against {config.opponent!r} plays per game")
+        raise ValueError(f"blunder_penalty needs the batched env (standard {' / '.join(game_names())} against random "
+                         f"or the game's batched opponents); {config.game!r} against {config.opponent!r} plays per game")
     return PerGameVectorEnv([reference] + [OpenSpielTextEnv(config) for _ in range(num_games - 1)])

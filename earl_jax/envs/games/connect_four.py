@@ -1,18 +1,25 @@
-"""Connect Four rules and depth-limited search on uint64 bitboards, for a whole batch at once.
+"""Connect Four, the batched game: rules and search on uint64 bitboards, its text, opponents and blunder classes.
 
 Bit layout as in `connect_four_search`: column c owns bits c*7 .. c*7+5, bottom row first, and
 bit c*7+6 is an always-empty sentinel, so shifted four-in-a-row tests never wrap into the next
 column. A batch is `stones: uint64[n, 2]` (player 0's stones, player 1's stones); player 0 is
 OpenSpiel's 'x' and moves first. Actions are columns 0..6, OpenSpiel's ids and legal order.
 
-Every function takes and returns arrays over the batch; none loops over games.
+Every function takes and returns arrays over the batch; none loops over games. `SPEC` (at the end) is what the
+rest of the package reads: the rules, the text, the alpha-beta opponent (per game and batched), the blunder
+classes and the default ladder.
 """
 from __future__ import annotations
+
+import random
 
 import numpy as np
 from jaxtyping import Bool, Int, UInt8, UInt64
 
 from earl_jax.envs import connect_four_search as _ref
+from earl_jax.envs.games import GameSpec, OpponentSpec, Rules, register_game
+from earl_jax.envs.text import GameText
+from earl_jax.envs.vector.opponents import BatchedOpponent, kth_true
 
 ROWS, COLS = 6, 7
 NUM_ACTIONS = COLS
@@ -186,3 +193,80 @@ def best_moves(me: UInt64[np.ndarray, " n"], opp: UInt64[np.ndarray, " n"], dept
     best[rest] = scores == top[:, None]
     score[rest] = top
     return best, score
+
+
+# ---- opponents --------------------------------------------------------------------------------------------
+DEFAULT_ALPHABETA_DEPTH = 4
+
+
+class AlphaBetaOpponent:
+    """Per game: depth-limited alpha-beta over the game's history (connect_four_search); < 50 ms a move at
+    depth 5. Ties among the best moves are broken by its own seeded RNG."""
+
+    def __init__(self, depth: int, seed: int = 0):
+        self.depth = depth
+        self._rng = random.Random(seed)
+
+    def reset(self, seed: int) -> None:
+        self._rng.seed(seed)
+
+    def act(self, state) -> int:
+        return _ref.choose_move(state.history(), self.depth, self._rng)
+
+
+class AlphaBetaOpponents(BatchedOpponent):
+    """`AlphaBetaOpponent` for a batch: `best_moves`, then rng.randrange(len(best)) only when there are several."""
+
+    def __init__(self, num_games: int, depth: int = DEFAULT_ALPHABETA_DEPTH):
+        super().__init__(num_games)
+        self.depth = depth
+
+    def act(self, rows, me, opp, legal):
+        best, _ = best_moves(me, opp, self.depth)
+        counts = best.sum(1)
+        pick = np.zeros(len(rows), np.int64)
+        ties = np.flatnonzero(counts > 1)  # choose_move draws only when it has a choice
+        pick[ties] = self.streams.randbelow(rows[ties], counts[ties])
+        return kth_true(best, pick)
+
+
+# ---- blunder classes ----------------------------------------------------------------------------------------
+def move_classes(me: UInt64[np.ndarray, " n"], opp: UInt64[np.ndarray, " n"], depth: int) -> Int[np.ndarray, "n 7"]:
+    """+1 / 0 / -1 per column from a `depth`-ply search (`_child_scores`): depth 1 sees immediate wins and the
+    opponent's immediate replies (a missed win, a missed block), each further ply one more."""
+    if depth < 1:
+        raise ValueError(f"blunder depth must be >= 1, got {depth}")
+    mask = me | opp
+    moves = (mask + BOTTOM_ROW) & BOARD
+    wins = ((_winning_cells(me, mask) & moves)[:, None] & COLUMN) != 0  # (n, 7)
+    scores = _child_scores(me, opp, depth - 1, 1)  # minus each child's value: mine, by column
+    decided = WIN - 64  # a forced result within the horizon (|score| ~ WIN - plies)
+    classes = np.where(scores >= decided, 1, np.where(scores <= -decided, -1, 0))
+    return np.where(wins, 1, classes).astype(np.int64)
+
+
+SPEC = register_game(GameSpec(
+    name="connect_four",
+    rules=Rules(num_actions=NUM_ACTIONS, legal_mask=legal_mask, drop=drop, is_win=is_win, is_full=is_full,
+                print_index=print_index),
+    text=GameText(
+        name="connect_four",
+        num_actions=NUM_ACTIONS,
+        board_shape=BOARD_SHAPE,
+        move_noun="column",
+        rules=(
+            "We play Connect Four on a board of 6 rows and 7 columns. You are X, your opponent is O. "
+            "Players take turns dropping a piece into a column, numbered 0 to 6 from left to right; "
+            "it falls to the lowest empty cell. The first to get four in a row, horizontally, "
+            "vertically or diagonally, wins. A full board is a draw. An illegal answer is penalised."
+        ),
+        cell_labels="0 1 2 3 4 5 6",
+    ),
+    # ends at depth 3: depth 4 costs ~10x a depth-3 turn at 512 games (envs/vector/__init__.py)
+    ladder=("random", "alphabeta:1", "alphabeta:2", "alphabeta:3"),
+    move_classes=move_classes,
+    opponents={"alphabeta": lambda spec, seed: AlphaBetaOpponent(spec.positive_int(DEFAULT_ALPHABETA_DEPTH), seed)},
+    batched_opponents={
+        "alphabeta": lambda spec, n: AlphaBetaOpponents(n, spec.positive_int(DEFAULT_ALPHABETA_DEPTH))},
+    refused_opponents={"solver": "Connect Four is too large to solve here; use 'alphabeta:<depth>'"},
+))

@@ -1,8 +1,10 @@
-"""Tic-Tac-Toe rules on 9-bit boards for a whole batch, and a perfect-play table over every position.
+"""Tic-Tac-Toe, the batched game: rules on 9-bit boards, a perfect-play table over every position, its text, the
+batched solver opponent and exact blunder classes.
 
 Bit k is cell k, row-major from the top left: OpenSpiel's action ids and its printed order. A batch
 is `stones: uint64[n, 2]` (player 0's cells, player 1's cells), the layout the Connect Four module
 uses, so the vector env treats both games alike. Player 0 is OpenSpiel's 'x' and moves first.
+`SPEC` (at the end) is what the rest of the package reads.
 """
 from __future__ import annotations
 
@@ -10,6 +12,10 @@ import functools
 
 import numpy as np
 from jaxtyping import Bool, Int, Int8, UInt8, UInt16, UInt64
+
+from earl_jax.envs.games import GameSpec, OpponentSpec, Rules, register_game
+from earl_jax.envs.text import GameText
+from earl_jax.envs.vector.opponents import BatchedOpponent, kth_true
 
 NUM_ACTIONS = 9
 BOARD_SHAPE = (3, 3)
@@ -119,3 +125,63 @@ def _solver_tables() -> tuple[UInt16[np.ndarray, " 262144"], Int8[np.ndarray, " 
 
     solve(0, 0)
     return table, values
+
+
+# ---- the solver as a batched opponent, and blunder classes ---------------------------------------------------
+class SolverOpponents(BatchedOpponent):
+    """`opponents.SolverOpponent` for a batch: `solver_best_moves`, then rng.randrange(len(best)) every move (even
+    of one), as the per-game solver draws."""
+
+    def act(self, rows, me, opp, legal):
+        # The table is indexed by (player 0's cells, player 1's cells); `me` is whoever is to move.
+        me_first = (np.bitwise_count(me | opp) & 1) == 0
+        x, o = np.where(me_first, me, opp), np.where(me_first, opp, me)
+        masks = solver_best_moves(np.stack([x, o], 1)).astype(np.int64)
+        best = ((masks[:, None] >> np.arange(NUM_ACTIONS)) & 1).astype(bool)
+        return kth_true(best, self.streams.randbelow(rows, best.sum(1)))
+
+
+def _solver_opponents(spec: OpponentSpec, num_games: int) -> SolverOpponents:
+    if spec.arg:
+        raise ValueError(f"opponent spec {spec.text!r}: the solver takes no argument")
+    return SolverOpponents(num_games)
+
+
+def move_classes(me: UInt64[np.ndarray, " n"], opp: UInt64[np.ndarray, " n"], depth: int = 1) -> Int[np.ndarray, "n 9"]:
+    """+1 / 0 / -1 per cell: the exact game value after the move (the solver's table), so "open" is a draw.
+    `depth` is ignored: the value is exact."""
+    cells = np.arange(NUM_ACTIONS)
+    bits = (np.uint64(1) << cells.astype(np.uint64))[None, :]
+    mine = me[:, None] | bits  # (n, 9) my stones after each move (illegal ones are masked by the caller)
+    won = is_win(mine.ravel()).reshape(mine.shape)
+    # each child as (X stones, O stones): the solver's value for X, turned into mine
+    x_first = (np.bitwise_count(me | opp) & 1) == 0  # I am X (player 0) when the board has an even count
+    theirs = np.broadcast_to(opp[:, None], mine.shape)
+    x, o = np.where(x_first[:, None], mine, theirs), np.where(x_first[:, None], theirs, mine)
+    value_for_x = solver_values(x, o).astype(np.int64)  # the solver opponent's own search
+    mover_value = np.where(x_first[:, None], value_for_x, -value_for_x)
+    return np.where(won, 1, mover_value).astype(np.int64)
+
+
+SPEC = register_game(GameSpec(
+    name="tic_tac_toe",
+    rules=Rules(num_actions=NUM_ACTIONS, legal_mask=legal_mask, drop=drop, is_win=is_win, is_full=is_full,
+                print_index=print_index),
+    text=GameText(
+        name="tic_tac_toe",
+        num_actions=NUM_ACTIONS,
+        board_shape=BOARD_SHAPE,
+        move_noun="cell",
+        rules=(
+            "We play Tic-Tac-Toe on a 3 by 3 board. You are X, your opponent is O. Players take "
+            "turns marking an empty cell. Cells are numbered 0 to 8, row by row from the top left:\n"
+            "0 1 2\n3 4 5\n6 7 8\n"
+            "The first to get three in a row, horizontally, vertically or diagonally, wins. "
+            "A full board is a draw. An illegal answer is penalised."
+        ),
+    ),
+    # the perfect solver is the strongest rung; no batched opponent sits between (mcts:N rungs play per game)
+    ladder=("random", "solver"),
+    move_classes=move_classes,
+    batched_opponents={"solver": _solver_opponents},
+))

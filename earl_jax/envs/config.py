@@ -1,0 +1,59 @@
+"""`EnvConfig`: one text environment's game, opponent, prompt and rewards (the job's `env` component).
+
+It checks only what needs no game loaded: the game string and the opponent spec are checked where the env is
+built (OpenSpielTextEnv, make_vector_env), and the job may name an opponent the env never sees ("curriculum").
+A bad value raises ValueError "field: why (got x)", which the command line turns into the flag's name.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from earl_jax.cli import field_help as _f
+from earl_jax.envs.text import PROMPT_STYLES
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig:
+    """env: the game, the opponent, the observation text and the rewards"""
+
+    game: str = _f("connect_four", "OpenSpiel game: connect_four, tic_tac_toe (batched: envs/games/), or any "
+                                   "two-player turn-based game string, e.g. breakthrough(rows=6)")
+    opponent: str = _f("random", "opponent: random, mcts:N, solver, alphabeta:D (Connect Four); the job also takes "
+                                 "curriculum (the ladder of --curriculum.ladder)")
+    agent_player: int | None = _f(None, "0 = the agent moves first, 1 = second, none = drawn per game from its seed")
+    prompt_style: Literal["compact", "minimal", "chat", "labeled"] = _f(
+        "compact", "observation text: compact (board every turn), minimal (board once, then the opponent's replies: "
+                   "short contexts), labeled (compact, the cell each legal move fills shows the move's id), chat "
+                   "(English, for a pretrained LLM)")
+    max_retries: int = _f(0, "invalid answers allowed per move (the observation says so) before the game is forfeit")
+    win_reward: float = _f(1.0, "reward for a win")
+    loss_reward: float = _f(-1.0, "reward for a loss")
+    draw_reward: float = _f(0.0, "reward for a draw")
+    invalid_reward: float = _f(-1.0, "reward for the forfeit after an invalid answer (the opponent wins)")
+    retry_reward: float = _f(0.0, "reward for an invalid answer that still has a retry left")
+    blunder_penalty: float = _f(
+        0.0, "minus this x the outcome classes (win / open / loss) a move gives away, on that move's reward: a missed "
+             "win or block costs even when a weak opponent does not punish it (batched games only: Tic-Tac-Toe exact, "
+             "Connect Four --env.blunder-depth plies; envs/vector/blunders.py). 0: the outcome alone")
+    blunder_depth: int = _f(1, "Connect Four: plies searched to judge a move for the blunder penalty (1: immediate "
+                               "wins and blocks; each ply ~7x the cost)")
+
+    def __post_init__(self):
+        def need(ok: bool, field: str, why: str):
+            if not ok:
+                raise ValueError(f"{field}: {why} (got {getattr(self, field)!r})")
+
+        need(self.prompt_style in PROMPT_STYLES, "prompt_style", f"must be one of {', '.join(PROMPT_STYLES)}")
+        need(self.agent_player in (0, 1, None), "agent_player", "must be 0, 1 or none")
+        need(self.max_retries >= 0, "max_retries", "must be >= 0")
+        need(self.blunder_penalty >= 0, "blunder_penalty", "must be >= 0")
+        need(self.blunder_depth >= 1, "blunder_depth", "must be >= 1")
+
+    @classmethod
+    def connect_four(cls, **kw) -> "EnvConfig":
+        return cls(game="connect_four", **kw)
+
+    @classmethod
+    def tic_tac_toe(cls, **kw) -> "EnvConfig":
+        return cls(game="tic_tac_toe", **kw)
