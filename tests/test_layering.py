@@ -22,7 +22,7 @@ FLOORS = (
     ("earl_jax.rl",),  # the job: stages, trainer, curriculum
 )
 NO_OPENSPIEL = ("earl_jax.rollout.sampler", "earl_jax.rollout.agent_loop", "earl_jax.parallel.planner",
-                "earl_jax.parallel.memory")
+                "earl_jax.parallel.memory", "earl_jax.envs.config", "earl_jax.envs.games")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -138,8 +138,11 @@ def test_the_check_sees_lazy_imports_and_refuses_an_upward_one(tmp_path):
         floor_of("earl_jax.newpackage.z")
 
 
-def test_sampler_agent_loop_planner_and_memory_import_without_openspiel():
+def test_sampler_agent_loop_planner_memory_and_game_specs_import_without_openspiel():
+    """A GPU image without OpenSpiel benchmarks the sampler and plans layouts; the games' rules, text and batched
+    opponents (every registered spec, loaded) need it only to check a game against OpenSpiel."""
     code = (f"import sys\nimport {', '.join(NO_OPENSPIEL)}\n"
+            "from earl_jax.envs.games import game_names, get_game\n[get_game(n) for n in game_names()]\n"
             "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('pyspiel', 'open_spiel'))\n"
             "assert not loaded, loaded")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -4,16 +4,18 @@ The agent loop used to step one `OpenSpielTextEnv` per game after each decoded t
 work was 55-60% of a 512-game rollout on an H100. Here Connect Four and Tic-Tac-Toe are array code
 over a batch (uint64 bitboards, winning lines as tables), with batched opponents, a batched parser
 and a table-driven tokenizer path, observationally identical to the per-game envs (tests replay
-thousands of games through both, OpenSpiel being the reference).
+thousands of games through both, OpenSpiel being the reference). What is game-specific (the rules, among them
+Connect Four's vectorized full-width negamax and Tic-Tac-Toe's perfect-play table, the text, the batched
+opponents, the blunder classes) is the game's GameSpec in envs/games/; this package is the same for every game.
 
-    connect_four.py   rules and a vectorized full-width negamax (== connect_four_search.best_moves)
-    tic_tac_toe.py    rules and a perfect-play table over all reachable positions (== SolverOpponent)
-    opponents.py      random / alphabeta:D / solver for a batch, per-game seeded RNG streams
+    opponents.py      per-game seeded RNG streams, the batched opponents' base, random for any game
+    blunders.py       the outcome classes a move gives away (--blunder-penalty), from the game's spec
     render.py         board text and observation strings for a batch
     parser.py         parse_actions: parser.parse_action for a batch
     codec.py          ObservationCodec: observations -> token ids, answer ids -> moves
     env.py            VectorTextEnv
     per_game.py       PerGameVectorEnv (any OpenSpiel game, mcts, user envs) and make_vector_env
+    model_opponent.py ModelOpponentEnv: a policy (a frozen snapshot) as the opponent of some games
     step.py           VectorStep, what reset and step return
 
 The agent loop, per rollout:

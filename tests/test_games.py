@@ -1,0 +1,107 @@
+"""The game registry (earl_jax/envs/games): each GameSpec agrees with OpenSpiel, and a spec is the one place the
+package reads a game from: a fork that changes a spec (a new opponent, ladder or rules text) sees the change in the
+per-game env, the batched env, the curriculum and the text, with no other file touched."""
+import dataclasses
+
+import numpy as np
+import pyspiel
+import pytest
+from test_vector_envs import replay
+
+from earl_jax.envs import EnvConfig, OpenSpielTextEnv, game_text, games, make_opponent
+from earl_jax.envs.games import OpponentSpec, get_game
+from earl_jax.envs.vector import make_vector_env
+from earl_jax.envs.vector.env import VectorTextEnv
+from earl_jax.envs.vector.opponents import BatchedOpponent, make_vector_opponent
+from earl_jax.rl.curriculum import default_ladder, parse_ladder
+
+NAMES = games.game_names()
+
+
+def test_the_registry_holds_the_batched_games_and_refuses_unknown_or_duplicate_names():
+    assert NAMES == ("connect_four", "tic_tac_toe")
+    with pytest.raises(ValueError, match="no batched game 'chess'.*connect_four"):
+        get_game("chess")
+    clone = dataclasses.replace(get_game("tic_tac_toe"))
+    with pytest.raises(ValueError, match="'tic_tac_toe' is registered already"):
+        games.register_game(clone)
+    assert games.register_game(get_game("tic_tac_toe")) is get_game("tic_tac_toe")  # the same spec again: a no-op
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_spec_agrees_with_openspiel_and_its_ladder_plays_batched(name):
+    spec, game = get_game(name), pyspiel.load_game(name)
+    assert games.spec_for(game) is spec and game_text(game) is spec.text
+    assert spec.rules.num_actions == spec.text.num_actions == game.num_distinct_actions()
+    printed = str(game.new_initial_state()).strip("\n").split("\n")
+    assert (len(printed), len(printed[0])) == spec.text.board_shape
+    stones = np.zeros((1, 2), np.uint64)
+    assert spec.rules.legal_mask(stones)[0].tolist() == [True] * spec.rules.num_actions
+    for rung in spec.ladder:  # the default curriculum: every rung per game and batched
+        make_opponent(rung, game)
+        make_vector_opponent(rung, name, 2)
+    for kind in spec.batched_opponents:  # a batched opponent replays a per-game one: that one must exist
+        assert kind in spec.opponents or kind in ("random", "mcts", "solver")
+
+
+def test_a_registered_game_with_other_parameters_is_any_openspiel_game():
+    other = pyspiel.load_game("connect_four(rows=5)")
+    assert games.spec_for(other) is None and not game_text(other).is_preset
+    assert not isinstance(make_vector_env(EnvConfig(game="connect_four(rows=5)"), 2), VectorTextEnv)
+
+
+def test_opponent_spec_parses_kind_and_argument_and_names_a_bad_count():
+    assert OpponentSpec.parse(" AlphaBeta:3 ", "x") == OpponentSpec(" AlphaBeta:3 ", "alphabeta", "3")
+    assert OpponentSpec.parse("alphabeta", "x").positive_int(4) == 4
+    with pytest.raises(ValueError, match="'mcts:-2': '-2' is not a positive integer"):
+        OpponentSpec.parse("mcts:-2", "x").positive_int(200)
+    with pytest.raises(ValueError, match="must be a string, one of x; got 3"):
+        OpponentSpec.parse(3, "x")
+
+
+# ---- a fork's game: Tic-Tac-Toe with a new opponent, ladder and rules text, registered in place of the built-in
+CORNERS = (0, 2, 6, 8)
+
+
+class CornerOpponent:
+    """Per game: the first free corner, else the lowest free cell (deterministic: the seed is unused)."""
+
+    def reset(self, seed: int) -> None:
+        pass
+
+    def act(self, state) -> int:
+        legal = state.legal_actions()
+        return next((c for c in CORNERS if c in legal), min(legal))
+
+
+class CornerOpponents(BatchedOpponent):
+    def act(self, rows, me, opp, legal):
+        order = list(CORNERS) + [c for c in range(9) if c not in CORNERS]
+        ranked = legal[:, order]
+        return np.array(order)[ranked.argmax(1)]
+
+
+@pytest.fixture
+def forked(monkeypatch):
+    base = get_game("tic_tac_toe")
+    spec = dataclasses.replace(
+        base, ladder=("random", "corner", "solver"),
+        text=dataclasses.replace(base.text, rules="Corners first! Cells 0 to 8.\n"),
+        opponents={"corner": lambda spec, seed: CornerOpponent()},
+        batched_opponents={**base.batched_opponents, "corner": lambda spec, n: CornerOpponents(n)})
+    monkeypatch.setitem(games._REGISTRY, "tic_tac_toe", spec)
+    return spec
+
+
+def test_a_changed_spec_reaches_every_reader(forked):
+    assert default_ladder("tic_tac_toe") == ("random", "corner", "solver")
+    assert parse_ladder("", "tic_tac_toe") == forked.ladder
+    env = OpenSpielTextEnv(EnvConfig.tic_tac_toe(opponent="corner", agent_player=1, prompt_style="chat"))
+    obs, info = env.reset(seed=0)
+    assert obs.startswith("Corners first!") and info["opponent_action"] == 0
+    batched = make_vector_env(EnvConfig.tic_tac_toe(opponent="corner"), 4)
+    assert isinstance(batched, VectorTextEnv)
+    seen = replay(EnvConfig.tic_tac_toe(opponent="corner", max_retries=1), 16, seed=3)  # asserts == per game
+    assert seen["steps"] > 0 and seen["winners"]
+    with pytest.raises(ValueError, match="'corner'"):  # still the fork's game only
+        OpenSpielTextEnv(EnvConfig.connect_four(opponent="corner"))
