@@ -1,10 +1,19 @@
-"""The decode step (one token per row) of the Qwen2 model, specialised for a single device's hot loop.
+"""The decode step (one token per row) of the Qwen2 model through the Pallas kernels, for one device's hot loop.
 
-Same math as `Qwen2.hidden` on one token per row, with the weights laid out once per `generate` call,
-before its loop: q/k/v as one matrix (query heads grouped per kv head and padded to the kernel's group
-width with zero columns, so the fused write+attention kernel reads the projection's output as is and
-the output projection consumes the padded rows against zero weights: no pad or slice per step),
-gate/up as one matrix. Sampler tests compare it with the model through full forwards.
+Same math as `Qwen2.hidden` + `Qwen2.logits` on one token per row, as five kernels a layer
+(kernels/linear.py, kernels/decode_attention.py):
+
+    qkv = r1 * (x @ (norm1 * Wqkv)) + bias       norm folded into the weights, r1 from x's tiles
+    o   = attention(rope(qkv), cache)             writes the new key/value in place
+    x   = x + o @ Wo
+    m   = silu(r2 * (x @ (norm2 * Wg))) * (r2 * (x @ (norm2 * Wu)))
+    x   = x + m @ Wd
+
+Each matmul runs in Pallas or in XLA's dot as the `DecodePlan` says (kernels/tuning.py); both compute in
+float32 from the same `DecodeWeights`. `prepare` lays the weights out for this once per weight version (the
+Sampler keeps the result while the weights stay the same objects): q/k/v as one [N, K] matrix, gate and up
+as one, every matrix [N, K] so a kernel program's block is contiguous, the norm scales folded in. It costs one
+copy of the layer weights in the compute dtype. Sampler tests compare this step with the model's own.
 """
 
 from __future__ import annotations
@@ -15,55 +24,59 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from earl_jax.kernels.decode_attention import decode_attention, inv_frequencies
+from earl_jax.kernels.linear import LinearConfig, linear, linear_xla
+from earl_jax.kernels.tuning import DecodePlan
 from earl_jax.models.cache import KVCache
 from earl_jax.models.config import ModelConfig
-from earl_jax.models.qwen2 import Qwen2, rope
-from earl_jax.rollout.decode_attention import grouped_width, write_and_attend_grouped
+from earl_jax.models.qwen2 import Qwen2
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class LayerWeights:
-    input_norm: Array  # d
-    qkv: Array  # d, (kv*G + 2*kv)*h: [queries (kv, G padded, h) | keys (kv, h) | values (kv, h)]
-    qkv_bias: Array | None
-    out: Array  # kv*G*h, d (padded rows zero)
-    post_norm: Array  # d
-    gate_up: Array  # d, 2f
-    down: Array  # f, d
+    qkv: Float[Array, "nqkv d"]  # rows: query heads, key heads, value heads (each h wide); input norm folded in
+    qkv_bias: Float[Array, "nqkv"] | None
+    out: Float[Array, "d nh"]
+    gate_up: Float[Array, "f2 d"]  # gate rows then up rows; post-attention norm folded in
+    down: Float[Array, "d f"]
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class DecodeWeights:
     layers: tuple[LayerWeights, ...]
-    final_norm: Array
+    embed: Float[Array, "v d"]  # token lookup, and the logits when tied
+    final_norm: Float[Array, "d"]
+    lm_head: Float[Array, "d v"] | None  # untied models only ([K, N]: read as stored)
 
 
 def prepare(model: Qwen2) -> DecodeWeights:
-    """Rearrange (and cast to the compute dtype) the model's weights for `decode_hidden`."""
+    """The model's weights laid out for `decode_hidden` / `decode_logits`, in its compute dtype."""
     cfg, dt = model.cfg, model.dtype
-    n, kv, h, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.dim_per_head, cfg.hidden_size
-    g, gp = n // kv, grouped_width(n, kv)
+    d = cfg.hidden_size
+    f32 = jnp.float32
+
+    def folded(w_dn, scale):  # [d, N] with the norm scale on d -> [N, d]
+        return (w_dn.astype(f32) * scale.astype(f32)[:, None]).T.astype(dt)
+
     layers = []
     for layer in model.layers:
-        a = layer.attn
-        q = a.q_dnh[...].astype(dt).reshape(d, kv, g, h)
-        q = jnp.pad(q, ((0, 0), (0, 0), (0, gp - g), (0, 0))).reshape(d, -1)
-        # Contiguous column blocks, so each slice of the projection's output is a plain reshape.
-        qkv = jnp.concatenate([q, a.k_dkh[...].astype(dt).reshape(d, -1), a.v_dkh[...].astype(dt).reshape(d, -1)], 1)
+        a, m = layer.attn, layer.mlp
+        qkv = jnp.concatenate([a.q_dnh[...].reshape(d, -1), a.k_dkh[...].reshape(d, -1),
+                               a.v_dkh[...].reshape(d, -1)], axis=1)
         bias = None
         if cfg.attention_bias:
-            qb = jnp.pad(a.q_bias[...].astype(dt).reshape(kv, g, h), ((0, 0), (0, gp - g), (0, 0)))
-            bias = jnp.concatenate([qb.reshape(-1), a.k_bias[...].astype(dt).reshape(-1),
-                                    a.v_bias[...].astype(dt).reshape(-1)])
-        out = jnp.pad(a.o_nhd[...].astype(dt).reshape(kv, g, h, d), ((0, 0), (0, gp - g), (0, 0), (0, 0)))
-        out = out.reshape(kv * gp * h, d)
-        m = layer.mlp
-        gate_up = jnp.concatenate([m.gate_df[...].astype(dt), m.up_df[...].astype(dt)], axis=1)
-        layers.append(LayerWeights(layer.input_norm.scale[...], qkv, bias, out, layer.post_attn_norm.scale[...],
-                                   gate_up, m.down_fd[...].astype(dt)))
-    return DecodeWeights(tuple(layers), model.final_norm.scale[...])
+            bias = jnp.concatenate([a.q_bias[...].reshape(-1), a.k_bias[...].reshape(-1),
+                                    a.v_bias[...].reshape(-1)]).astype(dt)
+        gate_up = jnp.concatenate([m.gate_df[...], m.up_df[...]], axis=1)
+        layers.append(LayerWeights(
+            qkv=folded(qkv, layer.input_norm.scale[...]), qkv_bias=bias,
+            out=a.o_nhd[...].reshape(-1, d).T.astype(dt),
+            gate_up=folded(gate_up, layer.post_attn_norm.scale[...]),
+            down=m.down_fd[...].T.astype(dt)))
+    lm_head = None if cfg.tie_word_embeddings else model.lm_head_dv[...].astype(dt)
+    return DecodeWeights(tuple(layers), model.embed_vd[...].astype(dt), model.final_norm.scale[...], lm_head)
 
 
 def _rms_norm(x, scale, eps):
@@ -72,27 +85,35 @@ def _rms_norm(x, scale, eps):
     return (scale.astype(jnp.float32) * x32).astype(x.dtype)
 
 
-def decode_hidden(model: Qwen2, w: DecodeWeights, tokens: Int[Array, "b"], positions: Int[Array, "b"],
-                  cache: KVCache, *, interpret: bool = False) -> tuple[Float[Array, "b d"], KVCache]:
+def _linear(launch: LinearConfig | None, plan: DecodePlan, x, w, **kw):
+    if launch is None:
+        return linear_xla(x, w, **kw)
+    return linear(x, w, config=launch, interpret=plan.interpret, **kw)
+
+
+def decode_hidden(w: DecodeWeights, cfg: ModelConfig, tokens: Int[Array, "b"], positions: Int[Array, "b"],
+                  cache: KVCache, plan: DecodePlan) -> tuple[Float[Array, "b d"], KVCache]:
     """Final-norm hidden state after one token per row at `positions` (>= cache length: no write)."""
-    cfg: ModelConfig = model.cfg
-    n, kv, h, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.dim_per_head, cfg.hidden_size
-    gp = grouped_width(n, kv)
+    n, kv, h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.dim_per_head
+    eps = cfg.rms_norm_eps
     b = tokens.shape[0]
-    x = jnp.take(model.embed_vd[...], tokens, axis=0).astype(model.dtype)  # b d
+    inv_freq = inv_frequencies(h, cfg.rope_theta)
+    att = plan.attention
+    x = jnp.take(w.embed, tokens, axis=0)  # b d
     new_layers = []
     for lw, lc in zip(w.layers, cache.layers):
-        y = _rms_norm(x, lw.input_norm, cfg.rms_norm_eps) @ lw.qkv
-        if lw.qkv_bias is not None:
-            y = y + lw.qkv_bias
-        nq, nk = kv * gp * h, kv * h
-        q, k, v = y[:, :nq].reshape(b, kv, gp, h), y[:, nq:nq + nk].reshape(b, kv, h), y[:, nq + nk:].reshape(b, kv, h)
-        q = rope(q.reshape(b, 1, kv * gp, h), positions[:, None], cfg.rope_theta).reshape(b, kv, gp, h)
-        k = rope(k.reshape(b, 1, kv, h), positions[:, None], cfg.rope_theta).reshape(b, kv, h)
-        o, lc = write_and_attend_grouped(q, k, v, lc, positions, interpret=interpret)
+        qkv = _linear(plan.qkv, plan, x, lw.qkv, bias=lw.qkv_bias, norm_eps=eps)
+        o, lc = decode_attention(qkv.reshape(b, n + 2 * kv, h), lc, positions, inv_freq, n, splits=att.splits,
+                                 block=att.block, warps=att.warps, stages=att.stages, interpret=plan.interpret)
         new_layers.append(lc)
-        x = x + o.reshape(b, nq) @ lw.out
-        gu = _rms_norm(x, lw.post_norm, cfg.rms_norm_eps) @ lw.gate_up
-        gate, up = jnp.split(gu, 2, axis=-1)
-        x = x + (jax.nn.silu(gate) * up) @ lw.down
-    return _rms_norm(x, w.final_norm, cfg.rms_norm_eps), KVCache(tuple(new_layers))
+        x = _linear(plan.out, plan, o.reshape(b, n * h), lw.out, residual=x)
+        mid = _linear(plan.gate_up, plan, x, lw.gate_up, norm_eps=eps, swiglu=True)
+        x = _linear(plan.down, plan, mid, lw.down, residual=x)
+    return _rms_norm(x, w.final_norm, eps), KVCache(tuple(new_layers))
+
+
+def decode_logits(w: DecodeWeights, hidden: Float[Array, "b d"], plan: DecodePlan) -> Float[Array, "b v"]:
+    """float32 logits of final-norm hidden states (the tied embedding or the lm_head)."""
+    if w.lm_head is None:
+        return _linear(plan.logits, plan, hidden, w.embed, out_dtype=jnp.float32)
+    return _linear(plan.logits, plan, hidden, w.lm_head, w_layout="kn", out_dtype=jnp.float32)

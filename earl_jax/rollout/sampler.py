@@ -10,12 +10,12 @@ early exit once every row is done), the cache donated so it is updated in place.
 matrices once to the model's compute dtype before its loop, so decode steps read bf16 weights and a
 new set of weights each RL iteration needs no recompile.
 
-Decode step implementations (`decode_attention`): on one GPU ("auto" -> "step") the step runs
-`decode_step.decode_hidden`, whose weights are laid out once per `generate` call and whose cache write +
-attention is one Pallas kernel (`decode_attention.write_and_attend_grouped`) reading only each row's
-valid cache prefix; on a mesh ("xla") it is the model's own `hidden` under the stage's sharding rules.
-Both are tested against each other and against full forwards ("step_interpret" runs the kernel on CPU).
-Measurements: experiments/results/bench_rollout_notes.md.
+Decode step implementations (`decode_impl`): "xla" is the model's own `hidden` under the stage's sharding
+rules (any mesh; the reference, and the CPU path). "pallas" runs `decode_step.decode_hidden` (one device): five
+Pallas kernels a layer (earl_jax/kernels), on weights laid out once per weight version (kept while `params`
+holds the same arrays). "auto" is that step on one GPU, each matmul in Pallas or XLA as measured faster
+(kernels/tuning.py), and "xla" elsewhere. "pallas_interpret" runs the kernels on CPU (tests).
+Measurements: docs/results_rollout.md.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import weakref
 from typing import Any, Sequence
 
 import jax
@@ -40,7 +41,8 @@ from earl_jax.sharding.mesh import Rules, batch_axes, logical_sharding
 from earl_jax.rollout import decode_step, moves
 from earl_jax.rollout.buckets import DEFAULT_CACHE_BUCKETS, DEFAULT_LENGTH_BUCKETS, bucket, geometric_cache_buckets  # noqa
 from earl_jax.rollout.compile_ahead import CompileAhead, spec_of as _spec
-from earl_jax.rollout.decode_attention import block_size
+from earl_jax.kernels.decode_attention import block_size
+from earl_jax.kernels.tuning import plan as decode_plan
 from earl_jax.rollout.sampling import SamplingConfig, program_key, runtime_values, sample_logits
 
 PAD_TOKEN = 0
@@ -86,8 +88,8 @@ class Sampler:
                  rules: Rules | None = None, cache_dtype: Any = jnp.bfloat16,
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
                  cache_buckets: Sequence[int] = DEFAULT_CACHE_BUCKETS, steps_per_check: int = 1,
-                 decode_attention: str = "auto", compiler_options: dict[str, Any] | None = None,
-                 compile_ahead: bool = False, max_len: int | None = None):
+                 decode_impl: str = "auto", compiler_options: dict[str, Any] | None = None,
+                 compile_ahead: bool = False, max_len: int | None = None, decode_attention: str | None = None):
         """`compile_ahead`: compile the programs the rollout is likely to need next (the next cache size, the
         next compacted batch) on background threads (rollout/compile_ahead.py), cache sizes up to the bucket of
         `max_len` (the rollout's max context; default: the largest bucket)."""
@@ -96,14 +98,18 @@ class Sampler:
         self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, rules
         self.cache_dtype = cache_dtype
         self.steps_per_check = steps_per_check  # decode steps per while_loop iteration (early-exit check)
-        # "step": decode_step.decode_hidden with the fused write+attend kernel (one device; "step_interpret"
-        # runs it on CPU for tests); "xla": the model's own forward (any mesh); "auto": step on one GPU, else xla.
-        if decode_attention == "auto":
-            single = mesh is None or mesh.devices.size == 1
-            decode_attention = "step" if single and jax.default_backend() == "gpu" else "xla"
-        if decode_attention not in ("xla", "step", "step_interpret"):
-            raise ValueError(f"Sampler: unknown decode_attention {decode_attention!r}")
-        self.decode_attention = decode_attention
+        if decode_attention is not None:  # the switch's earlier name and values
+            decode_impl = {"step": "pallas", "step_interpret": "pallas_interpret"}.get(decode_attention, decode_attention)
+        if decode_impl not in ("auto", "xla", "pallas", "pallas_interpret"):
+            raise ValueError(f"Sampler: decode_impl must be auto, xla, pallas or pallas_interpret, got {decode_impl!r}")
+        single = mesh is None or mesh.devices.size == 1
+        if decode_impl == "auto" and not (single and jax.default_backend() == "gpu"):
+            decode_impl = "xla"
+        if decode_impl != "xla" and not single:
+            raise ValueError(f"Sampler: decode_impl={decode_impl!r} runs on one device; a mesh takes 'xla'")
+        self.decode_impl = decode_impl
+        self._prepare = jax.jit(lambda params: decode_step.prepare(self._model(params)))
+        self._decode_weights: tuple[list, Any] | None = None  # (weakrefs to the weights' arrays, their layout)
         self.length_buckets = tuple(sorted(length_buckets))
         self.cache_buckets = tuple(sorted(cache_buckets))
         self._traces = 0
@@ -209,7 +215,8 @@ class Sampler:
         b, s = state.batch_size, state.max_len
         self._wait(("generate", b, s) + statics)
         state, gen = self._generate(params, state, rng, budget, n_bucket, stop_tokens, program_key(sampling),
-                                    np.int32(max_new_tokens), row_ids, temperature, greedy)
+                                    np.int32(max_new_tokens), row_ids, temperature, greedy,
+                                    self.decode_weights(params, s))
         self._generate_like = (statics, _spec(rng), _spec(temperature), _spec(greedy))
         self._fewest[b, s] = min(self._active, self._fewest.get((b, s), b))
         if self._like is None:
@@ -276,6 +283,18 @@ class Sampler:
                 parent = bk
         return self.ahead.submitted - before
 
+    def decode_weights(self, params: nnx.State, cache_len: int):
+        """The weights laid out for the Pallas decode step (None where the XLA step runs), made once per weight
+        version: kept while `params` holds the same arrays (weak references: old weights are not kept alive)."""
+        if self.decode_impl == "xla" or block_size(cache_len) is None:
+            return None
+        leaves = jax.tree.leaves(params)
+        held = self._decode_weights
+        if held is None or len(held[0]) != len(leaves) or any(r() is not x for r, x in zip(held[0], leaves)):
+            self._decode_weights = None  # the old layout's memory goes before the new one is made
+            held = self._decode_weights = ([weakref.ref(x) for x in leaves], self._prepare(params))
+        return held[1]
+
     def start_compiling_ahead(self) -> None:
         """Turn compiling ahead on from now (e.g. after the first rollout, whose compiles it would only compete with)."""
         if self.ahead is None:
@@ -338,9 +357,12 @@ class Sampler:
         statics, rng, temperature, greedy = self._generate_like
         n_bucket, stop_tokens, pkey, with_ids = statics
         rows = self._rows_spec((b,), np.int32)
+        weights = None
+        if self.decode_impl != "xla" and block_size(s) is not None:
+            weights = jax.eval_shape(self._prepare, p)
         self.ahead.submit(("generate", b, s) + statics, lambda: self._generate.lower(
             p, self._state_spec(like, b, s), rng, rows, n_bucket, stop_tokens, pkey,
-            jax.ShapeDtypeStruct((), np.int32), rows if with_ids else None, temperature, greedy).compile())
+            jax.ShapeDtypeStruct((), np.int32), rows if with_ids else None, temperature, greedy, weights).compile())
 
     def _batch_shards(self) -> int:
         return 1 if self.mesh is None else math.prod(self.mesh.shape[a] for a in batch_axes(self.mesh, self.rules))
@@ -446,7 +468,7 @@ class Sampler:
             return self._constrain(action, ("batch",)), self._constrain(logp, ("batch",))
 
     def _generate_impl(self, params, state: SamplerState, rng, budget, n: int, stop_tokens: tuple[int, ...],
-                       sampling: SamplingConfig, max_new_tokens, row_ids, temperature, greedy):
+                       sampling: SamplingConfig, max_new_tokens, row_ids, temperature, greedy, weights=None):
         self._traces += 1
         with self._ctx():
             model = self._model(params)
@@ -455,8 +477,10 @@ class Sampler:
             k_steps = self.steps_per_check
             limit = jnp.minimum(jnp.minimum(budget, max_new_tokens), s - state.lengths)
             stops = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
-            use_step = self.decode_attention.startswith("step") and block_size(s) is not None
-            weights = decode_step.prepare(model) if use_step else None
+            plan = None
+            if weights is not None:
+                impl = "pallas" if self.decode_impl.startswith("pallas") else "auto"
+                plan = decode_plan(self.cfg, b, s, impl, interpret=self.decode_impl.endswith("_interpret"))
             if row_ids is not None:  # each row's own stream: draw i of row r is fold_in(fold_in(rng, id_r), i)
                 row_keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(row_ids)
 
@@ -468,11 +492,15 @@ class Sampler:
                 return jax.vmap(lambda k: jax.random.fold_in(k, i))(row_keys), rng
 
             def hidden(tok, positions, cache):  # [b], [b] -> h [b, 1, d]
-                if use_step:
-                    h, cache = decode_step.decode_hidden(
-                        model, weights, tok, positions, cache, interpret=self.decode_attention.endswith("_interpret"))
+                if plan is not None:
+                    h, cache = decode_step.decode_hidden(weights, self.cfg, tok, positions, cache, plan)
                     return h[:, None], cache
                 return model.hidden(self._constrain(tok[:, None], ("batch", "length")), positions[:, None], cache)
+
+            def logits_of(h):  # [b, 1, d] -> [b, v] float32
+                if plan is not None:
+                    return decode_step.decode_logits(weights, h[:, 0], plan)
+                return model.logits(h)[:, 0]
 
             # The loop samples each next token right after the logits that predict it, so the [b, v]
             # logits never live in the loop carry; the last hidden state per row does, and next_logits
@@ -491,7 +519,7 @@ class Sampler:
                 stopped = stopped | hit
                 done = done | hit | (num >= limit)
                 key, rng = draw(rng, step + 1)
-                tok, lp = sample_logits(key, model.logits(h)[:, 0], sampling, temperature, greedy)
+                tok, lp = sample_logits(key, logits_of(h), sampling, temperature, greedy)
                 return step + 1, cache, lengths, h_last, rng, tok, lp, toks, lps, num, stopped, done
 
             def cond(c):
@@ -514,7 +542,7 @@ class Sampler:
                     zeros.astype(bool), limit <= 0)
             out = jax.lax.while_loop(cond, body, init)
             _, cache, lengths, h_last, _, _, _, toks, lps, num, stopped, _ = out
-            logits = model.logits(h_last[:, None])[:, 0]
+            logits = logits_of(h_last[:, None])
             next_logits = jnp.where((num > 0)[:, None], logits, state.next_logits)
             state = self._constrain_state(SamplerState(cache, lengths, next_logits))
             return state, Generation(toks[:, :n], lps[:, :n], num, stopped)
