@@ -9,8 +9,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from earl_jax.cli import field_help as _f
 from earl_jax.envs.text import PROMPT_STYLES
+
+
+def _f(default, help: str):
+    """A field with the help text the command line shows (earl_jax/cli.py reads metadata["help"])."""
+    return dataclasses.field(default=default, metadata={"help": help})
 
 
 @dataclasses.dataclass(frozen=True)
