@@ -1,5 +1,6 @@
-"""Policy losses against hand computations: values, gradients, clipping, aggregation, masking, jit."""
+"""Policy losses against hand computations: values, gradients, clipping, aggregation, masking, jit; the config."""
 
+import dataclasses
 import math
 
 import jax
@@ -7,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from earl_jax.rl.losses import LossConfig, aggregate, kl_penalty, policy_loss, ppo_clip, reinforce
+from earl_jax.rl.losses import (POLICY_LOSSES, LossConfig, aggregate, estimator_is_grouped, kl_penalty, policy_loss,
+                                ppo_clip, reinforce)
 
 LN2 = math.log(2.0)
 
@@ -31,7 +33,8 @@ TOKEN_GRAD = np.array([[-1.0, 0.0, 0.0, 0.0], [-0.5, 1.5, -2.2, 0.0]], np.float3
 
 
 def cfg(**kw):
-    return LossConfig(**{"algorithm": "grpo", **kw})
+    """The hand example's clip (0.2 both sides), whatever the job's default."""
+    return LossConfig(**{"clip_eps_high": 0.2, **kw})
 
 
 def loss_fn(c, logp=LOGP, old=OLD, ref=None, adv=ADV, mask=MASK, entropy=None):
@@ -104,7 +107,7 @@ def test_asymmetric_clip_higher():
 
 def test_reinforce_value_and_gradient_matches_ppo_at_ratio_one():
     np.testing.assert_allclose(reinforce(jnp.array([[-0.5, -2.0]]), jnp.array([[2.0, -1.0]])), [[1.0, -2.0]])
-    c = cfg(surrogate="reinforce")
+    c = cfg(policy_loss="reinforce")
     loss, _ = loss_fn(c)
     assert float(loss) == pytest.approx(float(np.sum(-ADV * LOGP * MASK) / 7), rel=1e-5)
     # On-policy (logp == old_logp): same gradient as PPO-clip, which is -A / num_tokens.
@@ -225,41 +228,75 @@ def test_jit_and_bf16_inputs():
     l_jit, m_jit = jitted(*map(jnp.asarray, args), cfg=c)
     assert float(l_jit) == pytest.approx(float(l_eager), rel=1e-6)
     assert set(m_jit) == {"pg_loss", "kl", "entropy", "clip_frac", "dual_clip_frac", "approx_kl", "ratio_mean"}
+    assert set(policy_loss(*map(jnp.asarray, args), cfg=cfg(policy_loss="reinforce"))[1]) == {
+        "pg_loss", "kl", "entropy", "approx_kl"}  # no ratio, no clip: no clip metrics
     l_bf16, _ = jitted(*(jnp.asarray(a, jnp.bfloat16) if a.dtype == np.float32 else jnp.asarray(a) for a in args), cfg=c)
     assert l_bf16.dtype == jnp.float32 and float(l_bf16) == pytest.approx(float(l_eager), abs=0.05)
 
 
 @pytest.mark.parametrize("kw,field", [
-    ({"algorithm": "a2c"}, "algorithm"),
+    ({"estimator": "ppo"}, "estimator"),  # GAE needs a critic: a fork that adds one registers an estimator
+    ({"policy_loss": "a2c"}, "policy_loss"),
     ({"clip_eps_low": 1.0}, "clip_eps_low"),
     ({"clip_eps_high": -0.1}, "clip_eps_high"),
     ({"dual_clip": 1.0}, "dual_clip"),
     ({"kl_coef": -1.0}, "kl_coef"),
-    ({"kl_coef": 0.1}, "kl_coef"),  # positive coefficient without an estimator
     ({"kl_estimator": "k2"}, "kl_estimator"),
+    ({"kl_estimator": None}, "kl_estimator"),
     ({"entropy_coef": -0.01}, "entropy_coef"),
+    ({"entropy_floor": -1.0, "entropy_coef": 0.1}, "entropy_floor"),
     ({"aggregation": "mean"}, "aggregation"),
-    ({"surrogate": "a2c"}, "surrogate"),
     ({"gamma": 1.5}, "gamma"),
-    ({"gae_lambda": -0.1}, "gae_lambda"),
-    ({"reward_kl_coef": 0.1, "algorithm": "grpo"}, "reward_kl_coef"),
+    ({"gamma": 0.0}, "gamma"),
+    ({"turn_discount": 0.0}, "turn_discount"),
+    ({"between_group_weight": -0.5, "filter_constant_groups": False}, "between_group_weight"),
+    ({"between_group_weight": 0.5}, "filter_constant_groups"),  # the filter drops what the term gives a signal
     ({"adv_eps": 0.0}, "adv_eps"),
 ])
-def test_config_validation_names_the_field(kw, field):
-    with pytest.raises(ValueError, match=rf"LossConfig\.{field}"):
+def test_config_validation_starts_with_the_field(kw, field):
+    with pytest.raises(ValueError, match=rf"^{field}: .*\(got "):
         LossConfig(**kw)
 
 
+def test_unknown_names_list_the_registered_ones():
+    with pytest.raises(ValueError, match="registered: dr_grpo, grpo, reinforce_pp, rloo"):
+        LossConfig(estimator="ppo")
+    with pytest.raises(ValueError, match="registered: .*ppo_clip, reinforce"):
+        LossConfig(policy_loss="a2c")
+    assert {"ppo_clip", "reinforce"} <= set(POLICY_LOSSES)
+    assert estimator_is_grouped("grpo") and estimator_is_grouped("dr_grpo") and estimator_is_grouped("rloo")
+    assert not estimator_is_grouped("reinforce_pp")
+    with pytest.raises(ValueError, match="^estimator: "):
+        estimator_is_grouped("ppo")
+
+
+def test_config_defaults_are_the_jobs_and_every_field_has_help():
+    c = LossConfig()
+    assert (c.estimator, c.policy_loss, c.clip_eps_low, c.clip_eps_high) == ("grpo", "ppo_clip", 0.2, 0.28)
+    assert c.dual_clip == 3.0 and c.entropy_coef == 0.0 and c.entropy_floor is None
+    assert (c.kl_coef, c.kl_estimator, c.aggregation, c.filter_constant_groups) == (0.0, "k3", "token_mean", True)
+    for f in dataclasses.fields(LossConfig):
+        assert f.metadata.get("help"), f.name
+
+
 def test_config_is_hashable_and_frozen():
-    c = LossConfig(algorithm="reinforce_pp", clip_eps_high=0.28, reward_kl_coef=0.01)
-    assert hash(c) == hash(LossConfig(algorithm="reinforce_pp", clip_eps_high=0.28, reward_kl_coef=0.01))
+    c = LossConfig(estimator="reinforce_pp", clip_eps_high=0.28, gamma=0.9)
+    assert hash(c) == hash(LossConfig(estimator="reinforce_pp", clip_eps_high=0.28, gamma=0.9))
     with pytest.raises(Exception):
         c.kl_coef = 1.0  # type: ignore[misc]
+
+
+def test_kl_term_runs_only_with_a_positive_coefficient():
+    z = jnp.zeros((1, 2))
+    # kl_coef 0: no KL term, so no reference log-probs needed, and the KL metric is 0 whatever they are.
+    _, m = policy_loss(z, z, z - 1.0, z, jnp.ones((1, 2)), None, cfg(kl_estimator="k1"))
+    assert float(m["kl"]) == 0.0
+    policy_loss(z, z, None, z, jnp.ones((1, 2)), None, cfg(kl_estimator="k1"))
 
 
 def test_missing_optional_inputs_raise():
     z = jnp.zeros((1, 2))
     with pytest.raises(ValueError, match="ref_logp"):
-        policy_loss(z, z, None, z, jnp.ones((1, 2)), None, cfg(kl_estimator="k1"))
+        policy_loss(z, z, None, z, jnp.ones((1, 2)), None, cfg(kl_coef=0.1, kl_estimator="k1"))
     with pytest.raises(ValueError, match="entropy"):
         policy_loss(z, z, None, z, jnp.ones((1, 2)), None, cfg(entropy_coef=0.1))

@@ -73,8 +73,8 @@ def test_grouped_equals_padded(stage, mesh, mb):
     widths = micro_batch_widths(lengths[perm], micro, T)
     assert len(set(widths)) > 1  # the test needs micro-batches of several widths
     padded_old, _ = jax.jit(lambda p, *a: stages.experience_stage(
-        p, None, *a, graphdef=graphdef, num_groups=N // 2, loss_cfg=LossConfig(algorithm="grpo"),
-        micro_batches=1, shards=1, chunk=64, filter_constant_groups=False))(
+        p, None, *a, graphdef=graphdef, num_groups=N // 2, loss_cfg=LossConfig(filter_constant_groups=False),
+        micro_batches=1, shards=1, chunk=64))(
         params, x["tokens"], x["loss_mask"], x["rewards"], x["group_ids"])
     if stage == "experience":
         grouped = grouped_logprobs(run, params, x["tokens"], widths, micro, graphdef=graphdef)

@@ -177,8 +177,8 @@ def test_micro_batched_stages_equal_one_batch_on_every_mesh(stage, mesh):
         assert micro.count == (1 if mb == per_shard else per_shard)
         if stage == "experience":
             fn = run.jit("experience", stages.experience_stage, graphdef=graphdef, num_groups=n // 2,
-                         loss_cfg=LossConfig(algorithm="grpo"), micro_batches=micro.count, shards=micro.shards,
-                         chunk=chunk, filter_constant_groups=False)
+                         loss_cfg=LossConfig(filter_constant_groups=False), micro_batches=micro.count,
+                         shards=micro.shards, chunk=chunk)
             batch, _ = fn(p, None, x["tokens"], x["mask"], x["rewards"], x["groups"])
             outs.append((np.asarray(batch.old_logp), np.asarray(batch.advantages)))
         else:

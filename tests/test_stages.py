@@ -1,15 +1,24 @@
-"""Experience and train stages: micro-batching equals one big batch; NaN never reaches the weights."""
+"""Experience and train stages: micro-batching equals one big batch; NaN never reaches the weights; an estimator
+and a loss registered by a fork run in the job's stages."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 
 from earl_jax.models.config import ModelConfig
+from earl_jax.models.init import init_sharded
 from earl_jax.models.qwen2 import Qwen2
-from earl_jax.rl.losses import LossConfig
-from earl_jax.rl.stages import ExperienceBatch, experience_stage, make_optimizer, train_stage
+from earl_jax.parallel.plan import StageLayout
+from earl_jax.parallel.planner import ProgramCache, StageRun
+from earl_jax.rl.advantages import ESTIMATORS, register_estimator
+from earl_jax.rl.logprobs import token_logprobs
+from earl_jax.rl.losses import POLICY_LOSSES, LossConfig, register_policy_loss
+from earl_jax.rl.packing import grouped_update
+from earl_jax.rl.stages import ExperienceBatch, advantage_step, experience_stage, make_optimizer, train_stage
+from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, make_mesh
 
 CFG = ModelConfig.tiny(vocab_size=32).replace(num_hidden_layers=2, hidden_size=64, intermediate_size=128)
 
@@ -29,8 +38,8 @@ def _setup(n=8, t=16, seed=0):
 def _batch():
     graphdef, params, tokens, mask, rewards, gids = _setup()
     batch, _ = experience_stage(params, None, tokens, mask, rewards, gids, graphdef=graphdef, num_groups=4,
-                                loss_cfg=LossConfig(algorithm="grpo"), micro_batches=1, shards=1, chunk=5,
-                                filter_constant_groups=False)
+                                loss_cfg=LossConfig(filter_constant_groups=False), micro_batches=1, shards=1,
+                                chunk=5)
     return graphdef, params, batch
 
 
@@ -69,3 +78,61 @@ def test_non_finite_loss_skips_the_update():
     assert float(m["skipped"]) == 1.0
     for a, b in zip(jax.tree.leaves((new_params, new_state)), jax.tree.leaves((params, state))):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.fixture
+def fork_names():
+    """The names the fork test registers, unregistered after it (the registries are process-wide)."""
+    yield
+    ESTIMATORS.pop("always_one", None)
+    POLICY_LOSSES.pop("tripled_reinforce", None)
+
+
+def test_a_registered_estimator_and_loss_run_in_the_jobs_stages(fork_names):
+    with pytest.raises(ValueError, match="^estimator: not a registered estimator"):
+        LossConfig(estimator="always_one")
+
+    # What a fork writes: one decorated function each.
+    @register_estimator("always_one", grouped=False)
+    def always_one(x, cfg):
+        return jnp.where(x.loss_mask.astype(bool), 1.0, 0.0)
+
+    @register_policy_loss("tripled_reinforce")
+    def tripled_reinforce(logp, old_logp, advantages, loss_mask, cfg):
+        return -3.0 * advantages * logp, {"triple": jnp.full(logp.shape, 3.0)}
+
+    cfg = LossConfig(estimator="always_one", policy_loss="tripled_reinforce")
+    with pytest.raises(ValueError, match="register_estimator: 'always_one' is already registered"):
+        register_estimator("always_one", grouped=False)(always_one)
+
+    shape = MeshShape.parse("d1f1t1")
+    mesh = make_mesh(shape, jax.devices()[:1])
+    run = StageRun("train", StageLayout(shape, 2, 8), mesh, STAGE_RULES["train"], ProgramCache())
+    graphdef, params = nnx.split(init_sharded(CFG, mesh, run.rules, seed=0, dtype=jnp.float32))
+    _, _, tokens, mask, rewards, gids = _setup()
+    rewards = jnp.zeros_like(rewards)  # every group constant: a grouped estimator's filter would drop them all
+    logp, _ = token_logprobs(nnx.merge(graphdef, params), tokens, chunk=8)
+
+    # The experience stage's advantage step: the estimator's advantages, no group filter (not grouped).
+    batch, metrics = jax.jit(advantage_step, static_argnames=("num_groups", "loss_cfg"))(
+        logp, logp, tokens, mask, rewards, gids, num_groups=4, loss_cfg=cfg)
+    np.testing.assert_array_equal(batch.advantages, np.asarray(mask, np.float32))
+    np.testing.assert_array_equal(batch.loss_mask, mask)
+    assert "filtered_frac" not in metrics
+
+    # The train stage's update (what the trainer runs): loss -3 x mean log p, its gradient, the loss's metric.
+    def want_loss(p):
+        lp, _ = token_logprobs(nnx.merge(graphdef, p), tokens, chunk=8)
+        return -3.0 * jnp.sum(jnp.where(mask, lp, 0.0)) / mask.sum()
+
+    want_grad = jax.grad(want_loss)(params)
+    opt = optax.sgd(0.1)
+    micro = run.micro_batches(tokens.shape[0])
+    assert micro.count == 4  # of 2 rows: the loss and its metric are accumulated over micro-batches
+    new, _, m = grouped_update(run, jax.tree.map(jnp.copy, params), opt.init(params), batch,
+                               [tokens.shape[1]] * micro.count, micro, graphdef=graphdef, loss="policy", loss_cfg=cfg,
+                               optimizer=opt, token_weighted=True)
+    assert float(m["loss"]) == pytest.approx(float(want_loss(params)), rel=1e-5)
+    assert float(m["triple"]) == pytest.approx(3.0) and "clip_frac" not in m
+    for p_new, p_old, g in zip(jax.tree.leaves(new), jax.tree.leaves(params), jax.tree.leaves(want_grad)):
+        np.testing.assert_allclose(p_new, p_old - 0.1 * g, rtol=1e-4, atol=1e-6)

@@ -1,4 +1,4 @@
-"""Advantage estimators (GRPO, Dr. GRPO, RLOO, REINFORCE++, GAE), masked statistics and the group filter.
+"""Advantage estimators registered by name (GRPO, Dr. GRPO, RLOO, REINFORCE++), masked statistics, the group filter.
 
 Layout: `rewards [N, T]` is a sparse token-level reward at the last generated token of each turn
 (the game outcome on the episode's last generated token); `loss_mask [N, T]` is nonzero on generated
@@ -6,18 +6,25 @@ tokens; `group_ids [N]` in [0, num_groups) need not be contiguous. Rewards at ma
 are ignored. Rows without any generated token (batch padding) are not group members and get 0.
 Groups use segment ops with a static `num_groups`, so everything jits. Call these on the whole
 batch (not per micro-batch): group and global statistics need every sequence.
+
+A new estimator is one function registered with `@register_estimator(name, grouped=...)` (the built-in
+ones are at the bottom); `LossConfig(estimator=name)` then runs it.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Bool, Float, Int, Shaped
 
-from earl_jax.rl.losses import LossConfig, TokenMask
+if TYPE_CHECKING:
+    from earl_jax.rl.losses import LossConfig
+
+# Nonzero = token the policy generated (bool, int or float).
+TokenMask = Shaped[Array, "n t"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -102,27 +109,6 @@ def discounted_returns(rewards: Float[Array, "n t"], loss_mask: TokenMask,
     return jnp.where(m, returns, 0.0)
 
 
-@jax.jit
-def gae(rewards: Float[Array, "n t"], values: Float[Array, "n t"], loss_mask: TokenMask,
-        gamma: float = 1.0, lam: float = 1.0) -> tuple[Float[Array, "n t"], Float[Array, "n t"]]:
-    """Generalized advantage estimation over generated tokens; returns (advantages, value targets).
-
-    values[t] is V of the state before token t. The successor of a generated token is the next
-    generated token (observations in between are the environment's move); after the last one V = 0.
-    """
-    m = loss_mask.astype(bool)
-    v = jnp.where(m, jnp.asarray(values, jnp.float32), 0.0)
-    r = jnp.where(m, jnp.asarray(rewards, jnp.float32), 0.0)
-    m_next = jnp.pad(m[:, 1:], ((0, 0), (0, 1)))
-    v_next = jnp.pad(v[:, 1:], ((0, 0), (0, 1)))
-    # next_value[t] = V at the first generated position after t.
-    next_value = _reverse_linear_scan(jnp.where(m_next, 0.0, 1.0), jnp.where(m_next, v_next, 0.0))
-    delta = jnp.where(m, r + gamma * next_value - v, 0.0)
-    adv = _reverse_linear_scan(jnp.where(m, jnp.asarray(gamma * lam, jnp.float32), 1.0), delta)
-    adv = jnp.where(m, adv, 0.0)
-    return adv, jnp.where(m, adv + v, 0.0)
-
-
 # ---------------------------------------------------------------------------------------------
 # Sequence-level (group) estimators
 
@@ -187,21 +173,13 @@ def rloo_advantages(
     return _broadcast(adv, loss_mask)
 
 
-@functools.partial(jax.jit, static_argnames=("kl_coef",))
-def reinforce_pp_advantages(
-    rewards: Float[Array, "n t"], loss_mask: TokenMask, gamma: float = 1.0, kl_coef: float = 0.0,
-    old_logp: Float[Array, "n t"] | None = None, ref_logp: Float[Array, "n t"] | None = None,
-    eps: float = 1e-6,
-) -> Float[Array, "n t"]:
-    """REINFORCE++ (EARL's estimator): returns-to-go of r[t] - kl_coef * (old_logp - ref_logp)[t],
-    whitened with the mean/std over all generated tokens of the batch (no critic, no groups)."""
+@jax.jit
+def reinforce_pp_advantages(rewards: Float[Array, "n t"], loss_mask: TokenMask, gamma: float = 1.0,
+                            eps: float = 1e-6) -> Float[Array, "n t"]:
+    """REINFORCE++ (EARL's estimator): returns-to-go, whitened with the mean/std over all generated tokens of
+    the batch (no critic, no groups)."""
     m = loss_mask.astype(bool)
     r = jnp.where(m, jnp.asarray(rewards, jnp.float32), 0.0)
-    if kl_coef:
-        if old_logp is None or ref_logp is None:
-            raise ValueError("reinforce_pp_advantages: kl_coef > 0 needs old_logp and ref_logp")
-        k1 = jnp.where(m, jnp.asarray(old_logp, jnp.float32) - jnp.asarray(ref_logp, jnp.float32), 0.0)
-        r = r - kl_coef * k1
     return masked_whiten(discounted_returns(r, m, gamma), m, eps)
 
 
@@ -271,7 +249,66 @@ def group_filter(
 
 
 # ---------------------------------------------------------------------------------------------
-# Entry point
+# Registry and entry point
+
+
+class AdvantageInputs(NamedTuple):
+    """What an estimator reads, over the whole batch (groups span micro-batches)."""
+
+    rewards: Float[Array, "n t"]
+    loss_mask: TokenMask
+    group_ids: Int[Array, " n"]
+    num_groups: int  # static: the segment ops' size
+    old_logp: Float[Array, "n t"] | None  # the policy that played the games
+    ref_logp: Float[Array, "n t"] | None  # the reference model (old_logp when the job keeps none)
+
+
+class Estimator(NamedTuple):
+    fn: Callable[[AdvantageInputs, "LossConfig"], Float[Array, "n t"]]
+    grouped: bool  # relative to the game's group: the group filter, between-group term and turn discount apply
+
+
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register_estimator(name: str, *, grouped: bool) -> Callable:
+    """Register `fn(x: AdvantageInputs, cfg: LossConfig) -> advantages [n, t]` (0 on masked-out tokens) as `name`.
+
+    grouped=True: advantages are relative to the game's group, so LossConfig's group options (filter_constant_groups,
+    between_group_weight, turn_discount) apply and the job needs groups of at least two games. `fn` runs inside
+    `compute_advantages`' jit (cfg and num_groups static): it needs no jit of its own.
+    """
+    def register(fn):
+        if name in ESTIMATORS:
+            raise ValueError(f"register_estimator: {name!r} is already registered "
+                             f"({ESTIMATORS[name].fn.__qualname__})")
+        ESTIMATORS[name] = Estimator(fn, grouped)
+        return fn
+    return register
+
+
+@register_estimator("grpo", grouped=True)
+def grpo(x: AdvantageInputs, cfg: LossConfig) -> Float[Array, "n t"]:
+    """GRPO: (R - group mean) / (group std + eps)."""
+    return grpo_advantages(x.rewards, x.loss_mask, x.group_ids, x.num_groups, True, cfg.adv_eps)
+
+
+@register_estimator("dr_grpo", grouped=True)
+def dr_grpo(x: AdvantageInputs, cfg: LossConfig) -> Float[Array, "n t"]:
+    """Dr. GRPO: R - group mean, no std division (pair with aggregation="seq_mean_token_sum" for the paper's loss)."""
+    return grpo_advantages(x.rewards, x.loss_mask, x.group_ids, x.num_groups, False, cfg.adv_eps)
+
+
+@register_estimator("rloo", grouped=True)
+def rloo(x: AdvantageInputs, cfg: LossConfig) -> Float[Array, "n t"]:
+    """RLOO: R - mean of the other group members' returns."""
+    return rloo_advantages(x.rewards, x.loss_mask, x.group_ids, x.num_groups)
+
+
+@register_estimator("reinforce_pp", grouped=False)
+def reinforce_pp(x: AdvantageInputs, cfg: LossConfig) -> Float[Array, "n t"]:
+    """REINFORCE++: returns-to-go discounted by cfg.gamma per generated token, whitened over the batch."""
+    return reinforce_pp_advantages(x.rewards, x.loss_mask, cfg.gamma, cfg.adv_eps)
 
 
 @functools.partial(jax.jit, static_argnames=("num_groups", "cfg"))
@@ -284,35 +321,17 @@ def compute_advantages(
     *,
     old_logp: Float[Array, "n t"] | None = None,
     ref_logp: Float[Array, "n t"] | None = None,
-    values: Float[Array, "n t"] | None = None,
 ) -> Float[Array, "n t"]:
-    """Advantages [N, T] for cfg.algorithm (0 on masked-out tokens). jit with cfg, num_groups static.
+    """Advantages [N, T] of the registered estimator `cfg.estimator` (0 on masked-out tokens).
 
-    grpo / rloo: group estimators (group_ids, num_groups), plus cfg.between_group_weight times
-    `between_group_advantages`, discounted by cfg.turn_discount per later turn. reinforce_pp: global REINFORCE++
-    (old_logp, ref_logp when cfg.reward_kl_coef > 0). ppo: GAE from `values` (V = 0 without a
-    critic, then it equals reinforce_pp with gamma * gae_lambda), globally whitened.
+    For a grouped estimator, plus cfg.between_group_weight times `between_group_advantages`, then discounted
+    by cfg.turn_discount per later turn. jit with cfg and num_groups static.
     """
-    if cfg.algorithm in ("grpo", "rloo"):
-        if cfg.algorithm == "grpo":
-            adv = grpo_advantages(rewards, loss_mask, group_ids, num_groups, cfg.scale_by_std, cfg.adv_eps)
-        else:
-            adv = rloo_advantages(rewards, loss_mask, group_ids, num_groups)
-        if cfg.between_group_weight:
-            adv = adv + cfg.between_group_weight * between_group_advantages(
-                rewards, loss_mask, group_ids, num_groups, cfg.adv_eps)
-        return adv if cfg.turn_discount == 1.0 else discount_by_turn(adv, loss_mask, cfg.turn_discount)
-    if cfg.algorithm == "reinforce_pp":
-        return reinforce_pp_advantages(rewards, loss_mask, cfg.gamma, cfg.reward_kl_coef,
-                                       old_logp, ref_logp, cfg.adv_eps)
-    if cfg.algorithm == "ppo":
-        if values is None:  # no critic: V = 0, i.e. whitened returns discounted by gamma * lambda
-            values = jnp.zeros(jnp.shape(rewards), jnp.float32)
-        r = jnp.asarray(rewards, jnp.float32)
-        if cfg.reward_kl_coef:
-            if old_logp is None or ref_logp is None:
-                raise ValueError("compute_advantages: reward_kl_coef > 0 needs old_logp and ref_logp")
-            r = r - cfg.reward_kl_coef * (jnp.asarray(old_logp, jnp.float32) - jnp.asarray(ref_logp, jnp.float32))
-        adv, _ = gae(r, values, loss_mask, cfg.gamma, cfg.gae_lambda)
-        return masked_whiten(adv, loss_mask, cfg.adv_eps)
-    raise ValueError(f"compute_advantages: unknown algorithm {cfg.algorithm!r}")
+    estimator = ESTIMATORS[cfg.estimator]
+    adv = estimator.fn(AdvantageInputs(rewards, loss_mask, group_ids, num_groups, old_logp, ref_logp), cfg)
+    if not estimator.grouped:
+        return adv
+    if cfg.between_group_weight:
+        adv = adv + cfg.between_group_weight * between_group_advantages(
+            rewards, loss_mask, group_ids, num_groups, cfg.adv_eps)
+    return adv if cfg.turn_discount == 1.0 else discount_by_turn(adv, loss_mask, cfg.turn_discount)

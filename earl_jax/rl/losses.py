@@ -1,116 +1,135 @@
-"""Token-level policy-gradient losses: PPO-clip (GRPO, REINFORCE++, RLOO use it too), REINFORCE, KL to a reference.
+"""The loss-and-advantages config, and token-level policy losses registered by name.
+
+`LossConfig` is the job's "loss and advantages" component: which advantage estimator (rl/advantages.py) and which
+policy loss (below) run, and their coefficients. Both are looked up by name in a registry, so a new loss is one
+decorated function:
+
+    @register_policy_loss("my_loss")
+    def my_loss(logp, old_logp, advantages, loss_mask, cfg):
+        return -advantages * logp, {}          # per-token loss [n, t], per-token metrics
+
+and `LossConfig(policy_loss="my_loss")` runs it (docs/fork.md, "Changing the loss").
 
 Every input is `[N, T]`, aligned with the tokens: position t holds a quantity of token t
 (`logp[n, t] = log p(tokens[n, t] | tokens[n, :t])`). `loss_mask` is nonzero on tokens the policy
 generated; everything at other positions is ignored, even NaN or inf, and gets zero gradient.
-
-Algorithms differ in their advantages (see `advantages.compute_advantages`), not in their loss:
-
-- "ppo":          GAE advantages (`advantages.gae`) from per-token values, PPO-clip surrogate. For forks that add
-                  a critic: the trainer has none and RLConfig does not offer it (without values, V = 0).
-- "grpo":         group-relative advantages (R - group mean) / group std, PPO-clip surrogate.
-                  Dr. GRPO = `scale_by_std=False` (with "seq_mean_token_sum" aggregation if wanted).
-- "reinforce_pp": REINFORCE++ (EARL's estimator): token returns-to-go with an optional k1 KL penalty
-                  folded into the reward, globally whitened over the batch, PPO-clip surrogate.
-- "rloo":         leave-one-out baseline within the group, PPO-clip surrogate.
-
-`surrogate="reinforce"` swaps PPO-clip for the ratio-free -A * logp (same gradient at ratio 1).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Literal
+from dataclasses import field
+from typing import Callable, Literal
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Shaped
+from jaxtyping import Array, Bool, Float, Shaped
 
-# Nonzero = token the policy generated (bool, int or float).
-TokenMask = Shaped[Array, "n t"]
+from earl_jax.rl.advantages import ESTIMATORS, TokenMask
 
-Algorithm = Literal["ppo", "grpo", "reinforce_pp", "rloo"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
 KLEstimator = Literal["k1", "k3"]
 
-ALGORITHMS = ("ppo", "grpo", "reinforce_pp", "rloo")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
-KL_ESTIMATORS = ("k1", "k3", None)
-SURROGATES = ("ppo_clip", "reinforce")
+KL_ESTIMATORS = ("k1", "k3")
 
 # exp(20) ~ 4.9e8: log-ratios beyond this are clamped so exp never overflows float32 (as veRL does).
 MAX_LOG_RATIO = 20.0
+
+# name -> fn(logp, old_logp, advantages, loss_mask, cfg) -> (per-token loss, {metric: per-token value}).
+PolicyLoss = Callable[..., tuple[Float[Array, "n t"], dict[str, Shaped[Array, "n t"]]]]
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Register `fn(logp, old_logp, advantages, loss_mask, cfg)` as the policy loss `name`.
+
+    It gets float32 [n, t] arrays with 0 at masked-out positions (old_logp and advantages carry no gradient) and
+    returns the per-token loss and per-token metrics; `policy_loss` aggregates the first by `cfg.aggregation`
+    and reports each metric's mean over the generated tokens.
+    """
+    def register(fn: PolicyLoss) -> PolicyLoss:
+        if name in POLICY_LOSSES:
+            raise ValueError(f"register_policy_loss: {name!r} is already registered "
+                             f"({POLICY_LOSSES[name].__qualname__})")
+        POLICY_LOSSES[name] = fn
+        return fn
+    return register
+
+
+def estimator_is_grouped(name: str) -> bool:
+    """Whether the registered estimator `name` compares games within a group (the job then needs groups of >= 2)."""
+    if name not in ESTIMATORS:
+        raise ValueError(f"estimator: not a registered estimator; registered: {', '.join(sorted(ESTIMATORS))} "
+                         f"(got {name!r})")
+    return ESTIMATORS[name].grouped
+
+
+def _f(default, help: str):
+    return field(default=default, metadata={"help": help})
 
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
     """Policy loss and advantage estimator. Frozen and hashable, so it can be a static jit argument."""
 
-    algorithm: Algorithm = "grpo"
-    clip_eps_low: float = 0.2  # ratio clipped below at 1 - clip_eps_low
-    clip_eps_high: float = 0.2  # ratio clipped above at 1 + clip_eps_high (0.28 = DAPO's clip-higher)
-    dual_clip: float | None = 3.0  # for A < 0 the loss is capped at -A * dual_clip; None = off
-    kl_coef: float = 0.0  # weight of the KL-to-reference term in the loss
-    kl_estimator: KLEstimator | None = None  # "k1", "k3" or None (no KL term)
-    entropy_coef: float = 0.0  # loss -= entropy_coef * entropy
-    entropy_floor: float | None = None  # if set, loss -= entropy_coef * min(entropy, floor): a bonus only below it
-    aggregation: Aggregation = "token_mean"
-    surrogate: Literal["ppo_clip", "reinforce"] = "ppo_clip"
-    # Advantage estimation (see advantages.compute_advantages).
-    gamma: float = 1.0  # discount per generated token (reinforce_pp, ppo)
-    gae_lambda: float = 1.0  # GAE lambda (ppo)
-    scale_by_std: bool = True  # grpo: divide by the group std; False = Dr. GRPO
-    between_group_weight: float = 0.0  # grpo / rloo: + this x (group mean - batch mean) / batch std
-    turn_discount: float = 1.0  # grpo / rloo: advantage x this ** (turns after the token's turn)
-    reward_kl_coef: float = 0.0  # reinforce_pp / ppo: k1 KL to the reference folded into token rewards
-    adv_eps: float = 1e-6  # added to standard deviations before dividing
+    estimator: str = _f("grpo", "advantage estimator, registered by name in rl/advantages.py: grpo, dr_grpo "
+                                "(GRPO without the std division), rloo, reinforce_pp (REINFORCE++; no critic)")
+    policy_loss: str = _f("ppo_clip", "policy loss, registered by name in rl/losses.py: ppo_clip, reinforce "
+                                      "(ratio-free -A log p)")
+    clip_eps_low: float = _f(0.2, "PPO ratio clip, lower side: the ratio is clipped below at 1 - this")
+    clip_eps_high: float = _f(0.28, "PPO ratio clip, upper side: the ratio is clipped above at 1 + this "
+                                    "(0.28 > 0.2: DAPO's clip-higher)")
+    dual_clip: float | None = _f(3.0, "dual-clip constant for negative advantages: the loss of a token with A < 0 "
+                                      "is capped at -A x this (none: off)")
+    kl_coef: float = _f(0.0, "KL-to-reference coefficient in the loss (0: no KL term and no reference model)")
+    kl_estimator: KLEstimator = _f("k3", "KL estimator of the KL term: k1 (log ratio) or k3 (non-negative, lower "
+                                         "variance)")
+    entropy_coef: float = _f(0.0, "entropy bonus over the whole vocabulary (0.01 pushed the tiny model towards "
+                                  "invalid tokens)")
+    entropy_floor: float | None = _f(None, "if set, the entropy bonus acts only while the mean entropy per generated "
+                                           "token is below this (nats): it stops a collapse without flattening")
+    aggregation: Aggregation = _f("token_mean", "how token losses are averaged: token_mean, seq_mean_token_mean, "
+                                                "seq_mean_token_sum")
+    gamma: float = _f(1.0, "reinforce_pp: discount per generated token of the returns")
+    turn_discount: float = _f(1.0, "group estimators: a token's advantage x this ** (turns after its own): later "
+                                   "moves of a game get more of its outcome's credit (1: every turn the same)")
+    filter_constant_groups: bool = _f(True, "group estimators: drop groups whose rewards do not vary (no signal, "
+                                            "guards collapse)")
+    between_group_weight: float = _f(0.0, "group estimators: add this x (group mean - batch mean) / batch std to the "
+                                          "advantages (constant groups then still teach; needs the filter off)")
+    adv_eps: float = _f(1e-6, "added to standard deviations before dividing by them")
 
     def __post_init__(self):
-        def fail(field: str, msg: str):
-            raise ValueError(f"LossConfig.{field}: {msg} (got {getattr(self, field)!r})")
+        def need(cond: bool, name: str, msg: str):
+            if not cond:
+                raise ValueError(f"{name}: {msg} (got {getattr(self, name)!r})")
 
-        if self.algorithm not in ALGORITHMS:
-            fail("algorithm", f"must be one of {ALGORITHMS}")
-        if not 0.0 <= self.clip_eps_low < 1.0:
-            fail("clip_eps_low", "must be in [0, 1)")
-        if not self.clip_eps_high >= 0.0:
-            fail("clip_eps_high", "must be >= 0")
-        if self.dual_clip is not None and not self.dual_clip > 1.0:
-            fail("dual_clip", "must be > 1 or None")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            fail("kl_estimator", f"must be one of {KL_ESTIMATORS}")
-        if not self.kl_coef >= 0.0:
-            fail("kl_coef", "must be >= 0")
-        if self.kl_coef > 0.0 and self.kl_estimator is None:
-            fail("kl_coef", "is positive but kl_estimator is None; set kl_estimator='k1' or 'k3'")
-        if not self.entropy_coef >= 0.0:
-            fail("entropy_coef", "must be >= 0")
-        if self.entropy_floor is not None and not (self.entropy_floor > 0.0 and self.entropy_coef > 0.0):
-            fail("entropy_floor", "must be > 0, with entropy_coef > 0 (the bonus it bounds)")
-        if self.aggregation not in AGGREGATIONS:
-            fail("aggregation", f"must be one of {AGGREGATIONS}")
-        if self.surrogate not in SURROGATES:
-            fail("surrogate", f"must be one of {SURROGATES}")
-        if not 0.0 <= self.gamma <= 1.0:
-            fail("gamma", "must be in [0, 1]")
-        if not 0.0 <= self.gae_lambda <= 1.0:
-            fail("gae_lambda", "must be in [0, 1]")
-        if not self.reward_kl_coef >= 0.0:
-            fail("reward_kl_coef", "must be >= 0")
-        if self.reward_kl_coef > 0.0 and self.algorithm not in ("reinforce_pp", "ppo"):
-            fail("reward_kl_coef", "only token-level estimators (reinforce_pp, ppo) fold KL into rewards; "
-                 "use kl_coef with kl_estimator for a KL loss term")
-        if not self.between_group_weight >= 0.0:
-            fail("between_group_weight", "must be >= 0")
-        if self.between_group_weight > 0.0 and self.algorithm not in ("grpo", "rloo"):
-            fail("between_group_weight", "only group estimators (grpo, rloo) have a group baseline to mix with")
-        if not 0.0 < self.turn_discount <= 1.0:
-            fail("turn_discount", "must be in (0, 1]")
-        if self.turn_discount < 1.0 and self.algorithm not in ("grpo", "rloo"):
-            fail("turn_discount", "applies to sequence-level estimators (grpo, rloo); reinforce_pp has gamma")
-        if not self.adv_eps > 0.0:
-            fail("adv_eps", "must be > 0")
+        need(self.estimator in ESTIMATORS, "estimator", f"not a registered estimator; registered: "
+             f"{', '.join(sorted(ESTIMATORS))}")
+        need(self.policy_loss in POLICY_LOSSES, "policy_loss", f"not a registered policy loss; registered: "
+             f"{', '.join(sorted(POLICY_LOSSES))}")
+        need(0.0 <= self.clip_eps_low < 1.0, "clip_eps_low", "must be in [0, 1)")
+        need(self.clip_eps_high >= 0.0, "clip_eps_high", "must be >= 0")
+        need(self.dual_clip is None or self.dual_clip > 1.0, "dual_clip", "must be > 1 or none")
+        need(self.kl_coef >= 0.0, "kl_coef", "must be >= 0")
+        need(self.kl_estimator in KL_ESTIMATORS, "kl_estimator", f"must be one of {', '.join(KL_ESTIMATORS)}")
+        need(self.entropy_coef >= 0.0, "entropy_coef", "must be >= 0")
+        need(self.entropy_floor is None or (self.entropy_floor > 0.0 and self.entropy_coef > 0.0), "entropy_floor",
+             "must be > 0 with entropy_coef > 0")
+        need(self.aggregation in AGGREGATIONS, "aggregation", f"must be one of {', '.join(AGGREGATIONS)}")
+        need(0.0 < self.gamma <= 1.0, "gamma", "must be in (0, 1]")
+        need(0.0 < self.turn_discount <= 1.0, "turn_discount", "must be in (0, 1]")
+        need(self.between_group_weight >= 0.0, "between_group_weight", "must be >= 0")
+        need(self.adv_eps > 0.0, "adv_eps", "must be > 0")
+        grouped = ESTIMATORS[self.estimator].grouped
+        need(grouped or self.turn_discount == 1.0, "turn_discount", f"applies to group estimators; {self.estimator} "
+             "is not one (reinforce_pp discounts with gamma)")
+        need(grouped or not self.between_group_weight, "between_group_weight",
+             f"applies to group estimators (a group baseline to mix with); {self.estimator} is not one")
+        need(not (self.between_group_weight and self.filter_constant_groups), "filter_constant_groups",
+             "drops the constant groups that between_group_weight gives an advantage: turn one of them off")
 
 
 def _f32(x, mask):
@@ -150,6 +169,22 @@ def ppo_clip(
 def reinforce(logp: Float[Array, "n t"], advantages: Float[Array, "n t"]) -> Float[Array, "n t"]:
     """Per-token ratio-free policy-gradient loss -A * logp (gradient equals PPO's at ratio 1)."""
     return -advantages * logp
+
+
+@register_policy_loss("ppo_clip")
+def ppo_clip_loss(logp: Float[Array, "n t"], old_logp: Float[Array, "n t"], advantages: Float[Array, "n t"],
+                  loss_mask: Bool[Array, "n t"], cfg: LossConfig):
+    """PPO-clip with clip-higher and dual clip: what GRPO, Dr. GRPO, RLOO and REINFORCE++ train with."""
+    loss, clipped, dual_clipped, ratio = ppo_clip(
+        logp, old_logp, advantages, cfg.clip_eps_low, cfg.clip_eps_high, cfg.dual_clip)
+    return loss, {"clip_frac": clipped, "dual_clip_frac": dual_clipped, "ratio_mean": ratio}
+
+
+@register_policy_loss("reinforce")
+def reinforce_loss(logp: Float[Array, "n t"], old_logp: Float[Array, "n t"], advantages: Float[Array, "n t"],
+                   loss_mask: Bool[Array, "n t"], cfg: LossConfig):
+    """-A log p: no ratio and no clip, so off-policy updates (PPO epochs, mini-batches) are not bounded."""
+    return reinforce(logp, advantages), {}
 
 
 @functools.partial(jax.jit, static_argnames=("estimator",))
@@ -206,10 +241,11 @@ def policy_loss(
 ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
     """loss = agg(pg) + kl_coef * agg(kl) - entropy_coef * min(agg(entropy), entropy_floor), and metrics.
 
-    `ref_logp` may be None when `cfg.kl_estimator` is None, `entropy` when not needed (metric 0).
-    Gradient flows only through `logp` and `entropy` (old_logp, ref_logp, advantages are stopped).
-    Metrics: pg_loss, kl, entropy (aggregated like the loss); clip_frac, dual_clip_frac, approx_kl
-    (k3 estimate of KL(old || new)), ratio_mean (token means over masked tokens).
+    pg is the registered policy loss `cfg.policy_loss`. `ref_logp` may be None when `cfg.kl_coef` is 0,
+    `entropy` when not needed (metric 0). Gradient flows only through `logp` and `entropy` (old_logp,
+    ref_logp, advantages are stopped). Metrics: pg_loss, kl, entropy (aggregated like the loss); approx_kl
+    (k3 estimate of KL(old || new)) and the policy loss's own (ppo_clip: clip_frac, dual_clip_frac,
+    ratio_mean), token means over masked tokens.
     """
     m = loss_mask.astype(bool)
     # Only the policy's logp (and entropy) carry gradient; behaviour/reference/advantages are data.
@@ -223,20 +259,17 @@ def policy_loss(
     def token_mean(x):
         return aggregate(jnp.asarray(x, jnp.float32), m, "token_mean")
 
-    pg_ppo, clipped, dual_clipped, ratio = ppo_clip(
-        logp, old_logp, advantages, cfg.clip_eps_low, cfg.clip_eps_high, cfg.dual_clip)
-    pg_tok = pg_ppo if cfg.surrogate == "ppo_clip" else reinforce(logp, advantages)
+    pg_tok, token_metrics = POLICY_LOSSES[cfg.policy_loss](logp, old_logp, advantages, m, cfg)
     pg_loss = agg(pg_tok)
     loss = pg_loss
 
     zero = jnp.zeros((), jnp.float32)
     kl = zero
-    if cfg.kl_estimator is not None:
+    if cfg.kl_coef:
         if ref_logp is None:
-            raise ValueError("policy_loss: cfg.kl_estimator is set but ref_logp is None")
+            raise ValueError("policy_loss: cfg.kl_coef > 0 but ref_logp is None")
         kl = agg(kl_penalty(logp, _f32(ref_logp, m), cfg.kl_estimator))
-        if cfg.kl_coef:
-            loss = loss + cfg.kl_coef * kl
+        loss = loss + cfg.kl_coef * kl
 
     ent = zero
     if entropy is not None:
@@ -253,9 +286,7 @@ def policy_loss(
         "pg_loss": pg_loss,
         "kl": kl,
         "entropy": ent,
-        "clip_frac": token_mean(clipped),
-        "dual_clip_frac": token_mean(dual_clipped),
+        **{name: token_mean(x) for name, x in token_metrics.items()},
         "approx_kl": token_mean(jnp.expm1(log_ratio) - log_ratio),  # (r - 1) - log r
-        "ratio_mean": token_mean(ratio),
     }
     return loss, metrics

@@ -108,7 +108,7 @@ class RealMeasure:
             jax.device_put(-jax.random.uniform(keys[1], shape, jnp.float32, 5, 15), sh),
             jax.device_put(jax.random.normal(keys[2], shape, jnp.float32), sh))
         step = run.jit("train", train_stage, donate=(0, 1), graphdef=graphdef, optimizer=optimizer,
-                       loss_cfg=LossConfig(algorithm="grpo"), micro_batches=micro.count, shards=micro.shards,
+                       loss_cfg=LossConfig(), micro_batches=micro.count, shards=micro.shards,
                        chunk=layout.logprob_chunk)
         # The step donates the weights it updates: the cached ones go in and the updated ones come back to the
         # cache (as good for timing), so the cell holds one float32 copy as the trainer does. A copy kept beside
@@ -138,8 +138,8 @@ class RealMeasure:
                              "rewards": jnp.zeros((num_responses, context_len), jnp.float32),
                              "groups": jnp.arange(num_responses, dtype=jnp.int32) // 2})
         fn = run.jit("experience", experience_stage, graphdef=graphdef, num_groups=-(-num_responses // 2),
-                     loss_cfg=LossConfig(algorithm="grpo"), micro_batches=micro.count, shards=micro.shards,
-                     chunk=layout.logprob_chunk, filter_constant_groups=False)
+                     loss_cfg=LossConfig(filter_constant_groups=False), micro_batches=micro.count,
+                     shards=micro.shards, chunk=layout.logprob_chunk)
         seconds = self._timed(lambda: fn(params, None, tokens, rows["mask"], rows["rewards"], rows["groups"]))
         return num_responses * context_len / seconds / layout.mesh.size
 

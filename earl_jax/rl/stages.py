@@ -16,7 +16,7 @@ import optax
 from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
-from earl_jax.rl.advantages import compute_advantages, group_filter
+from earl_jax.rl.advantages import ESTIMATORS, compute_advantages, group_filter
 from earl_jax.rl.logprobs import token_logprobs
 from earl_jax.rl.losses import LossConfig, policy_loss
 from earl_jax.sharding.context import constrain
@@ -121,26 +121,26 @@ def _choice_kw(choices: Int[Array, "n t"] | None, choice_tokens: tuple[int, ...]
 def advantage_step(old_logp: Float[Array, "n t"], ref_logp: Float[Array, "n t"], tokens: Int[Array, "n t"],
                    loss_mask: Bool[Array, "n t"], rewards: Float[Array, "n t"], group_ids: Int[Array, " n"],
                    choices: Int[Array, "n t"] | None = None, *,
-                   num_groups: int, loss_cfg: LossConfig, filter_constant_groups: bool
-                   ) -> tuple[ExperienceBatch, dict[str, Array]]:
-    """Rewards -> advantages over the whole batch (groups span micro-batches); constant groups masked out."""
+                   num_groups: int, loss_cfg: LossConfig) -> tuple[ExperienceBatch, dict[str, Array]]:
+    """Rewards -> advantages over the whole batch (groups span micro-batches); for a grouped estimator, constant
+    groups masked out if `loss_cfg.filter_constant_groups`."""
     old_logp, ref_logp = jax.lax.stop_gradient(old_logp), jax.lax.stop_gradient(ref_logp)
     adv = compute_advantages(rewards, loss_mask, group_ids, num_groups, loss_cfg, old_logp=old_logp,
                              ref_logp=ref_logp)
     metrics = {}
     mask = loss_mask
-    if loss_cfg.algorithm in ("grpo", "rloo"):
+    if ESTIMATORS[loss_cfg.estimator].grouped:
         keep = group_filter(rewards, loss_mask, group_ids, num_groups)
         metrics["filtered_frac"] = keep.filtered_frac  # games in constant groups (dropped when filtering)
-        if filter_constant_groups:
+        if loss_cfg.filter_constant_groups:
             mask = loss_mask & keep.keep[:, None]
     return ExperienceBatch(tokens, mask, old_logp, ref_logp, adv, choices), metrics
 
 
 def experience_stage(params: nnx.State, ref_params: nnx.State | None, tokens: Int[Array, "n t"],
                      loss_mask: Bool[Array, "n t"], rewards: Float[Array, "n t"], group_ids: Int[Array, " n"],
-                     choices: Int[Array, "n t"] | None = None, *, graphdef: nnx.GraphDef, num_groups: int, loss_cfg: LossConfig,
-                     micro_batches: int, shards: int, chunk: int, filter_constant_groups: bool,
+                     choices: Int[Array, "n t"] | None = None, *, graphdef: nnx.GraphDef, num_groups: int,
+                     loss_cfg: LossConfig, micro_batches: int, shards: int, chunk: int,
                      choice_tokens: tuple[int, ...] = ()) -> tuple[ExperienceBatch, dict[str, Array]]:
     """Old-policy (and reference) log-probs, micro-batched over rows and chunked over the vocabulary as the
     plan says, every micro-batch at the full width; then `advantage_step`. One program (the trainer runs the
@@ -155,7 +155,7 @@ def experience_stage(params: nnx.State, ref_params: nnx.State | None, tokens: In
     old_logp = logprobs(params)
     ref_logp = logprobs(ref_params) if ref_params is not None else old_logp
     return advantage_step(old_logp, ref_logp, tokens, loss_mask, rewards, group_ids, choices, num_groups=num_groups,
-                          loss_cfg=loss_cfg, filter_constant_groups=filter_constant_groups)
+                          loss_cfg=loss_cfg)
 
 
 def _policy_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: LossConfig, chunk: int, choice_tokens=()):
@@ -171,7 +171,12 @@ def _sft_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: None, chunk: int,
     return loss, {"sft_loss": loss}
 
 
+# What `grad_step` differentiates, by name: fn(params, graphdef, mb, loss_cfg, chunk, choice_tokens) -> (loss, metrics)
+LOSSES = {"policy": _policy_loss, "sft": _sft_loss}
+
+
 def sft_batch(tokens: Int[Array, "n t"], loss_mask: Bool[Array, "n t"]) -> ExperienceBatch:
+    """The supervised batch of the format warm-up's "sft" loss (old_logp, ref_logp, advantages unused)."""
     zeros = jnp.zeros(tokens.shape, jnp.float32)
     return ExperienceBatch(tokens, loss_mask, zeros, zeros, zeros)
 
@@ -182,9 +187,6 @@ def micro_batch(batch: Any, j, micro_batches: int, shards: int, width: int) -> A
         mb = jax.lax.dynamic_index_in_dim(split_rows(x, micro_batches, shards), j, 0, keepdims=False)
         return mb[:, :width] if x.ndim == 2 else mb
     return jax.tree.map(one, batch)
-
-
-LOSSES = {"policy": None, "sft": None}  # filled below: name -> loss_fn(params, graphdef, mb, loss_cfg, chunk, choice_tokens)
 
 
 def grad_step(params: nnx.State, acc: Any, batch: ExperienceBatch, j, *, graphdef: nnx.GraphDef, loss: str,
@@ -254,14 +256,3 @@ def train_stage(params: nnx.State, opt_state: Any, batch: ExperienceBatch, *, gr
     """
     return _step("policy", graphdef, params, opt_state, batch, optimizer, loss_cfg, micro_batches, shards,
                  chunk, token_weighted=loss_cfg.aggregation == "token_mean", choice_tokens=choice_tokens)
-
-
-def sft_stage(params: nnx.State, opt_state: Any, tokens: Int[Array, "n t"], loss_mask: Bool[Array, "n t"], *,
-              graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation, micro_batches: int, shards: int = 1,
-              chunk: int) -> tuple[nnx.State, Any, dict[str, Array]]:
-    """Cross-entropy on the masked tokens (the format warm-up): maximise log p of the demonstrated answers."""
-    return _step("sft", graphdef, params, opt_state, sft_batch(tokens, loss_mask), optimizer, None, micro_batches, shards, chunk,
-                 token_weighted=True)
-
-
-LOSSES.update(policy=_policy_loss, sft=_sft_loss)

@@ -164,11 +164,11 @@ class Trainer:
         self.ref_params = jax.tree.map(jnp.copy, self.params) if cfg.kl_coef > 0 else None
 
         self.loss_cfg = LossConfig(
-            algorithm=cfg.algorithm, clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
-            dual_clip=cfg.dual_clip, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator if cfg.kl_coef > 0 else None,
+            estimator=cfg.algorithm, clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high,
+            dual_clip=cfg.dual_clip, kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
             entropy_coef=cfg.entropy_coef, aggregation=cfg.aggregation, gamma=cfg.gamma,
             between_group_weight=cfg.between_group_weight, entropy_floor=cfg.entropy_floor,
-            turn_discount=cfg.turn_discount)
+            turn_discount=cfg.turn_discount, filter_constant_groups=cfg.filter_constant_groups)
         updates = cfg.ppo_epochs * cfg.ppo_mini_batches  # optimizer steps an iteration: the schedule counts those
         self.optimizer = make_optimizer(cfg.learning_rate, cfg.warmup_steps * updates, cfg.steps * updates,
                                         cfg.weight_decay, cfg.grad_clip)
@@ -396,8 +396,7 @@ class Trainer:
         kw = dict(graphdef=self.graphdef, choices=x.get("choices"), choice_tokens=self.choice_tokens)
         old = grouped_logprobs(run, params, x["tokens"], widths, micro, ahead=ahead, **kw)
         ref_logp = old if ref is None else grouped_logprobs(run, ref, x["tokens"], widths, micro, **kw)
-        fn = run.jit("advantages", advantage_step, num_groups=self.cfg.groups, loss_cfg=self.loss_cfg,
-                     filter_constant_groups=self.cfg.filter_constant_groups)
+        fn = run.jit("advantages", advantage_step, num_groups=self.cfg.groups, loss_cfg=self.loss_cfg)
         out = fn(old, ref_logp, x["tokens"], x["loss_mask"], x["rewards"], x["group_ids"], x.get("choices"))
         return (*jax.block_until_ready(out), perm)  # an OOM must surface inside the planner's fallback
 
