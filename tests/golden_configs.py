@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+from earl_jax.rl.job import parse_job
 
 CASES = ("connect4", "tictactoe", "connect4_free_text")
+CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
 
 def golden_config(case: str, run_dir: str):
-    import connect4
-    import tictactoe
-
-    quiet = dict(run_dir=run_dir, progress=False, wandb_mode="disabled", keep_checkpoints=0)
+    quiet = ["--run-dir", run_dir, "--run.progress", "false", "--run.wandb-mode", "disabled",
+             "--run.keep-checkpoints", "0"]
     if case == "connect4":
-        return dataclasses.replace(connect4.DEFAULT, steps=3, **quiet)
+        return parse_job(["--steps", "3", *quiet], CONFIGS / "connect4").config
     if case == "tictactoe":
-        return dataclasses.replace(tictactoe.DEFAULT, steps=3, **quiet)
+        return parse_job(["--steps", "3", *quiet], CONFIGS / "tictactoe").config
     if case == "connect4_free_text":  # the decode loop and the format warm-up's supervised steps
-        return dataclasses.replace(connect4.DEFAULT, steps=2, constrain_moves=False, format_warmup_steps=2,
-                                   groups=8, eval_games=16, **quiet)
+        return parse_job(["--steps", "2", "--rollout.constrain-moves", "false", "--warmup.steps", "2",
+                          "--rollout.groups", "8", "--eval.games", "16", *quiet], CONFIGS / "connect4").config
     raise ValueError(case)

@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 import sweep  # noqa: E402
 
 from earl_jax.cli import parse_config  # noqa: E402
-from earl_jax.parallel.planner import parse_thresholds  # noqa: E402
+from earl_jax.parallel.thresholds import parse_thresholds  # noqa: E402
 from earl_jax.rl.config import RLConfig  # noqa: E402
 
 SELECTOR_YAML = ROOT / "launch" / "sweep_selector.yaml"

@@ -38,9 +38,11 @@ from earl_jax import distributed
 from earl_jax.compile_cache import count_compiles
 from earl_jax.models.config import ModelConfig
 from earl_jax.parallel import memory_check
+from earl_jax.parallel.config import PlannerConfig
 from earl_jax.parallel.memory import MemoryConfig, candidate_meshes, mesh_problem
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
 from earl_jax.parallel.profile import ProfileTable, is_oom_error
+from earl_jax.parallel.thresholds import parse_thresholds
 from earl_jax.parallel.selector import (SMALL_BUCKET_EDGES, NoFeasibleLayoutError, ParallelismSelector,
                                         SelectorConfig)
 from earl_jax.sharding.context import use_mesh_rules
@@ -51,34 +53,23 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def parse_thresholds(text: str) -> list[tuple[int, MeshShape]]:
-    """'0:d8f1t1,1024:d4f1t2' -> [(0, d8f1t1), (1024, d4f1t2)]."""
-    out = []
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        try:
-            ctx, mesh = item.split(":")
-            out.append((int(ctx), MeshShape.parse(mesh)))
-        except ValueError as e:
-            raise ValueError(f"threshold {item!r}: expected CONTEXT:MESH such as 1024:d4f1t2 ({e})") from e
-    return out
-
-
-def _checked_thresholds(cfg, model_cfg: ModelConfig, num_devices: int, stage: str) -> list[tuple[int, MeshShape]]:
-    """`--<stage>-thresholds` parsed and checked against the model and the job before anything compiles; an
+def _checked_thresholds(cfg: PlannerConfig, model_cfg: ModelConfig, num_devices: int, stage: str,
+                        batch_size: int) -> list[tuple[int, MeshShape]]:
+    """`--planner.<stage>-thresholds` parsed and checked against the model and the job before anything compiles; an
     error names the flag, the mesh and what is wrong with it (devices, heads, fsdp, the batch)."""
-    flag = f"--{stage}-thresholds"
+    flag = f"--planner.{stage}-thresholds"
     try:
-        entries = parse_thresholds(getattr(cfg, f"{stage}_thresholds"))
+        entries = parse_thresholds(cfg.thresholds(stage))
     except ValueError as e:
         raise ValueError(f"{flag}: {e}") from None
     for _, mesh in entries:
         why = mesh_problem(model_cfg, num_devices, stage, mesh)
-        if why is None and cfg.batch_size % (mesh.data * mesh.fsdp):
-            why = (f"splits rows over {mesh.data * mesh.fsdp} batch shards (data x fsdp), which --groups x "
-                   f"--group-size = {cfg.batch_size} games do not divide")
+        if why is None and batch_size % (mesh.data * mesh.fsdp):
+            why = (f"splits rows over {mesh.data * mesh.fsdp} batch shards (data x fsdp), which the batch of "
+                   f"{batch_size} games (--rollout.groups x --rollout.group-size) does not divide")
         if why is not None:
             valid = [str(m) for m in candidate_meshes(model_cfg, num_devices, stage)
-                     if cfg.batch_size % (m.data * m.fsdp) == 0]
+                     if batch_size % (m.data * m.fsdp) == 0]
             raise ValueError(f"{flag}: {mesh} {why}; valid {stage} meshes here: {', '.join(valid) or 'none'}")
     return entries
 
@@ -264,27 +255,29 @@ class StagePlanner:
         self.programs = ProgramCache()
 
     @classmethod
-    def from_config(cls, cfg, model_cfg: ModelConfig, remat: bool = True,
+    def from_config(cls, cfg: PlannerConfig, model_cfg: ModelConfig, batch_size: int, *, remat: bool = True,
                     cache_buckets: tuple[int, ...] | None = None) -> "StagePlanner":
+        """The planner of a job of `batch_size` games a rollout; a layout that does not fit the model or the batch
+        is refused here, before anything compiles, naming the flag."""
         devices = jax.devices()[: cfg.devices or None]
-        thresholds = {s: v for s in STAGES if (v := _checked_thresholds(cfg, model_cfg, len(devices), s))}
-        edges = cfg.selector_edges or (SMALL_BUCKET_EDGES if cfg.model in ("tiny", "small") else None)
-        sel_cfg = SelectorConfig(**({"bucket_edges": edges} if edges else {}), margin=cfg.selector_margin,
-                                 ema_alpha=cfg.selector_ema, thresholds=thresholds or None)
+        thresholds = {s: v for s in STAGES if (v := _checked_thresholds(cfg, model_cfg, len(devices), s, batch_size))}
+        edges = cfg.edges or (SMALL_BUCKET_EDGES if model_cfg.name in ("tiny", "small") else None)
+        sel_cfg = SelectorConfig(**({"bucket_edges": edges} if edges else {}), margin=cfg.margin,
+                                 ema_alpha=cfg.ema, thresholds=thresholds or None)
         budget = int(cfg.memory_budget_gib * 2**30) or None
         memory = MemoryConfig(budget_bytes=budget, remat=remat, max_logprob_chunk=cfg.logprob_chunk,
                               max_micro_batch_tokens=cfg.micro_batch_tokens, cache_buckets=cache_buckets)
-        table = ProfileTable.load(cfg.selector_table) if cfg.selector_table else None
+        table = ProfileTable.load(cfg.table) if cfg.table else None
         selector = ParallelismSelector(model_cfg, len(devices), memory=memory, config=sel_cfg, table=table,
                                        device_kind=devices[0].device_kind)
         # Rows shard over data (x fsdp in training): only meshes whose batch axes divide the batch qualify.
         for stage, cands in selector.candidates.items():
-            ok = [m for m in cands if cfg.batch_size % (m.data * m.fsdp) == 0]
+            ok = [m for m in cands if batch_size % (m.data * m.fsdp) == 0]
             if not ok:
-                raise ValueError(f"--groups x --group-size = {cfg.batch_size} games do not split over any {stage} "
-                                 f"mesh of {len(devices)} devices: use a multiple of the device count")
+                raise ValueError(f"--rollout.groups x --rollout.group-size = {batch_size} games do not split over "
+                                 f"any {stage} mesh of {len(devices)} devices: use a multiple of the device count")
             selector.candidates[stage] = ok
-        return cls(selector, devices, cfg.batch_size, static=cfg.selector_mode == "static")
+        return cls(selector, devices, batch_size, static=cfg.mode == "static")
 
     # ---------------------------------------------------------------- plans
     def mesh_of(self, shape: MeshShape) -> Mesh:

@@ -1,4 +1,4 @@
-"""Who the agent plays: the fixed `--opponent` or the curriculum's current rung, and, with a league, frozen
+"""Who the agent plays: the fixed `--env.opponent` or the curriculum's current rung, and, with a league, frozen
 snapshots of itself for a share of the groups. The trainer asks this object for its training env, the
 opponents to evaluate against and the league games of an iteration, and hands it every evaluation.
 
@@ -7,11 +7,11 @@ Decisions:
   rollout path is the same for every opponent.
 - League games are whole GRPO groups (the last round(share x groups) groups): games compared in a group
   face the same kind of opponent. The other groups play the scripted opponent / current rung.
-- `--mix-opponent S --mix-share p`: the last round(p x groups) groups play the scripted opponent S in the same
+- `--curriculum.mix-opponent S --curriculum.mix-share p`: the last round(p x groups) groups play the scripted opponent S in the same
   batched env (`VectorTextEnv.assign_opponent`), the others the fixed opponent or the current rung: a policy
   that learns to draw against the Tic-Tac-Toe solver but to win against random needs both in its batches
   (experiments/results/learning_notes.md, section 19).
-- `--rehearsal-share p` (with the curriculum): the last round(p x groups) groups replay the rungs below the
+- `--curriculum.rehearsal-share p` (with the curriculum): the last round(p x groups) groups replay the rungs below the
   current one, one rung an iteration in turn (iteration i: rung i mod k of the k below), through the same
   second-opponent slot as --mix-opponent. On one GPU a policy promoted by stall from alphabeta:2 (best 0.52-0.55
   against it) to alphabeta:3 fell to 0.00-0.11 against alphabeta:1 and 2 within 35-85 iterations
@@ -33,7 +33,6 @@ import numpy as np
 from earl_jax.envs import EnvConfig
 from earl_jax.envs.vector import make_vector_env
 from earl_jax.envs.vector.model_opponent import ModelOpponentEnv
-from earl_jax.rl.config import RLConfig
 from earl_jax.rl.curriculum import Curriculum, parse_ladder
 from earl_jax.rl.league import League
 
@@ -41,22 +40,26 @@ log = logging.getLogger("earl_jax")
 
 
 class Matchmaker:
-    def __init__(self, cfg: RLConfig, env_cfg: EnvConfig, env_factory: Callable[[EnvConfig], Any] | None = None,
+    def __init__(self, cfg, env_cfg: EnvConfig, *, groups: int, group_size: int, seed: int,
+                 eval_opponents: tuple[str, ...], env_factory: Callable[[EnvConfig], Any] | None = None,
                  to_host: Callable[[Any], Any] | None = None):
+        """`cfg`: the job's CurriculumConfig; `env_cfg`: its EnvConfig (opponent "curriculum": climb the ladder)."""
         self.cfg, self.env_cfg, self.env_factory = cfg, env_cfg, env_factory
-        self.curriculum = (Curriculum(parse_ladder(cfg.curriculum, cfg.game), cfg.promote_at, cfg.promote_on_stall,
-                                      cfg.rung_max_iterations) if cfg.opponent == "curriculum" else None)
+        self.groups, self.group_size, self.batch_size, self.seed = groups, group_size, groups * group_size, seed
+        self._eval_opponents = tuple(eval_opponents)
+        self.curriculum = (Curriculum(parse_ladder(cfg.ladder, env_cfg.game), cfg.promote_at, cfg.promote_on_stall,
+                                      cfg.rung_max_iterations) if env_cfg.opponent == "curriculum" else None)
         self.league = League(cfg.league_size, cfg.league_every, to_host) if cfg.league_size else None
         self._env, self._env_opponent = None, None
         self._second: str | None = None  # the second opponent the env's mixed games play now (mix or rehearsal)
         if self.league is not None:  # refuse a setup without the batched env now, not at a later promotion
-            for rung in self.curriculum.ladder if self.curriculum else (cfg.opponent,):
+            for rung in self.curriculum.ladder if self.curriculum else (env_cfg.opponent,):
                 self._build(rung)
 
     @property
     def opponent(self) -> str:
         """The scripted opponent of this iteration's training games."""
-        return self.curriculum.opponent if self.curriculum else self.cfg.opponent
+        return self.curriculum.opponent if self.curriculum else self.env_cfg.opponent
 
     def train_env(self, step: int = 0):
         """The training batch's vector env for iteration `step`: rebuilt when the rung changed, its mixed groups
@@ -92,38 +95,37 @@ class Matchmaker:
     def _mixed_rows(self) -> np.ndarray:
         cfg = self.cfg
         share = cfg.mix_share if cfg.mix_opponent else cfg.rehearsal_share
-        return self._last_groups(min(cfg.groups - 1, max(1, round(share * cfg.groups))))  # both keep one
+        return self._last_groups(min(self.groups - 1, max(1, round(share * self.groups))))  # both keep one
 
     def _second_flag(self) -> str:
-        return "--mix-opponent" if self.cfg.mix_opponent else "--rehearsal-share"
+        return "--curriculum.mix-opponent" if self.cfg.mix_opponent else "--curriculum.rehearsal-share"
 
     def _last_groups(self, groups: int) -> np.ndarray:
         """The batch's rows in its last `groups` GRPO groups (league and mixed-opponent games are whole groups)."""
-        cfg = self.cfg
-        mask = np.zeros(cfg.batch_size, bool)
-        mask[(cfg.groups - groups) * cfg.group_size:] = True  # group g holds rows g*G .. (g+1)*G - 1
+        mask = np.zeros(self.batch_size, bool)
+        mask[(self.groups - groups) * self.group_size:] = True  # group g holds rows g*G .. (g+1)*G - 1
         return mask
 
     def _build(self, opponent: str):
         env_cfg = dataclasses.replace(self.env_cfg, opponent=opponent)
         if self.league is None:
-            return make_vector_env(env_cfg, self.cfg.batch_size, self.env_factory)
+            return make_vector_env(env_cfg, self.batch_size, self.env_factory)
         if self.env_factory is not None:
-            raise ValueError("--league-size: self-play needs the built-in batched game env, not a custom env_factory")
+            raise ValueError("--curriculum.league-size: self-play needs the built-in batched game env, not a custom env_factory")
         try:
-            return ModelOpponentEnv(env_cfg, self.cfg.batch_size)
+            return ModelOpponentEnv(env_cfg, self.batch_size)
         except ValueError as e:
-            raise ValueError(f"--league-size: self-play needs standard connect_four or tic_tac_toe with a batched "
+            raise ValueError(f"--curriculum.league-size: self-play needs standard connect_four or tic_tac_toe with a batched "
                              f"scripted opponent (random, alphabeta:D, solver), here {opponent!r}: {e}") from None
 
     def eval_opponents(self) -> tuple[str, ...]:
-        """--eval-opponents, and the current rung when it is not among them."""
+        """--eval.opponents, and the current rung when it is not among them."""
         extra = (self.curriculum.opponent,) if self.curriculum and self.curriculum.opponent not in \
-            self.cfg.eval_opponents else ()
-        return tuple(self.cfg.eval_opponents) + extra
+            self._eval_opponents else ()
+        return self._eval_opponents + extra
 
     def after_evaluation(self, rung_win_rate: float, step: int) -> str | None:
-        """The greedy win rate against the current rung: promotes when it reaches --promote-at, logging a line
+        """The greedy win rate against the current rung: promotes when it reaches --curriculum.promote-at, logging a line
         (returned too)."""
         if self.curriculum is None:
             return None
@@ -139,9 +141,8 @@ class Matchmaker:
         if self.league is None:
             return None
         self.league.maybe_add(step, params)
-        cfg = self.cfg
-        mask = self._last_groups(max(1, round(cfg.league_share * cfg.groups)))
-        snap_step, snap = self.league.sample(cfg.seed, step)
+        mask = self._last_groups(max(1, round(self.cfg.league_share * self.groups)))
+        snap_step, snap = self.league.sample(self.seed, step)
         return mask, snap_step, snap
 
     def metrics(self) -> dict[str, Any]:

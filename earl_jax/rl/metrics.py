@@ -96,3 +96,102 @@ class MetricsLogger:
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+# ------------------------------------------------------------------------------------------------ an iteration's record
+
+def iteration_record(step: int, traj, times: Mapping[str, float], exp_metrics: Mapping[str, Any],
+                     train_metrics: Mapping[str, float], *, turn_tokens: int, num_devices: int, epochs: int,
+                     decode_groups: int, no_signal: int, dispatch_bytes: int) -> dict[str, Any]:
+    """What one iteration did: outcomes, contexts, stage times, throughput (EARL's tokens per device per second) and
+    the train stage's loss terms. `times`: rollout, experience, train, dispatch and iteration seconds."""
+    s = traj.stats
+    t_roll, t_exp, t_train, t_iter = (max(times[k], 1e-9) for k in ("rollout", "experience", "train", "iteration"))
+    return {
+        "step": step,
+        "episode/return_mean": float(traj.returns.mean()),
+        "episode/win_rate": s.win_rate, "episode/invalid_rate": s.invalid_rate,
+        "episode/turns_mean": s.turns_mean, "episode/truncated_rate": s.truncated_rate,
+        **({} if s.blunder_rate is None else {"rollout/blunder_rate": s.blunder_rate}),
+        "rollout/context_len_mean": s.context_len_mean, "rollout/context_len_max": s.context_len_max,
+        "rollout/turn_tokens": turn_tokens, "rollout/turn_context_len_mean": s.turn_context_len_mean,
+        "rollout/tokens": s.tokens, "rollout/generated_tokens": s.generated_tokens,
+        "rollout/env_frac": s.env_s / max(s.rollout_s, 1e-9), "rollout/wait_frac": s.wait_s / max(s.rollout_s, 1e-9),
+        "rollout/decode_rows": s.decode_rows, "rollout/groups": decode_groups,
+        "rollout/gather_frac": s.gather_s / max(s.rollout_s, 1e-9),
+        "rollout/gather_wait_frac": s.gather_wait_s / max(s.rollout_s, 1e-9),
+        # each process's own games (a rollout split by process; one process: the rollout itself)
+        "rollout/process_min_s": min(s.process_rollout_s or (s.rollout_s,)),
+        "rollout/process_max_s": max(s.process_rollout_s or (s.rollout_s,)),
+        "time/rollout_s": s.rollout_s, "time/experience_s": times["experience"], "time/train_s": times["train"],
+        "time/dispatch_s": times["dispatch"], "time/iteration_s": times["iteration"],
+        # generated tokens in the rollout; the batch's real (unpadded) tokens in experience, train and the iteration
+        "throughput/rollout_tgs": s.generated_tokens / max(s.rollout_s, 1e-9) / num_devices,
+        "throughput/experience_tgs": s.tokens / t_exp / num_devices,
+        "throughput/train_tgs": s.tokens * epochs / t_train / num_devices,
+        "throughput/iteration_tgs": s.tokens / t_iter / num_devices,
+        "time/dispatch_share": times["dispatch"] / t_iter,
+        "train/loss": train_metrics["loss"], "train/kl": train_metrics.get("kl", 0.0),
+        "train/entropy": train_metrics.get("entropy", 0.0), "train/grad_norm": train_metrics["grad_norm"],
+        "train/clip_frac": train_metrics.get("clip_frac", 0.0), "train/skipped": train_metrics["skipped"],
+        "train/filtered_frac": float(exp_metrics.get("filtered_frac", 0.0)),
+        "train/no_signal_iters": no_signal,
+        "dispatch/bytes": dispatch_bytes,
+    }
+
+
+def compile_metrics(compiles, programs: int, decode_programs: int, gc_pause_s: float, aheads: list) -> dict[str, Any]:
+    """Compiled programs, this iteration's compiles and collector pauses, the most of any process: each process of a
+    split rollout compiles for its own games' shapes and pauses on its own (one slow process holds up the others)."""
+    import jax
+
+    from earl_jax.distributed import gather_ints
+
+    mine = (decode_programs, round(gc_pause_s * 1e6), compiles.lowered, round(compiles.backend_s * 1e6))
+    rows = gather_ints(*mine) if jax.process_count() > 1 else [mine]
+    decode, paused_us, lowered, compile_us = (max(col) for col in zip(*rows))
+    return {"compile/programs": programs + decode, "time/gc_pause_s": paused_us / 1e6,
+            "compile/lowered": lowered, "time/compile_s": compile_us / 1e6,
+            # this process's tracing and lowering (foreground): the part of a start no compile cache saves
+            "time/trace_s": compiles.trace_s, "time/lower_s": compiles.lower_s,
+            "compile/slowest": compiles.slowest(),  # names to look for when an iteration is slow
+            # this process's compiles on compile-ahead threads (rollout/compile_ahead.py)
+            "compile/ahead": compiles.ahead, "time/compile_ahead_s": compiles.ahead_s,
+            "compile/ahead_failed": sum(len(a.failed) for a in aheads),
+            # of the programs submitted so far, those a real call then asked for (the rest was a wrong guess)
+            "compile/ahead_submitted": sum(a.submitted for a in aheads), "compile/ahead_used": sum(len(a.used) for a in aheads),
+            "time/compile_ahead_waited_s": sum(a.waited_s for a in aheads)}
+
+
+def opponent_metrics(traj, mix_games: np.ndarray | None, league: tuple | None, env) -> dict[str, Any]:
+    """Outcomes against --curriculum.mix-opponent (or the rehearsed rung) and against the league's frozen snapshot,
+    apart from the other games."""
+    out: dict[str, Any] = {}
+    won = np.array([w == "agent" for w in traj.winners])
+    if mix_games is not None:
+        drew = np.array([w == "draw" for w in traj.winners])
+        out.update({"mix/games_frac": float(mix_games.mean()), "mix/win_rate": float(won[mix_games].mean()),
+                    "mix/draw_rate": float(drew[mix_games].mean()), "mix/other_win_rate": float(won[~mix_games].mean()),
+                    "mix/other_draw_rate": float(drew[~mix_games].mean())})
+    if league is not None:
+        games, snap_step, _ = league
+        out.update({"league/games_frac": float(games.mean()), "league/snapshot_step": snap_step,
+                    "league/win_rate": float(won[games].mean()),
+                    "league/scripted_win_rate": float(won[~games].mean()) if (~games).any() else float("nan"),
+                    "league/opponent_fallback_rate": env.policy_fallbacks / max(env.policy_moves, 1)})
+    return out
+
+
+def device_memory() -> dict[str, float]:
+    """Largest bytes in use / peak / limit over this process's devices, in GiB (GPU, TPU; {} on CPU)."""
+    import jax
+
+    from earl_jax.parallel.memory import device_memory_stats
+
+    stats = [device_memory_stats(d) for d in jax.local_devices()]
+    out = {}
+    for key, name in (("bytes_in_use", "in_use_gib"), ("peak_bytes_in_use", "peak_gib"), ("bytes_limit", "limit_gib")):
+        vals = [st[key] for st in stats if key in st]
+        if vals:
+            out[f"memory/{name}"] = max(vals) / 2**30
+    return out

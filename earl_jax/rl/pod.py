@@ -1,8 +1,8 @@
 """The pod preset: a real-size game job sized for the machine it runs on (`--preset pod` of connect4.py and
 tictactoe.py).
 
-    pod_preset(num_devices, bytes_per_device, hf_checkpoint=None, base=RLConfig()) -> RLConfig
-    pod_preset_for_this_machine(flags, base) -> RLConfig     # the same, from jax's devices and the flags
+    pod_preset(num_devices, bytes_per_device, hf_checkpoint=None, base=JobConfig()) -> JobConfig
+    pod_preset_for_this_machine(base, flags) -> JobConfig    # the same, from jax's devices and the flags
 
 Decisions (each one a guess to revisit with measurements, not a tuned setting):
 
@@ -36,7 +36,8 @@ from typing import Any, Mapping
 
 from earl_jax.models.config import ModelConfig, get_config
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel, candidate_meshes
-from earl_jax.rl.config import RLConfig
+from earl_jax.cli import replace_paths
+from earl_jax.rl.config import JobConfig
 from earl_jax.sharding.mesh import MeshShape
 
 POD_MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b",
@@ -49,10 +50,12 @@ GROUP_SIZE = 8
 # iteration of this job where the default sizes compile 33 (experiments/count_decode_programs.py), at up to 4x
 # padded decode attention.
 # Free-text answers (constrain_moves off): the pod job is EARL's setting, whose contexts grow with the answers.
-RANDOM_INIT = dict(prompt_style="compact", max_turn_tokens=8, max_context=4096, rollout_cache_growth=4.0,
-                   learning_rate=1e-4, kl_coef=0.0, constrain_moves=False)
-PRETRAINED = dict(prompt_style="chat", max_turn_tokens=128, max_context=8192, learning_rate=1e-6, kl_coef=0.001,
-                  format_warmup_steps=0, eval_opponents=("random", "alphabeta:2"), constrain_moves=False)
+RANDOM_INIT = {("env", "prompt_style"): "compact", ("rollout", "max_turn_tokens"): 8, ("rollout", "max_context"): 4096,
+               ("rollout", "cache_growth"): 4.0, ("optim", "learning_rate"): 1e-4, ("loss", "kl_coef"): 0.0,
+               ("rollout", "constrain_moves"): False}
+PRETRAINED = {("env", "prompt_style"): "chat", ("rollout", "max_turn_tokens"): 128, ("rollout", "max_context"): 8192,
+              ("optim", "learning_rate"): 1e-6, ("loss", "kl_coef"): 0.001, ("warmup", "steps"): 0,
+              ("eval", "opponents"): ("random", "alphabeta:2"), ("rollout", "constrain_moves"): False}
 
 
 class PodTooSmallError(ValueError):
@@ -117,40 +120,45 @@ def _preset_name(model: ModelConfig, fallback: str) -> str:
 
 
 def pod_preset(num_devices: int, bytes_per_device: int, hf_checkpoint: str | None = None,
-               base: RLConfig = RLConfig()) -> RLConfig:
+               base: JobConfig = JobConfig()) -> JobConfig:
     """The pod job for `num_devices` devices of `bytes_per_device` each (see the module docstring)."""
     if num_devices < 1 or bytes_per_device <= 0:
         raise ValueError(f"pod preset: needs at least one device with memory (got {num_devices} devices x "
                          f"{bytes_per_device} bytes)")
     games = GAMES_PER_DEVICE * num_devices
-    common = dict(dtype="bfloat16", groups=games // GROUP_SIZE, group_size=GROUP_SIZE, warmup_steps=10,
-                  micro_batch_tokens=65536, run_dir=f"{base.run_dir}-pod")
+    common = {("model", "dtype"): "bfloat16", ("rollout", "groups"): games // GROUP_SIZE,
+              ("rollout", "group_size"): GROUP_SIZE, ("optim", "warmup_steps"): 10,
+              ("planner", "micro_batch_tokens"): 65536, ("run", "run_dir"): f"{base.run.run_dir}-pod"}
     if hf_checkpoint:
         config_json = Path(hf_checkpoint) / "config.json"
         if not config_json.exists():
-            raise ValueError(f"--hf-checkpoint {hf_checkpoint}: no config.json there")
+            raise ValueError(f"--model.hf-checkpoint {hf_checkpoint}: no config.json there")
         model = ModelConfig.from_hf_json(config_json)
-        fit = train_fit(model, num_devices, bytes_per_device, PRETRAINED["max_context"])
+        fit = train_fit(model, num_devices, bytes_per_device, PRETRAINED[("rollout", "max_context")])
         if not fit.fits:
-            raise PodTooSmallError(f"{_machine(num_devices, bytes_per_device)} is too small for --hf-checkpoint "
-                                   f"{hf_checkpoint}: {fit.describe()}.")
-        return dataclasses.replace(base, **common, **PRETRAINED, hf_checkpoint=str(hf_checkpoint),
-                                   model=_preset_name(model, model.name))
+            raise PodTooSmallError(f"{_machine(num_devices, bytes_per_device)} is too small for "
+                                   f"--model.hf-checkpoint {hf_checkpoint}: {fit.describe()}.")
+        return replace_paths(base, {**common, **PRETRAINED, ("model", "hf_checkpoint"): str(hf_checkpoint),
+                                    ("model", "name"): _preset_name(model, model.name)})
     from earl_jax.models.tokenizer import game_tokenizer
 
-    fit = choose_model(num_devices, bytes_per_device, game_tokenizer().get_vocab_size(), RANDOM_INIT["max_context"])
-    return dataclasses.replace(base, **common, **RANDOM_INIT, model=fit.model.name, hf_checkpoint=None)
+    fit = choose_model(num_devices, bytes_per_device, game_tokenizer().get_vocab_size(),
+                       RANDOM_INIT[("rollout", "max_context")])
+    return replace_paths(base, {**common, **RANDOM_INIT, ("model", "name"): fit.model.name,
+                                ("model", "hf_checkpoint"): None})
 
 
-def pod_preset_for_this_machine(flags: Mapping[str, Any], base: RLConfig) -> RLConfig:
-    """`pod_preset` for jax's devices (the first --devices of them) and their memory (or --memory-budget-gib).
-    Joins the multi-process job the flags name first: devices must not be touched before that."""
+def pod_preset_for_this_machine(base: JobConfig, flags: Mapping[tuple[str, ...], Any]) -> JobConfig:
+    """`pod_preset` for jax's devices (the first --planner.devices of them) and their memory (or
+    --planner.memory-budget-gib), `flags` the fields the command line sets. Joins the multi-process job the flags
+    name first: devices must not be touched before that."""
     import jax
 
     from earl_jax import distributed
     from earl_jax.parallel.memory import device_memory_budget
 
-    distributed.maybe_initialize(flags.get("coordinator"), flags.get("num_processes"), flags.get("process_id"))
-    devices = jax.devices()[: flags.get("devices") or None]
-    budget = int(flags.get("memory_budget_gib", 0) * GiB) or device_memory_budget(devices[0])
-    return pod_preset(len(devices), budget, flags.get("hf_checkpoint"), base)
+    get = lambda section, name: flags.get((section, name), getattr(getattr(base, section), name))  # noqa: E731
+    distributed.maybe_initialize(get("dist", "coordinator"), get("dist", "num_processes"), get("dist", "process_id"))
+    devices = jax.devices()[: get("planner", "devices") or None]
+    budget = int(get("planner", "memory_budget_gib") * GiB) or device_memory_budget(devices[0])
+    return pod_preset(len(devices), budget, get("model", "hf_checkpoint"), base)

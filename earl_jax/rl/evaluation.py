@@ -1,0 +1,56 @@
+"""Greedy evaluation against fixed opponents and the curriculum's rung, and the promotion it decides.
+
+Every evaluation plays the same seeds (20,000,000 + i), so evaluations of one run, and of runs with the same
+`--eval.games`, are comparable. Evaluation reads outcomes only: no move judging (blunder penalty off).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+
+from earl_jax.envs.vector import make_vector_env
+from earl_jax.progress import phase
+from earl_jax.rollout.sampler import SamplingConfig
+
+EVAL_SEED = 20_000_000
+# play(env, seeds, group_ids, rng, sampling, training) -> trajectories
+Play = Callable[..., Any]
+
+
+class Evaluator:
+    def __init__(self, cfg, env_cfg, matchmaker, play: Play, env_factory=None):
+        """`cfg`: EvalConfig; `env_cfg`: the job's EnvConfig (its opponent replaced per evaluation opponent)."""
+        self.cfg, self.env_cfg, self.matchmaker, self.play, self.env_factory = cfg, env_cfg, matchmaker, play, env_factory
+        self.envs: dict[str, Any] = {}  # one per evaluation opponent, made on first use
+
+    def __call__(self, opponents: tuple[str, ...] | None = None) -> dict[str, float]:
+        """Greedy games against each evaluation opponent and the curriculum's current rung, or against `opponents`."""
+        out: dict[str, float] = {}
+        greedy = SamplingConfig(greedy=True)
+        for name in opponents or self.matchmaker.eval_opponents():
+            env = self.envs.get(name)
+            if env is None:
+                eval_cfg = dataclasses.replace(self.env_cfg, opponent=name, blunder_penalty=0.0)
+                env = self.envs[name] = make_vector_env(eval_cfg, self.cfg.games, self.env_factory)
+            seeds = [EVAL_SEED + i for i in range(env.num_games)]
+            traj = self.play(env, seeds, None, jax.random.key(0), greedy, training=False)
+            prefix = "eval" if name == self.cfg.opponents[0] else f"eval_{name}"
+            for k in ("win_rate", "draw_rate", "loss_rate", "invalid_rate"):
+                out[f"{prefix}/{k}"] = getattr(traj.stats, k)
+            if self.matchmaker.curriculum and name == self.matchmaker.curriculum.opponent:
+                out["curriculum/eval_win_rate"] = traj.stats.win_rate
+        return out
+
+    def logged(self, step: int, status: Callable[[str], None] = lambda s: None) -> dict[str, float]:
+        """An evaluation with its phase line; the curriculum promotes (and says so) when its rung is beaten."""
+        opponents = ", ".join(self.matchmaker.eval_opponents())
+        status(f"evaluation vs {opponents}")
+        with phase(f"evaluation: {self.cfg.games} greedy games vs {opponents}") as p:
+            out = self()
+            p.note(", ".join(f"{k} {v:.2f}" for k, v in out.items() if k.endswith("win_rate")))
+        if "curriculum/eval_win_rate" in out:
+            self.matchmaker.after_evaluation(out["curriculum/eval_win_rate"], step)
+        return out

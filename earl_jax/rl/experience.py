@@ -1,0 +1,85 @@
+"""The experience stage: old-policy (and reference) log-probs by length-grouped micro-batches, then advantages.
+
+    batch, metrics, arranged = experience_stage(run, params, ref_params, arrays, spans, widths, ...)
+
+Rows are sorted by length and dealt over the batch shards (rl/packing.py), so each micro-batch holds similar lengths
+and runs at its own width bucket; the results equal the padded computation. The same function is what the trainer
+runs and what the selector's profiler (rl/measure.py) times.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jaxtyping import Int
+
+from earl_jax.parallel.planner import StageRun
+from earl_jax.rl.losses import LossConfig
+from earl_jax.rl.packing import (batch_width, grouped_logprobs, length_order, length_split, limit_new_widths,
+                                 rearrange)
+from earl_jax.rl.stages import ExperienceBatch, advantage_step
+from earl_jax.rollout.agent_loop import Trajectories
+from earl_jax.rollout.compile_ahead import CompileAhead
+from earl_jax.rollout.process_split import allgather_rows
+
+
+def pad_cols(x: np.ndarray, width: int) -> np.ndarray:
+    return np.pad(x, ((0, 0), (0, width - x.shape[1])))
+
+
+def batch_arrays(traj: Trajectories, constrained: bool) -> dict[str, np.ndarray]:
+    """The rows the experience stage computes on: the batch's, or this process's share (`traj.local_rows`)."""
+    width = batch_width(traj.tokens.shape[1])
+    groups = traj.group_ids if traj.local_rows is None else traj.group_ids[traj.local_rows]
+    arrays = {"tokens": pad_cols(traj.tokens, width), "loss_mask": pad_cols(traj.loss_mask, width),
+              "rewards": pad_cols(traj.rewards, width), "group_ids": groups}
+    if constrained:  # free-text runs neither move nor keep the (all-zero) legal-move bitmasks
+        arrays["choices"] = pad_cols(traj.choices, width)
+    return arrays
+
+
+class WidthBudget:
+    """Which micro-batch widths each stage program runs at this iteration: `packing.length_split`, then at most
+    `new_per_iteration` widths its programs have not run at yet (the rest run padded to a wider one: same results,
+    fewer compiles at once); with `ahead`, the deferred widths compile in the background for the next iteration."""
+
+    def __init__(self, new_per_iteration: int, enabled: bool, ahead: CompileAhead | None):
+        self.new_per_iteration, self.enabled, self.ahead = new_per_iteration, enabled, ahead
+        self.run_at: dict[tuple, set[int]] = {}  # widths each (stage, mesh, rows, shards, chunk) program has run at
+
+    def split(self, run: StageRun, arranged_lengths: Int[np.ndarray, " n"], shape: tuple[int, ...]):
+        """(micro-batches, width per micro-batch, the compile-ahead queue and deferred widths or None)."""
+        micro, wanted = length_split(run, arranged_lengths, shape[1], self.enabled)
+        key = (run.stage, str(run.layout.mesh), micro.rows, micro.shards, run.layout.logprob_chunk)
+        seen = self.run_at.setdefault(key, set())
+        widths = limit_new_widths(wanted, seen, self.new_per_iteration)
+        seen.update(widths)
+        deferred = sorted(set(wanted) - set(widths))
+        return micro, widths, None if self.ahead is None else (self.ahead, deferred)
+
+
+def experience_stage(run: StageRun, params: Any, ref_params: Any | None, arrays: dict[str, np.ndarray],
+                     lengths: Int[np.ndarray, " n"], widths: WidthBudget, *, graphdef, loss: LossConfig,
+                     num_groups: int, choice_tokens: tuple[int, ...] = (), rows: slice | None = None
+                     ) -> tuple[ExperienceBatch, dict, np.ndarray]:
+    """Old (and reference) log-probs, then advantages, for the rows `arrays` hold (weights already on `run`'s
+    layout). Returns the batch with its rows arranged by `packing.length_order` and that arrangement. `lengths`:
+    each row's scored span (`packing.scored_spans`); `rows`: `arrays` hold only these rows of the batch (a split
+    rollout's share on this process)."""
+    perm = length_order(lengths, run.batch_shards)
+    if rows is not None and run.process_rows(len(lengths)) == rows:
+        # each process places its own rows; the arrangement then moves rows device to device
+        x = rearrange(run, run.put_process_rows(arrays, len(lengths)), perm)
+    else:
+        if rows is not None:  # this layout splits rows otherwise (a tensor axis across processes): gather them
+            arrays = allgather_rows(arrays)
+        x = run.put_rows({k: v[perm] for k, v in arrays.items()})
+    micro, width_list, ahead = widths.split(run, lengths[perm], x["tokens"].shape)
+    kw = dict(graphdef=graphdef, choices=x.get("choices"), choice_tokens=choice_tokens)
+    old = grouped_logprobs(run, params, x["tokens"], width_list, micro, ahead=ahead, **kw)
+    ref_logp = old if ref_params is None else grouped_logprobs(run, ref_params, x["tokens"], width_list, micro, **kw)
+    fn = run.jit("advantages", advantage_step, num_groups=num_groups, loss_cfg=loss)
+    out = fn(old, ref_logp, x["tokens"], x["loss_mask"], x["rewards"], x["group_ids"], x.get("choices"))
+    return (*jax.block_until_ready(out), perm)  # an OOM must surface inside the planner's fallback

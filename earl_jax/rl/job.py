@@ -1,0 +1,99 @@
+"""The command-line job behind experiments/connect4.py and tictactoe.py: parse, check, train, plot.
+
+    job.main(argv, name="connect4", configs=Path("experiments/configs/connect4"), description=__doc__)
+
+`configs` holds the script's presets as TOML files; `tiny-cpu.toml` is its default (what runs with no flags).
+Every bad input fails before anything is built, as one line on stderr naming the flag (exit 2); `--debug` (or
+EARL_DEBUG=1) shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from earl_jax.cli import ConfigError, Parsed, load_file, parse
+from earl_jax.errors import CheckpointError
+from earl_jax.rl.config import JobConfig
+
+DEFAULT_PRESET = "tiny-cpu"
+# Short flags for the fields people type most.
+ALIASES = {
+    "--steps": ("run", "steps"), "--seed": ("run", "seed"), "--run-dir": ("run", "run_dir"),
+    "--resume": ("run", "resume"), "--game": ("env", "game"), "--opponent": ("env", "opponent"),
+    "--learning-rate": ("optim", "learning_rate"), "--model": ("model", "name"),
+    "--hf-checkpoint": ("model", "hf_checkpoint"), "--devices": ("planner", "devices"),
+}
+
+
+def presets_of(configs: Path) -> dict[str, object]:
+    """The script's presets: each TOML file in `configs` by its name, and the pod preset (sized from the machine)."""
+    from earl_jax.rl.pod import pod_preset_for_this_machine
+
+    return {**{p.stem: p for p in sorted(configs.glob("*.toml"))}, "pod": pod_preset_for_this_machine}
+
+
+def parse_job(argv: Sequence[str] | None, configs: Path, *, prog: str | None = None, description: str = ""
+              ) -> Parsed[JobConfig]:
+    presets = presets_of(configs)
+    base = load_file(presets[DEFAULT_PRESET], JobConfig())
+    return parse(argv, base, presets=presets, aliases=ALIASES, prog=prog, description=description,
+                 extra=lambda group: group.add_argument("--debug", action="store_true",
+                                                        help="show the traceback of an error (also EARL_DEBUG=1)"))
+
+
+class SetupError(ValueError):
+    """The job could not be set up from its inputs (before training started): one line for the user."""
+
+
+def main(argv: Sequence[str] | None = None, *, name: str, configs: Path, description: str = "") -> int:
+    """Run the job; bad input is one line on stderr and exit status 2 (the traceback with --debug or EARL_DEBUG=1)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("EARL_DEBUG") == "1"
+    try:
+        trainer = setup(argv, name, configs, description)
+    except (ConfigError, CheckpointError, SetupError) as e:
+        if debug:
+            raise
+        print(f"{name}: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return 2
+    return train(trainer, name)
+
+
+def setup(argv: list[str], name: str, configs: Path, description: str):
+    """Parse and check the inputs, then build the trainer; every input error surfaces here, as a one-line error."""
+    from earl_jax import distributed
+    from earl_jax.compile_cache import enable_compile_cache
+    from earl_jax.progress import show_progress_logs
+    from earl_jax.rl.trainer import Trainer
+    from earl_jax.rl.validate import check_job, check_run_dir
+
+    parsed = parse_job(argv, configs, prog=f"{name}.py", description=description)
+    cfg = parsed.config
+    check_job(cfg)
+    check_run_dir(cfg)
+    # before anything touches a device: join the multi-process job, if this process is part of one
+    distributed.maybe_initialize(cfg.dist.coordinator, cfg.dist.num_processes, cfg.dist.process_id)
+    show_progress_logs(distributed.is_main())  # model creation / loading / cache lines, process 0 only
+    enable_compile_cache(cfg.run.compile_cache or None)  # before the first compile: restarts reuse the programs
+    try:
+        return Trainer(cfg)
+    except ValueError as e:  # the planner refusing a layout for the model and batch, a game the rollout cannot play
+        raise SetupError(str(e)) from e
+
+
+def train(trainer, name: str) -> int:
+    from earl_jax import distributed
+    from earl_jax.rl.plots import plot_run
+
+    cfg = trainer.cfg
+    history = trainer.run()
+    if distributed.is_main():  # only process 0 writes metrics.jsonl, plots and prints
+        run_dir = Path(cfg.run.run_dir)
+        png = plot_run(run_dir / "metrics.jsonl", run_dir / "curves.png", title=name)
+        last = history[-1] if history else {}
+        print(f"{name}: {trainer.step} iterations; eval win {last.get('eval/win_rate')}, draw "
+              f"{last.get('eval/draw_rate')}, invalid {last.get('eval/invalid_rate')}; curves: {png}")
+    return 0

@@ -1,0 +1,172 @@
+"""The rollout stage as the RL loop runs it: where games decode, with which programs, and what comes back.
+
+    stage = RolloutStage(cfg.rollout, graphdef, model_cfg, tokenizer, ids, codec, moves, cache_buckets)
+    traj, dispatch_s = planner.run("rollout", lambda run: stage(run, weights_on_run, env, seeds, ...))
+
+Placement: one sampler per rollout mesh (it keeps its compiled decode programs); in a multi-process job whose
+rollout mesh holds a whole model per process, each process plays only its block of the games
+(rollout/process_split.py) and the token columns stay on their process. Policies for the decode's start-up cost:
+
+- compact (`--rollout.compact-finished auto`): finished games leave the decode batch on the CPU always, on
+  accelerators from the second training rollout on: a cold first rollout compiles the smaller batches' programs for
+  longer than they save (a decode step costs about the same at 64 rows as at 16 there);
+- compile ahead (`--rollout.compile-ahead auto`): the next decode programs compile on background threads on
+  accelerators from the second rollout on; in the first they only compete with the foreground's compiles;
+- after the first training rollout, the compacted batches' programs compile during experience and train, so the
+  second rollout does not wait for them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from earl_jax.distributed import host_to_global
+from earl_jax.parallel.planner import StageRun
+from earl_jax.rollout.agent_loop import COMPACT_FACTOR, COMPACT_LEVELS, PlayConfig, Trajectories, play_games
+from earl_jax.rollout.config import RolloutConfig
+from earl_jax.rollout.frozen_opponent import FrozenPolicyOpponent
+from earl_jax.rollout.policy import SamplerPolicy
+from earl_jax.rollout.process_split import RowView, gather_trajectories, process_block
+from earl_jax.rollout.sampler import Sampler, SamplingConfig
+
+
+def compile_ahead_now(mode: str, rollouts_done: int, backend: str) -> bool:
+    """--rollout.compile-ahead for the decode programs: auto = on accelerators from the second training rollout on."""
+    return mode == "true" or (mode == "auto" and rollouts_done > 0 and backend != "cpu")
+
+
+def compact_now(mode: str | bool, rollouts_done: int, backend: str) -> bool:
+    """--rollout.compact-finished: auto = on the CPU always, on accelerators from the second training rollout on."""
+    if isinstance(mode, bool):  # config.json of runs before "auto"
+        return mode
+    return mode == "true" or (mode == "auto" and (backend == "cpu" or rollouts_done > 0))
+
+
+def stage_ahead_now(mode: str, backend: str) -> bool:
+    """--rollout.compile-ahead for the experience / train programs (deferred widths, the optimizer update): auto = on
+    accelerators from the start; these are never guesses, and the update then compiles beside the first gradient."""
+    return mode == "true" or (mode == "auto" and backend != "cpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a rollout decodes: the mesh, the games this process plays, their sampler and weights, the smallest decode
+    batch, and whether the games are split by process."""
+
+    mesh: Mesh
+    games: slice
+    sampler: Sampler
+    params: Any
+    min_batch: int
+    split: bool
+
+
+class RolloutStage:
+    """Plays one batch of games on the planned rollout layout (`__call__`); keeps the samplers and their programs."""
+
+    def __init__(self, cfg: RolloutConfig, graphdef, model_cfg, tokenizer, ids, codec, moves, cache_buckets,
+                 max_context: int):
+        self.cfg, self.graphdef, self.model_cfg = cfg, graphdef, model_cfg
+        self.tokenizer, self.ids, self.codec, self.moves = tokenizer, ids, codec, moves
+        self.cache_buckets, self.max_context = cache_buckets, max_context
+        self.samplers: dict[Any, Sampler] = {}  # per rollout mesh (or process block of one)
+        self.rollouts_done = 0  # training rollouts finished (accelerators compile ahead and compact after the first)
+        self.decode_groups = 1  # the last rollout's decode groups (processes, when the games were split)
+        self._league_device: tuple[Any, Any] | None = None  # (snapshot step, rollout mesh), weights there
+
+    @property
+    def compile_count(self) -> int:
+        return sum(sp.compile_count for sp in self.samplers.values())
+
+    def __call__(self, run: StageRun, params: Any, env, seeds, group_ids, rng, sampling: SamplingConfig, *,
+                 turn_tokens: int, league: tuple | None = None, training: bool = True,
+                 league_params: Callable[[StageRun, int, Any], Any] | None = None) -> Trajectories:
+        """One game per row of `env`, decoded with `params` (already on `run`'s layout). `training` (False: an
+        evaluation) decides what the next training rollout's programs are predicted from. `league`: the games a
+        frozen snapshot plays (Matchmaker.league_games), decoded on the same sampler with its own cache."""
+        stops = (self.ids.eos_id,) if self.cfg.stop_at_eos else ()
+        split = self.cfg.split_processes and league is None
+        at = self._placement(run, params, len(seeds), split)
+        games, sampler, min_batch, params = at.games, at.sampler, at.min_batch, at.params
+        backend = jax.default_backend()
+        policy = SamplerPolicy(sampler, params, sampling, stops, turn_tokens, moves=self.moves)
+        compact = compact_now(self.cfg.compact_finished, self.rollouts_done, backend)
+        play_cfg = PlayConfig(turn_tokens, self.cfg.max_turns, self.max_context, constrain_moves=self.cfg.constrain_moves,
+                              compact=compact, pipeline_groups=1, min_batch=min_batch)
+        self.decode_groups = jax.process_count() if at.split else 1
+        if league is not None:
+            league_games, snap_step, snap = league
+            frozen = SamplerPolicy(sampler, league_params(run, snap_step, snap), sampling, stops, turn_tokens,
+                                   moves=self.moves)
+            env.assign(FrozenPolicyOpponent(frozen, self.codec, jax.random.fold_in(rng, 0x0990),
+                                            max_turn_tokens=turn_tokens, bos_id=self.ids.bos_id, min_batch=min_batch),
+                       league_games)
+        ids = np.asarray(np.arange(len(seeds)) if group_ids is None else group_ids)[games]
+        try:
+            traj = play_games([policy], RowView(env, games) if at.split else env, self.tokenizer, play_cfg, rng,
+                              list(seeds)[games], ids, bos_id=self.ids.bos_id, codec=self.codec,
+                              game_offset=games.start)
+        finally:
+            if league is not None:
+                env.assign(None)
+        if training:  # an evaluation's batch is its own: its programs would only compete with the next rollout's
+            self.rollouts_done += 1
+            self._compaction_ahead(compact, sampler, params)
+        if at.split:  # the token columns stay on their process: the experience stage places them from there
+            traj = gather_trajectories(traj)
+        return traj
+
+    def _placement(self, run: StageRun, params: Any, n_games: int, split: bool) -> Placement:
+        """With `split`, this process's block of the mesh and share of the games when the rollout can be split by
+        process; else the whole mesh and batch."""
+        block = process_block(run.mesh, params, n_games) if split else None
+        if block is None:
+            sampler = self._sampler(run.layout.mesh, run.mesh, run.rules)
+            return Placement(run.mesh, slice(0, n_games), sampler, params, run.batch_shards, False)
+        key = ("process", run.layout.mesh, tuple(d.id for d in block.mesh.devices.flat))
+        shards = math.prod(block.mesh.shape[a] for a in run.batch_axes)
+        return Placement(block.mesh, block.games, self._sampler(key, block.mesh, run.rules), block.params, shards, True)
+
+    def _sampler(self, key: Any, mesh: Mesh, rules) -> Sampler:
+        """The sampler of a rollout mesh, kept with its compiled programs."""
+        if key not in self.samplers:
+            self.samplers[key] = Sampler(self.graphdef, self.model_cfg, mesh=mesh, cache_buckets=self.cache_buckets,
+                                         rules=rules, max_len=self.max_context)
+        sampler = self.samplers[key]
+        if compile_ahead_now(self.cfg.compile_ahead, self.rollouts_done, jax.default_backend()):
+            sampler.start_compiling_ahead()
+        return sampler
+
+    def _compaction_ahead(self, compacted: bool, sampler: Sampler, params: Any) -> None:
+        """After a rollout that did not compact, when the next one will (accelerators' first training rollout):
+        compile the compacted batches' decode programs now, in the background during experience and train."""
+        backend = jax.default_backend()
+        if compacted or not compact_now(self.cfg.compact_finished, self.rollouts_done, backend):
+            return
+        if not compile_ahead_now(self.cfg.compile_ahead, self.rollouts_done, backend):
+            return
+        sampler.start_compiling_ahead()
+        sampler.compile_compaction_ahead(params, COMPACT_FACTOR, COMPACT_LEVELS)
+
+    def league_params(self, run: StageRun, step: int, snapshot: Any) -> Any:
+        """A league snapshot's weights (host, compute dtype) on the rollout layout, kept there while it plays."""
+        key = (step, run.layout.mesh)
+        if self._league_device is None or self._league_device[0] != key:
+            leaves, treedef = jax.tree.flatten(snapshot)
+            targets = treedef.flatten_up_to(run.shardings(snapshot))
+            self._league_device = (key, treedef.unflatten([host_to_global(x, s) for x, s in zip(leaves, targets)]))
+        return self._league_device[1]
+
+
+def timed_weights(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """fn()'s weights, ready, and the seconds it took (the dispatch's share of a rollout)."""
+    t0 = time.perf_counter()
+    params = jax.block_until_ready(fn())
+    return params, time.perf_counter() - t0

@@ -1,0 +1,79 @@
+"""Checks of a job's inputs that need more than one field (the game's rules, the model's shape, the run folder), done
+before anything is built: each bad input is one `ConfigError` line naming the flag, the value and what is accepted.
+
+Each component config checks its own fields when it is made; this module checks them against each other and the
+world: that the game loads, that every opponent exists for it, that the model shape or checkpoint folder is there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from earl_jax.cli import ConfigError
+from earl_jax.errors import CheckpointError
+
+GAME_EXAMPLES = "connect_four, tic_tac_toe, or any two-player OpenSpiel game such as breakthrough or hex"
+
+
+def _load_game(name: str):
+    import pyspiel
+
+    try:
+        game = pyspiel.load_game(name)
+    except Exception:  # pyspiel.SpielError is not a ValueError; its message lists every registered game
+        raise ConfigError(f"--env.game: {name!r} is not an OpenSpiel game ({GAME_EXAMPLES})") from None
+    if game.num_players() != 2:
+        raise ConfigError(f"--env.game: {name!r} has {game.num_players()} players; the games here are two-player")
+    return game
+
+
+def _opponent(flag: str, spec: str, game, name: str) -> None:
+    from earl_jax.envs.opponents import SPEC_HELP, make_opponent
+
+    try:
+        make_opponent(spec, game)
+    except ValueError as e:
+        raise ConfigError(f"{flag}: {spec!r} is not an opponent for {name} ({str(e).split(chr(10))[0]}; accepted: "
+                          f"{SPEC_HELP})") from None
+
+
+def check_job(cfg) -> None:
+    """Every cross-field and outside-world check of a JobConfig (see the module docstring)."""
+    from earl_jax.envs.text import PROMPT_STYLES
+    from earl_jax.models.setup import check_spec
+    from earl_jax.rl.curriculum import parse_ladder
+
+    env = cfg.env
+    if env.prompt_style not in PROMPT_STYLES:
+        raise ConfigError(f"--env.prompt-style: {env.prompt_style!r} is not one of {', '.join(PROMPT_STYLES)}")
+    if env.agent_player not in (None, 0, 1):
+        raise ConfigError(f"--env.agent-player: must be 0, 1 or none (got {env.agent_player!r})")
+    game = _load_game(env.game)
+    if env.opponent != "curriculum":
+        _opponent("--env.opponent", env.opponent, game, env.game)
+    for name in cfg.eval.opponents:
+        _opponent("--eval.opponents", name, game, env.game)
+    for flag, text, needed in (("--curriculum.ladder", cfg.curriculum.ladder, env.opponent == "curriculum"),
+                               ("--curriculum.mix-opponent", cfg.curriculum.mix_opponent, bool(cfg.curriculum.mix_opponent))):
+        if needed:
+            try:
+                parse_ladder(text, env.game)
+            except ValueError as e:
+                raise ConfigError(f"{flag}: {e} (got {text!r})") from None
+    try:
+        check_spec(cfg.model)
+    except (CheckpointError, ValueError) as e:
+        msg = str(e).split("\n")[0]
+        raise ConfigError(msg if msg.startswith("--") else f"--model.name: {msg}") from None
+
+
+def check_run_dir(cfg) -> None:
+    """The run folder: not a file; with a plain --resume, one that holds a checkpoint (nothing is created)."""
+    run_dir = Path(cfg.run.run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--run.run-dir: {run_dir} is a file, not a folder")
+    if cfg.run.resume == "true":
+        ckpt = run_dir / "checkpoints"
+        if not ckpt.is_dir() or not any(p.name.isdigit() for p in ckpt.iterdir()):
+            raise ConfigError(f"--resume: {run_dir} holds no checkpoint to resume (--resume auto starts a run there "
+                              "when it has none)")
