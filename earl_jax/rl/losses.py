@@ -72,7 +72,10 @@ def _f(default, help: str):
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
-    """Policy loss and advantage estimator. Frozen and hashable, so it can be a static jit argument."""
+    """loss: the advantage estimator and the policy loss (registered names), their coefficients
+
+    Frozen and hashable: the stages take it as a static jit argument.
+    """
 
     estimator: str = _f("grpo", "advantage estimator, registered by name in rl/advantages.py: grpo, dr_grpo "
                                 "(GRPO without the std division), rloo, reinforce_pp (REINFORCE++; no critic)")
