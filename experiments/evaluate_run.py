@@ -1,58 +1,48 @@
-"""Greedy evaluation of a run's newest checkpoint against a list of opponents (the ladder, the solver, MCTS).
+"""Greedy evaluation of runs' newest checkpoints against a list of opponents, and the mean and spread over runs.
 
     python experiments/evaluate_run.py runs/connect4-gpu --opponents random,alphabeta:1,alphabeta:2,mcts:100
-    python experiments/evaluate_run.py runs/tictactoe --opponents random,solver --games 128
+    python experiments/evaluate_run.py runs/seed0 runs/seed1 runs/seed2 --opponents random,alphabeta:1 --games 128
 
-The run's own config.json rebuilds the model, tokenizer and game; the checkpoint gives the weights (and the
-curriculum's rung, which is evaluated too). Games use the trainer's fixed evaluation seeds, so two runs are
-compared on the same openings. Prints a table and writes <run-dir>/evaluation.json (or --out).
+Each run's own config.json rebuilds the model, tokenizer and game (runs written before the component configs
+load too); its checkpoint gives the weights (and the curriculum's rung, which is evaluated too). Games use the
+trainer's fixed evaluation seeds, so runs are compared on the same openings. Prints a table per run and, for
+several runs, the mean and the spread (sample standard deviation, min, max) per opponent; writes
+<run-dir>/evaluation.json per run (and --out, the summary, for several).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
+import statistics
 import sys
 import time
-import typing
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone: no install needed
 
 
-def load_run_config(run_dir: Path, **overrides):
-    """The RLConfig a run was started with (config.json), JSON lists back to tuples, with `overrides`."""
-    from earl_jax.rl.config import RLConfig
+def load_run_config(run_dir: Path, paths: dict | None = None):
+    """The JobConfig a run was started with (its config.json), with `paths` ({(section, field): value}) set."""
+    from earl_jax.cli import ConfigError, replace_paths
+    from earl_jax.rl.config import JobConfig
 
     path = run_dir / "config.json"
-    if not path.exists():
-        raise SystemExit(f"{run_dir}: no config.json (not a run folder)")
-    raw = json.loads(path.read_text())
-    hints = typing.get_type_hints(RLConfig)
-    known = {f.name for f in dataclasses.fields(RLConfig)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise SystemExit(f"{path}: fields this version does not know: {', '.join(unknown)}")
-    fields = {k: tuple(v) if isinstance(v, list) and "tuple" in str(hints[k]) else v for k, v in raw.items()}
-    return dataclasses.replace(RLConfig(**fields), **overrides)
+    if not path.is_file():
+        raise ConfigError(f"{run_dir}: no config.json (not a run folder)")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    return replace_paths(JobConfig.from_dict(raw), paths or {})
 
 
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("--opponents", default="random", help="comma-separated: random, alphabeta:D, mcts:N, solver")
-    p.add_argument("--games", type=int, default=64, help="greedy games per opponent")
-    p.add_argument("--out", type=Path, default=None, help="JSON path (default: <run-dir>/evaluation.json)")
-    args = p.parse_args(argv)
-
-    from earl_jax.compile_cache import enable_compile_cache
+def evaluate_run(run_dir: Path, opponents: tuple[str, ...], games: int) -> dict:
     from earl_jax.rl.trainer import Trainer
 
-    opponents = tuple(o.strip() for o in args.opponents.split(",") if o.strip())
-    cfg = load_run_config(args.run_dir, resume=True, eval_opponents=opponents, eval_games=args.games,
-                          wandb_mode="disabled", progress=False)
-    enable_compile_cache(cfg.compile_cache or None)
+    cfg = load_run_config(run_dir, {("run", "resume"): "true", ("eval", "opponents"): opponents,
+                                    ("eval", "games"): games, ("run", "wandb_mode"): "disabled",
+                                    ("run", "progress"): False})
     trainer = Trainer(cfg, log=False)  # restores the newest readable checkpoint; writes nothing to the run
     rows = {}
     for name in trainer.matchmaker.eval_opponents():
@@ -61,15 +51,58 @@ def main(argv: list[str] | None = None) -> dict:
         r = trainer.evaluate((name,))
         rows[name] = {k[len(prefix):]: float(v) for k, v in r.items() if k.startswith(prefix)}
         rows[name]["seconds"] = time.perf_counter() - t0
-        print(f"{name:>14}: win {rows[name]['win_rate']:.3f}  draw {rows[name]['draw_rate']:.3f}  "
+        print(f"{run_dir.name:>12} {name:>14}: win {rows[name]['win_rate']:.3f}  draw {rows[name]['draw_rate']:.3f}  "
               f"loss {rows[name]['loss_rate']:.3f}  invalid {rows[name]['invalid_rate']:.3f}  "
               f"({rows[name]['seconds']:.0f} s)", flush=True)
-    result = {"run_dir": str(args.run_dir), "step": trainer.step, "game": cfg.game, "games": args.games,
-              "greedy": True, "opponents": rows}
-    out = args.out or args.run_dir / "evaluation.json"
-    out.write_text(json.dumps(result, indent=1))
-    print(f"step {trainer.step}: wrote {out}")
-    return result
+    return {"run_dir": str(run_dir), "step": trainer.step, "game": cfg.env.game, "games": games, "greedy": True,
+            "seed": cfg.run.seed, "opponents": rows}
+
+
+def summarize(results: list[dict]) -> dict:
+    """Per opponent and rate: the mean over runs, the sample standard deviation, min and max."""
+    out: dict[str, dict] = {}
+    for name in results[0]["opponents"]:
+        per = [r["opponents"][name] for r in results if name in r["opponents"]]
+        out[name] = {}
+        for k in ("win_rate", "draw_rate", "loss_rate", "invalid_rate"):
+            vals = [p[k] for p in per]
+            out[name][k] = {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+                            "min": min(vals), "max": max(vals), "runs": len(vals)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dirs", type=Path, nargs="+")
+    p.add_argument("--opponents", default="random", help="comma-separated: random, alphabeta:D, mcts:N, solver")
+    p.add_argument("--games", type=int, default=64, help="greedy games per opponent")
+    p.add_argument("--out", type=Path, default=None, help="JSON path (one run: default <run-dir>/evaluation.json; "
+                                                         "several: the summary, default none)")
+    args = p.parse_args(argv)
+
+    from earl_jax.compile_cache import enable_compile_cache
+
+    opponents = tuple(o.strip() for o in args.opponents.split(",") if o.strip())
+    enable_compile_cache(None)
+    results = []
+    for run_dir in args.run_dirs:
+        result = evaluate_run(run_dir, opponents, args.games)
+        (args.out if args.out and len(args.run_dirs) == 1 else run_dir / "evaluation.json").write_text(
+            json.dumps(result, indent=1))
+        results.append(result)
+    if len(results) == 1:
+        print(f"step {results[0]['step']}: wrote {args.out or args.run_dirs[0] / 'evaluation.json'}")
+        return results[0]
+    summary = {"runs": [r["run_dir"] for r in results], "seeds": [r["seed"] for r in results],
+               "steps": [r["step"] for r in results], "games": args.games, "opponents": summarize(results)}
+    print(f"\nmean over {len(results)} runs (seeds {summary['seeds']}), sample std, [min, max]:")
+    for name, rates in summary["opponents"].items():
+        w = rates["win_rate"]
+        print(f"{name:>14}: win {w['mean']:.3f} +- {w['std']:.3f} [{w['min']:.3f}, {w['max']:.3f}]  "
+              f"draw {rates['draw_rate']['mean']:.3f}")
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=1))
+    return summary
 
 
 if __name__ == "__main__":

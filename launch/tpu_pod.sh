@@ -2,7 +2,7 @@
 # Connect Four RL on a multi-host Cloud TPU pod slice (e.g. v5p-32: 4 hosts): the same command on every
 # worker VM, joined by jax.distributed's own TPU detection (EARL_DISTRIBUTED=auto).
 #
-#   TPU_NAME=my-v5p-32 ZONE=us-east5-a launch/tpu_pod.sh --preset qwen0.5b --hf-checkpoint /mnt/ckpt/Qwen2.5-0.5B
+#   TPU_NAME=my-v5p-32 ZONE=us-east5-a launch/tpu_pod.sh --preset qwen0.5b --model.hf-checkpoint /mnt/ckpt/Qwen2.5-0.5B
 #
 # Set up once (installs the repository on every worker):
 #   SETUP=1 REPO_URL=<git url of this repository> TPU_NAME=... ZONE=... launch/tpu_pod.sh

@@ -108,15 +108,14 @@ class EvalConfig:
 
     every: int = _f(10, "iterations between evaluations (0: only at the end)")
     games: int = _f(64, "games per evaluation opponent")
-    opponents: tuple[str, ...] = _f(("random",), "comma-separated evaluation opponents")
+    opponents: tuple[str, ...] = _f(("random",), "comma-separated evaluation opponents (empty: no evaluation games, "
+                                                  "e.g. throughput sweeps)")
 
     def __post_init__(self):
         if self.every < 0:
             raise ValueError(f"every: must be >= 0 (got {self.every!r})")
         if self.games <= 0:
             raise ValueError(f"games: must be positive (got {self.games!r})")
-        if not self.opponents:
-            raise ValueError("opponents: name at least one (got '')")
 
 
 @dataclasses.dataclass(frozen=True)
