@@ -20,6 +20,7 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from earl_jax.models.config import ModelConfig
@@ -27,7 +28,12 @@ from earl_jax.parallel.memory import MemoryModel, candidate_meshes
 from earl_jax.parallel.plan import StageLayout
 from earl_jax.parallel.planner import ProgramCache, StageRun
 from earl_jax.parallel.profile import ProfileTable, run_profile
+from earl_jax.rl.experience import WidthBudget
+from earl_jax.rl.losses import LossConfig
 from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, logical_sharding, make_mesh
+
+
+LOSS = LossConfig(filter_constant_groups=False)  # GRPO and PPO-clip, the job's default loss
 
 
 class RealMeasure:
@@ -37,10 +43,11 @@ class RealMeasure:
       keys/values for `context_len - decode_steps` tokens in each of `num_responses` rows (no prefill), then
       `generate` of `decode_steps` new tokens (ending at `context_len`, so the cache is `context_len`'s
       bucket), stop tokens ignored; TGS = rows x decode_steps / seconds / devices.
-    * experience: `experience_stage` (old-policy log-probs, micro-batched and vocabulary-chunked as the layout
-      says, advantages) over `num_responses` x `context_len` random tokens; TGS = tokens / seconds / devices.
-    * train: one `train_stage` step (float32 masters, bf16 compute, per-layer remat, AdamW, GRPO loss),
-      micro-batched as the layout says.
+    * experience: the trainer's `experience_stage` (old-policy log-probs by micro-batches and vocabulary chunks
+      as the layout says, advantages) over `num_responses` x `context_len` random tokens; TGS = tokens / seconds /
+      devices.
+    * train: one call of the trainer's `train_stage` (float32 masters, bf16 compute, per-layer remat, AdamW,
+      GRPO and PPO-clip), micro-batched as the layout says.
     Each is the median of `repeats` after a warm-up (compile) call. Models are cached per mesh, one
     stage's models at a time (one model for train)."""
 
@@ -92,34 +99,46 @@ class RealMeasure:
         sharding = logical_sharding(run.mesh, run.rules, ("batch", "length"), (n, t))
         return jax.device_put(jax.random.randint(jax.random.key(key), (n, t), 0, self.cfg.vocab_size), sharding)
 
+    def _batch(self, context_len: int, num_responses: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """A host batch as the rollout hands it to the experience stage: random tokens, every position scored, groups
+        of 2 (GRPO needs a group), random rewards; and each row's scored span (the whole row)."""
+        rng = np.random.default_rng(self.seed)
+        shape = (num_responses, context_len)
+        arrays = {"tokens": rng.integers(0, self.cfg.vocab_size, shape).astype(np.int32),
+                  "loss_mask": np.ones(shape, bool), "rewards": rng.standard_normal(shape).astype(np.float32),
+                  "group_ids": (np.arange(num_responses) // 2).astype(np.int32)}
+        return arrays, np.full(num_responses, context_len)
+
+    def _experience(self, run: StageRun, graphdef, params, arrays, spans, widths: WidthBudget):
+        from earl_jax.rl.experience import experience_stage
+
+        return experience_stage(run, params, None, arrays, spans, widths, graphdef=graphdef, loss=LOSS,
+                                num_groups=-(-len(spans) // 2))
+
     def train(self, layout: StageLayout, context_len: int, num_responses: int) -> float:
-        from earl_jax.rl.losses import LossConfig
-        from earl_jax.rl.stages import ExperienceBatch, make_optimizer, train_stage
+        """One `train_stage` call (the trainer's: length-grouped micro-batches, PPO-clip, AdamW) on an experience
+        batch made by `experience_stage` on the same layout (not timed)."""
+        from earl_jax.parallel.dispatch import Dispatcher
+        from earl_jax.rl.optim import make_optimizer
+        from earl_jax.rl.train import train_stage
 
         run, graphdef, params = self._run("train", layout)
-        micro = run.micro_batches(num_responses)
         optimizer = make_optimizer(1e-6, 10, 1000, 0.0, 1.0)
-        shape = (num_responses, context_len)
-        sh = run.row_sharding(2)
-        keys = jax.random.split(jax.random.key(self.seed), 3)
-        batch = ExperienceBatch(
-            self._random_rows(run, *shape, self.seed), jax.device_put(jnp.ones(shape, bool), sh),
-            jax.device_put(-jax.random.uniform(keys[0], shape, jnp.float32, 5, 15), sh),
-            jax.device_put(-jax.random.uniform(keys[1], shape, jnp.float32, 5, 15), sh),
-            jax.device_put(jax.random.normal(keys[2], shape, jnp.float32), sh))
-        step = run.jit("train", train_stage, donate=(0, 1), graphdef=graphdef, optimizer=optimizer,
-                       loss_cfg=LossConfig(), micro_batches=micro.count, shards=micro.shards,
-                       chunk=layout.logprob_chunk)
-        # The step donates the weights it updates: the cached ones go in and the updated ones come back to the
-        # cache (as good for timing), so the cell holds one float32 copy as the trainer does. A copy kept beside
-        # them was 12 GiB per device for a replicated 3B the memory model does not count (call 61: d4f1t1 at 32K
-        # ran out of memory by 18 GiB of temporaries on top of it).
+        arrays, spans = self._batch(context_len, num_responses)
+        widths = WidthBudget(0, False, None)  # one micro-batch width: the batch's, as the plan sizes it
+        batch, _, arranged = self._experience(run, graphdef, params, arrays, spans, widths)  # on the train layout
+        dispatcher = Dispatcher()
+        # The step donates the weights it updates: the cached ones go in and the updated ones come back to the cache,
+        # so the cell holds one float32 copy as the trainer does (a copy kept beside them is memory the memory model
+        # does not count: a replicated 3B's 12 GiB per device).
         del self._models[("train", layout.mesh)]
         state = [params, jax.jit(optimizer.init)(params)]
         del params
 
         def once():
-            state[0], state[1], metrics = step(state[0], state[1], batch)
+            state[0], state[1], metrics = train_stage(run, state[0], state[1], batch, spans, arranged, widths,
+                                                      dispatcher, graphdef=graphdef, loss=LOSS, optimizer=optimizer,
+                                                      epochs=1, mini_batches=1)
             return metrics["loss"]
 
         seconds = self._timed(once)
@@ -128,19 +147,11 @@ class RealMeasure:
         return num_responses * context_len / seconds / layout.mesh.size
 
     def experience(self, layout: StageLayout, context_len: int, num_responses: int) -> float:
-        from earl_jax.rl.losses import LossConfig
-        from earl_jax.rl.stages import experience_stage
-
+        """One `experience_stage` call (the trainer's) on a host batch of random tokens."""
         run, graphdef, params = self._run("experience", layout)
-        micro = run.micro_batches(num_responses)
-        tokens = self._random_rows(run, num_responses, context_len, self.seed)
-        rows = run.put_rows({"mask": jnp.ones((num_responses, context_len), bool),
-                             "rewards": jnp.zeros((num_responses, context_len), jnp.float32),
-                             "groups": jnp.arange(num_responses, dtype=jnp.int32) // 2})
-        fn = run.jit("experience", experience_stage, graphdef=graphdef, num_groups=-(-num_responses // 2),
-                     loss_cfg=LossConfig(filter_constant_groups=False), micro_batches=micro.count,
-                     shards=micro.shards, chunk=layout.logprob_chunk)
-        seconds = self._timed(lambda: fn(params, None, tokens, rows["mask"], rows["rewards"], rows["groups"]))
+        arrays, spans = self._batch(context_len, num_responses)
+        widths = WidthBudget(0, False, None)
+        seconds = self._timed(lambda: self._experience(run, graphdef, params, arrays, spans, widths)[0].advantages)
         return num_responses * context_len / seconds / layout.mesh.size
 
     def rollout(self, layout: StageLayout, context_len: int, num_responses: int) -> float:
