@@ -2,12 +2,12 @@
 import numpy as np
 import pyspiel
 import pytest
+from jobs import job
 
 from earl_jax.envs import connect_four_search as c4_ref
 from earl_jax.envs.openspiel_env import EnvConfig
 from earl_jax.envs.vector import blunders, make_vector_env
 from earl_jax.envs.vector.env import VectorTextEnv
-from earl_jax.rl.config import RLConfig
 
 
 def _random_states(game: str, count: int, seed: int):
@@ -108,10 +108,10 @@ def test_blunder_penalty_needs_the_batched_env_and_valid_settings():
         make_vector_env(EnvConfig.connect_four(opponent="mcts:4", blunder_penalty=0.1), 2)
     with pytest.raises(ValueError, match="blunder_penalty: must be >= 0"):
         make_vector_env(EnvConfig.tic_tac_toe(blunder_penalty=-1.0), 2)
-    with pytest.raises(ValueError, match="--blunder-depth"):
-        RLConfig(blunder_depth=0)
-    with pytest.raises(ValueError, match="--blunder-penalty"):
-        RLConfig(blunder_penalty=-0.1)
+    with pytest.raises(ValueError, match="--env.blunder-depth"):
+        job(blunder_depth=0)
+    with pytest.raises(ValueError, match="--env.blunder-penalty"):
+        job(blunder_penalty=-0.1)
     with pytest.raises(ValueError, match="not 'chess'"):
         blunders.move_classes("chess", np.zeros(1, np.uint64), np.zeros(1, np.uint64), np.ones((1, 7), bool))
 
@@ -119,10 +119,10 @@ def test_blunder_penalty_needs_the_batched_env_and_valid_settings():
 def test_the_trainer_plays_with_the_penalty_and_logs_the_blunder_rate(tmp_path):
     from earl_jax.rl.trainer import Trainer
 
-    cfg = RLConfig(game="tic_tac_toe", steps=1, groups=2, group_size=2, max_turns=9, max_context=256,
-                   prompt_style="compact", constrain_moves=True, blunder_penalty=0.3, format_warmup_steps=0,
-                   eval_opponents=("random", "mcts:4"), eval_games=2, checkpoint_every=0, devices=1,
-                   run_dir=str(tmp_path))
+    cfg = job(game="tic_tac_toe", steps=1, groups=2, group_size=2, max_turns=9, max_context=256,
+              prompt_style="compact", constrain_moves=True, blunder_penalty=0.3, format_warmup_steps=0,
+              eval_opponents=("random", "mcts:4"), eval_games=2, checkpoint_every=0, devices=1,
+              run_dir=str(tmp_path))
     trainer = Trainer(cfg, log=False)
     assert trainer.env.config.blunder_penalty == 0.3  # what the config says is what the games use
     record = trainer.iteration()

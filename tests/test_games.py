@@ -2,6 +2,7 @@
 package reads a game from: a fork that changes a spec (a new opponent, ladder or rules text) sees the change in the
 per-game env, the batched env, the curriculum and the text, with no other file touched."""
 import dataclasses
+import random
 
 import numpy as np
 import pyspiel
@@ -19,7 +20,7 @@ NAMES = games.game_names()
 
 
 def test_the_registry_holds_the_batched_games_and_refuses_unknown_or_duplicate_names():
-    assert NAMES == ("connect_four", "tic_tac_toe")
+    assert {"connect_four", "tic_tac_toe"} <= set(NAMES)
     with pytest.raises(ValueError, match="no batched game 'chess'.*connect_four"):
         get_game("chess")
     clone = dataclasses.replace(get_game("tic_tac_toe"))
@@ -44,10 +45,43 @@ def test_each_spec_agrees_with_openspiel_and_its_ladder_plays_batched(name):
         assert kind in spec.opponents or kind in ("random", "mcts", "solver")
 
 
+@pytest.mark.parametrize("name, rung", [(name, rung) for name in NAMES for rung in get_game(name).ladder])
+def test_each_default_rung_plays_batched_as_the_per_game_reference_does(name, rung):
+    """A new game's file gets this for free: its batched env against each rung of its ladder replays OpenSpiel."""
+    seen = replay(EnvConfig(game=name, opponent=rung, max_retries=1), 6, seed=1)  # asserts every output equal
+    assert seen["steps"] > 0 and seen["winners"]
+
+
 def test_a_registered_game_with_other_parameters_is_any_openspiel_game():
     other = pyspiel.load_game("connect_four(rows=5)")
     assert games.spec_for(other) is None and not game_text(other).is_preset
     assert not isinstance(make_vector_env(EnvConfig(game="connect_four(rows=5)"), 2), VectorTextEnv)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rules_match_openspiel_on_random_games(name):
+    """Legal masks, printed cells and the end of the game, move by move, for a batch of 64 games at once."""
+    rules, g, rng = get_game(name).rules, pyspiel.load_game(name), random.Random(1)
+    states = [g.new_initial_state() for _ in range(64)]
+    stones = np.zeros((64, 2), np.uint64)
+    printed = np.full((64, len(str(states[0]).replace("\n", ""))), ".")
+    while not all(s.is_terminal() for s in states):
+        rows = np.array([i for i, s in enumerate(states) if not s.is_terminal()])
+        want_legal = np.zeros((len(rows), rules.num_actions), bool)
+        for k, i in enumerate(rows):
+            want_legal[k, states[i].legal_actions()] = True
+        assert np.array_equal(rules.legal_mask(stones[rows]), want_legal)
+        actions = np.array([rng.choice(states[i].legal_actions()) for i in rows])
+        players = np.array([states[i].current_player() for i in rows])
+        bits = rules.drop(stones[rows], actions)
+        stones[rows, players] |= bits
+        printed[rows, rules.print_index(bits)] = np.array(["x", "o"])[players]
+        for i, a in zip(rows, actions):
+            states[i].apply_action(int(a))
+        for i in rows:
+            assert "".join(printed[i]) == str(states[i]).replace("\n", "")
+        over = rules.is_win(stones[rows, 0]) | rules.is_win(stones[rows, 1]) | rules.is_full(stones[rows])
+        assert over.tolist() == [states[i].is_terminal() for i in rows]
 
 
 def test_opponent_spec_parses_kind_and_argument_and_names_a_bad_count():
@@ -105,3 +139,16 @@ def test_a_changed_spec_reaches_every_reader(forked):
     assert seen["steps"] > 0 and seen["winners"]
     with pytest.raises(ValueError, match="'corner'"):  # still the fork's game only
         OpenSpielTextEnv(EnvConfig.connect_four(opponent="corner"))
+
+
+def test_a_spec_the_batched_path_cannot_play_is_refused_when_built():
+    base = get_game("tic_tac_toe")
+    wide = dataclasses.replace(base.rules, num_actions=12)
+    with pytest.raises(ValueError, match="'tic_tac_toe': text.num_actions \\(9\\) must equal rules.num_actions \\(12\\)"):
+        dataclasses.replace(base, rules=wide)
+    with pytest.raises(ValueError, match="rules.num_actions must be 1 .. 10"):
+        dataclasses.replace(base, rules=wide, text=dataclasses.replace(base.text, num_actions=12))
+    with pytest.raises(ValueError, match="at most 64 cells"):
+        dataclasses.replace(base, text=dataclasses.replace(base.text, board_shape=(9, 9)))
+    with pytest.raises(ValueError, match="ladder"):
+        dataclasses.replace(base, ladder=())

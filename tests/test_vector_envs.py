@@ -32,7 +32,6 @@ from earl_jax.envs.vector.opponents import StreamBank
 from earl_jax.envs.vector.parser import MoveCache
 from earl_jax.models.tokenizer import game_tokenizer
 
-RULES = {"connect_four": c4, "tic_tac_toe": ttt}
 OPPONENTS = {"connect_four": ("random", "alphabeta:1", "alphabeta:2"), "tic_tac_toe": ("random", "solver")}
 
 
@@ -338,30 +337,6 @@ def test_tic_tac_toe_win_detection(what, board, x_wins, o_wins):
     stones = stones_from_drawing("tic_tac_toe", board)
     assert ttt.is_win(stones[:, 0]).tolist() == [x_wins] and ttt.is_win(stones[:, 1]).tolist() == [o_wins]
     assert ttt.is_full(stones)[0] == (board.count(".") == 0)
-
-
-@pytest.mark.parametrize("game", ["connect_four", "tic_tac_toe"])
-def test_rules_match_openspiel_on_random_games(game):
-    """Legal masks, printed cells and the end of the game, move by move, for a batch of 64 games at once."""
-    rules, g, rng = RULES[game], pyspiel.load_game(game), random.Random(1)
-    states = [g.new_initial_state() for _ in range(64)]
-    stones = np.zeros((64, 2), np.uint64)
-    while not all(s.is_terminal() for s in states):
-        rows = np.array([i for i, s in enumerate(states) if not s.is_terminal()])
-        want_legal = np.zeros((len(rows), rules.NUM_ACTIONS), bool)
-        for k, i in enumerate(rows):
-            want_legal[k, states[i].legal_actions()] = True
-        assert np.array_equal(rules.legal_mask(stones[rows]), want_legal)
-        actions = np.array([rng.choice(states[i].legal_actions()) for i in rows])
-        players = np.array([states[i].current_player() for i in rows])
-        stones[rows, players] |= rules.drop(stones[rows], actions)
-        for i, a in zip(rows, actions):
-            states[i].apply_action(int(a))
-        cells = rules.cells(stones[rows])
-        for k, i in enumerate(rows):
-            assert "".join(".xo"[c] for c in cells[k]) == str(states[i]).replace("\n", "")
-        over = rules.is_win(stones[rows, 0]) | rules.is_win(stones[rows, 1]) | rules.is_full(stones[rows])
-        assert over.tolist() == [states[i].is_terminal() for i in rows]
 
 
 # ---- opponents ------------------------------------------------------------------------------------------------

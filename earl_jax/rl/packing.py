@@ -35,7 +35,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 import numpy as np
 import optax
 from flax import nnx
-from jaxtyping import Bool, Int
+from jaxtyping import Int
 
 from earl_jax.parallel.planner import MicroBatches, StageRun
 from earl_jax.rl import stages

@@ -75,6 +75,10 @@ class OpponentSpec:
         return value
 
 
+# (me, opp, depth) -> the outcome class of each of the side to move's moves
+MoveClasses = Callable[[UInt64[np.ndarray, " n"], UInt64[np.ndarray, " n"], int], Int[np.ndarray, "n a"]]
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class GameSpec:
     """Everything the package knows about one batched game (see the module docstring)."""
@@ -85,7 +89,7 @@ class GameSpec:
     ladder: tuple[str, ...]  # the default curriculum, weakest first (rl/curriculum.py)
     # Outcome class (+1 wins by force, 0 open, -1 loses by force) of every move of the side to move (`me`), for
     # --blunder-penalty (envs/vector/blunders.py); `depth`: plies a search may look ahead. None: no blunder check.
-    move_classes: Callable[[UInt64[np.ndarray, " n"], UInt64[np.ndarray, " n"], int], Int[np.ndarray, "n a"]] | None = None
+    move_classes: MoveClasses | None = None
     # Opponent kinds only this game has, by the kind of their spec ("alphabeta"):
     # per game over an OpenSpiel state, (spec, seed) -> an `envs.opponents.Opponent`, the reference ...
     opponents: Mapping[str, Callable[[OpponentSpec, int], Any]] = dataclasses.field(default_factory=dict)
@@ -94,6 +98,22 @@ class GameSpec:
     batched_opponents: Mapping[str, Callable[[OpponentSpec, int], Any]] = dataclasses.field(default_factory=dict)
     # generic kinds ("solver", "mcts") this game refuses, with the reason the error gives
     refused_opponents: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        """What the batched path assumes (docs/fork.md): refused here rather than rendered wrong later."""
+        shape, actions = self.text.board_shape, self.rules.num_actions
+        problems = [
+            (shape is None or int(np.prod(shape)) > 64, f"text.board_shape must be a board of at most 64 cells "
+                                                        f"(one uint64 per player), got {shape}"),
+            (self.text.num_actions != actions, f"text.num_actions ({self.text.num_actions}) must equal "
+                                               f"rules.num_actions ({actions})"),
+            (not 0 < actions <= 10, f"rules.num_actions must be 1 .. 10 (the renderer caches text per legal set "
+                                    f"and labels a move with one digit), got {actions}"),
+            (not self.ladder, "ladder needs at least one rung"),
+        ]
+        for bad, why in problems:
+            if bad:
+                raise ValueError(f"GameSpec {self.name!r}: {why}")
 
 
 _REGISTRY: dict[str, GameSpec] = {}

@@ -14,10 +14,10 @@ from __future__ import annotations
 import random
 
 import numpy as np
-from jaxtyping import Bool, Int, UInt8, UInt64
+from jaxtyping import Bool, Int, UInt64
 
 from earl_jax.envs import connect_four_search as _ref
-from earl_jax.envs.games import GameSpec, OpponentSpec, Rules, register_game
+from earl_jax.envs.games import GameSpec, Rules, register_game
 from earl_jax.envs.text import GameText
 from earl_jax.envs.vector.opponents import BatchedOpponent, kth_true
 
@@ -38,11 +38,7 @@ MAX_LEAVES = 1 << 22  # positions searched at once, at most (x 8 bytes, a few ar
 DIRECTIONS = tuple(_U(d) for d in (1, H1, H1 - 1, H1 + 1))  # vertical, horizontal, two diagonals
 _SHIFTS = np.array(DIRECTIONS, _U)[:, None]  # is_win: the four directions in one pass, [direction, game]
 _SHIFTS2 = _SHIFTS + _SHIFTS
-# Cell k of the printed board (top row first, left to right) is bit PRINT_BITS[k].
-PRINT_BITS: UInt64[np.ndarray, " 42"] = np.array(
-    [c * H1 + r for r in reversed(range(ROWS)) for c in range(COLS)], _U
-)
-# print_index by bit index (0..64; 64 is what a 0 bitboard counts): (ROWS - 1 - i % H1) * COLS + i // H1
+# The printed board's cell (top row first, left to right) of bit i (0..64; 64 is what a 0 bitboard counts)
 _PRINT_OF_BIT = np.array([(ROWS - 1 - i % H1) * COLS + i // H1 for i in range(65)], np.int64)
 
 
@@ -73,15 +69,8 @@ def is_full(stones: UInt64[np.ndarray, "n 2"]) -> Bool[np.ndarray, " n"]:
 
 
 def print_index(bits: UInt64[np.ndarray, " n"]) -> Int[np.ndarray, " n"]:
-    """Where single-stone bitboards sit on the printed board (top row first): the inverse of PRINT_BITS."""
+    """Where single-stone bitboards sit on the printed board (top row first, left to right)."""
     return _PRINT_OF_BIT[np.bitwise_count(bits - _U(1))]  # by the bit's index
-
-
-def cells(stones: UInt64[np.ndarray, "n 2"]) -> UInt8[np.ndarray, "n 42"]:
-    """The printed board, top row first: 0 empty, 1 player 0 ('x'), 2 player 1 ('o')."""
-    p0 = (stones[:, 0, None] >> PRINT_BITS) & _U(1)
-    p1 = (stones[:, 1, None] >> PRINT_BITS) & _U(1)
-    return (p0 + 2 * p1).astype(np.uint8)
 
 
 # ---- search -------------------------------------------------------------------------------------

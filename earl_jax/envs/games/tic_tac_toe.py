@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from jaxtyping import Bool, Int, Int8, UInt8, UInt16, UInt64
+from jaxtyping import Bool, Int, Int8, UInt16, UInt64
 
 from earl_jax.envs.games import GameSpec, OpponentSpec, Rules, register_game
 from earl_jax.envs.text import GameText
@@ -53,12 +53,6 @@ def is_full(stones: UInt64[np.ndarray, "n 2"]) -> Bool[np.ndarray, " n"]:
 def print_index(bits: UInt64[np.ndarray, " n"]) -> Int[np.ndarray, " n"]:
     """Where single-cell bitboards sit on the printed board: the cell number."""
     return np.bitwise_count(bits - _U(1)).astype(np.int64)
-
-
-def cells(stones: UInt64[np.ndarray, "n 2"]) -> UInt8[np.ndarray, "n 9"]:
-    """The printed board: 0 empty, 1 player 0 ('x'), 2 player 1 ('o')."""
-    shifts = np.arange(9, dtype=_U)
-    return (((stones[:, 0, None] >> shifts) & _U(1)) + 2 * ((stones[:, 1, None] >> shifts) & _U(1))).astype(np.uint8)
 
 
 # ---- perfect play -------------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ import functools
 from typing import Any, Sequence
 
 import numpy as np
-import pyspiel
 from gymnasium.utils import seeding
 from jaxtyping import Int
 
