@@ -1,5 +1,5 @@
 """Length-grouped micro-batches compute on real tokens and change no number: log-probs, loss and the update
-equal the padded one-program computation (8 fake CPU devices)."""
+equal the padded one-program computation (tests/reference_stages.py; 8 fake CPU devices)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import init_sharded
 from earl_jax.parallel.plan import StageLayout
 from earl_jax.parallel.planner import ProgramCache, StageRun
-from earl_jax.rl import stages
 from earl_jax.rl.losses import LossConfig
 from earl_jax.rl.packing import (MIN_SPLIT_ROWS, WIDTH_BUCKETS, grouped_logprobs, grouped_update, length_order,
                                  length_split, limit_new_widths, micro_batch_widths, mini_batch_rows, rearrange)
 from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, make_mesh
+
+import reference_stages
 
 CFG = ModelConfig.tiny(vocab_size=32).replace(num_hidden_layers=2, hidden_size=64, intermediate_size=128)
 N, T = 16, 256
@@ -72,7 +73,7 @@ def test_grouped_equals_padded(stage, mesh, mb):
     micro = run.micro_batches(N)
     widths = micro_batch_widths(lengths[perm], micro, T)
     assert len(set(widths)) > 1  # the test needs micro-batches of several widths
-    padded_old, _ = jax.jit(lambda p, *a: stages.experience_stage(
+    padded_old, _ = jax.jit(lambda p, *a: reference_stages.experience_stage(
         p, None, *a, graphdef=graphdef, num_groups=N // 2, loss_cfg=LossConfig(filter_constant_groups=False),
         micro_batches=1, shards=1, chunk=64))(
         params, x["tokens"], x["loss_mask"], x["rewards"], x["group_ids"])
@@ -83,8 +84,8 @@ def test_grouped_equals_padded(stage, mesh, mb):
                                    atol=1e-5)
         return
     opt = optax.sgd(0.1)  # linear in the gradient: compares the accumulated gradient itself
-    padded = jax.jit(lambda p, s, b: stages.train_stage(p, s, b, graphdef=graphdef, optimizer=opt,
-                                                         loss_cfg=LossConfig(), micro_batches=1, chunk=64))
+    padded = jax.jit(lambda p, s, b: reference_stages.train_stage(p, s, b, graphdef=graphdef, optimizer=opt,
+                                                                   loss_cfg=LossConfig(), micro_batches=1, chunk=64))
     p_ref, _, m_ref = padded(jax.tree.map(jnp.copy, params), opt.init(params), padded_old)
     p_grp, _, m_grp = grouped_update(run, jax.tree.map(jnp.copy, params), opt.init(params), padded_old, widths, micro,
                                      graphdef=graphdef, loss="policy", loss_cfg=LossConfig(), optimizer=opt,

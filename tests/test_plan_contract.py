@@ -1,8 +1,8 @@
 """The StagePlan is what runs: every layout field reaches its stage, and micro-batching changes no numbers.
 
-8 fake CPU devices. The trainer-level tests force a plan (static mode keeps it) and spy on what the stage
-programs receive: the mesh and row sharding of their inputs, the rows of each micro-batch and the log-prob
-chunk seen when `token_logprobs` is traced.
+8 fake CPU devices. The trainer-level tests force a plan (static mode keeps it) and spy on what the stages the
+trainer runs (rl/experience.py, rl/train.py) and their programs receive: the layout, the mesh and row sharding of the
+programs' inputs, the rows of each micro-batch and the log-prob chunk seen when `token_logprobs` is traced.
 """
 
 from __future__ import annotations
@@ -21,11 +21,17 @@ from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import init_sharded
 from earl_jax.parallel.plan import StageLayout, StagePlan
 from earl_jax.parallel.planner import ProgramCache, StageRun
+from earl_jax.parallel.dispatch import Dispatcher
 from earl_jax.rl import stages
-from earl_jax.rl.config import RLConfig
+from earl_jax.rl import trainer as trainer_mod
+from earl_jax.rl.experience import WidthBudget, experience_stage
 from earl_jax.rl.losses import LossConfig
+from earl_jax.rl.packing import scored_spans
+from earl_jax.rl.train import train_stage
 from earl_jax.rl.trainer import Trainer
 from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, make_mesh, state_shardings
+
+from jobs import job, with_fields
 
 M = MeshShape.parse
 
@@ -48,9 +54,16 @@ class Spy:
     def __init__(self, monkeypatch):
         self.traced: list[tuple[str, int, int]] = []  # (stage, rows, chunk) per token_logprobs trace
         self.inputs: list[tuple[str, dict, NamedSharding]] = []  # (stage, program's mesh, tokens' sharding)
+        self.layouts: list[tuple[str, StageLayout]] = []  # (stage, layout) per call of the trainer's stage functions
         self._stage = None
         real_logprobs, real_jit = stages.token_logprobs, StageRun.jit
         spy = self
+
+        def stage_fn(real):
+            def call(run, *args, **kw):
+                spy.layouts.append((run.stage, run.layout))
+                return real(run, *args, **kw)
+            return call
 
         def token_logprobs(model, tokens, *, chunk, **kw):
             spy.traced.append((spy._stage, tokens.shape[0], chunk))
@@ -71,11 +84,12 @@ class Spy:
 
         monkeypatch.setattr(stages, "token_logprobs", token_logprobs)
         monkeypatch.setattr(StageRun, "jit", jit)
+        monkeypatch.setattr(trainer_mod, "experience_stage", stage_fn(trainer_mod.experience_stage))
+        monkeypatch.setattr(trainer_mod, "train_stage", stage_fn(trainer_mod.train_stage))
 
 
-SMALL = RLConfig(groups=8, group_size=2, steps=1, eval_every=0, format_warmup_steps=0, devices=8, max_turns=2,
-                 max_context=128, progress=False, wandb_mode="disabled", selector_mode="static",
-                 micro_batch_tokens=1 << 20, kl_coef=0.0)
+SMALL = job(groups=8, group_size=2, steps=1, eval_every=0, format_warmup_steps=0, devices=8, max_turns=2,
+            max_context=128, selector_mode="static", micro_batch_tokens=1 << 20, kl_coef=0.0)
 
 # (rollout, experience, train) layouts: meshes 8x1, 4x2, 2x4 (and fsdp in training), micro-batches 1, 2, all
 # (all = 16 rows / batch shards), several chunks.
@@ -89,18 +103,21 @@ PLANS = [
 
 @pytest.mark.slow
 def test_each_stage_receives_what_the_plan_says(tmp_path, monkeypatch):
-    trainer = Trainer(dataclasses.replace(SMALL, run_dir=str(tmp_path / "run")), log=False)
+    trainer = Trainer(with_fields(SMALL, run_dir=str(tmp_path / "run")), log=False)
     spy = Spy(monkeypatch)
     n = SMALL.batch_size
     for rollout, experience, train in PLANS:
         trainer.planner.current = StagePlan(rollout, experience, train, context_bucket=128)
         spy.traced.clear()
         spy.inputs.clear()
+        spy.layouts.clear()
         record = trainer.iteration()
+        # the stage functions the trainer runs receive the plan's layouts
+        assert spy.layouts == [("experience", experience), ("train", train)]
         assert record["parallel/rollout_mesh"] == str(rollout.mesh)  # the record names what ran
         assert record["parallel/experience_micro_batch"] == experience.micro_batch
         # rollout: the sampler and the weights it decodes with live on the planned mesh
-        sampler = trainer._samplers[rollout.mesh]
+        sampler = trainer.rollout.samplers[rollout.mesh]
         assert dict(sampler.mesh.shape) == {"data": rollout.mesh.data, "fsdp": 1, "tensor": rollout.mesh.tensor}
         for layout in (experience, train):
             stage = "experience" if layout is experience else "train"
@@ -123,8 +140,8 @@ def test_each_stage_receives_what_the_plan_says(tmp_path, monkeypatch):
                 assert set(traced) <= allowed, (stage, layout, traced)
                 assert max(rows for rows, _ in traced) <= layout.micro_batch * shards
         # the weights the train stage wrote are in the train layout's shardings
-        targets = state_shardings(trainer.params, make_mesh(train.mesh, jax.devices()), STAGE_RULES["train"])
-        for x, target in zip(jax.tree.leaves(trainer.params), jax.tree.leaves(targets)):
+        targets = state_shardings(trainer.state.params, make_mesh(train.mesh, jax.devices()), STAGE_RULES["train"])
+        for x, target in zip(jax.tree.leaves(trainer.state.params), jax.tree.leaves(targets)):
             assert x.sharding.is_equivalent_to(target, x.ndim), (train, x.shape)
 
 
@@ -155,6 +172,7 @@ def _run(stage: str, mesh: str, mb: int, chunk: int, programs: ProgramCache, par
                                          ("train", "d8f1t1"), ("train", "d1f8t1"), ("train", "d2f2t2"),
                                          ("train", "d2f1t4")])
 def test_micro_batched_stages_equal_one_batch_on_every_mesh(stage, mesh):
+    """rl/experience.py and rl/train.py (what the trainer runs) at the plan's split: one micro-batch, then the most."""
     model = init_sharded(CFG, make_mesh(M("d8f1t1")), STAGE_RULES["train"], seed=0, dtype=jnp.float32)
     graphdef, params = nnx.split(model)
     params = jax.device_get(params)
@@ -167,28 +185,28 @@ def test_micro_batched_stages_equal_one_batch_on_every_mesh(stage, mesh):
     rewards[:, -1] = rng.choice([-1.0, 1.0], n)
     groups = np.repeat(np.arange(n // 2), 2).astype(np.int32)
     old_logp = rng.normal(-3, 0.1, (n, t)).astype(np.float32)
+    spans = scored_spans(mask)
     programs = ProgramCache()
     per_shard = n // (M(mesh).data * M(mesh).fsdp)
     outs = []
     for mb, chunk in ((per_shard, 64), (1, 8)):  # one micro-batch, then the most micro-batches, another chunk
         run, p = _run(stage, mesh, mb, chunk, programs, params)
-        x = run.put_rows({"tokens": tokens, "mask": mask, "rewards": rewards, "groups": groups})
         micro = run.micro_batches(n)
         assert micro.count == (1 if mb == per_shard else per_shard)
+        widths = WidthBudget(0, False, None)  # the plan's split as it is (no finer length split)
         if stage == "experience":
-            fn = run.jit("experience", stages.experience_stage, graphdef=graphdef, num_groups=n // 2,
-                         loss_cfg=LossConfig(filter_constant_groups=False), micro_batches=micro.count,
-                         shards=micro.shards, chunk=chunk)
-            batch, _ = fn(p, None, x["tokens"], x["mask"], x["rewards"], x["groups"])
-            outs.append((np.asarray(batch.old_logp), np.asarray(batch.advantages)))
+            arrays = {"tokens": tokens, "loss_mask": mask, "rewards": rewards, "group_ids": groups}
+            batch, _, perm = experience_stage(run, p, None, arrays, spans, widths, graphdef=graphdef,
+                                              loss=LossConfig(filter_constant_groups=False), num_groups=n // 2)
+            back = np.argsort(perm)  # rows in their original order
+            outs.append((np.asarray(batch.old_logp)[back], np.asarray(batch.advantages)[back]))
         else:
             opt = optax.sgd(0.1)  # linear in the gradient: compares the accumulated gradient itself
-            batch = stages.ExperienceBatch(x["tokens"], x["mask"], *run.put_rows({"a": old_logp, "b": old_logp}).values(),
-                                           run.put_rows({"adv": rewards.sum(1, keepdims=True) * mask})["adv"])
-            fn = run.jit("train", stages.train_stage, graphdef=graphdef, optimizer=opt, loss_cfg=LossConfig(),
-                         micro_batches=micro.count, shards=micro.shards, chunk=chunk)
-            new, _, metrics = fn(p, opt.init(p), batch)
-            outs.append(([np.asarray(v) for v in jax.tree.leaves(new)], float(metrics["loss"])))
+            batch = stages.ExperienceBatch(*run.put_rows({"tokens": tokens, "mask": mask, "a": old_logp, "b": old_logp,
+                                                          "adv": rewards.sum(1, keepdims=True) * mask}).values())
+            new, _, metrics = train_stage(run, p, opt.init(p), batch, spans, np.arange(n), widths, Dispatcher(),
+                                          graphdef=graphdef, loss=LossConfig(), optimizer=opt, epochs=1, mini_batches=1)
+            outs.append(([np.asarray(v) for v in jax.tree.leaves(new)], metrics["loss"]))
     if stage == "experience":
         np.testing.assert_allclose(outs[1][0], outs[0][0], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(outs[1][1], outs[0][1], rtol=1e-5, atol=1e-6)

@@ -1,5 +1,6 @@
-"""Experience and train stages: micro-batching equals one big batch; NaN never reaches the weights; an estimator
-and a loss registered by a fork run in the job's stages."""
+"""Experience and train stages as the trainer runs them (rl/experience.py, rl/train.py): old log-probs equal a full
+forward pass; micro-batching equals one big batch; NaN never reaches the weights; an estimator and a loss registered by
+a fork run in the job's stages."""
 
 import jax
 import jax.numpy as jnp
@@ -10,57 +11,77 @@ from flax import nnx
 
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import init_sharded
-from earl_jax.models.qwen2 import Qwen2
+from earl_jax.parallel.dispatch import Dispatcher
 from earl_jax.parallel.plan import StageLayout
 from earl_jax.parallel.planner import ProgramCache, StageRun
 from earl_jax.rl.advantages import ESTIMATORS, register_estimator
+from earl_jax.rl.experience import WidthBudget, experience_stage
 from earl_jax.rl.logprobs import token_logprobs
 from earl_jax.rl.losses import POLICY_LOSSES, LossConfig, register_policy_loss
-from earl_jax.rl.packing import grouped_update
-from earl_jax.rl.stages import ExperienceBatch, advantage_step, experience_stage, make_optimizer, train_stage
+from earl_jax.rl.optim import make_optimizer
+from earl_jax.rl.packing import grouped_update, scored_spans
+from earl_jax.rl.stages import ExperienceBatch, advantage_step
+from earl_jax.rl.train import train_stage
 from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, make_mesh
 
 CFG = ModelConfig.tiny(vocab_size=32).replace(num_hidden_layers=2, hidden_size=64, intermediate_size=128)
+N = 8  # rows
 
 
-def _setup(n=8, t=16, seed=0):
-    graphdef, params = nnx.split(Qwen2(CFG, rngs=nnx.Rngs(seed), dtype=jnp.float32))
+def _run(stage: str, rows_per_micro_batch: int = N, chunk: int = 5) -> StageRun:
+    shape = MeshShape.parse("d1f1t1")
+    return StageRun(stage, StageLayout(shape, rows_per_micro_batch, chunk), make_mesh(shape, jax.devices()[:1]),
+                    STAGE_RULES[stage], ProgramCache())
+
+
+def _setup(n=N, t=16, seed=0):
+    run = _run("train")
+    graphdef, params = nnx.split(init_sharded(CFG, run.mesh, run.rules, seed=seed, dtype=jnp.float32))
     rng = np.random.default_rng(seed)
-    tokens = jnp.asarray(rng.integers(1, CFG.vocab_size, (n, t)), jnp.int32)
+    tokens = rng.integers(1, CFG.vocab_size, (n, t)).astype(np.int32)
     mask = np.zeros((n, t), bool)
     mask[:, t // 2:] = True
     rewards = np.zeros((n, t), np.float32)
     rewards[:, -1] = rng.choice([-1.0, 0.0, 1.0], n)
-    group_ids = np.repeat(np.arange(n // 2), 2)
-    return graphdef, params, tokens, jnp.asarray(mask), jnp.asarray(rewards), jnp.asarray(group_ids)
+    group_ids = np.repeat(np.arange(n // 2), 2).astype(np.int32)
+    return graphdef, params, tokens, mask, rewards, group_ids
 
 
 def _batch():
+    """The experience stage's batch (rows in its arrangement), the rows' spans and that arrangement."""
     graphdef, params, tokens, mask, rewards, gids = _setup()
-    batch, _ = experience_stage(params, None, tokens, mask, rewards, gids, graphdef=graphdef, num_groups=4,
-                                loss_cfg=LossConfig(filter_constant_groups=False), micro_batches=1, shards=1,
-                                chunk=5)
-    return graphdef, params, batch
+    spans = scored_spans(mask)
+    arrays = {"tokens": tokens, "loss_mask": mask, "rewards": rewards, "group_ids": gids}
+    batch, _, perm = experience_stage(_run("experience"), params, None, arrays, spans, WidthBudget(0, False, None),
+                                      graphdef=graphdef, loss=LossConfig(filter_constant_groups=False), num_groups=4)
+    return graphdef, params, batch, spans, perm
+
+
+def _train(graphdef, params, batch, spans, perm, optimizer, rows_per_micro_batch):
+    """rl/train.py's one update (one epoch, one mini-batch) on copies of the weights (it donates them)."""
+    params = jax.tree.map(jnp.copy, params)
+    return train_stage(_run("train", rows_per_micro_batch, chunk=4), params, optimizer.init(params), batch, spans,
+                       perm, WidthBudget(0, False, None), Dispatcher(), graphdef=graphdef, loss=LossConfig(),
+                       optimizer=optimizer, epochs=1, mini_batches=1)
 
 
 def test_experience_old_logp_equals_full_forward_logprobs():
-    graphdef, params, batch = _batch()
-    logits, _ = nnx.merge(graphdef, params)(batch.tokens)
-    ref = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]), batch.tokens[:, 1:, None], -1)[..., 0]
-    np.testing.assert_allclose(batch.old_logp[:, 1:], ref, rtol=1e-5, atol=1e-5)
+    graphdef, params, batch, _, perm = _batch()
+    tokens = np.asarray(batch.tokens)
+    _, _, original, *_ = _setup()
+    np.testing.assert_array_equal(tokens, original[perm])  # rows in the stage's arrangement
+    logits, _ = nnx.merge(graphdef, params)(jnp.asarray(tokens))
+    ref = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]), jnp.asarray(tokens)[:, 1:, None], -1)[..., 0]
+    np.testing.assert_allclose(np.asarray(batch.old_logp)[:, 1:], ref, rtol=1e-5, atol=1e-5)
     assert np.all(np.asarray(batch.advantages)[~np.asarray(batch.loss_mask)] == 0)
 
 
 def test_micro_batches_equal_one_batch():
-    graphdef, params, batch = _batch()
+    graphdef, params, batch, spans, perm = _batch()
     opt = optax.sgd(0.1)  # linear in the gradient, so the comparison checks the accumulated gradient itself
-    outs = []
-    for mb in (1, 2, 4):
-        p, _, m = jax.jit(lambda p, s, b: train_stage(p, s, b, graphdef=graphdef, optimizer=opt, loss_cfg=LossConfig(),
-                                                      micro_batches=mb, chunk=4))(params, opt.init(params), batch)
-        outs.append((p, m))
-    for p, m in outs[1:]:
-        np.testing.assert_allclose(m["loss"], outs[0][1]["loss"], rtol=1e-5, atol=1e-6)
+    outs = [_train(graphdef, params, batch, spans, perm, opt, rows) for rows in (N, N // 2, N // 4)]  # 1, 2, 4
+    for p, _, m in outs[1:]:
+        assert m["loss"] == pytest.approx(outs[0][2]["loss"], rel=1e-5, abs=1e-6)
         for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(outs[0][0])):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
     changed = any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(outs[0][0]), jax.tree.leaves(params)))
@@ -68,14 +89,13 @@ def test_micro_batches_equal_one_batch():
 
 
 def test_non_finite_loss_skips_the_update():
-    graphdef, params, batch = _batch()
+    graphdef, params, batch, spans, perm = _batch()
     bad = ExperienceBatch(batch.tokens, batch.loss_mask, batch.old_logp,
                           batch.ref_logp, batch.advantages.at[0, -1].set(jnp.nan))
     opt = make_optimizer(1e-2, 1, 10, 0.0, 1.0)
     state = opt.init(params)
-    new_params, new_state, m = train_stage(params, state, bad, graphdef=graphdef, optimizer=opt, loss_cfg=LossConfig(),
-                                           micro_batches=2, chunk=4)
-    assert float(m["skipped"]) == 1.0
+    new_params, new_state, m = _train(graphdef, params, bad, spans, perm, opt, N // 2)  # 2 micro-batches
+    assert m["skipped"] == 1.0
     for a, b in zip(jax.tree.leaves((new_params, new_state)), jax.tree.leaves((params, state))):
         np.testing.assert_array_equal(a, b)
 
@@ -109,7 +129,7 @@ def test_a_registered_estimator_and_loss_run_in_the_jobs_stages(fork_names):
     mesh = make_mesh(shape, jax.devices()[:1])
     run = StageRun("train", StageLayout(shape, 2, 8), mesh, STAGE_RULES["train"], ProgramCache())
     graphdef, params = nnx.split(init_sharded(CFG, mesh, run.rules, seed=0, dtype=jnp.float32))
-    _, _, tokens, mask, rewards, gids = _setup()
+    tokens, mask, rewards, gids = map(jnp.asarray, _setup()[2:])
     rewards = jnp.zeros_like(rewards)  # every group constant: a grouped estimator's filter would drop them all
     logp, _ = token_logprobs(nnx.merge(graphdef, params), tokens, chunk=8)
 

@@ -1,5 +1,6 @@
 """Why a data-parallel train step needs more memory per device than the same per-device work on one device:
-the collectives XLA put into one micro-batch step (`rl.stages.grad_step`) and the largest buffers it assigned.
+the collectives XLA put into one micro-batch step (`rl.stages.take_micro` + `micro_grad`, as rl/packing.py runs
+it) and the largest buffers it assigned.
 
     python experiments/benchmarks/probe_train_collectives.py d1f1t1 4 16 2048 d2f1t1 4 32 2048   # pairs: mesh layers rows t
     XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu python experiments/benchmarks/probe_train_collectives.py d4f1t1 2 8 512
@@ -88,8 +89,9 @@ def probe(mesh: str, layers: int, rows: int, t: int) -> dict:
 
     def step(p, a, b):
         with ctx():
-            return stages.grad_step(p, a, b, 0, micro_batches=1, shards=shape.data * shape.fsdp, width=t,
-                                    token_weighted=True, **kw)
+            mb, w = stages.take_micro(b, 0, micro_batches=1, shards=shape.data * shape.fsdp, width=t,
+                                      token_weighted=True)
+            return stages.micro_grad(p, a, mb, w, **kw)
 
     grads, loss, metrics = jax.eval_shape(zero, params, batch)
     rep = jax.sharding.NamedSharding(jmesh, jax.sharding.PartitionSpec())

@@ -1,5 +1,6 @@
-"""XLA's own memory plan of one train micro-batch step (`rl.stages.grad_step`) against the memory model's
-estimate, per layer count, tokens and remat: the temp bytes XLA assigns (compile only, nothing runs).
+"""XLA's own memory plan of one train micro-batch step (`rl.stages.take_micro` + `micro_grad`, as rl/packing.py
+runs it) against the memory model's estimate, per layer count, tokens and remat: the temp bytes XLA assigns
+(compile only, nothing runs).
 
     python experiments/benchmarks/probe_train_memory.py                 # this machine's first device, 2 and 4 layers
     python experiments/benchmarks/probe_train_memory.py --full          # all 28 layers at 16 and 4 rows x 2048 (printed)
@@ -66,7 +67,8 @@ def probe(model_name: str, layers: int, rows: int, t: int, remat: bool, mesh: st
 
     def step(p, a, b):
         with ctx():
-            return stages.grad_step(p, a, b, 0, micro_batches=1, shards=shards, width=t, token_weighted=True, **kw)
+            mb, w = stages.take_micro(b, 0, micro_batches=1, shards=shards, width=t, token_weighted=True)
+            return stages.micro_grad(p, a, mb, w, **kw)
 
     grads, loss, metrics = jax.eval_shape(zero, params, batch)
     replicated = jax.sharding.NamedSharding(jmesh, jax.sharding.PartitionSpec())
