@@ -51,8 +51,10 @@ def process_env(i: int, n: int, coordinator: str, cpu_devices: int | None = None
 
 def launch(command: list[str], num_processes: int, *, cpu_devices: int | None = None,
            devices_per_process: int | None = None, log_dir: str | Path | None = None, quiet_main: bool = False,
-           timeout: float | None = None, port: int | None = None, cwd: str | Path | None = None) -> int:
-    """Start the processes, wait for all; the first failure stops the rest. Returns the job's exit code."""
+           timeout: float | None = None, port: int | None = None, cwd: str | Path | None = None,
+           grace: float = 60.0) -> int:
+    """Start the processes, wait for all; the first failure stops the rest. Returns the job's exit code. Processes
+    being stopped get SIGTERM and `grace` seconds to finish their iteration and write a checkpoint, then SIGKILL."""
     coordinator = f"127.0.0.1:{port or free_port()}"
     logs = Path(log_dir) if log_dir else None
     if logs:
@@ -96,7 +98,7 @@ def launch(command: list[str], num_processes: int, *, cpu_devices: int | None = 
                 os.killpg(p.pid, signal.SIGTERM)
         for p in procs:
             try:
-                p.wait(timeout=10)
+                p.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
@@ -116,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quiet-main", action="store_true", help="process 0 logs to the folder too")
     parser.add_argument("--port", type=int, default=None, help="coordinator port (default: a free one)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds before the whole job is stopped")
+    parser.add_argument("--grace", type=float, default=60.0,
+                        help="seconds a stopped process gets to write its checkpoint before SIGKILL (default 60)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command every process runs")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -125,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--num-processes must be >= 1")
     return launch(command, args.num_processes, cpu_devices=args.cpu_devices,
                   devices_per_process=args.devices_per_process, log_dir=args.log_dir, quiet_main=args.quiet_main,
-                  timeout=args.timeout, port=args.port)
+                  timeout=args.timeout, port=args.port, grace=args.grace)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ write the fp32 weights and both AdamW moments at the end (16 bytes a parameter: 
 
 from __future__ import annotations
 
+import logging
 import shutil
-import warnings
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,32 @@ import orbax.checkpoint as ocp
 
 from earl_jax.errors import CheckpointError
 
-__all__ = ["CheckpointError", "Checkpointer"]
+__all__ = ["CheckpointError", "Checkpointer", "has_checkpoint"]
+
+log = logging.getLogger("earl_jax.checkpoint")
+
+
+def has_checkpoint(run_dir: str | Path) -> bool:
+    """Whether a run folder holds a finished checkpoint (a numbered folder orbax committed)."""
+    ckpt = Path(run_dir) / "checkpoints"
+    return ckpt.is_dir() and any(p.name.isdigit() for p in ckpt.iterdir())
+
+
+def _quiet_closed_loop_errors() -> None:
+    """After a read fails, orbax closes its event loop while TensorStore still completes the other reads, and each
+    completion raises "Event loop is closed" through sys.unraisablehook: one traceback per array (hundreds for a
+    model), burying the one line that matters. Those, and only those, are dropped."""
+    if getattr(sys.unraisablehook, "_earl_quiet", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if isinstance(unraisable.exc_value, RuntimeError) and str(unraisable.exc_value) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook._earl_quiet = True
+    sys.unraisablehook = hook
 
 
 class Checkpointer:
@@ -45,6 +71,7 @@ class Checkpointer:
     def restore(self, abstract_state: Any, step: int) -> tuple[int, Any, dict[str, Any]]:
         """Restore `step` into the structure, dtypes and shardings of `abstract_state` (e.g. the fresh state)."""
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+        _quiet_closed_loop_errors()
         try:
             out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                                                      meta=ocp.args.JsonRestore()))
@@ -82,8 +109,9 @@ class Checkpointer:
 
             multihost_utils.sync_global_devices(f"earl_jax_checkpoint_moved_{step}")
         self.manager.reload()
-        warnings.warn(f"resume: checkpoint {self.directory / str(step)} is unreadable; moved to {dest}, resuming "
-                      f"from an older one ({str(error.__cause__ or error)[:200]})", stacklevel=3)
+        why = " ".join(str(error.__cause__ or error).split())[:160]
+        log.warning("resume: checkpoint %s is unreadable; moved to %s, resuming from an older one (%s)",
+                    self.directory / str(step), dest, why)
 
     def close(self) -> None:
         if self.manager is not None:

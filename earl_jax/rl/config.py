@@ -45,6 +45,8 @@ class RunConfig:
                  "override it); auto: resume when run_dir has a checkpoint, else start it")
     max_minutes: float = _f(0.0, "stop after this many minutes of wall time, with a checkpoint (0: no limit)")
     checkpoint_every: int = _f(25, "iterations between checkpoints (and one at the end)")
+    checkpoint_minutes: float = _f(10.0, "also a checkpoint when this many minutes passed since the last one, so a "
+                                         "kill -9 loses at most that much (0: off); SIGTERM and Ctrl-C always write one")
     keep_checkpoints: int = _f(3, "checkpoints kept (0: none are written)")
     stall_minutes: float = _f(30.0, "end the process (exit 75; resume with --resume) when no iteration or evaluation "
                                     "finishes for this many minutes (earl_jax/watchdog.py); 0: off")
@@ -63,7 +65,8 @@ class RunConfig:
                 raise ValueError(f"{name}: {why} (got {getattr(self, name)!r})")
 
         need(self.steps > 0, "steps", "must be positive")
-        for name in ("max_minutes", "checkpoint_every", "keep_checkpoints", "stall_minutes", "gc_every"):
+        for name in ("max_minutes", "checkpoint_every", "checkpoint_minutes", "keep_checkpoints", "stall_minutes",
+                     "gc_every"):
             need(getattr(self, name) >= 0, name, "must be >= 0")
         need(self.run_dir.strip() != "", "run_dir", "must name a folder")
 

@@ -9,6 +9,7 @@ EARL_DEBUG=1) shows the traceback instead.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Sequence
 from earl_jax.cli import ConfigError, Parsed, load_file, parse
 from earl_jax.errors import CheckpointError
 from earl_jax.rl.config import JobConfig
+from earl_jax.rl.session import EXIT_CODES
 
 DEFAULT_PRESET = "tiny-cpu"
 # Short flags for the fields people type most.
@@ -42,6 +44,48 @@ def parse_job(argv: Sequence[str] | None, configs: Path, *, prog: str | None = N
     return parse(argv, base, presets=presets, aliases=ALIASES, prog=prog, description=description,
                  extra=lambda group: group.add_argument("--debug", action="store_true",
                                                         help="show the traceback of an error (also EARL_DEBUG=1)"))
+
+
+# Fields a resumed run cannot change: they would make it another experiment (the device count may change: the
+# checkpoint restores into the new layout).
+FIXED_ON_RESUME = {("model", "name"): "the model's shape", ("model", "hf_checkpoint"): "the model's weights",
+                   ("env", "game"): "the game", ("run", "seed"): "the seed"}
+
+
+def resume_config(parsed: Parsed[JobConfig]) -> tuple[JobConfig, list[str]]:
+    """The config to run and one line per change. `--resume` (or `--resume auto` on a folder with a checkpoint) takes
+    the run's saved config.json and applies only what this command line set (flags, a preset, a config file); fields
+    in FIXED_ON_RESUME are refused. `--resume auto` on a folder without a checkpoint starts the run."""
+    from earl_jax.cli import flag_of, get_path, replace_paths
+    from earl_jax.rl.checkpoint import has_checkpoint
+
+    cfg = parsed.config
+    run_dir = Path(cfg.run.run_dir)
+    if cfg.run.resume == "false" or (cfg.run.resume == "auto" and not has_checkpoint(run_dir)):
+        return cfg, []
+    saved_path = run_dir / "config.json"
+    if not saved_path.is_file():
+        raise ConfigError(f"--resume: {saved_path} is missing: the run's config cannot be restored (start a new run, "
+                          "or restore the file)")
+    try:
+        saved = JobConfig.from_dict(json.loads(saved_path.read_text()))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--resume: {saved_path} is not readable JSON ({e}); restore it or start a new run") from None
+    except ConfigError as e:
+        raise ConfigError(f"--resume: {saved_path}: {str(e).removeprefix('config.json: ')}") from None
+    changes, lines = {("run", "resume"): cfg.run.resume}, []
+    for path, value in parsed.typed.items():
+        if path == ("run", "resume"):
+            continue
+        old = get_path(saved, path)
+        if value == old:
+            continue
+        if path in FIXED_ON_RESUME:
+            raise ConfigError(f"{flag_of(path)}: the run was started with {old!r}; changing {FIXED_ON_RESUME[path]} "
+                              f"would make it another experiment (use a new --run-dir)")
+        changes[path] = value
+        lines.append(f"{'.'.join(path)}: {old!r} -> {value!r}")
+    return replace_paths(saved, changes), lines
 
 
 class SetupError(ValueError):
@@ -71,9 +115,11 @@ def setup(argv: list[str], name: str, configs: Path, description: str):
     from earl_jax.rl.validate import check_job, check_run_dir
 
     parsed = parse_job(argv, configs, prog=f"{name}.py", description=description)
-    cfg = parsed.config
+    check_run_dir(parsed.config)
+    cfg, changes = resume_config(parsed)
     check_job(cfg)
-    check_run_dir(cfg)
+    for line in changes:  # what this resume changes in the saved experiment
+        print(f"{name}: resume: {line}", file=sys.stderr)
     # before anything touches a device: join the multi-process job, if this process is part of one
     distributed.maybe_initialize(cfg.dist.coordinator, cfg.dist.num_processes, cfg.dist.process_id)
     show_progress_logs(distributed.is_main())  # model creation / loading / cache lines, process 0 only
@@ -90,6 +136,8 @@ def train(trainer, name: str) -> int:
 
     cfg = trainer.cfg
     history = trainer.run()
+    if trainer.stopped_by is not None:  # a stop signal: the checkpoint is written, the line logged
+        return EXIT_CODES[trainer.stopped_by]
     if distributed.is_main():  # only process 0 writes metrics.jsonl, plots and prints
         run_dir = Path(cfg.run.run_dir)
         png = plot_run(run_dir / "metrics.jsonl", run_dir / "curves.png", title=name)

@@ -87,7 +87,8 @@ class RolloutStage:
 
     def __call__(self, run: StageRun, params: Any, env, seeds, group_ids, rng, sampling: SamplingConfig, *,
                  turn_tokens: int, league: tuple | None = None, training: bool = True,
-                 league_params: Callable[[StageRun, int, Any], Any] | None = None) -> Trajectories:
+                 league_params: Callable[[StageRun, int, Any], Any] | None = None,
+                 interrupt: Callable[[], None] | None = None) -> Trajectories:
         """One game per row of `env`, decoded with `params` (already on `run`'s layout). `training` (False: an
         evaluation) decides what the next training rollout's programs are predicted from. `league`: the games a
         frozen snapshot plays (Matchmaker.league_games), decoded on the same sampler with its own cache."""
@@ -112,7 +113,7 @@ class RolloutStage:
         try:
             traj = play_games([policy], RowView(env, games) if at.split else env, self.tokenizer, play_cfg, rng,
                               list(seeds)[games], ids, bos_id=self.ids.bos_id, codec=self.codec,
-                              game_offset=games.start)
+                              game_offset=games.start, interrupt=interrupt)
         finally:
             if league is not None:
                 env.assign(None)

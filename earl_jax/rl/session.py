@@ -1,16 +1,27 @@
-"""What surrounds the training loop without being part of it: the progress display, the stall watchdog, the garbage
-collector's schedule, and the lines a user reads (the first iteration's, one per iteration when not in a terminal).
+"""What surrounds the training loop without being part of it: stop signals, the progress display, the stall
+watchdog, the garbage collector's schedule, and the lines a user reads.
 
-    with Session(cfg.run, total=cfg.run.steps, run_dir=..., on_stall=logger.close) as session:
+    with Session(cfg.run, total=cfg.run.steps, ...) as session:
         session.beat("iteration 3")          # the watchdog's heartbeat, and the progress bar's status
-        session.iteration_done(record)       # the bar, the plain line, the scheduled collection
+        session.stop_point()                 # raises StopRun once SIGTERM / SIGINT arrived (every process agrees)
+        session.iteration_done(step, record) # the scheduled collection, the first iteration's line
+        session.checkpoint_due(step, last)   # by --run.checkpoint-every, --run.checkpoint-minutes
+
+Stopping: SIGTERM (what schedulers send before they kill) or Ctrl-C sets a flag; the loop abandons the iteration in
+progress at its next stop point (each host turn of a rollout, between stages) unless the train stage already began
+(its updates donate the weights: it finishes), writes a checkpoint of the last finished iteration and exits with one
+line. A second Ctrl-C exits at once. In a multi-process job the processes agree at every stop point (one small
+all-gather), so they all stop after the same iteration and save the same step.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -21,6 +32,15 @@ from earl_jax.rl.progress import Progress
 from earl_jax.watchdog import Watchdog
 
 log = logging.getLogger("earl_jax.rl.trainer")
+EXIT_CODES = {"SIGTERM": 128 + signal.SIGTERM, "SIGINT": 128 + signal.SIGINT}  # what a shell reports for each
+
+
+class StopRun(Exception):
+    """A stop signal arrived: abandon the iteration in progress (nothing of it has changed the weights)."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
 
 
 class Session(contextlib.ExitStack):
@@ -31,9 +51,11 @@ class Session(contextlib.ExitStack):
         self.bar = Progress(total, enabled=run_cfg.progress and enabled and sys.stderr.isatty())
         self.dog = Watchdog(run_cfg.stall_minutes * 60, f"training in {run_dir}", on_fire=on_stall,
                             hint=f"the newest checkpoint is in {run_dir / 'checkpoints'}: run again with --resume")
-        self.started = time.perf_counter()
+        self.started = self.last_checkpoint = time.perf_counter()
         self.iterations = 0
         self._start = start
+        self.requested: str | None = None  # the signal that asked to stop
+        self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "Session":
         super().__enter__()
@@ -43,7 +65,53 @@ class Session(contextlib.ExitStack):
         self.startup = self.enter_context(StartupPause(self.cfg.gc_every == 0))
         self.enter_context(self.dog)
         self.bar.advance_to(self._start)
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread only
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+            self.callback(self._restore_signals)
         return self
+
+    def _on_signal(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.requested is not None and signum == signal.SIGINT:  # a second Ctrl-C: out now, no checkpoint
+            print("\nsecond interrupt: exiting now without a checkpoint", file=sys.stderr, flush=True)
+            os._exit(EXIT_CODES["SIGINT"])
+        if self.requested is None:
+            self.requested = name
+            if signum == signal.SIGINT:  # someone at a terminal: say the first was heard
+                print("\ninterrupt: stopping after a checkpoint of the last finished iteration (Ctrl-C again: exit "
+                      "now)", file=sys.stderr, flush=True)
+
+    def _restore_signals(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def stop_point(self) -> None:
+        """Raise StopRun when a stop signal arrived here or, in a multi-process job, on any process."""
+        name = self.requested
+        if self._agree(name is not None):
+            raise StopRun(name or "SIGTERM")
+
+    def _agree(self, flag: bool) -> bool:
+        """True on every process when it is true on any (one small all-gather; nothing with one process)."""
+        import jax
+
+        if jax.process_count() == 1:
+            return flag
+        from earl_jax.distributed import gather_ints
+
+        return any(v for (v,) in gather_ints(int(flag)))
+
+    def checkpoint_due(self, step: int, last_step: bool) -> bool:
+        """--run.checkpoint-every, the end of the run or of its time, or --run.checkpoint-minutes since the last one
+        (decided once for all processes: each measures its own time)."""
+        every = self.cfg.checkpoint_every and step % self.cfg.checkpoint_every == 0
+        minutes = self.cfg.checkpoint_minutes
+        by_time = bool(minutes) and (time.perf_counter() - self.last_checkpoint) / 60 >= minutes
+        return bool(every or last_step or self.out_of_time()) or (bool(minutes) and self._agree(by_time))
+
+    def saved(self) -> None:
+        self.last_checkpoint = time.perf_counter()
 
     def beat(self, what: str) -> None:
         """A heartbeat for the watchdog (what the run is doing now) and the bar's status."""

@@ -48,7 +48,7 @@ from earl_jax.rl.metrics import MetricsLogger, compile_metrics, device_memory, i
 from earl_jax.rl.optim import make_optimizer
 from earl_jax.rl.packing import scored_spans
 from earl_jax.rl.rollout_stage import RolloutStage, stage_ahead_now, timed_weights
-from earl_jax.rl.session import Session
+from earl_jax.rl.session import Session, StopRun
 from earl_jax.rl.train import train_stage
 from earl_jax.rl.warmup import format_warmup
 from earl_jax.rl.weights import WeightMover
@@ -96,6 +96,8 @@ class Trainer:
         self.state = TrainState(params, self.weights.opt_state_for(train, params, jax.jit(self.optimizer.init)(params)),
                                 ref)
         self._gc, self._no_signal = GcClock(), 0  # collector pauses; iterations in a row without a gradient
+        self._session: Session | None = None  # while run() runs: stop signals, checkpoint timing
+        self.stopped_by: str | None = None  # the signal that ended run(), if one did
         self.sampling = SamplingConfig(temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k,
                                        top_p=cfg.rollout.top_p)
         # who the agent plays (the opponent or the curriculum's rung, league snapshots), and the batched games
@@ -117,9 +119,10 @@ class Trainer:
         self.evaluate = Evaluator(cfg.eval, cfg.env, self.matchmaker,
                                   lambda *a, **k: self.play(*a, **k)[0], env_factory)
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep=cfg.run.keep_checkpoints)
-        if cfg.run.resume in ("true", "auto") and self.checkpointer.latest_step() is not None:
+        latest = self.checkpointer.latest_step()
+        if cfg.run.resume == "true" or (cfg.run.resume == "auto" and latest is not None):
             self.restore()
-        elif self.checkpointer.latest_step() is not None:
+        elif latest is not None:
             raise ValueError(f"--run.run-dir {self.run_dir} already holds checkpoints: pass --resume to continue it, "
                              "or choose a new --run-dir (refusing to overwrite a run)")
         self.logger = MetricsLogger(self.run_dir, cfg.to_dict(), wandb_mode=cfg.run.wandb_mode,
@@ -154,6 +157,7 @@ class Trainer:
         self.planner.load_state_dict(meta.get("planner", {}))
         self.matchmaker.load_state_dict(meta.get("matchmaker") or {})  # the curriculum's rung
         self.env = self.matchmaker.train_env()
+        log.info("resumed from step %d (checkpoint %s)", step, self.checkpointer.directory / str(step))
 
     # ---------------------------------------------------------------- stages
     def play(self, env, seeds, group_ids, rng, sampling: SamplingConfig, *, league=None, training: bool = True):
@@ -163,10 +167,16 @@ class Trainer:
         def rollout(run: StageRun):
             params, dispatch_s = timed_weights(lambda: self.weights.for_stage(run, self.state.params))
             traj = self.rollout(run, params, env, seeds, group_ids, rng, sampling, turn_tokens=turn_tokens,
-                                league=league, training=training, league_params=self.rollout.league_params)
+                                league=league, training=training, league_params=self.rollout.league_params,
+                                interrupt=self._stop_point if training and jax.process_count() == 1 else None)
             return traj, dispatch_s
 
         return self.planner.run("rollout", rollout)
+
+    def _stop_point(self) -> None:
+        """Where an iteration may be abandoned for a stop signal (a running Session's; none outside `run`)."""
+        if self._session is not None:
+            self._session.stop_point()
 
     def _experience(self, run: StageRun, arrays, spans, rows):
         ref = None if self.state.ref_params is None else self.weights.for_stage(run, self.state.ref_params)
@@ -225,10 +235,12 @@ class Trainer:
             self._observe(arrays, s.turn_context_len_mean, traj.num_games, prompt_tokens=s.prompt_tokens,
                           first_cache_len=s.first_cache_len, observation_tokens=s.observation_tokens)
             spans = scored_spans(traj.loss_mask) if traj.spans is None else traj.spans  # up to the last scored token
+            self._stop_point()
             t0 = time.perf_counter()
             batch, exp_metrics, arranged = self.planner.run(
                 "experience", lambda run: self._experience(run, arrays, spans, traj.local_rows))
             t1 = time.perf_counter()
+            self._stop_point()  # the last point before the train stage changes the weights
             # train updates (and donates) the weights: never rerun on a process where it already succeeded
             train_metrics = self.planner.run("train", lambda run: self._train(run, batch, spans, arranged),
                                              rerun_after_success=False)
@@ -261,41 +273,56 @@ class Trainer:
         return compile_metrics(compiles, len(self.planner.programs), self.rollout.compile_count, self._gc.take(), aheads)
 
     def run(self, stop_after: int | None = None) -> list[dict[str, Any]]:
-        """Train to --run.steps (or --run.max-minutes). `stop_after` ends the work after that many iterations without
-        the end-of-run evaluation or checkpoint, as a kill would (resume tests)."""
+        """Train to --run.steps (or --run.max-minutes, or a stop signal: then `stopped_by` names it and the last
+        finished iteration is checkpointed). `stop_after` ends the work after that many iterations without the
+        end-of-run evaluation or checkpoint, as a kill would (resume tests)."""
         cfg, history, last_eval = self.cfg, [], {}
         with Session(cfg.run, total=cfg.run.steps, start=self.step, run_dir=self.run_dir, gc_clock=self._gc,
                      enabled=self.is_main, on_stall=self.logger.close) as session:
-            session.beat("the start: format warm-up or the first evaluation")
-            if self.step == 0:  # the curves start from the untrained (or format-warmed) policy
-                warm = {}
-                if cfg.warmup.steps and not cfg.rollout.constrain_moves:  # constrained moves have no format to learn
-                    session.beat("format warm-up (random legal moves)")
-                    with phase(f"format warm-up: {cfg.warmup.steps} supervised steps on random legal games"):
-                        warm = {f"warmup/{k}": v for k, v in self.format_warmup().items()}
-                last_eval = self.evaluate.logged(self.step, session.bar.status)
-                self.logger.log({"step": 0, **warm, **last_eval, "eval/fresh": True})
-            while self.step < cfg.run.steps:
-                if stop_after is not None and len(history) >= stop_after:
-                    return history
-                session.beat(f"iteration {self.step + 1}")
-                record = self.iteration()
-                session.iteration_done(self.step, record)
-                last_step, out_of_time = self.step == cfg.run.steps, session.out_of_time()
-                evaluated = bool((cfg.eval.every and self.step % cfg.eval.every == 0) or last_step or out_of_time)
-                if evaluated:
-                    session.dog.beat(f"the evaluation after iteration {self.step}")
+            self._session, saved = session, self.step
+            try:
+                session.beat("the start: format warm-up or the first evaluation")
+                if self.step == 0:  # the curves start from the untrained (or format-warmed) policy
+                    warm = {}
+                    if cfg.warmup.steps and not cfg.rollout.constrain_moves:  # constrained moves: no format to learn
+                        session.beat("format warm-up (random legal moves)")
+                        with phase(f"format warm-up: {cfg.warmup.steps} supervised steps on random legal games"):
+                            warm = {f"warmup/{k}": v for k, v in self.format_warmup().items()}
                     last_eval = self.evaluate.logged(self.step, session.bar.status)
-                record.update(last_eval)  # carried between evaluations; eval/fresh marks a new one
-                record.update({"eval/fresh": evaluated, "time/elapsed_s": session.elapsed_s})
-                self.logger.log(record)
-                history.append(record)
-                session.show(self.step, record)
-                if (cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0) or last_step or out_of_time:
-                    session.dog.beat(f"the checkpoint after iteration {self.step}")
+                    self.logger.log({"step": 0, **warm, **last_eval, "eval/fresh": True})
+                while self.step < cfg.run.steps:
+                    if stop_after is not None and len(history) >= stop_after:
+                        return history
+                    session.beat(f"iteration {self.step + 1}")
+                    session.stop_point()
+                    record = self.iteration()
+                    session.iteration_done(self.step, record)
+                    last_step, out_of_time = self.step == cfg.run.steps, session.out_of_time()
+                    evaluated = bool((cfg.eval.every and self.step % cfg.eval.every == 0) or last_step or out_of_time)
+                    if evaluated:
+                        session.dog.beat(f"the evaluation after iteration {self.step}")
+                        last_eval = self.evaluate.logged(self.step, session.bar.status)
+                    record.update(last_eval)  # carried between evaluations; eval/fresh marks a new one
+                    record.update({"eval/fresh": evaluated, "time/elapsed_s": session.elapsed_s})
+                    self.logger.log(record)
+                    history.append(record)
+                    session.show(self.step, record)
+                    if session.checkpoint_due(self.step, last_step):
+                        session.dog.beat(f"the checkpoint after iteration {self.step}")
+                        self.save()
+                        session.saved()
+                        saved = self.step
+                    if out_of_time:
+                        break
+            except StopRun as stop:
+                self.stopped_by = stop.signal_name
+                if self.step > saved:
                     self.save()
-                if out_of_time:
-                    break
+                where = (f"checkpoint {self.run_dir / 'checkpoints' / str(self.step)}" if self.step else
+                         "no iteration had finished, nothing to resume")
+                log.warning("%s: stopped after iteration %d; %s", stop.signal_name, self.step, where)
+            finally:
+                self._session = None
         self.logger.close()
         self.checkpointer.close()
         return history

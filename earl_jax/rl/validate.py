@@ -18,23 +18,24 @@ GAME_EXAMPLES = "connect_four, tic_tac_toe, or any two-player OpenSpiel game suc
 def _load_game(name: str):
     import pyspiel
 
+    if name.split("(")[0].strip() not in pyspiel.registered_names():  # load_game would print all ~120 names first
+        raise ConfigError(f"--env.game: {name!r} is not an OpenSpiel game ({GAME_EXAMPLES})")
     try:
         game = pyspiel.load_game(name)
-    except Exception:  # pyspiel.SpielError is not a ValueError; its message lists every registered game
-        raise ConfigError(f"--env.game: {name!r} is not an OpenSpiel game ({GAME_EXAMPLES})") from None
+    except Exception as e:  # pyspiel.SpielError is not a ValueError: e.g. a parameter the game does not take
+        raise ConfigError(f"--env.game: {name!r} does not load ({str(e).splitlines()[0]})") from None
     if game.num_players() != 2:
         raise ConfigError(f"--env.game: {name!r} has {game.num_players()} players; the games here are two-player")
     return game
 
 
 def _opponent(flag: str, spec: str, game, name: str) -> None:
-    from earl_jax.envs.opponents import SPEC_HELP, make_opponent
+    from earl_jax.envs.opponents import make_opponent
 
     try:
         make_opponent(spec, game)
-    except ValueError as e:
-        raise ConfigError(f"{flag}: {spec!r} is not an opponent for {name} ({str(e).split(chr(10))[0]}; accepted: "
-                          f"{SPEC_HELP})") from None
+    except ValueError as e:  # its message names the spec and what is accepted for this game
+        raise ConfigError(f"{flag}: {str(e).splitlines()[0]}") from None
 
 
 def check_job(cfg) -> None:

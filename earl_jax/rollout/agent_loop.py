@@ -250,13 +250,15 @@ def _turn_keys(rng: jax.Array, turns: int) -> tuple[jax.Array, ...]:
 
 def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizers.Tokenizer, cfg: PlayConfig,
                rng: jax.Array, seeds: Sequence[int], group_ids: Sequence[int] | None = None,
-               bos_id: int | None = None, codec: ObservationCodec | None = None, game_offset: int = 0) -> Trajectories:
+               bos_id: int | None = None, codec: ObservationCodec | None = None, game_offset: int = 0,
+               interrupt: Callable[[], None] | None = None) -> Trajectories:
     """Play one game per row of the vector env `env` (`envs.vector.make_vector_env`) to its end (or a budget).
 
     `seeds[i]` resets game i: games of one GRPO group share a seed, so they start from the same position
     against the same opponent randomness. `policy`: one policy, or one per pipeline group (games are split
     in contiguous, equal parts; `cfg.pipeline_groups` is then len(policy)). `game_offset`: the id of game 0 in a
-    larger batch whose other games are played elsewhere (rollout/process_split.py): a game samples by its id."""
+    larger batch whose other games are played elsewhere (rollout/process_split.py): a game samples by its id.
+    `interrupt()` runs before every turn's host step: it raises to abandon the rollout (a stop signal)."""
     policies = [policy] if not isinstance(policy, (list, tuple)) else list(policy)
     n = len(seeds)
     if n != env.num_games:
@@ -392,6 +394,8 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
     for g in groups:
         issue(g)
     while any(g.fetch is not None for g in groups):
+        if interrupt is not None:
+            interrupt()
         for g in groups:
             if g.fetch is None:
                 continue
