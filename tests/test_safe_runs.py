@@ -161,3 +161,36 @@ def test_a_corrupt_newest_checkpoint_costs_one_warning_line(tmp_path):
     assert len(about) == 1 and "moved to" in about[0], about
     assert "Traceback" not in text and "Event loop is closed" not in text
     assert (run / "corrupt_checkpoints" / "2").is_dir() and "resumed from step 1" in text
+
+
+@pytest.mark.slow
+def test_two_processes_under_sigterm_save_the_same_step(tmp_path):
+    """SIGTERM to the launcher reaches both processes; they agree at a stop point, save one step together, exit 143."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location("launch_local", ROOT / "launch" / "local.py")
+    local = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(local)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EARL_", "SLURM_"))}
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=local.cpu_xla_flags(env.get("XLA_FLAGS", ""), 4), WANDB_MODE="disabled",
+               PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""), EARL_COMPILE_CACHE="off")
+    run, logs = tmp_path / "run", tmp_path / "logs"
+    cmd = [sys.executable, str(ROOT / "experiments" / "connect4.py"), "--run-dir", str(run), "--steps", "50", *SMALL,
+           "--eval.every", "0", "--run.checkpoint-every", "100", "--run.checkpoint-minutes", "0"]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "launch" / "local.py"), "-n", "2", "--cpu-devices", "4",
+                             "--log-dir", str(logs), "--quiet-main", "--timeout", "400", "--", *cmd],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log0 = logs / "process_0.log"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (log0.exists() and "iteration 1/50" in log0.read_text()):
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=200)
+    texts = [p.read_text() for p in sorted(logs.glob("process_*.log"))]
+    assert proc.returncode == 143, out[-2000:] + "\n".join(t[-2000:] for t in texts)
+    steps = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
+    assert len(steps) == 1 and steps[0] >= 1, steps
+    for text in texts:  # both processes stopped after the same iteration, the one saved
+        assert f"SIGTERM: stopped after iteration {steps[0]}" in text, text[-2000:]
