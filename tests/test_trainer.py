@@ -2,33 +2,35 @@
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import json
+import logging
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
-from earl_jax.cli import parse_config
+from earl_jax.cli import ConfigError
 from earl_jax.parallel.plan import ContextStats
+from earl_jax.rl import job as job_cli
 from earl_jax.rl.checkpoint import CheckpointError
-from earl_jax.rl.config import RLConfig
 from earl_jax.rl.metrics import REQUIRED_METRICS, read_metrics
 from earl_jax.rl.trainer import Trainer
 
-SMALL = RLConfig(groups=4, group_size=2, steps=3, eval_every=2, eval_games=8, format_warmup_steps=1, devices=2,
-                 checkpoint_every=2, max_turns=6, max_context=256, progress=False, wandb_mode="disabled",
-                 micro_batch_tokens=1024)
+from jobs import job, with_fields
+
+SMALL = job(groups=4, group_size=2, steps=3, eval_every=2, eval_games=8, format_warmup_steps=1, devices=2,
+            checkpoint_every=2, max_turns=6, max_context=256, micro_batch_tokens=1024)
+CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
 
 def _params(trainer: Trainer) -> list[np.ndarray]:
-    return [np.asarray(x) for x in jax.tree.leaves(trainer.params)]
+    return [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
 
 
 def test_short_run_logs_every_metric_and_checkpoints(tmp_path):
-    cfg = dataclasses.replace(SMALL, devices=8, run_dir=str(tmp_path / "run"))  # every stage on an 8-device mesh
+    cfg = with_fields(SMALL, devices=8, run_dir=str(tmp_path / "run"))  # every stage on an 8-device mesh
     history = Trainer(cfg).run()
     assert [r["step"] for r in history] == [1, 2, 3]
     records = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] >= 1]
@@ -39,7 +41,7 @@ def test_short_run_logs_every_metric_and_checkpoints(tmp_path):
         assert r["parallel/rollout_mesh"].startswith("d")
     # the iteration's own traces and compiles: the first builds the stages' programs
     assert records[0]["compile/lowered"] > 0 and records[0]["time/compile_s"] > 0
-    assert json.loads((tmp_path / "run" / "config.json").read_text())["groups"] == 4
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["rollout"]["groups"] == 4
     steps = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit())
     assert steps[-1] == 3
     with pytest.raises(ValueError, match="--resume"):  # the same run dir again, without --resume
@@ -48,13 +50,13 @@ def test_short_run_logs_every_metric_and_checkpoints(tmp_path):
 
 def test_few_new_widths_per_iteration_compile_less_and_change_nothing(tmp_path):
     # micro-batches of one row per shard: games of different lengths get different widths
-    cfg = dataclasses.replace(SMALL, steps=1, eval_every=0, format_warmup_steps=0, checkpoint_every=0,
-                              micro_batch_tokens=128, max_context=256, eval_games=2)
+    cfg = with_fields(SMALL, steps=1, eval_every=0, format_warmup_steps=0, checkpoint_every=0,
+                      micro_batch_tokens=128, max_context=256, eval_games=2)
     runs = {}
     for k in (0, 1):
-        runs[k] = Trainer(dataclasses.replace(cfg, run_dir=str(tmp_path / str(k)), new_widths_per_iteration=k), log=False)
+        runs[k] = Trainer(with_fields(cfg, run_dir=str(tmp_path / str(k)), new_widths_per_iteration=k), log=False)
         runs[k].run()
-    most = {k: max(len(widths) for widths in t._widths_run.values()) for k, t in runs.items()}
+    most = {k: max(len(widths) for widths in t.widths.run_at.values()) for k, t in runs.items()}
     assert most[0] > 1 and most[1] == 1  # unlimited: several width programs per stage; limited: one
     # Adam's step is ~lr (1e-3) per weight: a micro-batch cut short would move weights by that much, while padding
     # changes only float rounding (seen: 1.7e-6 on one of 49152 weights)
@@ -63,7 +65,7 @@ def test_few_new_widths_per_iteration_compile_less_and_change_nothing(tmp_path):
 
 
 def _adam_steps(trainer: Trainer) -> int:
-    counts = [int(x) for path, x in jax.tree_util.tree_flatten_with_path(trainer.opt_state)[0]
+    counts = [int(x) for path, x in jax.tree_util.tree_flatten_with_path(trainer.state.opt_state)[0]
               if "count" in jax.tree_util.keystr(path)]
     assert counts, "no step counter in the optimizer state"
     return max(counts)
@@ -72,30 +74,30 @@ def _adam_steps(trainer: Trainer) -> int:
 def test_ppo_mini_batches_make_that_many_updates_an_iteration(tmp_path):
     """--ppo-mini-batches N: N optimizer steps per pass over the batch (what the flag promises reaches the train
     stage), each on whole groups; a count that leaves a mini-batch without whole groups is refused at start."""
-    cfg = dataclasses.replace(SMALL, steps=1, eval_every=0, format_warmup_steps=0, checkpoint_every=0, eval_games=2)
+    cfg = with_fields(SMALL, steps=1, eval_every=0, format_warmup_steps=0, checkpoint_every=0, eval_games=2)
     steps = {}
     for n in (1, 4):
-        trainer = Trainer(dataclasses.replace(cfg, run_dir=str(tmp_path / str(n)), ppo_mini_batches=n, ppo_epochs=2),
+        trainer = Trainer(with_fields(cfg, run_dir=str(tmp_path / str(n)), ppo_mini_batches=n, ppo_epochs=2),
                           log=False)
         trainer.run()
         steps[n] = _adam_steps(trainer)
     assert steps == {1: 2, 4: 8}
-    with pytest.raises(ValueError, match="--ppo-mini-batches"):
-        dataclasses.replace(cfg, ppo_mini_batches=3)
+    with pytest.raises(ConfigError, match="^--optim.ppo-mini-batches: must divide --rollout.groups"):
+        with_fields(cfg, ppo_mini_batches=3)
 
 
 def test_killed_and_resumed_run_is_bit_exact(tmp_path):
-    cfg = dataclasses.replace(SMALL, steps=4, eval_every=0, format_warmup_steps=0)
+    cfg = with_fields(SMALL, steps=4, eval_every=0, format_warmup_steps=0)
     # the straight run collects garbage on a schedule (--gc-every): when Python collects changes nothing computed
-    straight = Trainer(dataclasses.replace(cfg, run_dir=str(tmp_path / "a"), gc_every=2), log=False)
+    straight = Trainer(with_fields(cfg, run_dir=str(tmp_path / "a"), gc_every=2), log=False)
     straight.run()
     assert gc.isenabled() and not gc.get_freeze_count()  # the collector is back as it was
 
-    first = Trainer(dataclasses.replace(cfg, run_dir=str(tmp_path / "b")))
+    first = Trainer(with_fields(cfg, run_dir=str(tmp_path / "b")))
     first.run(stop_after=3)  # "killed" after iteration 3; the last checkpoint is step 2
     first.logger.close()
     assert [r["step"] for r in read_metrics(tmp_path / "b" / "metrics.jsonl")] == [0, 1, 2, 3]  # 0: before training
-    resumed = Trainer(dataclasses.replace(cfg, run_dir=str(tmp_path / "b"), resume=True))
+    resumed = Trainer(with_fields(cfg, run_dir=str(tmp_path / "b"), resume=True))
     assert resumed.step == 2
     resumed.run()
     assert resumed.step == straight.step == 4
@@ -112,47 +114,64 @@ def _corrupt(folder: Path) -> None:
             f.write_bytes(b"\0garbage" * 4)
 
 
-def test_corrupt_newest_checkpoint_resumes_from_the_previous_one(tmp_path):
-    cfg = dataclasses.replace(SMALL, steps=2, eval_every=0, format_warmup_steps=0, checkpoint_every=1,
-                              run_dir=str(tmp_path / "run"))
+def test_corrupt_newest_checkpoint_resumes_from_the_previous_one(tmp_path, caplog):
+    cfg = with_fields(SMALL, steps=2, eval_every=0, format_warmup_steps=0, checkpoint_every=1,
+                      run_dir=str(tmp_path / "run"))
     Trainer(cfg, log=False).run()
     ckpt = tmp_path / "run" / "checkpoints"
     _corrupt(ckpt / "2")
-    with pytest.warns(UserWarning, match="checkpoints/2 is unreadable") as warned:
-        resumed = Trainer(dataclasses.replace(cfg, steps=3, resume=True), log=False)
-    assert len([w for w in warned if "unreadable" in str(w.message)]) == 1  # one warning line
+    with caplog.at_level(logging.WARNING, logger="earl_jax.checkpoint"):
+        resumed = Trainer(with_fields(cfg, steps=3, resume=True), log=False)
+    said = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+    assert len(said) == 1 and "checkpoints/2 is unreadable" in said[0]  # one warning line
     assert resumed.step == 1
     assert (ckpt / "1").exists()  # the older checkpoint is still there
     assert (tmp_path / "run" / "corrupt_checkpoints" / "2").exists()  # the bad one is kept aside, not deleted
     resumed.run()  # and the run goes on, writing step 2 and 3 again
-    assert resumed.step == 3 and Trainer(dataclasses.replace(cfg, resume=True), log=False).step == 3
+    assert resumed.step == 3 and Trainer(with_fields(cfg, resume=True), log=False).step == 3
     # when no checkpoint reads back, a clear error names the folder
     for d in ckpt.iterdir():
         if d.name.isdigit():
             _corrupt(d)
     with pytest.raises(CheckpointError, match="no checkpoint .* reads back"):
-        Trainer(dataclasses.replace(cfg, resume=True), log=False)
+        Trainer(with_fields(cfg, resume=True), log=False)
 
 
-def test_resume_without_checkpoint_fails_clearly(tmp_path):
-    with pytest.raises(CheckpointError, match="no checkpoint"):
-        Trainer(dataclasses.replace(SMALL, run_dir=str(tmp_path / "empty"), resume=True), log=False)
+def test_resume_without_checkpoint_fails_clearly(tmp_path, capsys):
+    """`--resume` on a folder with no checkpoint: one line naming the flag and the folder, before anything is built."""
+    empty = tmp_path / "empty"
+    code = job_cli.main(["--run-dir", str(empty), "--resume"], name="connect4", configs=CONFIGS / "connect4")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith(f"connect4: error: --resume: {empty} holds no checkpoint"), err
+    assert "\n" not in err and not empty.exists()
 
 
-@pytest.mark.parametrize("argv, field", [(["--groups", "0"], "--groups"), (["--temperature", "-1"], "--temperature"),
-                                         (["--algorithm", "dqn"], "--algorithm"), (["--no-such-flag", "1"], "no-such-flag")])
-def test_bad_flags_fail_at_start_naming_the_field(argv, field, capsys):
-    with pytest.raises(SystemExit):
-        parse_config(RLConfig, argv)
-    assert field in capsys.readouterr().err
+def _parse_error(argv: list[str]) -> str:
+    with pytest.raises(ConfigError) as e:
+        job_cli.parse_job(argv, CONFIGS / "connect4")
+    msg = str(e.value)
+    assert "\n" not in msg and "usage" not in msg.lower(), msg  # one line, no usage dump
+    return msg
 
 
-@pytest.mark.parametrize("argv, says", [(["--compile-ahead", "maybe"], "'maybe' is not one of auto, true, false"),
-                                        (["--progress", "maybe"], "not a boolean: 'maybe'")])
-def test_bad_choice_or_boolean_says_what_is_allowed(argv, says, capsys):
-    with pytest.raises(SystemExit):
-        parse_config(RLConfig, argv)
-    assert says in capsys.readouterr().err
+@pytest.mark.parametrize("argv, field", [(["--rollout.groups", "0"], "--rollout.groups"),
+                                         (["--rollout.temperature", "-1"], "--rollout.temperature"),
+                                         (["--loss.estimator", "dqn"], "--loss.estimator"),
+                                         (["--no-such-flag", "1"], "--no-such-flag"),
+                                         (["--groups", "2"], "--rollout.groups")])  # an old flag: its new name
+def test_bad_flags_fail_at_start_naming_the_field(argv, field):
+    assert field in _parse_error(argv)
+
+
+@pytest.mark.parametrize("argv, says", [(["--rollout.compile-ahead", "maybe"], "'maybe' is not one of auto, true, false"),
+                                        (["--run.progress", "maybe"], "not a boolean: 'maybe'")])
+def test_bad_choice_or_boolean_says_what_is_allowed(argv, says):
+    assert says in _parse_error(argv)
+
+
+def test_a_bad_flag_exits_2_with_one_line(tmp_path, capsys):
+    assert job_cli.main(["--rollout.groups", "0"], name="connect4", configs=CONFIGS / "connect4") == 2
+    assert capsys.readouterr().err == "connect4: error: --rollout.groups: must be positive (got 0)\n"
 
 
 class SayDigitEnv:
@@ -173,9 +192,9 @@ class SayDigitEnv:
 
 @pytest.mark.slow
 def test_policy_learns_a_trivial_game(tmp_path):
-    cfg = dataclasses.replace(SMALL, groups=8, group_size=4, steps=30, eval_every=0, eval_games=8,
-                              format_warmup_steps=0, max_turn_tokens=2, max_turns=1, max_context=32,
-                              learning_rate=3e-3, run_dir=str(tmp_path / "run"))
+    cfg = with_fields(SMALL, groups=8, group_size=4, steps=30, eval_every=0, eval_games=8,
+                      format_warmup_steps=0, max_turn_tokens=2, max_turns=1, max_context=32,
+                      learning_rate=3e-3, run_dir=str(tmp_path / "run"))
     history = Trainer(cfg, log=False, env_factory=SayDigitEnv).run()
     early = np.mean([r["episode/return_mean"] for r in history[:5]])
     late = np.mean([r["episode/return_mean"] for r in history[-5:]])
@@ -183,8 +202,8 @@ def test_policy_learns_a_trivial_game(tmp_path):
 
 
 def test_out_of_memory_in_a_stage_reruns_it_on_the_next_mesh(tmp_path, monkeypatch):
-    cfg = dataclasses.replace(SMALL, devices=8, steps=1, eval_every=0, format_warmup_steps=0,
-                              run_dir=str(tmp_path / "run"))
+    cfg = with_fields(SMALL, devices=8, steps=1, eval_every=0, format_warmup_steps=0,
+                      run_dir=str(tmp_path / "run"))
     trainer = Trainer(cfg, log=False)
     first = trainer.planner.current.experience.mesh
     real, seen = Trainer._experience, []
@@ -204,12 +223,12 @@ def test_out_of_memory_in_a_stage_reruns_it_on_the_next_mesh(tmp_path, monkeypat
 
 
 def test_turn_token_schedule_and_fixed_length_answers(tmp_path):
-    cfg = dataclasses.replace(SMALL, turn_tokens_schedule="0:3,2:8", stop_at_eos=False, format_warmup_steps=0,
-                              max_context=512, run_dir=str(tmp_path / "run"))
-    assert [cfg.turn_tokens(i) for i in range(4)] == [3, 3, 8, 8]
+    cfg = with_fields(SMALL, turn_tokens_schedule="0:3,2:8", stop_at_eos=False, format_warmup_steps=0,
+                      max_context=512, run_dir=str(tmp_path / "run"))
+    assert [cfg.rollout.turn_tokens(i) for i in range(4)] == [3, 3, 8, 8]
     trainer = Trainer(cfg, log=False)
     trainer.step = 2  # the schedule's second entry
-    traj, _ = trainer._rollout(trainer.env, list(range(trainer.env.num_games)), None, jax.random.key(0), trainer.sampling)
+    traj, _ = trainer.play(trainer.env, list(range(trainer.env.num_games)), None, jax.random.key(0), trainer.sampling)
     runs = []  # lengths of the generated spans (one per agent answer)
     for row in traj.loss_mask:
         edges = np.flatnonzero(np.diff(np.concatenate([[0], row.astype(int), [0]])))
@@ -219,13 +238,13 @@ def test_turn_token_schedule_and_fixed_length_answers(tmp_path):
 
 @pytest.mark.parametrize("schedule", ["4:8", "0:8,0:16", "0:0", "0-8", "0:8,2:600"])
 def test_bad_turn_token_schedule_names_the_flag(schedule):
-    with pytest.raises(ValueError, match="turn-tokens-schedule|max-context"):
-        dataclasses.replace(SMALL, turn_tokens_schedule=schedule)
+    with pytest.raises(ConfigError, match="^--rollout.(turn-tokens-schedule|max-context): "):
+        with_fields(SMALL, turn_tokens_schedule=schedule)
 
 
 def test_static_mode_keeps_the_first_plan_and_names_the_stage_that_ran_out_of_memory(tmp_path, monkeypatch):
-    cfg = dataclasses.replace(SMALL, devices=8, steps=1, eval_every=0, format_warmup_steps=0, selector_mode="static",
-                              run_dir=str(tmp_path / "run"))
+    cfg = with_fields(SMALL, devices=8, steps=1, eval_every=0, format_warmup_steps=0, selector_mode="static",
+                      run_dir=str(tmp_path / "run"))
     trainer = Trainer(cfg, log=False)
     first = trainer.planner.current
     trainer.planner.observe(ContextStats(200_000, 250_000, 8))  # a context the first plan was never made for
@@ -251,4 +270,4 @@ def test_main_jobs_start_from_a_clone_without_install(tmp_path, script):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run([sys.executable, str(root / "experiments" / script), "--help"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and "--selector-mode" in out.stdout, out.stderr[-2000:]
+    assert out.returncode == 0 and "--planner.mode" in out.stdout, out.stderr[-2000:]
