@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
 
 from earl_jax.parallel.profile import device_slug  # noqa: E402
+from experiments.job_flags import component_flags  # noqa: E402
 from earl_jax.rl.metrics import read_metrics  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
@@ -69,8 +70,8 @@ def error_line(lines: list[str]) -> str | None:
 
 def run_one(mode: str, flags: list[str], run_dir: Path, timeout: float, env: dict[str, str]) -> dict:
     """One training run in a subprocess; how it ended (finished / out of memory / other error / timeout)."""
-    cmd = [sys.executable, str(ROOT / "experiments" / "connect4.py"), *flags, "--run-dir", str(run_dir),
-           "--selector-mode", mode]
+    cmd = [sys.executable, str(ROOT / "experiments" / "connect4.py"),
+           *component_flags([*flags, "--run-dir", str(run_dir), "--selector-mode", mode])]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)

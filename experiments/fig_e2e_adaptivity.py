@@ -72,6 +72,7 @@ sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
 sys.path.insert(0, str(ROOT / "experiments"))
 
 import adaptivity_summary  # noqa: E402
+from job_flags import component_flags  # noqa: E402
 from earl_jax.parallel.profile import SCRATCH_OOM  # noqa: E402
 from earl_jax.rl.config import parse_schedule  # noqa: E402
 
@@ -153,7 +154,8 @@ def run_one(name: str, flags: list[str], run_dir: Path, budget_s: float, env: di
     """One training run in a subprocess, stopped after `budget_s`; how it ended and its per-iteration trace."""
     from earl_jax.rl.metrics import read_metrics
 
-    cmd = [sys.executable, str(ROOT / "experiments" / "connect4.py"), *flags, "--run-dir", str(run_dir)]
+    cmd = [sys.executable, str(ROOT / "experiments" / "connect4.py"),
+           *component_flags([*flags, "--run-dir", str(run_dir)])]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=budget_s)

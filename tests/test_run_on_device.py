@@ -4,6 +4,7 @@ checked with stand-ins for python3 and nvidia-smi that record each command inste
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "experiments" / "benchmarks" / "run_on_device.sh"
 
 STUB_PYTHON = """#!/bin/bash
+[ "$1" = "-" ] && exec "$REAL_PYTHON" "$@"  # the runner's own helpers (job flags, metrics lines) run for real
 echo "[$CUDA_VISIBLE_DEVICES] $*" >> "$CALLS"
-[ "$1" = "-" ] && { cat > /dev/null; exit 0; }
 for ((i = 1; i <= $#; i++)); do  # a training job: make the run folder it would leave
   if [ "${!i}" = "--run-dir" ]; then j=$((i + 1)); d=${!j}
     mkdir -p "$d/checkpoints/10" "$d/checkpoints/20"; echo '{}' > "$d/metrics.jsonl"; echo '{}' > "$d/evaluation.json"
@@ -30,10 +31,12 @@ def _run(tmp_path, *args, **env):
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     work = tmp_path / "repo"
-    work.mkdir(exist_ok=True)
+    (work / "earl_jax" / "rl").mkdir(parents=True, exist_ok=True)
+    (work / "earl_jax" / "rl" / "job.py").touch()  # this checkout takes component flags; work/old does not
+    (work / "old").mkdir(exist_ok=True)
     calls = tmp_path / "calls.log"
     full_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
-                "CALLS": str(calls), **env}
+                "CALLS": str(calls), "REAL_PYTHON": sys.executable, **env}
     proc = subprocess.run(["bash", str(RUNNER), *args], cwd=work, env=full_env, capture_output=True, text=True,
                           timeout=60)
     lines = calls.read_text().splitlines() if calls.exists() else []
@@ -60,7 +63,8 @@ def test_connect4_runs_each_setting_on_its_own_gpu_then_evaluates(tmp_path):
     assert proc.returncode == 0, proc.stderr
     train = sorted(c for c in calls if "experiments/connect4.py" in c)
     assert len(train) == 2 and train[0].startswith("[0]") and train[1].startswith("[1]")
-    assert "--preset gpu --max-minutes 7" in train[0] and train[0].endswith("--run-dir runs/connect4-gpu-a --ppo-mini-batches 4")
+    assert "--preset gpu --run.max-minutes 7 --run.wandb-mode disabled" in train[0]
+    assert train[0].endswith("--run-dir runs/connect4-gpu-a --optim.ppo-mini-batches 4")  # flat flags translated
     assert train[1].endswith("--run-dir runs/connect4-gpu-b")
     evals = [c for c in calls if "experiments/evaluate_run.py" in c]
     assert len(evals) == 2 and all("random,alphabeta:1,alphabeta:2,alphabeta:3,mcts:100" in c for c in evals)
@@ -83,10 +87,12 @@ def test_connect4_in_parts_saves_the_newest_checkpoint_then_resumes_it(tmp_path)
 
 
 @pytest.mark.parametrize("sub, env, expect", [
-    ("pod-first-iteration", {"RUNS": "new:.:130 nocompact:.:150:--compact-finished=false"},
-     ["--preset pod --model qwen2.5-1.5b --steps 2 --eval-games 64", "--compact-finished=false --run-dir /tmp/pod_nocompact"]),
-    ("steady", {"A_FLAGS": "--compile-ahead false", "B_FLAGS": "--compile-ahead true"},
-     ["--compile-ahead false --run-dir /tmp/steady_a", "--compile-ahead true --run-dir /tmp/steady_b"]),
+    ("pod-first-iteration", {"RUNS": "nocompact:.:150:--compact-finished=false base:old:150"},
+     ["--preset pod --model qwen2.5-1.5b --steps 2 --eval.games 64 --warmup.steps 0",
+      "--rollout.compact-finished=false --run-dir /tmp/pod_nocompact",
+      "--eval-games 64 --format-warmup-steps 0"]),  # an older checkout gets the flat flags it knows
+    ("steady", {"A_FLAGS": "--compile-ahead false", "B_FLAGS": "--rollout.compile-ahead true"},
+     ["--rollout.compile-ahead false --run-dir /tmp/steady_a", "--rollout.compile-ahead true --run-dir /tmp/steady_b"]),
     ("e2e", {"RUNS": "static_d4f1t1,auto", "MODEL": "qwen2.5-3b", "E2E_STATE": "state", "EARL_COMPILE_CACHE": "cc"},
      ["fig_e2e_adaptivity.py --gpu4 --model qwen2.5-3b", "--runs static_d4f1t1,auto --budget-s 280"]),
 ])

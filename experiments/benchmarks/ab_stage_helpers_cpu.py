@@ -17,6 +17,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
+
+from experiments.job_flags import for_tree  # noqa: E402
+
 JOB = ["--steps", "8", "--eval-every", "0", "--format-warmup-steps", "5", "--compile-ahead", "true", "--prompt-style",
        "compact", "--groups", "16", "--group-size", "8", "--wandb-mode", "disabled", "--progress", "false"]
 
@@ -40,7 +44,8 @@ def main(argv=None) -> dict:
     runs = args.summarize or []
     for tree in args.trees or []:
         run_dir = Path("/tmp") / f"helpers_{tree.resolve().name}"
-        subprocess.run([sys.executable, "experiments/connect4.py", *JOB, "--run-dir", str(run_dir)], cwd=tree,
+        subprocess.run([sys.executable, "experiments/connect4.py", *for_tree([*JOB, "--run-dir", str(run_dir)], tree)],
+                       cwd=tree,
                        env={**os.environ, "PYTHONPATH": str(tree.resolve())}, check=True, capture_output=True)
         runs.append(run_dir)
     result = {"job": "connect4.py " + " ".join(JOB), "machine": f"{os.cpu_count()} CPU cores",

@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
 RESULTS = ROOT / "experiments" / "results"
 
 from experiments.sweep import steady_iterations  # noqa: E402
+from experiments.job_flags import for_tree  # noqa: E402
 BASELINE = ROOT / ".baseline"
 
 COMMON = ["--format-warmup-steps", "0", "--eval-every", "0", "--eval-games", "8", "--checkpoint-every", "0",
@@ -46,11 +47,7 @@ CASES = {
 # The default of connect4.py since constrained moves (one move token a turn, no decode loop): what users run now.
 for _name in ("gpu512", "gpu2048"):
     CASES["gpu"][f"{_name}_constrained"] = CASES["gpu"][_name] + ["--constrain-moves", "true"]
-# Variants of the current code only: on several GPUs, the rollout as device groups instead of one SPMD decode.
-CASES["gpu"]["gpu2048_device_groups"] = CASES["gpu"]["gpu2048"] + ["--rollout-device-groups", "true"]
-# ... and on one GPU, two pipeline groups (the host steps one group while the device decodes the other).
-CASES["gpu"]["gpu512_groups2"] = CASES["gpu"]["gpu512"] + ["--rollout-groups", "2"]
-# ... and on four GPUs as four processes of one job (launch/local.py, one GPU each): the rollout split by process
+# Variants of the current code only: on four GPUs as four processes of one job (launch/local.py, one GPU each): the rollout split by process
 # (each plays its 512 games: rollout/process_split.py), or one SPMD rollout in which every process steps all 2048.
 # 14 iterations: each process compiles the decode programs of its own games' shapes, some iterations later than others
 FOUR_PROC = CASES["gpu"]["gpu2048"][:-4] + ["--steps", "14", "--prompt-style", "compact"]
@@ -67,7 +64,7 @@ CASES["gpu"]["gpu2048_4proc_gc"] = CASES["gpu"]["gpu2048_4proc"] + ["--gc-every"
 LAUNCH = {name: ["-n", "4", "--devices-per-process", "1"]
           for name in ("gpu2048_4proc", "gpu2048_4proc_nosplit", "gpu2048_4proc_gc", "gpu8192_4proc",
                              "gpu2048_constrained_4proc")}
-CURRENT_ONLY_CASES = {"gpu2048_device_groups", "gpu512_groups2", *LAUNCH}
+CURRENT_ONLY_CASES = {*LAUNCH}
 TIMES = ("time/rollout_s", "time/experience_s", "time/train_s", "time/dispatch_s")
 
 
@@ -83,8 +80,8 @@ def run_case(code: str, flags: list[str], timeout: float, env: dict, launch: lis
     compile-free iterations from the third on."""
     root = ROOT if code == "current" else BASELINE
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, str(root / "experiments" / "connect4.py"), *COMMON, *code_flags(code),
-               *flags, "--run-dir", f"{tmp}/run"]
+        cmd = [sys.executable, str(root / "experiments" / "connect4.py"),
+               *for_tree([*COMMON, *code_flags(code), *flags, "--run-dir", f"{tmp}/run"], root)]
         if launch:
             cmd = [sys.executable, str(root / "launch" / "local.py"), *launch, "--timeout", str(timeout - 5), "--", *cmd]
         t0 = time.perf_counter()

@@ -22,6 +22,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
+
+from experiments.job_flags import for_tree  # noqa: E402
+
 GPU_JOB = ["--groups", "64", "--group-size", "8", "--prompt-style", "compact", "--constrain-moves", "false",
            "--format-warmup-steps", "0", "--eval-every", "0", "--eval-games", "8", "--checkpoint-every", "0"]
 # the pod preset's job shape (rl/pod.py RANDOM_INIT) with the tiny model on 4 fake CPU devices, in flags that
@@ -55,9 +59,9 @@ def main(argv=None) -> dict:
                 job = GPU_JOB if args.gpu else POD_CPU_JOB if args.job == "pod-cpu" else []
                 if args.job == "pod-cpu" and tree == ROOT:
                     job = job + ["--constrain-moves", "false"]
-                cmd = [sys.executable, str(tree / "experiments" / "connect4.py"), "--steps", "1", "--compile-cache", "off",
-                       "--wandb-mode", "disabled", "--progress", "false", *flag,
-                       "--run-dir", f"{tmp}/run_{r}_{i}", *job]
+                cmd = [sys.executable, str(tree / "experiments" / "connect4.py"),
+                       *for_tree(["--steps", "1", "--compile-cache", "off", "--wandb-mode", "disabled", "--progress",
+                                  "false", *flag, "--run-dir", f"{tmp}/run_{r}_{i}", *job], tree)]
                 env = {**os.environ, "PYTHONPATH": str(tree), **({"CUDA_VISIBLE_DEVICES": str(i)} if args.gpu else {}),
                        **({"XLA_FLAGS": "--xla_force_host_platform_device_count=4"} if args.job == "pod-cpu" else {})}
                 proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

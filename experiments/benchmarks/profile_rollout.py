@@ -37,17 +37,17 @@ def main(argv=None) -> dict:
 
     import jax
 
-    from earl_jax.cli import parse_config
     from earl_jax.compile_cache import enable_compile_cache
     from earl_jax.parallel.profile import device_slug
+    from earl_jax.rl.job import parse_job
     from earl_jax.rl.trainer import Trainer
     from earl_jax.rollout.sampler import Sampler
-    from experiments.connect4 import DEFAULT, PRESETS
+    from experiments.job_flags import component_flags
 
-    cfg = parse_config(type(DEFAULT), ["--format-warmup-steps", "0", "--eval-every", "0", "--checkpoint-every", "0",
-                                       "--wandb-mode", "disabled", "--progress", "false", "--run-dir", tempfile.mkdtemp(),
-                                       *args.flags], presets=PRESETS, base=DEFAULT)
-    enable_compile_cache(cfg.compile_cache or None)
+    flags = ["--format-warmup-steps", "0", "--eval-every", "0", "--checkpoint-every", "0", "--wandb-mode", "disabled",
+             "--progress", "false", "--run-dir", tempfile.mkdtemp(), *args.flags]
+    cfg = parse_job(component_flags(flags), ROOT / "experiments" / "configs" / "connect4").config
+    enable_compile_cache(cfg.run.compile_cache or None)
     trainer = Trainer(cfg, log=False)
     for i in range(args.warm_iterations):
         r = trainer.iteration()
@@ -56,7 +56,7 @@ def main(argv=None) -> dict:
     def rollout():
         seeds, group_ids, rng = trainer.rollout_inputs()
         t0 = time.perf_counter()
-        traj, _ = trainer._rollout(trainer.env, seeds, group_ids, rng, trainer.sampling)
+        traj, _ = trainer.play(trainer.env, seeds, group_ids, rng, trainer.sampling)
         return traj, time.perf_counter() - t0
 
     rollout()  # one more unprofiled, as a check that nothing compiles below

@@ -32,14 +32,24 @@
 #                                runs longer than one call go in parts
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 source "$HERE/gpu_wheels.sh"
 BENCH=experiments/benchmarks
 QUIET_XLA="IOTA device assignment|not expected as JAX|Involuntary full rematerialization"
 POD_FLAGS="--format-warmup-steps 0 --wandb-mode disabled --progress false --checkpoint-every 0 --keep-checkpoints 0"
+# Job flags below are written flat (--eval-games); job_flags gives each checkout its own spelling (--eval.games).
 
 device() { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1 | tee "$OUT/device.txt"; }
+
+job_flags() {  # job_flags DIR FLAGS...: connect4.py flags, flat or not, one a line, as the checkout in DIR takes them
+  PYTHONPATH="$REPO:${PYTHONPATH:-}" python3 - "$@" <<'PY'
+import sys
+from experiments.job_flags import for_tree
+print("\n".join(for_tree(sys.argv[2:], sys.argv[1])))
+PY
+}
 
 metrics_lines() {  # metrics_lines FILE: per iteration, the seconds and compiles a start-up comparison reads
   python3 - "$1" <<'PY'
@@ -130,15 +140,17 @@ cmd_agent_loop_4gpu() {
 cmd_pod_first_iteration() {
   install_wheels
   local pod="--preset pod --model ${MODEL:-qwen2.5-1.5b} --steps ${STEPS:-2} --eval-games ${EVAL_GAMES:-64} $POD_FLAGS"
-  local spec name dir limit flags envs start
+  local spec name dir limit flags envs start job
   for spec in ${RUNS:?RUNS=\"name:dir:timeout_s[:flags[:env]] ...\"}; do
     IFS=: read -r name dir limit flags envs <<< "$spec"
     flags=${flags//,/ }; envs=${envs//,/ }
     echo "=== $name ($dir, ${limit}s, flags: ${flags:-none}, env: ${envs:-none})"
+    # shellcheck disable=SC2086
+    mapfile -t job < <(job_flags "$dir" $pod $flags --run-dir /tmp/pod_$name)
     start=$(date +%s)
     # shellcheck disable=SC2086
     (cd "$dir" && EARL_COMPILE_CACHE=/tmp/cc_$name PYTHONPATH=${PYTHONPATH:-}:. env $envs timeout "$limit" \
-       python3 experiments/connect4.py $pod $flags --run-dir /tmp/pod_$name) > "$OUT/pod_$name.log" 2>&1
+       python3 experiments/connect4.py "${job[@]}") > "$OUT/pod_$name.log" 2>&1
     echo "rc=$? wall $(( $(date +%s) - start )) s"
     grep -E "first RL iteration|iteration [0-9]+/|out of memory|RESOURCE|Error" "$OUT/pod_$name.log" | tail -12
     cp /tmp/pod_$name/metrics.jsonl "$OUT/pod_$name.jsonl" 2>/dev/null
@@ -150,11 +162,13 @@ cmd_steady() {
   local job="--groups 64 --group-size 8 --prompt-style compact --constrain-moves false --format-warmup-steps 0"
   job="$job --eval-every 0 --eval-games 8 --checkpoint-every 0 --steps ${STEPS:-12} --wandb-mode disabled"
   job="$job --progress false --compile-cache off"
-  local gpu=0 side dir flags
+  local gpu=0 side dir flags args
   for side in a b; do
     dir=A_DIR flags=A_FLAGS; [ $side = b ] && dir=B_DIR flags=B_FLAGS
+    # shellcheck disable=SC2086
+    args=$(job_flags "${!dir:-.}" $job ${!flags:-} --run-dir /tmp/steady_$side | tr '\n' ' ')
     CUDA_VISIBLE_DEVICES=$gpu bash -c "cd ${!dir:-.} && PYTHONPATH=${PYTHONPATH:-}:. timeout ${JOB_S:-400} \
-      python3 experiments/connect4.py $job ${!flags:-} --run-dir /tmp/steady_$side" > "$OUT/steady_$side.log" 2>&1 &
+      python3 experiments/connect4.py $args" > "$OUT/steady_$side.log" 2>&1 &
     gpu=$((gpu + 1))
   done
   wait
@@ -183,17 +197,18 @@ cmd_sweep() {
   export EARL_COMPILE_CACHE=${EARL_COMPILE_CACHE:-/tmp/sweep_cc}
   local sw=/tmp/sweep_selector f
   timeout 585 python3 experiments/sweep.py launch/sweep_selector.yaml --trials "${TRIALS:-4}" --timeout "${TRIAL_S:-135}" \
-    ${ONLY:+--only "$ONLY"} --out "$sw" -- --wandb-mode disabled 2>&1 | tee "$OUT/sweep.log"
+    ${ONLY:+--only "$ONLY"} --out "$sw" -- $(job_flags . --wandb-mode disabled) 2>&1 | tee "$OUT/sweep.log"
   cp "$sw/summary.csv" "$sw/trials.jsonl" "$OUT/" 2>/dev/null
   tar czf "$OUT/trials.tgz" -C "$sw" --exclude checkpoints . 2>/dev/null  # then sweep_table.py on the unpacked folders
 }
 
 connect4_one() {  # connect4_one NAME GPU MINUTES FLAGS...
   local name=$1 gpu=$2 minutes=$3; shift 3
-  local run=runs/connect4-gpu-$name
-  CUDA_VISIBLE_DEVICES=$gpu EARL_COMPILE_CACHE=/tmp/cc_$name python3 experiments/connect4.py --preset gpu \
-    --max-minutes "$minutes" --wandb-mode disabled --eval-opponents random,alphabeta:2 --run-dir "$run" \
-    "${RESUME[@]}" "$@" >> "/tmp/$name.log" 2>&1
+  local run=runs/connect4-gpu-$name job
+  mapfile -t job < <(job_flags . --preset gpu --max-minutes "$minutes" --wandb-mode disabled \
+    --eval-opponents random,alphabeta:2 --run-dir "$run" "${RESUME[@]}" "$@")
+  CUDA_VISIBLE_DEVICES=$gpu EARL_COMPILE_CACHE=/tmp/cc_$name python3 experiments/connect4.py "${job[@]}" \
+    >> "/tmp/$name.log" 2>&1
   if [ -z "${SAVE:-}" ]; then  # the last part: the newest checkpoint against the ladder
     CUDA_VISIBLE_DEVICES=$gpu timeout 150 python3 experiments/evaluate_run.py "$run" --games 64 \
       --opponents random,alphabeta:1,alphabeta:2,alphabeta:3,mcts:100 >> "/tmp/$name.log" 2>&1
