@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from earl_jax.kernels.decode_attention import decode_attention, inv_frequencies
+from earl_jax.kernels.decode_attention import decode_attention, decode_attention_xla, inv_frequencies
 from earl_jax.kernels.linear import LinearConfig, linear, linear_xla
 from earl_jax.kernels.tuning import DecodePlan
 from earl_jax.models.cache import KVCache
@@ -103,8 +103,11 @@ def decode_hidden(w: DecodeWeights, cfg: ModelConfig, tokens: Int[Array, "b"], p
     new_layers = []
     for lw, lc in zip(w.layers, cache.layers):
         qkv = _linear(plan.qkv, plan, x, lw.qkv, bias=lw.qkv_bias, norm_eps=eps)
-        o, lc = decode_attention(qkv.reshape(b, n + 2 * kv, h), lc, positions, inv_freq, n, splits=att.splits,
-                                 block=att.block, warps=att.warps, stages=att.stages, interpret=plan.interpret)
+        if att is None:
+            o, lc = decode_attention_xla(qkv.reshape(b, n + 2 * kv, h), lc, positions, cfg.rope_theta, n)
+        else:
+            o, lc = decode_attention(qkv.reshape(b, n + 2 * kv, h), lc, positions, inv_freq, n, splits=att.splits,
+                                     block=att.block, warps=att.warps, stages=att.stages, interpret=plan.interpret)
         new_layers.append(lc)
         x = _linear(plan.out, plan, o.reshape(b, n * h), lw.out, residual=x)
         mid = _linear(plan.gate_up, plan, x, lw.gate_up, norm_eps=eps, swiglu=True)
