@@ -3,23 +3,27 @@ and the trainer playing both."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
-from earl_jax.cli import parse_config
-from earl_jax.rl.config import RLConfig
+from earl_jax.cli import ConfigError
+from earl_jax.rl import job as job_cli
 from earl_jax.rl.curriculum import Curriculum, parse_ladder
+from earl_jax.rl.evaluation import Evaluator
 from earl_jax.rl.league import League
 from earl_jax.rl.metrics import read_metrics
 from earl_jax.rl.trainer import Trainer
+from earl_jax.rl.validate import check_job
 
-SMALL = RLConfig(groups=4, group_size=2, steps=2, eval_every=1, eval_games=4, format_warmup_steps=0, devices=2,
-                 checkpoint_every=1, max_turns=6, max_context=256, progress=False, wandb_mode="disabled",
-                 micro_batch_tokens=1024)
+from jobs import job, with_fields
+
+SMALL = job(groups=4, group_size=2, steps=2, eval_every=1, eval_games=4, format_warmup_steps=0, devices=2,
+            checkpoint_every=1, max_turns=6, max_context=256, micro_batch_tokens=1024)
+CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
 
 # ---- curriculum ------------------------------------------------------------------------------------------
@@ -30,42 +34,45 @@ def test_ladders_parse_and_default_per_game():
 
 
 @pytest.mark.parametrize("kw, flag", [
-    (dict(opponent="curriculum", curriculum="random,alphabeta:x"), "--curriculum"),
-    (dict(opponent="curriculum", curriculum="random,solver"), "--curriculum"),  # no solver for Connect Four
-    (dict(opponent="curriculum", curriculum="random,,curriculum"), "--curriculum"),
-    (dict(opponent="curriculum", game="tic_tac_toe", curriculum="random,alphabeta:2"), "--curriculum"),
-    (dict(opponent="random", curriculum="random,alphabeta:1"), "--curriculum"),  # a ladder without the opponent
-    (dict(opponent="curriculum", promote_at=0.0), "--promote-at"),
-    (dict(opponent="curriculum", promote_at=1.2), "--promote-at"),
-    (dict(opponent="curriculum", promote_on_stall=-1), "--promote-on-stall"),
-    (dict(opponent="random", promote_on_stall=2), "--promote-on-stall"),  # no rung to leave
-    (dict(opponent="curriculum", rung_max_iterations=-1), "--rung-max-iterations"),
-    (dict(opponent="random", rung_max_iterations=100), "--rung-max-iterations"),
-    (dict(mix_opponent="alphabeta:x"), "--mix-opponent"),
-    (dict(mix_opponent="random,solver", game="tic_tac_toe"), "--mix-opponent"),  # one opponent
-    (dict(mix_opponent="solver"), "--mix-opponent"),  # not a Connect Four opponent
-    (dict(mix_opponent="alphabeta:1", league_size=2), "--mix-opponent"),
-    (dict(mix_opponent="alphabeta:1", mix_share=1.0), "--mix-share"),
-    (dict(mix_opponent="alphabeta:1", groups=1), "--mix-opponent"),
-    (dict(opponent="curriculum", rehearsal_share=1.0), "--rehearsal-share"),
-    (dict(opponent="curriculum", rehearsal_share=-0.1), "--rehearsal-share"),
-    (dict(opponent="random", rehearsal_share=0.25), "--rehearsal-share"),  # no rungs to replay
-    (dict(opponent="curriculum", rehearsal_share=0.25, groups=1), "--rehearsal-share"),
-    (dict(opponent="curriculum", rehearsal_share=0.25, mix_opponent="alphabeta:1"), "--rehearsal-share"),
-    (dict(opponent="curriculum", rehearsal_share=0.25, league_size=2), "--rehearsal-share"),
-    (dict(league_share=0.0), "--league-share"),
-    (dict(league_every=0), "--league-every"),
-    (dict(league_size=-1), "--league-size"),
+    (dict(opponent="curriculum", curriculum="random,alphabeta:x"), "--curriculum.ladder"),
+    (dict(opponent="curriculum", curriculum="random,solver"), "--curriculum.ladder"),  # no solver for Connect Four
+    (dict(opponent="curriculum", curriculum="random,,curriculum"), "--curriculum.ladder"),
+    (dict(opponent="curriculum", game="tic_tac_toe", curriculum="random,alphabeta:2"), "--curriculum.ladder"),
+    (dict(opponent="random", curriculum="random,alphabeta:1"), "--curriculum.ladder"),  # a ladder without the opponent
+    (dict(opponent="curriculum", promote_at=0.0), "--curriculum.promote-at"),
+    (dict(opponent="curriculum", promote_at=1.2), "--curriculum.promote-at"),
+    (dict(opponent="curriculum", promote_on_stall=-1), "--curriculum.promote-on-stall"),
+    (dict(opponent="random", promote_on_stall=2), "--curriculum.promote-on-stall"),  # no rung to leave
+    (dict(opponent="curriculum", rung_max_iterations=-1), "--curriculum.rung-max-iterations"),
+    (dict(opponent="random", rung_max_iterations=100), "--curriculum.rung-max-iterations"),
+    (dict(mix_opponent="alphabeta:x"), "--curriculum.mix-opponent"),
+    (dict(mix_opponent="random,solver", game="tic_tac_toe"), "--curriculum.mix-opponent"),  # one opponent
+    (dict(mix_opponent="solver"), "--curriculum.mix-opponent"),  # not a Connect Four opponent
+    (dict(mix_opponent="alphabeta:1", league_size=2), "--curriculum.mix-opponent"),
+    (dict(mix_opponent="alphabeta:1", mix_share=1.0), "--curriculum.mix-share"),
+    (dict(mix_opponent="alphabeta:1", groups=1), "--curriculum.mix-opponent"),
+    (dict(opponent="curriculum", rehearsal_share=1.0), "--curriculum.rehearsal-share"),
+    (dict(opponent="curriculum", rehearsal_share=-0.1), "--curriculum.rehearsal-share"),
+    (dict(opponent="random", rehearsal_share=0.25), "--curriculum.rehearsal-share"),  # no rungs to replay
+    (dict(opponent="curriculum", rehearsal_share=0.25, groups=1), "--curriculum.rehearsal-share"),
+    (dict(opponent="curriculum", rehearsal_share=0.25, mix_opponent="alphabeta:1"), "--curriculum.rehearsal-share"),
+    (dict(opponent="curriculum", rehearsal_share=0.25, league_size=2), "--curriculum.rehearsal-share"),
+    (dict(league_share=0.0), "--curriculum.league-share"),
+    (dict(league_every=0), "--curriculum.league-every"),
+    (dict(league_size=-1), "--curriculum.league-size"),
 ])
 def test_bad_curriculum_and_league_input_names_the_flag(kw, flag):
-    with pytest.raises(ValueError, match=flag):
-        RLConfig(**kw)
+    """Refused when the config is made (one component, or across them) or by the job's checks at start (the ladder
+    and opponents against the game's rules), as one line that starts with the flag."""
+    with pytest.raises(ConfigError, match=f"^{flag}: "):
+        check_job(job(**kw))
 
 
 def test_bad_ladder_on_the_command_line_exits_naming_the_flag(capsys):
-    with pytest.raises(SystemExit):
-        parse_config(RLConfig, ["--opponent", "curriculum", "--curriculum", "random,alphabeta:0"])
-    assert "--curriculum" in capsys.readouterr().err
+    argv = ["--opponent", "curriculum", "--curriculum.ladder", "random,alphabeta:0"]
+    assert job_cli.main(argv, name="connect4", configs=CONFIGS / "connect4") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("connect4: error: --curriculum.ladder: ") and err.count("\n") == 1, err
 
 
 def test_curriculum_climbs_one_rung_at_a_time_and_stays_at_the_top():
@@ -125,16 +132,16 @@ def test_a_rung_is_left_when_its_budget_is_spent_and_the_budget_survives_resume(
 
 
 def test_trainer_leaves_a_stalled_rung_from_the_flag(tmp_path, monkeypatch):
-    cfg = dataclasses.replace(SMALL, opponent="curriculum", curriculum="random,alphabeta:1", promote_on_stall=1,
-                              rung_max_iterations=50, run_dir=str(tmp_path / "run"))
+    cfg = with_fields(SMALL, opponent="curriculum", curriculum="random,alphabeta:1", promote_on_stall=1,
+                      rung_max_iterations=50, run_dir=str(tmp_path / "run"))
     forced = iter([0.5, 0.5, 0.5])  # before iteration 1: the rung's best; after 1: no better, a stall: promote
 
-    def evaluate(self):
+    def evaluate(self, opponents=None):
         win = next(forced)
         return {"eval/win_rate": win, "eval/draw_rate": 0.0, "eval/loss_rate": 1 - win, "eval/invalid_rate": 0.0,
                 "curriculum/eval_win_rate": win}
 
-    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+    monkeypatch.setattr(Evaluator, "__call__", evaluate)
     trainer = Trainer(cfg, log=False)
     assert trainer.matchmaker.curriculum.promote_on_stall == 1
     assert trainer.matchmaker.curriculum.rung_max_iterations == 50  # the flag reaches the rung that obeys it
@@ -143,16 +150,16 @@ def test_trainer_leaves_a_stalled_rung_from_the_flag(tmp_path, monkeypatch):
 
 
 def test_trainer_promotes_on_a_forced_evaluation_and_the_rung_survives_resume(tmp_path, monkeypatch, caplog):
-    cfg = dataclasses.replace(SMALL, opponent="curriculum", curriculum="random,alphabeta:1,alphabeta:2",
-                              promote_at=0.75, run_dir=str(tmp_path / "run"))
+    cfg = with_fields(SMALL, opponent="curriculum", curriculum="random,alphabeta:1,alphabeta:2",
+                      promote_at=0.75, run_dir=str(tmp_path / "run"))
     forced = iter([0.5, 0.9, 0.2])  # before iteration 1: stay; after 1: promote; after 2: stay
 
-    def evaluate(self):
+    def evaluate(self, opponents=None):
         win = next(forced)
         return {"eval/win_rate": win, "eval/draw_rate": 0.0, "eval/loss_rate": 1 - win, "eval/invalid_rate": 0.0,
                 "curriculum/eval_win_rate": win}
 
-    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+    monkeypatch.setattr(Evaluator, "__call__", evaluate)
     trainer = Trainer(cfg)
     assert trainer.env.config.opponent == "random"
     with caplog.at_level(logging.INFO, logger="earl_jax"):
@@ -165,7 +172,7 @@ def test_trainer_promotes_on_a_forced_evaluation_and_the_rung_survives_resume(tm
     logged = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["curriculum/rung"] for r in logged if r["step"] >= 1] == [0, 1]
 
-    resumed = Trainer(dataclasses.replace(cfg, steps=3, resume=True))
+    resumed = Trainer(with_fields(cfg, steps=3, resume=True))
     assert resumed.step == 2 and resumed.matchmaker.curriculum.rung == 1
     assert resumed.env.config.opponent == "alphabeta:1"
     forced = iter([0.1])
@@ -174,35 +181,35 @@ def test_trainer_promotes_on_a_forced_evaluation_and_the_rung_survives_resume(tm
 
 
 def test_mixed_opponents_reach_the_training_env_as_whole_groups(tmp_path):
-    cfg = dataclasses.replace(SMALL, mix_opponent="alphabeta:1", mix_share=0.5, run_dir=str(tmp_path / "run"),
-                              eval_every=0)
+    cfg = with_fields(SMALL, mix_opponent="alphabeta:1", mix_share=0.5, run_dir=str(tmp_path / "run"),
+                      eval_every=0)
     trainer = Trainer(cfg, log=False)
     mixed = trainer.env.second_opponent_games  # groups of 2: the last two of four groups
     assert mixed.tolist() == [False] * 4 + [True] * 4
     record = trainer.iteration()
     assert record["mix/games_frac"] == 0.5 and 0 <= record["mix/win_rate"] <= 1
     assert trainer.env.second_opponent_games.tolist() == mixed.tolist()  # still assigned after the rollout
-    assert Trainer(dataclasses.replace(cfg, mix_opponent="", run_dir=str(tmp_path / "plain")),
+    assert Trainer(with_fields(cfg, mix_opponent="", run_dir=str(tmp_path / "plain")),
                    log=False).env.second_opponent_games.sum() == 0
-    with pytest.raises(ValueError, match="--mix-opponent 'mcts:5'"):  # no batched mcts: refused before compiling
-        Trainer(dataclasses.replace(cfg, mix_opponent="mcts:5", run_dir=str(tmp_path / "mcts")), log=False)
+    with pytest.raises(ValueError, match="--curriculum.mix-opponent 'mcts:5'"):  # no batched mcts: refused before compiling
+        Trainer(with_fields(cfg, mix_opponent="mcts:5", run_dir=str(tmp_path / "mcts")), log=False)
 
 
 def test_rehearsal_replays_the_rungs_below_in_turn_in_the_last_groups(tmp_path, monkeypatch):
     """What the matchmaker decides is what the rollout's env plays: nothing on rung 0, then the rungs below the
     current one in turn, in whole groups at the batch's end, with the outcomes logged apart."""
-    cfg = dataclasses.replace(SMALL, opponent="curriculum", curriculum="random,alphabeta:1,alphabeta:2",
-                              rehearsal_share=0.5, steps=4, eval_every=0, run_dir=str(tmp_path / "run"))
+    cfg = with_fields(SMALL, opponent="curriculum", curriculum="random,alphabeta:1,alphabeta:2",
+                      rehearsal_share=0.5, steps=4, eval_every=0, run_dir=str(tmp_path / "run"))
     trainer = Trainer(cfg, log=False)
     assert trainer.env.second_opponent is None and trainer.matchmaker.mix_games() is None  # rung 0: none below
     played = []
-    real_rollout = Trainer._rollout
+    real_play = Trainer.play
 
     def rollout(self, env, *a, **kw):  # what the iteration's env holds when its games are played
         played.append((env.config.opponent, env.second_opponent, env.second_opponent_games.tolist()))
-        return real_rollout(self, env, *a, **kw)
+        return real_play(self, env, *a, **kw)
 
-    monkeypatch.setattr(Trainer, "_rollout", rollout)
+    monkeypatch.setattr(Trainer, "play", rollout)
     record = trainer.iteration()
     assert record["rehearsal/rung"] == -1 and "mix/games_frac" not in record
     trainer.matchmaker.curriculum.rung = 2
@@ -215,12 +222,12 @@ def test_rehearsal_replays_the_rungs_below_in_turn_in_the_last_groups(tmp_path, 
 
 
 def test_evaluation_plays_the_current_rung(tmp_path):
-    cfg = dataclasses.replace(SMALL, opponent="curriculum", curriculum="random,alphabeta:1", eval_games=2,
-                              run_dir=str(tmp_path / "run"))
+    cfg = with_fields(SMALL, opponent="curriculum", curriculum="random,alphabeta:1", eval_games=2,
+                      run_dir=str(tmp_path / "run"))
     trainer = Trainer(cfg, log=False)
     trainer.matchmaker.curriculum.rung = 1
     out = trainer.evaluate()
-    assert set(trainer.eval_envs) == {"random", "alphabeta:1"}
+    assert set(trainer.evaluate.envs) == {"random", "alphabeta:1"}
     assert out["curriculum/eval_win_rate"] == out["eval_alphabeta:1/win_rate"] and "eval/win_rate" in out
 
 
@@ -242,10 +249,10 @@ def test_league_keeps_at_most_k_snapshots_on_a_schedule_and_samples_them_all():
 @pytest.mark.parametrize("constrain", [False, True])
 def test_league_iterations_play_frozen_snapshots_that_do_not_train(tmp_path, constrain):
     """With constrained moves the frozen snapshot draws among its legal moves too: it never needs the fallback."""
-    cfg = dataclasses.replace(SMALL, steps=3, eval_every=0, checkpoint_every=0, league_size=2, league_every=1,
-                              league_share=0.5, run_dir=str(tmp_path / "run"), constrain_moves=constrain)
+    cfg = with_fields(SMALL, steps=3, eval_every=0, checkpoint_every=0, league_size=2, league_every=1,
+                      league_share=0.5, run_dir=str(tmp_path / "run"), constrain_moves=constrain)
     trainer = Trainer(cfg, log=False)
-    before = [np.array(x) for x in jax.tree.leaves(trainer.params)]
+    before = [np.array(x) for x in jax.tree.leaves(trainer.state.params)]
     history = trainer.run()
     league = trainer.matchmaker.league
     assert league.steps == [1, 2]  # at most K = 2, one per iteration
@@ -256,7 +263,7 @@ def test_league_iterations_play_frozen_snapshots_that_do_not_train(tmp_path, con
         assert trainer.env.policy_moves > 0 and r["league/opponent_fallback_rate"] == 0.0
     # snapshot 1 holds the weights after iteration 1, and training on does not touch it
     snap1 = jax.tree.leaves(league.snapshots[0][1])
-    now = [np.asarray(x) for x in jax.tree.leaves(trainer.params)]
+    now = [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
     assert all(isinstance(x, np.ndarray) for x in snap1)
     assert any(not np.array_equal(a, b) for a, b in zip(snap1, now))
     assert any(not np.array_equal(a, b) for a, b in zip(snap1, before))
@@ -266,38 +273,38 @@ def test_league_iterations_play_frozen_snapshots_that_do_not_train(tmp_path, con
 
 
 def test_league_refuses_an_env_without_the_batched_path():
-    with pytest.raises(ValueError, match="--league-size"):
-        Trainer(dataclasses.replace(SMALL, league_size=2, opponent="mcts:5"), log=False)
+    with pytest.raises(ValueError, match="--curriculum.league-size"):
+        Trainer(with_fields(SMALL, league_size=2, opponent="mcts:5"), log=False)
 
 
 # ---- the GPU preset --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("script, last_rung", [("connect4", "alphabeta:2"), ("tictactoe", "solver")])
-def test_gpu_preset_parses_validates_and_yields_to_flags(script, last_rung, capsys):
-    import importlib
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-    mod = importlib.import_module(script)
-    cfg = parse_config(RLConfig, ["--preset", "gpu"], presets=mod.PRESETS, base=mod.DEFAULT)
-    assert cfg.batch_size == 2048 and cfg.group_size == 8 and cfg.prompt_style == "compact"
-    assert cfg.opponent == "curriculum" and parse_ladder(cfg.curriculum, cfg.game)[-1] == last_rung
-    assert cfg.game == mod.DEFAULT.game and cfg.max_minutes == 15 and cfg.run_dir.endswith("-gpu")
-    if script == "connect4":  # the fields measured on Connect Four only (gpu_preset.CONNECT4_GPU_FIELDS)
-        assert (cfg.ppo_mini_batches, cfg.group_seeds, cfg.promote_on_stall, cfg.rehearsal_share,
-                cfg.rung_max_iterations) == (8, "per_game", 3, 0.5, 180)
+def test_gpu_preset_parses_validates_and_yields_to_flags(script, last_rung):
+    """`--preset gpu` is experiments/configs/<script>/gpu.toml over the script's default; flags typed after it win."""
+    configs = CONFIGS / script
+    default = job_cli.parse_job([], configs).config
+    cfg = job_cli.parse_job(["--preset", "gpu"], configs).config
+    check_job(cfg)
+    r, c = cfg.rollout, cfg.curriculum
+    assert cfg.batch_size == 2048 and r.group_size == 8 and cfg.env.prompt_style == "compact"
+    assert cfg.env.opponent == "curriculum" and parse_ladder(c.ladder, cfg.env.game)[-1] == last_rung
+    assert cfg.env.game == default.env.game and cfg.run.max_minutes == 15 and cfg.run.run_dir.endswith("-gpu")
+    assert (cfg.optim.learning_rate, cfg.eval.games, cfg.warmup.steps, cfg.warmup.games) == (5e-4, 128, 30, 256)
+    if script == "connect4":  # the fields measured on Connect Four only
+        assert (cfg.optim.ppo_mini_batches, r.group_seeds, c.promote_on_stall, c.rehearsal_share,
+                c.rung_max_iterations) == (8, "per_game", 3, 0.5, 180)
     else:
-        assert (cfg.ppo_mini_batches, cfg.rehearsal_share, cfg.rung_max_iterations) == (1, 0.0, 0)
-    flags = ["--preset", "gpu", "--promote-at", "0.9", "--rehearsal-share", "0", "--league-size", "4"]
-    cfg = parse_config(RLConfig, flags, presets=mod.PRESETS, base=mod.DEFAULT)
-    assert cfg.promote_at == 0.9 and cfg.league_size == 4 and cfg.batch_size == 2048
-    with pytest.raises(SystemExit):
-        parse_config(RLConfig, ["--preset", "gpu", "--promote-at", "1.5"], presets=mod.PRESETS, base=mod.DEFAULT)
-    assert "--promote-at" in capsys.readouterr().err
+        assert (cfg.optim.ppo_mini_batches, c.rehearsal_share, c.rung_max_iterations) == (1, 0.0, 0)
+    flags = ["--preset", "gpu", "--curriculum.promote-at", "0.9", "--curriculum.rehearsal-share", "0",
+             "--curriculum.league-size", "4"]
+    cfg = job_cli.parse_job(flags, configs).config
+    assert cfg.curriculum.promote_at == 0.9 and cfg.curriculum.league_size == 4 and cfg.batch_size == 2048
+    with pytest.raises(ConfigError, match="^--curriculum.promote-at: "):
+        job_cli.parse_job(["--preset", "gpu", "--curriculum.promote-at", "1.5"], configs)
 
 
 def test_league_refuses_a_ladder_with_a_per_game_rung_at_start():
-    cfg = dataclasses.replace(SMALL, game="tic_tac_toe", opponent="curriculum", curriculum="random,mcts:5,solver",
-                              league_size=2)
-    with pytest.raises(ValueError, match="--league-size.*mcts:5"):
+    cfg = with_fields(SMALL, game="tic_tac_toe", opponent="curriculum", curriculum="random,mcts:5,solver",
+                      league_size=2)
+    with pytest.raises(ValueError, match="--curriculum.league-size.*mcts:5"):
         Trainer(cfg, log=False)
