@@ -1,5 +1,5 @@
 """How many sampler programs (init, grow, take, extend, generate) the first evaluation and the first RL iteration
-of the pod-shaped job compile, with the default KV cache sizes and with --rollout-cache-growth 4.
+of the pod-shaped job compile, with the default KV cache sizes and with --rollout.cache-growth 4.
 
     python experiments/benchmarks/count_decode_programs.py     # CPU, 4 fake devices, tiny model: counts do not depend on size
 
@@ -20,7 +20,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from earl_jax.rl.config import RLConfig  # noqa: E402
+from earl_jax.rl.config import JobConfig  # noqa: E402
 from earl_jax.rl.trainer import Trainer  # noqa: E402
 from earl_jax.rollout import sampler as sampler_module  # noqa: E402
 
@@ -41,10 +41,12 @@ def count(growth: float) -> dict:
     for name in KINDS:
         setattr(sampler_module.Sampler, name, spy(name))
     try:
-        cfg = RLConfig(game="connect_four", prompt_style="compact", max_turn_tokens=8, max_context=4096, groups=8,
-                       group_size=8, steps=1, format_warmup_steps=0, eval_games=16, eval_every=0, devices=4,
-                       checkpoint_every=0, progress=False, wandb_mode="disabled", run_dir=tempfile.mkdtemp(),
-                       rollout_cache_growth=growth)
+        cfg = JobConfig.from_dict({
+            "env": {"game": "connect_four", "prompt_style": "compact"},
+            "rollout": {"max_turn_tokens": 8, "max_context": 4096, "groups": 8, "group_size": 8, "cache_growth": growth},
+            "run": {"steps": 1, "checkpoint_every": 0, "progress": False, "wandb_mode": "disabled",
+                    "run_dir": tempfile.mkdtemp()},
+            "warmup": {"steps": 0}, "eval": {"games": 16, "every": 0}, "planner": {"devices": 4}})
         trainer = Trainer(cfg, log=False)
         trainer.evaluate()
         evaluation = sum(traced.values())

@@ -1,7 +1,7 @@
 """Profile mode of the Parallelism Selector on this machine: measure TGS (tokens per device per second) of each
 stage on every candidate mesh x context length x response count with the real code (the Sampler for rollout,
 the experience and train stages; `earl_jax.rl.measure.RealMeasure`), and save the ProfileTable JSON that
-the trainer loads with `--selector-table` (RLConfig.selector_table). Cells the memory model rejects are
+the trainer loads with `--planner.table` (PlannerConfig.table). Cells the memory model rejects are
 recorded "infeasible", out-of-memory cells "oom". The table is saved after every context row, so a run cut
 short by `--time-budget` (or a timeout) still leaves a usable table.
 
@@ -9,7 +9,7 @@ short by `--time-budget` (or a timeout) still leaves a usable table.
     python experiments/benchmarks/profile_selector.py --small
     # 1-2 GPUs, Qwen2.5-0.5B, rollout only (~6-8 min, one device call):
     python experiments/benchmarks/profile_selector.py --gpu --out experiments/results/profile_qwen2.5-0.5b.json
-    # then: python experiments/connect4.py ... --selector-table experiments/results/profile_qwen2.5-0.5b.json
+    # then: python experiments/connect4.py ... --planner.table experiments/results/profile_qwen2.5-0.5b.json
 
 The table names the device kind, the device count and the model: the selector refuses one measured for
 another machine or model.

@@ -20,8 +20,8 @@ import time
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/tictactoe.py
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -31,7 +31,10 @@ from flax import nnx  # noqa: E402
 from earl_jax.envs.vector import make_vector_env  # noqa: E402
 from earl_jax.envs.vector.blunders import move_classes  # noqa: E402
 from earl_jax.rl import trainer as trainer_mod  # noqa: E402
-from earl_jax.rl.stages import make_optimizer  # noqa: E402
+from earl_jax.rl import warmup as warmup_mod  # noqa: E402
+from earl_jax.rl.experience import pad_cols  # noqa: E402
+from earl_jax.rl.job import parse_job  # noqa: E402
+from earl_jax.rl.optim import make_optimizer  # noqa: E402
 from earl_jax.rl.warmup import random_legal_games  # noqa: E402
 
 
@@ -62,7 +65,7 @@ def move_accuracy(trainer, games: int = 256, seed: int = 30_000_000, agent: str 
     so each answer's logits see exactly the context the rollout would give at that turn. Returns the fraction of agent
     turns where the full-vocabulary argmax is a legal move, and where the argmax among the legal moves (what the
     constrained greedy rollout plays) is in the solver's best set; the latter's chance level beside it."""
-    env = make_vector_env(dataclasses.replace(trainer.env_cfg, opponent="random"), games, None)
+    env = make_vector_env(dataclasses.replace(trainer.cfg.env, opponent="random"), games, None)
     turns: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (rows, best, legal) per agent turn, in order
     rng = np.random.default_rng(seed)
 
@@ -75,10 +78,11 @@ def move_accuracy(trainer, games: int = 256, seed: int = 30_000_000, agent: str 
     cfg = trainer.cfg
     tokens, mask, _ = random_legal_games(env, trainer.tokenizer, list(range(seed, seed + games)), rng,
                                          eos_id=trainer.ids.eos_id, bos_id=trainer.ids.bos_id,
-                                         max_context=cfg.max_context, max_turns=cfg.max_turns, codec=trainer.codec,
+                                         max_context=cfg.rollout.max_context, max_turns=cfg.rollout.max_turns,
+                                         codec=trainer.codec,
                                          choose=record)
     width = -(-tokens.shape[1] // 64) * 64  # few shapes: one compile
-    logits = np.asarray(_answer_logits(trainer.graphdef, trainer.params, jnp.asarray(trainer_mod._pad_cols(tokens, width))))
+    logits = np.asarray(_answer_logits(trainer.graphdef, trainer.state.params, jnp.asarray(pad_cols(tokens, width))))
     move_ids = np.array([trainer.tokenizer.token_to_id(str(a)) for a in range(9)])
     first = mask & ~np.pad(mask, ((0, 0), (1, 0)))[:, :-1]  # an answer's first token: the move
     turn_of_row = np.zeros(games, np.int64)
@@ -106,17 +110,16 @@ def move_accuracy(trainer, games: int = 256, seed: int = 30_000_000, agent: str 
 
 def run(policy: str, steps: int, games: int, eval_games: int, run_dir: Path, model: str, lr: float = 3e-3,
         warmup: int = 5, schedule: str = "cosine", every: int = 0) -> dict:
-    from tictactoe import DEFAULT
-
-    cfg = dataclasses.replace(DEFAULT, model=model, format_warmup_steps=steps, format_warmup_games=games, eval_games=eval_games,
-                              devices=1, run_dir=str(run_dir), wandb_mode="disabled", progress=False,
-                              checkpoint_every=0)
+    flags = ["--model", model, "--warmup.steps", str(steps), "--warmup.games", str(games), "--eval.games",
+             str(eval_games), "--devices", "1", "--run-dir", str(run_dir), "--run.wandb-mode", "disabled",
+             "--run.progress", "false", "--run.checkpoint-every", "0"]
+    cfg = parse_job(flags, ROOT / "experiments" / "configs" / "tictactoe").config  # tictactoe.py's default and these
     rng = np.random.default_rng(7)
     choose = partial(solver_moves, rng) if policy == "solver" else None
     trainer = trainer_mod.Trainer(cfg, log=False)
     # the warm-up's optimizer at this check's settings ("constant": a cosine too long to decay within the run)
     total = max(steps, warmup + 1) if schedule == "cosine" else 1000 * max(steps, 1)
-    trainer.sft_optimizer = make_optimizer(lr, warmup, total, 0.0, cfg.grad_clip)
+    trainer.sft_optimizer = make_optimizer(lr, warmup, total, 0.0, cfg.optim.grad_clip)
     curve = []
 
     def data(*args, **kw):  # runs before each step: the per-move check every `every` steps, on the weights so far
@@ -127,14 +130,14 @@ def run(policy: str, steps: int, games: int, eval_games: int, run_dir: Path, mod
         return random_legal_games(*args, choose=choose, **kw)
 
     data.calls = 0
-    original = trainer_mod.random_legal_games
-    trainer_mod.random_legal_games = data
+    original = warmup_mod.random_legal_games
+    warmup_mod.random_legal_games = data
     try:
         t0 = time.perf_counter()
         sft = trainer.format_warmup() if steps else {}
         seconds = time.perf_counter() - t0
     finally:
-        trainer_mod.random_legal_games = original
+        warmup_mod.random_legal_games = original
     ev = trainer.evaluate(("random", "solver"))
     out = {"policy": policy, "model": model, "steps": steps, "games_per_step": games, "lr": lr, "warmup": warmup,
            "schedule": schedule, "sft_seconds": round(seconds, 1), "sft_loss": sft.get("loss"),

@@ -27,16 +27,15 @@ names, e.g. o_nhd=0,down_fd=0), --b2/--eps/--warmup/--embed-lr-mult (Adam), --se
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # ttt_imitation_check.py beside it
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/tictactoe.py
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -46,13 +45,13 @@ from flax import nnx  # noqa: E402
 
 from earl_jax.envs.vector import make_vector_env  # noqa: E402
 from earl_jax.rl import trainer as trainer_mod  # noqa: E402
+from earl_jax.rl.experience import pad_cols  # noqa: E402
+from earl_jax.rl.job import parse_job  # noqa: E402
 from earl_jax.rl.logprobs import token_logprobs  # noqa: E402
 from earl_jax.rl.warmup import random_legal_games  # noqa: E402
 
 
 def make_trainer(games: int, untied: bool = False, model: dict | None = None, seed: int = 0):
-    from tictactoe import DEFAULT
-
     from earl_jax.models import config as model_config
 
     over = dict(model or {}, **({"tie_word_embeddings": False} if untied else {}))  # untied: own output matrix
@@ -60,9 +59,10 @@ def make_trainer(games: int, untied: bool = False, model: dict | None = None, se
         tiny = model_config.ModelConfig.tiny
         model_config.PRESETS["tiny"] = lambda **kw: tiny(**kw).replace(**over)
 
-    cfg = dataclasses.replace(DEFAULT, format_warmup_steps=1, format_warmup_games=games, eval_games=4, devices=1,
-                              run_dir="runs/ttt_learning_speed", wandb_mode="disabled", progress=False,
-                              checkpoint_every=0, seed=seed)
+    flags = ["--warmup.steps", "1", "--warmup.games", str(games), "--eval.games", "4", "--devices", "1", "--run-dir",
+             "runs/ttt_learning_speed", "--run.wandb-mode", "disabled", "--run.progress", "false",
+             "--run.checkpoint-every", "0", "--seed", str(seed)]
+    cfg = parse_job(flags, ROOT / "experiments" / "configs" / "tictactoe").config  # tictactoe.py's default and these
     return trainer_mod.Trainer(cfg, log=False)
 
 
@@ -176,12 +176,12 @@ def train(trainer, batches, steps: int, lr: float, eos: int, embed_std: float = 
           check_every: int = 0, opt=None, init_scale: dict | None = None, log_every: int = 10) -> list[dict]:
     digits = [trainer.tokenizer.token_to_id(c) for c in "012345678"]
     if embed_std:  # the same directions, a larger scale: Adam's first steps (~lr per entry) no longer drown them
-        e = trainer.params["embed_vd"]
+        e = trainer.state.params["embed_vd"]
         e.value = e.value * (embed_std / float(jnp.std(e.value)))
     if init_scale:
-        rescale_init(trainer.params, init_scale)
+        rescale_init(trainer.state.params, init_scale)
     opt = opt or optax.adam(lr)
-    params, log = trainer.params, []
+    params, log = trainer.state.params, []
     state = opt.init(params)
 
     @jax.jit
@@ -204,10 +204,10 @@ def train(trainer, batches, steps: int, lr: float, eos: int, embed_std: float = 
                         "digit_cosine": round(digit_cosine(params, digits), 3),
                         "seconds": round(time.perf_counter() - t0, 1)})
             if check_every and i and i % check_every == 0:  # the per-move check on the weights so far
-                trainer.params = params
+                trainer.state.params = params
                 log[-1]["moves"] = check(trainer)
             print(json.dumps(log[-1]), flush=True)
-    trainer.params = params
+    trainer.state.params = params
     return log
 
 
@@ -251,7 +251,7 @@ def main() -> None:
     if args.check == "turns":
         from ttt_imitation_check import move_accuracy, solver_moves
 
-        env = make_vector_env(trainer.env_cfg, args.games, None)
+        env = make_vector_env(trainer.cfg.env, args.games, None)
 
         def batches(i):
             seeds = [10_000_000 + i * args.games + j for j in range(args.games)]
@@ -260,7 +260,7 @@ def main() -> None:
                                               choose=partial(solver_moves, rng))
             if args.single:
                 return single_turns(tok, mask, eos, bos)
-            return trainer_mod._pad_cols(tok, 192), trainer_mod._pad_cols(mask, 192)  # games are <= 190 tokens
+            return pad_cols(tok, 192), pad_cols(mask, 192)  # games are <= 190 tokens
     else:
         ids = [trainer.tokenizer.token_to_id(c) for c in "012345678"]
         sp, nl, gt = (trainer.tokenizer.token_to_id(c) for c in " \n>")
