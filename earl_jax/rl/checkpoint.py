@@ -27,6 +27,18 @@ __all__ = ["CheckpointError", "Checkpointer", "has_checkpoint"]
 log = logging.getLogger("earl_jax.checkpoint")
 
 
+def checkpoint_state(state, planner, seed: int) -> dict[str, Any]:
+    """What a training checkpoint holds as arrays: the weights, the optimizer state and the run's RNG key, the latter
+    a global (replicated) array on the train mesh (orbax cannot save a single-device array over several processes)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from earl_jax.distributed import host_to_global
+
+    mesh = planner.stage_run("train").mesh
+    return {"params": state.params, "opt_state": state.opt_state,
+            "rng": host_to_global(jax.random.key_data(jax.random.key(seed)), NamedSharding(mesh, PartitionSpec()))}
+
+
 def has_checkpoint(run_dir: str | Path) -> bool:
     """Whether a run folder holds a finished checkpoint (a numbered folder orbax committed)."""
     ckpt = Path(run_dir) / "checkpoints"

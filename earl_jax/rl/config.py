@@ -25,7 +25,7 @@ import dataclasses
 from typing import Any, Literal, Mapping
 
 from earl_jax.cli import ConfigError, field_help as _f, flag_of
-from earl_jax.envs import EnvConfig
+from earl_jax.envs.config import EnvConfig
 from earl_jax.models.setup import ModelSpec
 from earl_jax.parallel.config import PlannerConfig
 from earl_jax.rl.losses import LossConfig, estimator_is_grouped

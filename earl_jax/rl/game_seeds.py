@@ -49,3 +49,14 @@ def game_seeds(group_seeds: Sequence[int], group_size: int, mode: GroupSeeds = "
                     break
             out.append(c)
     return out
+
+
+def rollout_inputs(rollout, seed: int, step: int, seat_from_seed: bool):
+    """Iteration `step`'s game seeds (by `rollout.group_seeds`), group ids and sampling key: everything random in a
+    rollout derives from (seed, step), so a resumed run replays the iterations it missed exactly."""
+    import jax
+
+    seeds = game_seeds([(seed * 1_000_003 + step * rollout.groups + g) % (2**31) for g in range(rollout.groups)],
+                       rollout.group_size, rollout.group_seeds, seat_from_seed=seat_from_seed)
+    return seeds, np.repeat(np.arange(rollout.groups), rollout.group_size), jax.random.fold_in(jax.random.key(seed),
+                                                                                               step)

@@ -48,13 +48,17 @@ class MetricsLogger:
     """
 
     def __init__(self, run_dir: str | Path, config: Mapping[str, Any], *, wandb_mode: str = "auto",
-                 project: str = "earl-jax", resume_step: int | None = None, enabled: bool = True):
+                 project: str = "earl-jax", resume_step: int | None = None, enabled: bool = True,
+                 write_config: bool = False):
+        """`write_config`: also (re)write the run's config.json, what --resume restores."""
         self.path = Path(run_dir) / "metrics.jsonl"
         self.enabled = enabled
         self._wandb = None
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if write_config:
+            (self.path.parent / "config.json").write_text(json.dumps(dict(config), indent=1))
         if resume_step is not None and self.path.exists():
             kept = [r for r in read_metrics(self.path) if int(r.get("step", 0)) <= resume_step]
             tmp = self.path.with_suffix(".jsonl.tmp")
@@ -138,6 +142,43 @@ def iteration_record(step: int, traj, times: Mapping[str, float], exp_metrics: M
         "train/no_signal_iters": no_signal,
         "dispatch/bytes": dispatch_bytes,
     }
+
+
+class NoSignal:
+    """Iterations in a row with a zero gradient (every advantage 0: every group constant or filtered). The weights then
+    stay where they are until some group's rewards vary again, so a collapsed policy stays collapsed: said once and
+    every 10th iteration after."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self, step: int, grad_norm: float, filtered_frac) -> int:
+        import warnings
+
+        self.count = self.count + 1 if grad_norm == 0.0 else 0
+        if self.count % 10 == 1:
+            warnings.warn(f"iteration {step}: no learning signal for {self.count} iteration(s) in a row (zero "
+                          f"gradient; {float(filtered_frac):.0%} of games in constant groups); see "
+                          "--loss.entropy-floor and --loss.between-group-weight", RuntimeWarning, stacklevel=3)
+        return self.count
+
+
+class CompileStats:
+    """`compile_metrics`, and one warning line per compile-ahead failure (a miss only: the real call compiles)."""
+
+    def __init__(self):
+        self.failed_seen = 0
+
+    def __call__(self, compiles, programs: int, decode_programs: int, gc_pause_s: float, aheads: list) -> dict:
+        import logging
+
+        failed = [f for a in aheads for f in a.failed]
+        if len(failed) > self.failed_seen:
+            logging.getLogger("earl_jax.rl.trainer").warning(
+                "compiling ahead failed for %d program(s), e.g. %s: %s", len(failed) - self.failed_seen,
+                *failed[self.failed_seen])
+            self.failed_seen = len(failed)
+        return compile_metrics(compiles, programs, decode_programs, gc_pause_s, aheads)
 
 
 def compile_metrics(compiles, programs: int, decode_programs: int, gc_pause_s: float, aheads: list) -> dict[str, Any]:

@@ -9,6 +9,7 @@ function is what the trainer runs and what the selector's profiler (rl/measure.p
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -24,6 +25,15 @@ from earl_jax.rl.experience import WidthBudget
 from earl_jax.rl.losses import LossConfig
 from earl_jax.rl.packing import grouped_update, length_order, mini_batch_rows, rearrange
 from earl_jax.rl.stages import ExperienceBatch
+
+
+@dataclasses.dataclass
+class TrainState:
+    """What training changes: the weights (float32 masters) and AdamW's state; the frozen reference for the KL term."""
+
+    params: Any
+    opt_state: Any
+    ref_params: Any | None = None
 
 
 def train_stage(run: StageRun, params: Any, opt_state: Any, batch: ExperienceBatch, lengths: Int[np.ndarray, " n"],

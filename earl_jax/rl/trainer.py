@@ -15,11 +15,8 @@ experience.py, train.py, evaluation.py, warmup.py); this file only wires them.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,45 +24,34 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from earl_jax.compile_cache import count_compiles
-from earl_jax.distributed import host_to_global
-from earl_jax.envs.vector import ObservationCodec, make_vector_env
-from earl_jax.models.setup import load_model, model_config
+from earl_jax.envs.vector import ObservationCodec
 from earl_jax.models.tokenizer import special_ids
 from earl_jax.progress import phase
 from earl_jax.parallel.plan import ContextStats
-from earl_jax.parallel.planner import StagePlanner, StageRun
-from earl_jax.rl.checkpoint import Checkpointer
+from earl_jax.parallel.planner import StageRun
+from earl_jax.rl.checkpoint import Checkpointer, checkpoint_state
 from earl_jax.rl.config import JobConfig
 from earl_jax.rl.evaluation import Evaluator
 from earl_jax.rl.experience import WidthBudget, batch_arrays, experience_stage
-from earl_jax.rl.game_seeds import game_seeds
+from earl_jax.rl.game_seeds import rollout_inputs
 from earl_jax.rl.gc_control import GcClock
 from earl_jax.rl.matchmaking import Matchmaker
-from earl_jax.rl.metrics import MetricsLogger, compile_metrics, device_memory, iteration_record, opponent_metrics
+from earl_jax.rl.metrics import CompileStats, MetricsLogger, NoSignal, device_memory, iteration_record, opponent_metrics
 from earl_jax.rl.optim import make_optimizer
+from earl_jax.rl.policy_setup import build_policy
 from earl_jax.rl.packing import scored_spans
 from earl_jax.rl.rollout_stage import RolloutStage, stage_ahead_now, timed_weights
 from earl_jax.rl.session import Session, StopRun
-from earl_jax.rl.train import train_stage
+from earl_jax.rl.train import TrainState, train_stage
 from earl_jax.rl.warmup import format_warmup
 from earl_jax.rl.weights import WeightMover
 from earl_jax.rollout.compile_ahead import CompileAhead
 from earl_jax.rollout.moves import MoveTokens
-from earl_jax.rollout.sampler import DEFAULT_CACHE_BUCKETS, SamplingConfig, geometric_cache_buckets
+from earl_jax.rollout.sampler import DEFAULT_CACHE_BUCKETS, SamplingConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class TrainState:
-    """What training changes: the weights (float32 masters) and AdamW's state; the frozen reference for the KL term."""
-
-    params: Any
-    opt_state: Any
-    ref_params: Any | None = None
 
 
 class Trainer:
@@ -75,31 +61,22 @@ class Trainer:
         evaluate_run.py) writes nothing into the run folder."""
         self.cfg, self.run_dir, self.is_main = cfg, Path(cfg.run.run_dir), jax.process_index() == 0
         self.step = 0
-        # the model's shape first: the planner sizes every stage's layout from it
-        self.model_cfg, tokenizer = model_config(cfg.model)
-        self.remat = cfg.planner.remat if cfg.planner.remat != "auto" else (
-            "none" if jax.default_backend() == "cpu" else "full")
-        coarse = geometric_cache_buckets(cfg.rollout.cache_growth) if cfg.rollout.cache_growth else None
-        self.planner = StagePlanner.from_config(cfg.planner, self.model_cfg, cfg.batch_size,
-                                                remat=self.remat != "none", cache_buckets=coarse)
-        train = self.planner.stage_run("train")
-        model, loaded_tokenizer = load_model(cfg.model, self.model_cfg, train.mesh, train.rules, cfg.run.seed)
-        self.tokenizer = loaded_tokenizer or tokenizer
+        # the planner sizes every stage's layout from the model's shape; the model is made on the train layout
+        self.planner, self.model_cfg, self.tokenizer, model, coarse = build_policy(cfg)
         self.ids = special_ids(self.tokenizer)
-        model.remat = self.remat == "full"  # a static attribute: part of the graphdef the stages merge
         self.graphdef, params = nnx.split(model)
         self.weights = WeightMover(cfg.model.compute_dtype())
         self.optimizer = cfg.optim.make(cfg.run.steps)
         self.sft_optimizer = make_optimizer(3e-3, 5, max(cfg.warmup.steps, 6), 0.0, cfg.optim.grad_clip)
         # a frozen copy for the KL term: the train stage donates (overwrites) the policy's buffers
         ref = jax.tree.map(jnp.copy, params) if cfg.loss.kl_coef > 0 else None
+        train = self.planner.stage_run("train")
         self.state = TrainState(params, self.weights.opt_state_for(train, params, jax.jit(self.optimizer.init)(params)),
                                 ref)
-        self._gc, self._no_signal = GcClock(), 0  # collector pauses; iterations in a row without a gradient
+        self._gc, self._no_signal, self._compile_stats = GcClock(), NoSignal(), CompileStats()
         self._session: Session | None = None  # while run() runs: stop signals, checkpoint timing
         self.stopped_by: str | None = None  # the signal that ended run(), if one did
-        self.sampling = SamplingConfig(temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k,
-                                       top_p=cfg.rollout.top_p)
+        self.sampling = cfg.rollout.sampling
         # who the agent plays (the opponent or the curriculum's rung, league snapshots), and the batched games
         self.env_factory = env_factory
         self.matchmaker = Matchmaker(cfg.curriculum, cfg.env, groups=cfg.rollout.groups,
@@ -125,12 +102,10 @@ class Trainer:
         elif latest is not None:
             raise ValueError(f"--run.run-dir {self.run_dir} already holds checkpoints: pass --resume to continue it, "
                              "or choose a new --run-dir (refusing to overwrite a run)")
+        # config.json, metrics.jsonl and wandb: written by process 0 only, and not at all with log=False
         self.logger = MetricsLogger(self.run_dir, cfg.to_dict(), wandb_mode=cfg.run.wandb_mode,
                                     project=cfg.run.wandb_project, resume_step=self.step if self.step else None,
-                                    enabled=log and self.is_main)
-        if self.is_main and log:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+                                    enabled=log and self.is_main, write_config=True)
 
     @property
     def params(self) -> Any:
@@ -141,18 +116,13 @@ class Trainer:
         return self.state.opt_state
 
     # ---------------------------------------------------------------- checkpoints
-    def _checkpoint_state(self) -> dict[str, Any]:
-        mesh = self.planner.stage_run("train").mesh
-        return {"params": self.state.params, "opt_state": self.state.opt_state,
-                # a global (replicated) array: orbax cannot save a single-device array over several processes
-                "rng": host_to_global(jax.random.key_data(jax.random.key(self.cfg.run.seed)), NamedSharding(mesh, P()))}
-
     def save(self) -> None:
-        self.checkpointer.save(self.step, self._checkpoint_state(), {
+        self.checkpointer.save(self.step, checkpoint_state(self.state, self.planner, self.cfg.run.seed), {
             "step": self.step, "planner": self.planner.state_dict(), "matchmaker": self.matchmaker.state_dict()})
 
     def restore(self) -> None:
-        step, state, meta = self.checkpointer.restore_latest(self._checkpoint_state())
+        step, state, meta = self.checkpointer.restore_latest(checkpoint_state(self.state, self.planner,
+                                                                              self.cfg.run.seed))
         self.state.params, self.state.opt_state, self.step = state["params"], state["opt_state"], step
         self.planner.load_state_dict(meta.get("planner", {}))
         self.matchmaker.load_state_dict(meta.get("matchmaker") or {})  # the curriculum's rung
@@ -204,23 +174,11 @@ class Trainer:
         self.planner.plan()
 
     def format_warmup(self) -> dict[str, float]:
-        cfg = self.cfg
-        make_env = lambda n: make_vector_env(  # noqa: E731
-            dataclasses.replace(cfg.env, opponent=self.matchmaker.opponent), n, self.env_factory)
-        return format_warmup(self.state, steps=cfg.warmup.steps, games=cfg.warmup.games or cfg.batch_size,
-                             seed=cfg.run.seed, env=self.env, make_env=make_env, planner=self.planner,
-                             weights=self.weights, graphdef=self.graphdef, tokenizer=self.tokenizer, codec=self.codec,
-                             ids=self.ids, optimizer=self.sft_optimizer, max_context=cfg.rollout.max_context,
-                             max_turns=cfg.rollout.max_turns, observe=lambda a, m: self._observe(a, m))
+        return format_warmup(self)
 
     # ---------------------------------------------------------------- one iteration
     def rollout_inputs(self) -> tuple[list[int], np.ndarray, jax.Array]:
-        """This iteration's game seeds (a GRPO group's games share one, or each has its own with the group's seat,
-        by --rollout.group-seeds), group ids and sampling key."""
-        r, seed = self.cfg.rollout, self.cfg.run.seed
-        seeds = game_seeds([(seed * 1_000_003 + self.step * r.groups + g) % (2**31) for g in range(r.groups)],
-                           r.group_size, r.group_seeds, seat_from_seed=self.cfg.env.agent_player is None)
-        return seeds, np.repeat(np.arange(r.groups), r.group_size), jax.random.fold_in(jax.random.key(seed), self.step)
+        return rollout_inputs(self.cfg.rollout, self.cfg.run.seed, self.step, self.cfg.env.agent_player is None)
 
     def iteration(self) -> dict[str, Any]:
         self.planner.plan()  # the rollout's layout, from the last batch's statistics
@@ -246,18 +204,13 @@ class Trainer:
                                              rerun_after_success=False)
             t2 = time.perf_counter()
         self.step += 1
-        # a zero gradient: every advantage was 0, and the weights stay where they are until a group's rewards vary
-        self._no_signal = self._no_signal + 1 if train_metrics["grad_norm"] == 0.0 else 0
-        if self._no_signal % 10 == 1:
-            warnings.warn(f"iteration {self.step}: no learning signal for {self._no_signal} iteration(s) in a row (zero "
-                          f"gradient; {float(exp_metrics.get('filtered_frac', 0.0)):.0%} of games in constant groups); "
-                          "see --loss.entropy-floor and --loss.between-group-weight", RuntimeWarning, stacklevel=2)
+        no_signal = self._no_signal(self.step, train_metrics["grad_norm"], exp_metrics.get("filtered_frac", 0.0))
         times = {"rollout": s.rollout_s, "experience": t1 - t0, "train": t2 - t1, "iteration": t2 - t_start,
                  "dispatch": weights_s + train_metrics.pop("dispatch_s")}
         return {**iteration_record(self.step, traj, times, exp_metrics, train_metrics,
                                    turn_tokens=self.cfg.rollout.turn_tokens(self.step - 1),
                                    num_devices=len(self.planner.devices), epochs=self.cfg.optim.ppo_epochs,
-                                   decode_groups=self.rollout.decode_groups, no_signal=self._no_signal,
+                                   decode_groups=self.rollout.decode_groups, no_signal=no_signal,
                                    dispatch_bytes=self.weights.bytes_moved_since(mark)),
                 **self._compile_metrics(compiles), **self.planner.ran_log_dict(), **device_memory(),
                 **self.matchmaker.metrics(), **opponent_metrics(traj, self.matchmaker.mix_games(), league, self.env)}
@@ -265,12 +218,8 @@ class Trainer:
     def _compile_metrics(self, compiles) -> dict[str, Any]:
         aheads = [sp.ahead for sp in self.rollout.samplers.values() if sp.ahead is not None]
         aheads += [self.widths.ahead] if self.widths.ahead is not None else []
-        failed = [f for a in aheads for f in a.failed]
-        if len(failed) > getattr(self, "_ahead_failed_seen", 0):  # a miss only (the real call compiles): say why once
-            log.warning("compiling ahead failed for %d program(s), e.g. %s: %s",
-                        len(failed) - getattr(self, "_ahead_failed_seen", 0), *failed[getattr(self, "_ahead_failed_seen", 0)])
-            self._ahead_failed_seen = len(failed)
-        return compile_metrics(compiles, len(self.planner.programs), self.rollout.compile_count, self._gc.take(), aheads)
+        return self._compile_stats(compiles, len(self.planner.programs), self.rollout.compile_count, self._gc.take(),
+                                   aheads)
 
     def run(self, stop_after: int | None = None) -> list[dict[str, Any]]:
         """Train to --run.steps (or --run.max-minutes, or a stop signal: then `stopped_by` names it and the last

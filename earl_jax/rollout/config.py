@@ -67,6 +67,12 @@ class RolloutConfig:
             need(self.max_turn_tokens >= 2, "max_turn_tokens", "constrained moves take 2 tokens a turn (move, stop)")
 
     @property
+    def sampling(self):
+        from earl_jax.rollout.sampling import SamplingConfig
+
+        return SamplingConfig(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+    @property
     def batch_size(self) -> int:
         return self.groups * self.group_size
 
