@@ -29,7 +29,8 @@ KEPT = ("episode/", "eval", "train/", "rollout/context_len", "rollout/turn_conte
 
 
 def _kept(record: dict) -> dict:
-    return {k: v for k, v in sorted(record.items()) if k.startswith(KEPT)}
+    # the layouts are compared; the selector's reason text (parallel/*_why) is a description of them
+    return {k: v for k, v in sorted(record.items()) if k.startswith(KEPT) and not k.endswith("_why")}
 
 
 def _digest(params) -> str:

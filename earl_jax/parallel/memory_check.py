@@ -33,6 +33,7 @@ from earl_jax.parallel.memory import device_memory_stats
 __all__ = ["ProgramMemoryError", "free_bytes", "largest_free_block", "program_bytes", "check_fits"]
 
 GIB = 2**30
+CLOSE = 0.9  # a program needing this share of the free memory is logged as a warning
 log = logging.getLogger(__name__)
 
 
@@ -94,9 +95,12 @@ def check_fits(compile_program: Callable[[], Any], devices: Iterable[jax.Device]
                                  f"({parts}) but a device of its mesh has {free / GIB:.2f} GiB free; {why}")
     temp = compiled.memory_analysis().temp_size_in_bytes
     block = largest_free_block(devices)
-    # logged when it passes too: an out-of-memory error after a passed check then shows what the check saw
-    log.info("memory check: %s needs %.2f GiB per device (%s); free %.2f GiB, largest free block %s", what,
-             need / GIB, parts, free / GIB, "not reported" if block is None else f"{block / GIB:.2f} GiB")
+    # a warning when it is close (an out-of-memory error after a passed check then shows what the check saw); a
+    # debug line otherwise: one per compiled program would bury the run's own lines
+    close = need > CLOSE * free or (block is not None and temp > CLOSE * block)
+    log.log(logging.WARNING if close else logging.DEBUG,
+            "memory check: %s needs %.2f GiB per device (%s); free %.2f GiB, largest free block %s", what,
+            need / GIB, parts, free / GIB, "not reported" if block is None else f"{block / GIB:.2f} GiB")
     if block is not None and temp > block:
         raise ProgramMemoryError(f"RESOURCE_EXHAUSTED: out of memory: {what} needs one {temp / GIB:.2f} GiB buffer of "
                                  f"temporaries per device but the largest free block of a device of its mesh is "

@@ -51,6 +51,7 @@ from earl_jax.sharding.mesh import (STAGE_RULES, STAGES, MeshShape, Rules, batch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+SHOW_FIRST_CALL_S = 1.0  # a stage program's first call this slow gets an INFO line
 
 
 def _checked_thresholds(cfg: PlannerConfig, model_cfg: ModelConfig, num_devices: int, stage: str,
@@ -228,9 +229,12 @@ class ProgramCache:
                     out = jitted(*args)
                 self.seen.add(sig)
                 width = f", width {static['width']}" if "width" in static else ""
-                log.info("%s/%s on %s, batch %s%s: first call (compile or cache load) %.1f s (trace %.1f, lower %.1f, "
-                         "compile or load %.1f)", run.stage, name, run.layout.mesh, shapes[-1] if shapes else "-",
-                         width, time.perf_counter() - t0, c.trace_s, c.lower_s, c.backend_s)
+                seconds = time.perf_counter() - t0
+                # one line per new program that cost a user time; the instant ones (cached, tiny) at debug level
+                log.log(logging.INFO if seconds >= SHOW_FIRST_CALL_S else logging.DEBUG,
+                        "%s/%s on %s, batch %s%s: first call (compile or cache load) %.1f s (trace %.1f, lower %.1f, "
+                        "compile or load %.1f)", run.stage, name, run.layout.mesh, shapes[-1] if shapes else "-",
+                        width, seconds, c.trace_s, c.lower_s, c.backend_s)
                 return out
 
             call.jitted = jitted  # for compiling ahead (rl/packing.py): jitted.lower(*specs).compile()
@@ -252,6 +256,7 @@ class StagePlanner:
         self._fresh = False  # whether _stats holds an observation the selector has not seen yet
         self.current: StagePlan = selector.plan(self._stats)
         self.ran: dict[str, StageLayout] = {}  # the layout each stage last ran on (after any fallback)
+        self._reported: dict[str, str] = {}  # the layouts ran_log_dict last explained
         self.programs = ProgramCache()
 
     @classmethod
@@ -328,10 +333,21 @@ class StagePlanner:
         return result
 
     def ran_log_dict(self, prefix: str = "parallel/") -> dict[str, Any]:
-        """Metrics of the layouts that ran (not of the plan made for the next iteration)."""
+        """Metrics of the layouts that ran (not of the plan made for the next iteration), and for each stage whose
+        layout changed since the last call, `<stage>_why`: the selector's reason and the candidates it weighed."""
         plan = StagePlan(**{s: self.ran.get(s) for s in STAGES}, context_bucket=self.current.context_bucket,
                          smoothed_context_len=self.current.smoothed_context_len)
-        return plan.log_dict(prefix)
+        out = plan.log_dict(prefix)
+        for s in STAGES:
+            ran = self.ran.get(s)
+            if ran is None or self._reported.get(s) == str(ran):
+                continue
+            choice = self.selector.choices.get(s)
+            out[f"{prefix}{s}_why"] = (choice.describe() if choice is not None and str(choice.layout) == str(ran)
+                                       else "the first plan, kept (--planner.mode static)" if self.static
+                                       else "after an out-of-memory fallback")
+            self._reported[s] = str(ran)
+        return out
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -176,6 +176,26 @@ def _nearest(values: Sequence[int], x: float) -> int | None:
     return min(values, key=lambda v: (abs(math.log(v) - math.log(max(x, 1))), -v))
 
 
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """Why a stage got its layout: how it was chosen, at which bucket, and the candidates weighed (best first, each
+    with its measured TGS, or None, and its memory estimate per device)."""
+
+    stage: str
+    layout: StageLayout
+    how: str
+    bucket: int
+    candidates: tuple[tuple[StageLayout, float | None, int], ...]
+
+    def describe(self, most: int = 4) -> str:
+        def one(lay, tgs, est):
+            return f"{lay} {est / 2**30:.2f} GiB" + (f" {tgs:.0f} TGS" if tgs is not None else "")
+
+        weighed = "; ".join(one(*c) for c in self.candidates[:most])
+        more = f"; +{len(self.candidates) - most} more" if len(self.candidates) > most else ""
+        return f"by {self.how}, bucket {self.bucket}" + (f" (weighed: {weighed}{more})" if weighed else "")
+
+
 class ParallelismSelector:
     def __init__(self, cfg: ModelConfig, num_devices: int, *, memory: MemoryModel | MemoryConfig | None = None,
                  config: SelectorConfig | None = None, table: ProfileTable | None = None,
@@ -205,6 +225,7 @@ class ParallelismSelector:
         self.micro_batch_caps: dict[tuple[str, MeshShape, int], int] = {}  # after OOMs with shrink_first
         self.last_stats: ContextStats | None = None
         self.last_plan: StagePlan | None = None
+        self.choices: dict[str, Choice] = {}  # why each stage's last layout was chosen
 
     # -- buckets -----------------------------------------------------------------------------------
     @property
@@ -231,6 +252,10 @@ class ParallelismSelector:
 
     def ranked_layouts(self, stage: str, bucket: int, stats: ContextStats) -> list[tuple[StageLayout, float | None]]:
         """Feasible, not OOM-marked layouts of `stage`, best first, with the table's TGS where known."""
+        return [(lay, tgs) for lay, tgs, _ in self._ranked(stage, bucket, stats)]
+
+    def _ranked(self, stage: str, bucket: int, stats: ContextStats) -> list[tuple[StageLayout, float | None, int]]:
+        """`ranked_layouts` with each layout's memory estimate per device (bytes)."""
         ctx = self._check_len(bucket, stats)
         n = stats.num_responses
         scored = []
@@ -254,9 +279,9 @@ class ParallelismSelector:
             layout = StageLayout(mesh, fit.micro_batch, fit.logprob_chunk)
             # measured first (highest TGS), then unmeasured by the heuristic
             key = (0, -tgs) if tgs is not None else (1, *self._heuristic_key(mesh, fit))
-            scored.append((key, layout, tgs))
+            scored.append((key, layout, tgs, fit.estimate.total))
         scored.sort(key=lambda s: s[0])
-        return [(lay, tgs) for _, lay, tgs in scored]
+        return [(lay, tgs, est) for _, lay, tgs, est in scored]
 
     def _threshold_layout(self, stage: str, bucket: int, stats: ContextStats) -> StageLayout | None:
         entries = self.config.thresholds[stage]
@@ -278,10 +303,14 @@ class ParallelismSelector:
         if self.config.thresholds and stage in self.config.thresholds:
             lay = self._threshold_layout(stage, bucket, stats)
             if lay is not None:
+                self.choices[stage] = Choice(stage, lay, "a --planner.*-thresholds entry", bucket, ())
                 return lay
-        ranked = self.ranked_layouts(stage, bucket, stats)
+        ranked = self._ranked(stage, bucket, stats)
         if not ranked:
             raise NoFeasibleLayoutError(self._explain(stage, bucket, stats))
+        how = ("measured throughput (profile table)" if ranked[0][1] is not None else
+               "the memory model (least tensor / fsdp sharding that fits, then the largest micro-batch)")
+        self.choices[stage] = Choice(stage, ranked[0][0], how, bucket, tuple(ranked))
         return ranked[0][0]
 
     def _explain(self, stage: str, bucket: int, stats: ContextStats) -> str:
@@ -333,8 +362,10 @@ class ParallelismSelector:
                 layouts[s] = self.select(s, bucket, stats)
         plan = StagePlan(**layouts, context_bucket=bucket, smoothed_context_len=float(self._smoother.value))
         if self.last_plan is not None and str(self.last_plan) != str(plan):
-            log.info("parallelism: %s -> %s (bucket %d, smoothed context %.0f)", self.last_plan, plan, bucket,
-                     plan.smoothed_context_len)
+            for s in STAGES:
+                if plan[s] is not None and str(plan[s]) != str(self.last_plan[s]):
+                    log.info("parallelism: %s %s -> %s at context %.0f: %s", s, self.last_plan[s], plan[s],
+                             plan.smoothed_context_len, self.choices[s].describe())
         self.last_plan = plan
         return plan
 
