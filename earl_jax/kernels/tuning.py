@@ -3,10 +3,14 @@
 `plan(cfg, batch, cache_len, impl)` answers for one decode program: for each matmul of a layer (q/k/v, out,
 gate/up, down) and for the logits, a `LinearConfig` (Pallas) or None (XLA's dot), and the attention's launch
 (None: XLA's). impl "pallas" runs every op in Pallas where a launch exists (the measured launch where there is
-one); "auto" runs an op in Pallas only where it was measured faster than XLA at that shape (nearest measured
-batch). The measurements come from experiments/benchmarks/bench_decode_ops.py, whose tuning JSON either
-fills MEASURED below or, for a sweep followed by a benchmark in one device call, is read from the file named
-by the environment variable EARL_DECODE_TUNING.
+one); "auto" runs a matmul in Pallas only where the sweep measured it at least 1/AUTO_MARGIN times faster than
+XLA at that shape (nearest measured batch), and the attention in Pallas. The margin: in the decode step at 0.5B
+b32 the kernels the sweep had 10-20% ahead (q/k/v, out, gate/up) made the step slower than the XLA path's
+(1.262 vs 1.191 ms), so a sweep lead that small is not taken. The attention kernel reads each row's valid prefix
+at the copy bandwidth (3.6-4.3 TB/s at 16K contexts, half the time of XLA's pass over the bucketed cache),
+hence Pallas wherever it applies. Measurements: experiments/benchmarks/bench_decode_ops.py (one H200,
+experiments/results/bench_decode_ops_nvidia_h200.json); a sweep's tuning JSON can also be loaded from the file
+named by the environment variable EARL_DECODE_TUNING (a sweep and a benchmark in one device call).
 """
 
 from __future__ import annotations
@@ -56,8 +60,34 @@ def op_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int, bool]]:
             "logits": (d, cfg.vocab_size, False)}
 
 
-# op -> {(K, N, batch): (Pallas launch, Pallas us, XLA us)}, measured on one H200 (jax 0.11).
+AUTO_MARGIN = 0.8
+
+# op -> {(K, N, batch): (fastest Pallas launch, its us, XLA's us)}: one op over distinct weight copies, one H200
+# (jax 0.11.2), experiments/benchmarks/bench_decode_ops.py.
 MEASURED: dict[str, dict[tuple[int, int, int], tuple[LinearConfig, float, float]]] = {op: {} for op in OPS}
+for (_op, _k, _n, _b), _v in {
+    ("qkv", 896, 1152, 32): (LinearConfig(32, 16, 128, 4, 3), 11.8, 15.2),
+    ("out", 896, 896, 32): (LinearConfig(32, 128, 64, 4, 3), 13.4, 14.6),
+    ("gate_up", 896, 4864, 32): (LinearConfig(32, 64, 128, 4, 3), 19.2, 23.3),
+    ("down", 4864, 896, 32): (LinearConfig(32, 16, 128, 4, 3), 18.2, 10.0),
+    ("logits", 896, 151936, 32): (LinearConfig(32, 64, 128, 4, 3), 78.6, 78.1),
+    ("qkv", 896, 1152, 128): (LinearConfig(128, 64, 128, 4, 3), 12.4, 19.4),
+    ("out", 896, 896, 128): (LinearConfig(128, 64, 128, 4, 3), 8.3, 8.6),
+    ("gate_up", 896, 4864, 128): (LinearConfig(128, 64, 128, 4, 3), 17.8, 16.2),
+    ("down", 4864, 896, 128): (LinearConfig(128, 16, 128, 4, 3), 22.0, 38.0),
+    ("logits", 896, 151936, 128): (LinearConfig(128, 128, 64, 4, 3), 106.6, 95.6),
+    ("qkv", 3584, 4608, 32): (LinearConfig(32, 64, 128, 4, 3), 48.9, 24.2),
+    ("out", 3584, 3584, 32): (LinearConfig(32, 16, 128, 4, 3), 16.9, 15.0),
+    ("gate_up", 3584, 18944, 32): (LinearConfig(32, 128, 64, 4, 3), 112.8, 76.1),
+    ("down", 18944, 3584, 32): (LinearConfig(32, 16, 128, 4, 3), 74.4, 47.8),
+    ("logits", 3584, 152064, 32): (LinearConfig(32, 128, 128, 4, 3), 270.0, 264.2),
+    ("qkv", 3584, 4608, 128): (LinearConfig(128, 64, 128, 4, 3), 35.6, 29.4),
+    ("out", 3584, 3584, 128): (LinearConfig(128, 32, 128, 4, 3), 19.7, 27.2),
+    ("gate_up", 3584, 18944, 128): (LinearConfig(128, 64, 128, 4, 3), 139.2, 93.9),
+    ("down", 18944, 3584, 128): (LinearConfig(128, 32, 128, 4, 3), 88.3, 56.8),
+    ("logits", 3584, 152064, 128): (LinearConfig(128, 128, 64, 4, 3), 314.0, 303.5),
+}.items():
+    MEASURED[_op][_k, _n, _b] = _v
 # (kv heads, head dim, batch, cache length) -> (launch or None for XLA, Pallas us, XLA us)
 MEASURED_ATTENTION: dict[tuple[int, int, int, int], tuple[AttentionConfig | None, float, float]] = {}
 
@@ -86,7 +116,7 @@ def linear_plan(op: str, k: int, n: int, batch: int, swiglu: bool, impl: str) ->
     if found is None:
         return None if impl == "auto" else default_config(batch, k, n, swiglu)
     launch, us, xla_us = found
-    if impl == "auto" and us >= xla_us:
+    if impl == "auto" and us >= AUTO_MARGIN * xla_us:
         return None
     return fit_smem(dataclasses.replace(launch, bm=min(launch.bm, default_config(batch, k, n).bm)), swiglu)
 
@@ -99,6 +129,8 @@ def attention_plan(kv: int, h: int, batch: int, cache_len: int, impl: str) -> At
         if launch is None or (impl == "auto" and us >= xla_us):
             return None
         return launch
+    if cache_len <= 2048 and cache_len % 64 == 0:  # short caches: 64-slot blocks, 3 stages (sweep: 7.9 vs 10.3 us)
+        return AttentionConfig(64, 1, 4, 3)
     return AttentionConfig(block, num_splits(batch, kv, cache_len, block))
 
 

@@ -368,7 +368,7 @@ def main():
         return plot(json.loads(Path(args.plot).read_text()), Path(args.plot).with_suffix(".png"))
     t_start = time.perf_counter()
     table = TINY_ROWS if args.tiny else ROWS
-    names = [n for n in table if any(n == p or n.startswith(p + "-") for p in args.rows.split(","))]
+    names = list(dict.fromkeys(n for p in args.rows.split(",") for n in table if n == p or n.startswith(p + "-")))
     impls = args.impls.split(",")
     if args.tiny:
         impls = ["pallas_interpret" if i == "pallas" else i for i in impls]
@@ -401,7 +401,8 @@ def main():
             continue
         row = measure_row(name, table[name], impls, args.runs, bw, args.profile.split(","),
                           name not in args.no_prefill_attempt.split(","))
-        row.update(tunix=tunix.get(name, {}), copy_GBps=results["copy_GBps"], call_started=started)
+        row.update(tunix=tunix.get(name, {"error": "not run in this call"}), copy_GBps=results["copy_GBps"],
+                   call_started=started)
         results["rows"] = [r for r in results["rows"] if r["row"] != name] + [row]
         for p in [path] + ([out_dir / path.name] if out_dir else []):  # after every row: a cut call keeps its rows
             p.parent.mkdir(parents=True, exist_ok=True)
