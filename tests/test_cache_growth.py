@@ -1,24 +1,22 @@
-"""--rollout-cache-growth: coarser KV cache sizes reach the sampler and the memory model, and compile fewer programs."""
+"""--rollout.cache-growth: coarser KV cache sizes reach the sampler and the memory model, and compile fewer programs."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import jax
 import pytest
 
 from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.memory import MemoryConfig, MemoryModel
-from earl_jax.rl.config import RLConfig
 from earl_jax.rl.trainer import Trainer
 from earl_jax.rollout.sampler import DEFAULT_CACHE_BUCKETS, geometric_cache_buckets
 from earl_jax.sharding.mesh import MeshShape
 
+from jobs import job, with_fields
+
 # Games of at most 5 agent turns: contexts pass 256 tokens (default buckets 128, 256, 384, ...; coarse: 512 alone)
 # with 3 against 12 decode programs, where whole games compiled 14 against 28 at 3x the test's time.
-CFG = RLConfig(game="connect_four", prompt_style="compact", max_turn_tokens=8, max_context=2048, max_turns=5,
-               groups=4, group_size=4, steps=1, format_warmup_steps=0, eval_every=0, devices=1, checkpoint_every=0,
-               progress=False, wandb_mode="disabled")
+CFG = job(game="connect_four", prompt_style="compact", max_turn_tokens=8, max_context=2048, max_turns=5,
+          groups=4, group_size=4, steps=1, format_warmup_steps=0, eval_every=0, devices=1, checkpoint_every=0)
 
 
 def test_geometric_buckets():
@@ -27,8 +25,8 @@ def test_geometric_buckets():
     assert all(b % 128 == 0 for b in geometric_cache_buckets(1.5))
     with pytest.raises(ValueError, match="growth"):
         geometric_cache_buckets(1.2)
-    with pytest.raises(ValueError, match="--rollout-cache-growth"):
-        dataclasses.replace(CFG, rollout_cache_growth=1.2)
+    with pytest.raises(ValueError, match="^--rollout.cache-growth: "):
+        with_fields(CFG, rollout_cache_growth=1.2)
 
 
 def test_memory_model_prices_the_padded_cache():
@@ -41,19 +39,19 @@ def test_memory_model_prices_the_padded_cache():
 
 def _sampler_programs(tmp_path, **kw) -> tuple[Trainer, int]:
     """A trainer and the decode programs its first rollout compiled (the rollout alone: that is where they are)."""
-    trainer = Trainer(dataclasses.replace(CFG, run_dir=str(tmp_path), **kw), log=False)
+    trainer = Trainer(with_fields(CFG, run_dir=str(tmp_path), **kw), log=False)
     n = CFG.batch_size
-    trainer._rollout(trainer.env, list(range(n)), [i // CFG.group_size for i in range(n)], jax.random.key(0),
-                     trainer.sampling)
-    return trainer, sum(s.compile_count for s in trainer._samplers.values())
+    trainer.play(trainer.env, list(range(n)), [i // CFG.rollout.group_size for i in range(n)], jax.random.key(0),
+                 trainer.sampling)
+    return trainer, sum(s.compile_count for s in trainer.rollout.samplers.values())
 
 
 def test_coarse_cache_sizes_reach_the_stages_and_compile_fewer_decode_programs(tmp_path):
     coarse, n_coarse = _sampler_programs(tmp_path / "coarse", rollout_cache_growth=4.0)
-    (sampler,) = coarse._samplers.values()
+    (sampler,) = coarse.rollout.samplers.values()
     assert sampler.cache_buckets == geometric_cache_buckets(4)
     assert coarse.planner.selector.memory.mem.cache_buckets == geometric_cache_buckets(4)
     default, n_default = _sampler_programs(tmp_path / "default")
-    assert next(iter(default._samplers.values())).cache_buckets == DEFAULT_CACHE_BUCKETS
+    assert next(iter(default.rollout.samplers.values())).cache_buckets == DEFAULT_CACHE_BUCKETS
     assert default.planner.selector.memory.mem.cache_buckets is None
     assert n_coarse < n_default, (n_coarse, n_default)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,12 +12,15 @@ from earl_jax.compile_cache import count_compiles
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import init_sharded
 from earl_jax.models.qwen2 import Qwen2
-from earl_jax.rl.config import RLConfig
-from earl_jax.rl.trainer import Trainer, compact_now, compile_ahead_now, stage_ahead_now
+from earl_jax.rl import rollout_stage
+from earl_jax.rl.rollout_stage import compact_now, compile_ahead_now, stage_ahead_now
+from earl_jax.rl.trainer import Trainer
 from earl_jax.rollout.agent_loop import COMPACT_FACTOR, COMPACT_LEVELS
 from earl_jax.rollout.compile_ahead import CompileAhead
 from earl_jax.rollout.sampler import Sampler
 from earl_jax.sharding.mesh import INFERENCE_RULES, MeshShape, make_mesh
+
+from jobs import job, with_fields
 
 CFG = ModelConfig.tiny(vocab_size=64).replace(num_attention_heads=8, num_key_value_heads=4, head_dim=16)
 B = 16
@@ -96,16 +97,15 @@ def test_a_failed_ahead_compile_is_recorded_and_changes_nothing():
 
 
 def test_trainer_plays_the_same_games_with_and_without_compiling_ahead(tmp_path):
-    """Free-text Connect Four (the decode loop) on the CPU with --compile-ahead true: same trajectories and
+    """Free-text Connect Four (the decode loop) on the CPU with --rollout.compile-ahead true: same trajectories and
     metrics as without, the ahead compiles logged, none failed."""
-    cfg = RLConfig(groups=2, group_size=4, steps=1, format_warmup_steps=0, devices=1, eval_games=8, eval_every=0,
-                   checkpoint_every=0, max_context=256, constrain_moves=False, prompt_style="compact",
-                   progress=False, wandb_mode="disabled")
+    cfg = job(groups=2, group_size=4, steps=1, format_warmup_steps=0, devices=1, eval_games=8, eval_every=0,
+              checkpoint_every=0, max_context=256, constrain_moves=False, prompt_style="compact")
     records = {}
     for mode in ("true", "false"):
-        trainer = Trainer(dataclasses.replace(cfg, compile_ahead=mode, run_dir=str(tmp_path / mode)), log=False)
+        trainer = Trainer(with_fields(cfg, compile_ahead=mode, run_dir=str(tmp_path / mode)), log=False)
         records[mode] = trainer.iteration()
-        for sp in trainer._samplers.values():
+        for sp in trainer.rollout.samplers.values():
             assert (sp.ahead is not None) == (mode == "true")
     on, off = records["true"], records["false"]
     assert on["compile/ahead"] > 0 and on["compile/ahead_failed"] == 0 and off["compile/ahead"] == 0
@@ -131,14 +131,14 @@ def test_auto_compaction_on_cpus_always_and_on_accelerators_after_the_first_roll
 
 
 def test_the_compaction_setting_is_what_the_rollout_does(tmp_path):
-    """--compact-finished true / false reach the decode loop: the decode batch shrinks as games end, or not."""
+    """--rollout.compact-finished true / false reach the decode loop: the decode batch shrinks as games end, or not."""
     rows = {}
     for mode in ("true", "false"):
-        cfg = RLConfig(groups=2, group_size=4, steps=1, format_warmup_steps=0, devices=1, eval_games=8,
-                       eval_every=0, checkpoint_every=0, max_context=256, prompt_style="compact", progress=False,
-                       wandb_mode="disabled", compact_finished=mode, run_dir=str(tmp_path / mode))
+        cfg = job(groups=2, group_size=4, steps=1, format_warmup_steps=0, devices=1, eval_games=8, eval_every=0,
+                  checkpoint_every=0, max_context=256, prompt_style="compact", compact_finished=mode,
+                  run_dir=str(tmp_path / mode))
         trainer = Trainer(cfg, log=False)
-        traj, _ = trainer._rollout(trainer.env, list(range(8)), None, jax.random.key(3), trainer.sampling)
+        traj, _ = trainer.play(trainer.env, list(range(8)), None, jax.random.key(3), trainer.sampling)
         rows[mode] = (traj.stats.decode_rows, 8 * int(max(traj.num_turns)))
     assert rows["false"][0] == rows["false"][1] and rows["true"][0] < rows["true"][1], rows
 
@@ -236,22 +236,21 @@ def test_compaction_programs_are_compiled_ahead_from_a_rollout_that_did_not_comp
 
 def test_the_trainer_compiles_compaction_ahead_when_the_next_rollout_compacts(tmp_path, monkeypatch):
     """The accelerators' rules on the CPU (compaction and compiling ahead from the second rollout on): not an
-    evaluation, but the first training rollout, which kept finished rows, submits the compacted batches' programs; the second, which compacts, does
-    not submit them again and uses them (the sampler test above shows that they are found compiled)."""
-    from earl_jax.rl import trainer as trainer_mod
-    monkeypatch.setattr(trainer_mod, "compact_now", lambda mode, done, backend: done > 0)
-    monkeypatch.setattr(trainer_mod, "compile_ahead_now", lambda mode, done, backend: done > 0)
+    evaluation, but the first training rollout, which kept finished rows, submits the compacted batches' programs;
+    the second, which compacts, does not submit them again and uses them (the sampler test above shows that they are
+    found compiled)."""
+    monkeypatch.setattr(rollout_stage, "compact_now", lambda mode, done, backend: done > 0)
+    monkeypatch.setattr(rollout_stage, "compile_ahead_now", lambda mode, done, backend: done > 0)
     calls = []
     real = Sampler.compile_compaction_ahead
     monkeypatch.setattr(Sampler, "compile_compaction_ahead", lambda self, *a: calls.append(real(self, *a)))
-    cfg = RLConfig(groups=2, group_size=8, steps=2, format_warmup_steps=0, devices=1, eval_games=8, eval_every=0,
-                   checkpoint_every=0, max_context=512, constrain_moves=False, prompt_style="compact",
-                   progress=False, wandb_mode="disabled", run_dir=str(tmp_path))
+    cfg = job(groups=2, group_size=8, steps=2, format_warmup_steps=0, devices=1, eval_games=8, eval_every=0,
+              checkpoint_every=0, max_context=512, constrain_moves=False, prompt_style="compact", run_dir=str(tmp_path))
     trainer = Trainer(cfg, log=False)
     trainer.evaluate()  # an evaluation's rollout (its own batch) predicts nothing
     assert calls == []
     trainer.iteration()
-    (sampler,) = trainer._samplers.values()
+    (sampler,) = trainer.rollout.samplers.values()
     ahead = {k for k in sampler.ahead._futures if k[0] == "take"}
     assert len(calls) == 1 and calls[0] > 0 and ahead, (calls, ahead)
     sampler.ahead.drain()
