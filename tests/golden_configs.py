@@ -18,6 +18,6 @@ def golden_config(case: str, run_dir: str):
     if case == "tictactoe":
         return parse_job(["--steps", "3", *quiet], CONFIGS / "tictactoe").config
     if case == "connect4_free_text":  # the decode loop and the format warm-up's supervised steps
-        return parse_job(["--steps", "2", "--rollout.constrain-moves", "false", "--warmup.steps", "2",
+        return parse_job(["--steps", "2", "--rollout.constrain-moves", "false", "--sft.steps", "2",
                           "--rollout.groups", "8", "--eval.games", "16", *quiet], CONFIGS / "connect4").config
     raise ValueError(case)

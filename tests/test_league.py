@@ -289,7 +289,7 @@ def test_gpu_preset_parses_validates_and_yields_to_flags(script, last_rung):
     assert cfg.batch_size == 2048 and r.group_size == 8 and cfg.env.prompt_style == "compact"
     assert cfg.env.opponent == "curriculum" and parse_ladder(c.ladder, cfg.env.game)[-1] == last_rung
     assert cfg.env.game == default.env.game and cfg.run.max_minutes == 15 and cfg.run.run_dir.endswith("-gpu")
-    assert (cfg.optim.learning_rate, cfg.eval.games, cfg.warmup.steps, cfg.warmup.games) == (5e-4, 128, 30, 256)
+    assert (cfg.optim.learning_rate, cfg.eval.games, cfg.sft.steps, cfg.sft.games) == (5e-4, 128, 30, 256)
     if script == "connect4":  # the fields measured on Connect Four only
         assert (cfg.optim.ppo_mini_batches, r.group_seeds, c.promote_on_stall, c.rehearsal_share,
                 c.rung_max_iterations) == (8, "per_game", 3, 0.5, 180)

@@ -88,7 +88,7 @@ def test_connect4_in_parts_saves_the_newest_checkpoint_then_resumes_it(tmp_path)
 
 @pytest.mark.parametrize("sub, env, expect", [
     ("pod-first-iteration", {"RUNS": "nocompact:.:150:--compact-finished=false base:old:150"},
-     ["--preset pod --model qwen2.5-1.5b --steps 2 --eval.games 64 --warmup.steps 0",
+     ["--preset pod --model qwen2.5-1.5b --steps 2 --eval.games 64 --sft.steps 0",
       "--rollout.compact-finished=false --run-dir /tmp/pod_nocompact",
       "--eval-games 64 --format-warmup-steps 0"]),  # an older checkout gets the flat flags it knows
     ("steady", {"A_FLAGS": "--compile-ahead false", "B_FLAGS": "--rollout.compile-ahead true"},

@@ -46,7 +46,7 @@ from earl_jax.models.attention import Q_BLOCK, extend_query_block
 from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.plan import RolloutExtends
 from earl_jax.rollout.buckets import bucket
-from earl_jax.sharding.mesh import STAGE_RULES, STAGES, MeshShape, logical_to_spec
+from earl_jax.sharding.mesh import STAGE_RULES, STAGES, UPDATE_STAGES, MeshShape, logical_to_spec
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_CPU_BUDGET = 4 * GiB
@@ -90,8 +90,8 @@ def mesh_problem(cfg: ModelConfig, num_devices: int, stage: str, mesh: MeshShape
     q, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     if mesh.size != num_devices:
         return f"uses {mesh.size} devices; the job has {num_devices}"
-    if stage != "train" and mesh.fsdp != 1:
-        return f"has fsdp={mesh.fsdp}; only train meshes have an fsdp axis (rollout and experience: dAf1tC)"
+    if stage not in UPDATE_STAGES and mesh.fsdp != 1:
+        return f"has fsdp={mesh.fsdp}; only train and sft meshes have an fsdp axis (rollout and experience: dAf1tC)"
     if q % mesh.tensor:
         return f"has tensor={mesh.tensor}, which does not divide {cfg.name}'s {q} attention heads"
     if not valid_tensor_degree(cfg, mesh.tensor):
@@ -110,7 +110,7 @@ def candidate_meshes(cfg: ModelConfig, num_devices: int, stage: str) -> list[Mes
         if not valid_tensor_degree(cfg, t):
             continue
         rest = num_devices // t
-        fsdps = divisors(rest) if stage == "train" else [1]
+        fsdps = divisors(rest) if stage in UPDATE_STAGES else [1]
         out.extend(MeshShape(rest // f, f, t) for f in fsdps)
     return sorted(out, key=lambda m: (m.tensor, m.fsdp))
 
@@ -369,7 +369,7 @@ class MemoryModel:
             acts = (self._layer_workspace(mb * ctx, t) + self._attn_scores(mb, ctx, ctx, t)
                     + mb * ctx * c.hidden_size * m.compute_bytes)  # final hidden states kept for the chunks
             logits = 2 * mb * chunk * self._vocab_dev(t) * 4
-        else:  # train
+        else:  # train, sft: an update step
             mb = micro_batch or 1
             chunk = min(logprob_chunk or m.min_logprob_chunk, ctx)
             params = params_per_device(c, stage, mesh) * m.train_state_bytes_per_param
@@ -385,7 +385,7 @@ class MemoryModel:
                 acts = c.num_hidden_layers * layer + layer
             acts += 2 * tok * c.hidden_size * 4  # final hidden states and their gradient (fp32)
             logits = 3 * mb * chunk * self._vocab_dev(t) * 4
-        resident = 0 if stage == "train" else self.resident_bytes
+        resident = 0 if stage in UPDATE_STAGES else self.resident_bytes
         return MemoryEstimate(stage, mesh, ctx, int(mb), int(chunk), int(params), int(gather), int(kv),
                               int(acts), int(logits), int(m.reserve_bytes), int(resident))
 

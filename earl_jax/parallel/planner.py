@@ -46,7 +46,7 @@ from earl_jax.parallel.thresholds import parse_thresholds
 from earl_jax.parallel.selector import (SMALL_BUCKET_EDGES, NoFeasibleLayoutError, ParallelismSelector,
                                         SelectorConfig)
 from earl_jax.sharding.context import use_mesh_rules
-from earl_jax.sharding.mesh import (STAGE_RULES, STAGES, MeshShape, Rules, batch_axes, logical_sharding, make_mesh,
+from earl_jax.sharding.mesh import (RL_STAGES, STAGE_RULES, STAGES, MeshShape, Rules, batch_axes, logical_sharding, make_mesh,
                                    state_shardings)
 
 log = logging.getLogger(__name__)
@@ -265,7 +265,8 @@ class StagePlanner:
         """The planner of a job of `batch_size` games a rollout; a layout that does not fit the model or the batch
         is refused here, before anything compiles, naming the flag."""
         devices = jax.devices()[: cfg.devices or None]
-        thresholds = {s: v for s in STAGES if (v := _checked_thresholds(cfg, model_cfg, len(devices), s, batch_size))}
+        thresholds = {s: v for s in RL_STAGES
+                      if (v := _checked_thresholds(cfg, model_cfg, len(devices), s, batch_size))}
         edges = cfg.edges or (SMALL_BUCKET_EDGES if model_cfg.name in ("tiny", "small") else None)
         sel_cfg = SelectorConfig(**({"bucket_edges": edges} if edges else {}), margin=cfg.margin,
                                  ema_alpha=cfg.ema, thresholds=thresholds or None)
@@ -276,8 +277,8 @@ class StagePlanner:
         selector = ParallelismSelector(model_cfg, len(devices), memory=memory, config=sel_cfg, table=table,
                                        device_kind=devices[0].device_kind)
         # Rows shard over data (x fsdp in training): only meshes whose batch axes divide the batch qualify.
-        for stage, cands in selector.candidates.items():
-            ok = [m for m in cands if batch_size % (m.data * m.fsdp) == 0]
+        for stage in RL_STAGES:  # (sft batches are their own: made a multiple of the devices)
+            ok = [m for m in selector.candidates[stage] if batch_size % (m.data * m.fsdp) == 0]
             if not ok:
                 raise ValueError(f"--rollout.groups x --rollout.group-size = {batch_size} games do not split over "
                                  f"any {stage} mesh of {len(devices)} devices: use a multiple of the device count")
@@ -303,6 +304,13 @@ class StagePlanner:
         self.current = self.selector.plan(self._stats, update=self._fresh)
         self._fresh = False
         return self.current
+
+    def plan_sft(self) -> StageLayout:
+        """The sft stage's layout for the batch last observed, at the current context bucket (sft is planned when it
+        runs, not with every iteration's plan); `run("sft", ...)` then runs on it."""
+        layout = self.selector.select("sft", self.current.context_bucket, self.selector.last_stats)
+        self.current = self.current.replace(sft=layout)
+        return layout
 
     def observe(self, stats: ContextStats) -> None:
         """The statistics the next plan() reacts to (smoothed inside the selector)."""
@@ -335,10 +343,18 @@ class StagePlanner:
     def ran_log_dict(self, prefix: str = "parallel/") -> dict[str, Any]:
         """Metrics of the layouts that ran (not of the plan made for the next iteration), and for each stage whose
         layout changed since the last call, `<stage>_why`: the selector's reason and the candidates it weighed."""
-        plan = StagePlan(**{s: self.ran.get(s) for s in STAGES}, context_bucket=self.current.context_bucket,
+        return self._log_dict(RL_STAGES, prefix)
+
+    def sft_log_dict(self, prefix: str = "parallel/") -> dict[str, Any]:
+        """`ran_log_dict` for the sft stage (logged with the supervised steps, not with every iteration)."""
+        return {k: v for k, v in self._log_dict(("sft",), prefix).items() if k.startswith(f"{prefix}sft")}
+
+    def _log_dict(self, stages: tuple[str, ...], prefix: str) -> dict[str, Any]:
+        plan = StagePlan(**{s: self.ran.get(s) if s in stages else None for s in STAGES},
+                         context_bucket=self.current.context_bucket,
                          smoothed_context_len=self.current.smoothed_context_len)
         out = plan.log_dict(prefix)
-        for s in STAGES:
+        for s in stages:
             ran = self.ran.get(s)
             if ran is None or self._reported.get(s) == str(ran):
                 continue

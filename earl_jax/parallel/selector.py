@@ -39,7 +39,7 @@ from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.memory import MemoryConfig, MemoryModel, candidate_meshes, mesh_problem
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
 from earl_jax.parallel.profile import HUNG, OK, OOM, ProfileTable
-from earl_jax.sharding.mesh import STAGES, MeshShape
+from earl_jax.sharding.mesh import RL_STAGES, STAGES, MeshShape
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class SelectorConfig:
     ema_alpha: float = 0.5  # weight of the newest observation
     window: int = 4
     thresholds: Thresholds | None = None  # per stage [(context threshold, mesh)]; stages left out select
-    stages: tuple[str, ...] = STAGES  # stages to plan; the others are None in the StagePlan
+    stages: tuple[str, ...] = RL_STAGES  # stages plan() plans; the others are None in the StagePlan (sft: select())
 
     def __post_init__(self):
         object.__setattr__(self, "stages", tuple(self.stages))
@@ -206,7 +206,7 @@ class ParallelismSelector:
         self.table = table
         if table is not None:
             table.check_compatible(device_kind, self.num_devices, cfg.name)
-        self.candidates = {s: candidate_meshes(cfg, self.num_devices, s) for s in self.config.stages}
+        self.candidates = {s: candidate_meshes(cfg, self.num_devices, s) for s in (*self.config.stages, "sft")}
         for s, c in self.candidates.items():
             if not c:
                 raise NoFeasibleLayoutError(f"{cfg.name}: no valid {s} mesh over {num_devices} devices")

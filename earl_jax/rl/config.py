@@ -10,7 +10,7 @@
       planner     PlannerConfig     meshes, selector thresholds, memory model bounds (parallel/config.py)
       curriculum  CurriculumConfig  opponent ladder, mixed opponents, self-play league
       eval        EvalConfig        greedy evaluation
-      warmup      WarmupConfig      supervised steps on random legal games before RL
+      sft         SftConfig         supervised steps before RL: the format warm-up (rl/sft.py)
       dist        DistConfig        jax.distributed (multi-process jobs)
 
 Each component checks its own fields; `JobConfig` checks what spans components. Every field is a flag named by its
@@ -30,6 +30,7 @@ from earl_jax.models.setup import ModelSpec
 from earl_jax.parallel.config import PlannerConfig
 from earl_jax.rl.losses import LossConfig, estimator_is_grouped
 from earl_jax.rl.optim import OptimConfig
+from earl_jax.rl.sft import SftConfig
 from earl_jax.rollout.config import RolloutConfig, parse_schedule  # noqa: F401  (parse_schedule: old import path)
 
 
@@ -122,20 +123,6 @@ class EvalConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class WarmupConfig:
-    """warmup: supervised steps on random legal games before RL (free-text answers only)"""
-
-    steps: int = _f(20, "supervised steps on uniformly random legal moves before RL (0: off); teaches the answer "
-                        "format only; skipped with constrained moves")
-    games: int = _f(8, "random legal games per step (0: the RL batch)")
-
-    def __post_init__(self):
-        for name in ("steps", "games"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)!r})")
-
-
-@dataclasses.dataclass(frozen=True)
 class DistConfig:
     """dist: jax.distributed (unset: from EARL_* or SLURM_* variables, else one process)"""
 
@@ -166,7 +153,7 @@ class JobConfig:
     planner: PlannerConfig = _component(PlannerConfig)
     curriculum: CurriculumConfig = _component(CurriculumConfig)
     eval: EvalConfig = _component(EvalConfig)
-    warmup: WarmupConfig = _component(WarmupConfig)
+    sft: SftConfig = _component(SftConfig)
     dist: DistConfig = _component(DistConfig)
 
     def __post_init__(self):
@@ -236,7 +223,7 @@ LEGACY = {
     "selector_mode": ("planner", "mode"), "selector_edges": ("planner", "edges"),
     "selector_margin": ("planner", "margin"), "selector_ema": ("planner", "ema"), "selector_table": ("planner", "table"),
     "eval_every": ("eval", "every"), "eval_games": ("eval", "games"), "eval_opponents": ("eval", "opponents"),
-    "format_warmup_steps": ("warmup", "steps"), "format_warmup_games": ("warmup", "games"),
+    "format_warmup_steps": ("sft", "steps"), "format_warmup_games": ("sft", "games"),
 }
 LEGACY_DROPPED = {"rollout_groups", "rollout_device_groups"}  # options that no longer exist
 

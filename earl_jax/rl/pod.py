@@ -54,7 +54,7 @@ RANDOM_INIT = {("env", "prompt_style"): "compact", ("rollout", "max_turn_tokens"
                ("rollout", "cache_growth"): 4.0, ("optim", "learning_rate"): 1e-4, ("loss", "kl_coef"): 0.0,
                ("rollout", "constrain_moves"): False}
 PRETRAINED = {("env", "prompt_style"): "chat", ("rollout", "max_turn_tokens"): 128, ("rollout", "max_context"): 8192,
-              ("optim", "learning_rate"): 1e-6, ("loss", "kl_coef"): 0.001, ("warmup", "steps"): 0,
+              ("optim", "learning_rate"): 1e-6, ("loss", "kl_coef"): 0.001, ("sft", "steps"): 0,
               ("eval", "opponents"): ("random", "alphabeta:2"), ("rollout", "constrain_moves"): False}
 
 

@@ -138,10 +138,12 @@ def _sft_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: None, chunk: int,
 LOSSES = {"policy": _policy_loss, "sft": _sft_loss}
 
 
-def sft_batch(tokens: Int[Array, "n t"], loss_mask: Bool[Array, "n t"]) -> ExperienceBatch:
-    """The supervised batch of the format warm-up's "sft" loss (old_logp, ref_logp, advantages unused)."""
+def sft_batch(tokens: Int[Array, "n t"], loss_mask: Bool[Array, "n t"], choices: Int[Array, "n t"] | None = None
+              ) -> ExperienceBatch:
+    """The supervised batch of the "sft" loss (old_logp, ref_logp, advantages unused); `choices`: the legal-move
+    bitmasks of constrained moves, so a move is learned under the same masked softmax the rollout samples from."""
     zeros = jnp.zeros(tokens.shape, jnp.float32)
-    return ExperienceBatch(tokens, loss_mask, zeros, zeros, zeros)
+    return ExperienceBatch(tokens, loss_mask, zeros, zeros, zeros, choices)
 
 
 def micro_batch(batch: Any, j, micro_batches: int, shards: int, width: int) -> Any:

@@ -10,7 +10,7 @@ One iteration (`Trainer.iteration`):
 
 Everything random derives from (seed, step), so a run killed and resumed from a checkpoint reaches the same
 weights as one that never stopped (bit-exact on CPU). The stage bodies live beside this file (rollout_stage.py,
-experience.py, train.py, evaluation.py, warmup.py); this file only wires them.
+experience.py, train.py, sft.py, evaluation.py); this file only wires them.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from earl_jax.rl.game_seeds import rollout_inputs
 from earl_jax.rl.gc_control import GcClock
 from earl_jax.rl.matchmaking import Matchmaker
 from earl_jax.rl.metrics import CompileStats, MetricsLogger, NoSignal, device_memory, iteration_record, opponent_metrics
-from earl_jax.rl.optim import make_optimizer
 from earl_jax.rl.policy_setup import build_policy
 from earl_jax.rl.packing import scored_spans
 from earl_jax.rl.rollout_stage import RolloutStage, stage_ahead_now, timed_weights
@@ -67,7 +66,6 @@ class Trainer:
         self.graphdef, params = nnx.split(model)
         self.weights = WeightMover(cfg.model.compute_dtype())
         self.optimizer = cfg.optim.make(cfg.run.steps)
-        self.sft_optimizer = make_optimizer(3e-3, 5, max(cfg.warmup.steps, 6), 0.0, cfg.optim.grad_clip)
         # a frozen copy for the KL term: the train stage donates (overwrites) the policy's buffers
         ref = jax.tree.map(jnp.copy, params) if cfg.loss.kl_coef > 0 else None
         train = self.planner.stage_run("train")
@@ -233,10 +231,11 @@ class Trainer:
                 session.beat("the start: format warm-up or the first evaluation")
                 if self.step == 0:  # the curves start from the untrained (or format-warmed) policy
                     warm = {}
-                    if cfg.warmup.steps and not cfg.rollout.constrain_moves:  # constrained moves: no format to learn
+                    if cfg.sft.steps and not cfg.rollout.constrain_moves:  # constrained moves: no format to learn
                         session.beat("format warm-up (random legal moves)")
-                        with phase(f"format warm-up: {cfg.warmup.steps} supervised steps on random legal games"):
+                        with phase(f"format warm-up: {cfg.sft.steps} supervised steps on random legal games"):
                             warm = {f"warmup/{k}": v for k, v in self.format_warmup().items()}
+                        warm.update(self.planner.sft_log_dict())
                     last_eval = self.evaluate.logged(self.step, session.bar.status)
                     self.logger.log({"step": 0, **warm, **last_eval, "eval/fresh": True})
                 while self.step < cfg.run.steps:

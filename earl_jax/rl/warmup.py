@@ -88,58 +88,40 @@ def _subset(step, keep: np.ndarray):
 
 
 def format_warmup(trainer) -> dict[str, float]:
-    """The trainer's `--warmup.steps` supervised steps on `--warmup.games` games (0: the RL batch) of uniformly random
-    LEGAL moves (from the rules, no sampling): teaches the answer format, not the game. Runs on the train layout
-    planned for the warm-up's own batch and updates `trainer.state.params` (its optimizer state is dropped after).
+    """The format warm-up, a use of the SFT stage: `--sft.steps` supervised steps on `--sft.games` games (0: the RL
+    batch) of uniformly random LEGAL moves (from the rules, no sampling): it teaches the answer format, not the game.
+    Updates `trainer.state.params` (its optimizer state is dropped after); returns the last step's metrics.
 
-    Every step has the same shape, so its three programs compile once: the games (a multiple of the devices), cut to
-    the length bucket of the first batch's 95th-percentile game (a cut game loses only late answers; the format is in
+    Every step has the same shape, so its programs compile once: the games (a multiple of the devices), cut to the
+    length bucket of the first batch's 95th-percentile game (a cut game loses only late answers; the format is in
     every turn)."""
     import dataclasses
 
-    import jax
-
-    from earl_jax.distributed import global_to_host
     from earl_jax.envs.vector import make_vector_env
-    from earl_jax.parallel.planner import StageRun
     from earl_jax.rl.experience import pad_cols
-    from earl_jax.rl.packing import batch_width, grouped_update, length_order
-    from earl_jax.rl.stages import sft_batch
+    from earl_jax.rl.optim import make_optimizer
+    from earl_jax.rl.packing import batch_width
+    from earl_jax.rl.sft import run_sft
 
-    cfg, planner, weights, state = trainer.cfg, trainer.planner, trainer.weights, trainer.state
+    cfg = trainer.cfg
     rng = np.random.default_rng(cfg.run.seed + 12345)
-    n_dev = len(planner.devices)
-    games = -(-(cfg.warmup.games or cfg.batch_size) // n_dev) * n_dev
+    n_dev = len(trainer.planner.devices)
+    games = -(-(cfg.sft.games or cfg.batch_size) // n_dev) * n_dev
     env = trainer.env if games == trainer.env.num_games else make_vector_env(
         dataclasses.replace(cfg.env, opponent=trainer.matchmaker.opponent), games, trainer.env_factory)
-    opt_state = None
-    metrics = {}
-    width = None
-    for i in range(cfg.warmup.steps):
-        seeds = [10_000_000 + i * games + j for j in range(games)]
-        tokens, mask, lengths = random_legal_games(env, trainer.tokenizer, seeds, rng, eos_id=trainer.ids.eos_id,
-                                                   bos_id=trainer.ids.bos_id, max_context=cfg.rollout.max_context,
-                                                   max_turns=cfg.rollout.max_turns, codec=trainer.codec)
-        if width is None:  # one shape for every step: one compile of each warm-up program
-            width = batch_width(int(np.percentile(lengths, 95)))
-        lengths = np.minimum(lengths, width)
-        arrays = {"tokens": pad_cols(tokens[:, :width], width), "loss_mask": pad_cols(mask[:, :width], width)}
-        if i == 0:  # one plan for the warm-up (its games are all alike), not fed to the selector's smoothing
-            trainer._observe(arrays, float(lengths.mean()))
 
-        def sft(run: StageRun):
-            nonlocal opt_state
-            state.params = weights.for_stage(run, state.params)
-            opt_state = weights.opt_state_for(run, state.params, jax.jit(trainer.sft_optimizer.init)(state.params)
-                                              if opt_state is None else opt_state)
-            perm = length_order(lengths, run.batch_shards)
-            x = run.put_rows({k: v[perm] for k, v in arrays.items()})
-            micro = run.micro_batches(len(perm))
-            batch = run.jit("sft_batch", sft_batch)(x["tokens"], x["loss_mask"])
-            state.params, opt_state, out = grouped_update(
-                run, state.params, opt_state, batch, [width] * micro.count, micro, graphdef=trainer.graphdef,
-                loss="sft", loss_cfg=None, optimizer=trainer.sft_optimizer, token_weighted=True)
-            return jax.block_until_ready(out)
+    def batches():
+        width = None
+        for i in range(cfg.sft.steps):
+            seeds = [10_000_000 + i * games + j for j in range(games)]
+            tokens, mask, lengths = random_legal_games(
+                env, trainer.tokenizer, seeds, rng, eos_id=trainer.ids.eos_id, bos_id=trainer.ids.bos_id,
+                max_context=cfg.rollout.max_context, max_turns=cfg.rollout.max_turns, codec=trainer.codec)
+            if width is None:  # one shape for every step: one compile of each program
+                width = batch_width(int(np.percentile(lengths, 95)))
+            yield {"tokens": pad_cols(tokens[:, :width], width), "loss_mask": pad_cols(mask[:, :width], width),
+                   "lengths": np.minimum(lengths, width)}
 
-        metrics = planner.run("train", sft, rerun_after_success=False)
-    return {k: float(v) for k, v in global_to_host(metrics).items()}
+    optimizer = make_optimizer(cfg.sft.learning_rate, 5, max(cfg.sft.steps, 6), 0.0, cfg.optim.grad_clip)
+    history = run_sft(trainer, batches(), steps=cfg.sft.steps, optimizer=optimizer)
+    return history[-1] if history else {}

@@ -46,7 +46,7 @@ def count(growth: float) -> dict:
             "rollout": {"max_turn_tokens": 8, "max_context": 4096, "groups": 8, "group_size": 8, "cache_growth": growth},
             "run": {"steps": 1, "checkpoint_every": 0, "progress": False, "wandb_mode": "disabled",
                     "run_dir": tempfile.mkdtemp()},
-            "warmup": {"steps": 0}, "eval": {"games": 16, "every": 0}, "planner": {"devices": 4}})
+            "sft": {"steps": 0}, "eval": {"games": 16, "every": 0}, "planner": {"devices": 4}})
         trainer = Trainer(cfg, log=False)
         trainer.evaluate()
         evaluation = sum(traced.values())

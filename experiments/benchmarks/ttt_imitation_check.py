@@ -110,7 +110,7 @@ def move_accuracy(trainer, games: int = 256, seed: int = 30_000_000, agent: str 
 
 def run(policy: str, steps: int, games: int, eval_games: int, run_dir: Path, model: str, lr: float = 3e-3,
         warmup: int = 5, schedule: str = "cosine", every: int = 0) -> dict:
-    flags = ["--model", model, "--warmup.steps", str(steps), "--warmup.games", str(games), "--eval.games",
+    flags = ["--model", model, "--sft.steps", str(steps), "--sft.games", str(games), "--eval.games",
              str(eval_games), "--devices", "1", "--run-dir", str(run_dir), "--run.wandb-mode", "disabled",
              "--run.progress", "false", "--run.checkpoint-every", "0"]
     cfg = parse_job(flags, ROOT / "experiments" / "configs" / "tictactoe").config  # tictactoe.py's default and these

@@ -59,7 +59,7 @@ def make_trainer(games: int, untied: bool = False, model: dict | None = None, se
         tiny = model_config.ModelConfig.tiny
         model_config.PRESETS["tiny"] = lambda **kw: tiny(**kw).replace(**over)
 
-    flags = ["--warmup.steps", "1", "--warmup.games", str(games), "--eval.games", "4", "--devices", "1", "--run-dir",
+    flags = ["--sft.steps", "1", "--sft.games", str(games), "--eval.games", "4", "--devices", "1", "--run-dir",
              "runs/ttt_learning_speed", "--run.wandb-mode", "disabled", "--run.progress", "false",
              "--run.checkpoint-every", "0", "--seed", str(seed)]
     cfg = parse_job(flags, ROOT / "experiments" / "configs" / "tictactoe").config  # tictactoe.py's default and these

@@ -1,0 +1,62 @@
+"""The SFT stage: planned like the others (its layout reaches it), its loss falls, and constrained moves are learned
+under the legal-move mask."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from earl_jax.parallel.plan import StageLayout
+from earl_jax.rl.optim import make_optimizer
+from earl_jax.rl.sft import run_sft
+from earl_jax.rl.trainer import Trainer
+from earl_jax.rl.warmup import random_legal_games
+from earl_jax.sharding.mesh import MeshShape
+
+from jobs import job
+
+
+def _batches(trainer: Trainer, n: int, steps: int):
+    """The same few random legal games every step: a loss that falls on them is the stage learning."""
+    rng = np.random.default_rng(0)
+    tokens, mask, lengths = random_legal_games(trainer.env, trainer.tokenizer, list(range(n)), rng,
+                                               eos_id=trainer.ids.eos_id, bos_id=trainer.ids.bos_id, max_context=256,
+                                               max_turns=6, codec=trainer.codec)
+    width = 256
+    batch = {"tokens": np.pad(tokens, ((0, 0), (0, width - tokens.shape[1]))),
+             "loss_mask": np.pad(mask, ((0, 0), (0, width - mask.shape[1]))), "lengths": lengths}
+    return [batch] * steps
+
+
+def test_sft_runs_on_the_layout_the_planner_chose_and_its_loss_falls(tmp_path):
+    trainer = Trainer(job(groups=4, group_size=2, steps=1, devices=8, max_turns=6, max_context=256,
+                          run_dir=str(tmp_path)), log=False)
+    seen = []
+    run = trainer.planner.run
+
+    def spy(stage, fn, **kw):
+        def wrapped(r):
+            seen.append((stage, r.layout))
+            return fn(r)
+        return run(stage, wrapped, **kw)
+
+    trainer.planner.run = spy
+    history = run_sft(trainer, _batches(trainer, 8, 6), steps=6, optimizer=make_optimizer(3e-3, 1, 6, 0.0, 1.0))
+    assert [s for s, _ in seen] == ["sft"] * 6
+    planned = trainer.planner.current.sft
+    assert isinstance(planned, StageLayout) and all(lay == planned for _, lay in seen)
+    assert trainer.planner.sft_log_dict()["parallel/sft_mesh"] == str(planned.mesh)
+    losses = [h["sft_loss"] for h in history]
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_sft_on_a_forced_mesh_reaches_the_stage(tmp_path):
+    trainer = Trainer(job(groups=4, group_size=2, steps=1, devices=8, max_turns=6, max_context=256,
+                          run_dir=str(tmp_path)), log=False)
+    forced = StageLayout(MeshShape(2, 2, 2), 1, 64)
+    trainer.planner.plan_sft = lambda: setattr(trainer.planner, "current",  # noqa: E731
+                                                trainer.planner.current.replace(sft=forced)) or forced
+    meshes = []
+    run = trainer.planner.run
+    trainer.planner.run = lambda stage, fn, **kw: run(stage, lambda r: (meshes.append(r.mesh.shape), fn(r))[1], **kw)
+    run_sft(trainer, _batches(trainer, 8, 1), steps=1, optimizer=make_optimizer(3e-3, 1, 2, 0.0, 1.0))
+    assert meshes == [{"data": 2, "fsdp": 2, "tensor": 2}]
