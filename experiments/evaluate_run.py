@@ -40,9 +40,10 @@ def load_run_config(run_dir: Path, paths: dict | None = None):
 def evaluate_run(run_dir: Path, opponents: tuple[str, ...], games: int) -> dict:
     from earl_jax.rl.trainer import Trainer
 
-    cfg = load_run_config(run_dir, {("run", "resume"): "true", ("eval", "opponents"): opponents,
-                                    ("eval", "games"): games, ("run", "wandb_mode"): "disabled",
-                                    ("run", "progress"): False})
+    # the folder given, wherever the run was made (its config.json names the folder it was started in)
+    cfg = load_run_config(run_dir, {("run", "run_dir"): str(run_dir), ("run", "resume"): "true",
+                                    ("eval", "opponents"): opponents, ("eval", "games"): games,
+                                    ("run", "wandb_mode"): "disabled", ("run", "progress"): False})
     trainer = Trainer(cfg, log=False)  # restores the newest readable checkpoint; writes nothing to the run
     rows = {}
     for name in trainer.matchmaker.eval_opponents():

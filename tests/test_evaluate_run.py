@@ -1,42 +1,64 @@
-"""experiments/evaluate_run.py: a run's newest checkpoint evaluated against a list of opponents."""
+"""experiments/evaluate_run.py: runs' newest checkpoints evaluated against a list of opponents, the mean and spread
+over several runs, and run folders written before the component configs."""
 
 from __future__ import annotations
 
-import dataclasses
+import collections
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
-from earl_jax.rl.config import RLConfig
+from earl_jax.cli import ConfigError
 from earl_jax.rl.trainer import Trainer
 
+from jobs import job, with_fields
+
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = RLConfig(game="tic_tac_toe", groups=2, group_size=2, steps=1, eval_every=0, eval_games=4, format_warmup_steps=0,
-                 devices=2, checkpoint_every=1, max_turns=6, max_context=256, progress=False, wandb_mode="disabled",
-                 micro_batch_tokens=1024)
+SMALL = job(game="tic_tac_toe", groups=2, group_size=2, steps=2, eval_every=0, eval_games=4, format_warmup_steps=0,
+            devices=2, checkpoint_every=1, max_turns=6, max_context=256, micro_batch_tokens=1024)
+GAMES = str(SMALL.eval.games)
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("evaluate_run", ROOT / "experiments" / "evaluate_run.py")
+def _script(name: str = "evaluate_run"):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-def test_evaluates_the_checkpoint_against_each_opponent_and_leaves_the_run_as_it_was(tmp_path):
-    run = tmp_path / "run"
-    trainer = Trainer(dataclasses.replace(SMALL, run_dir=str(run)))
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A finished 2-iteration run (checkpoints 1 and 2) and its final weights' own evaluation against the solver."""
+    run = tmp_path_factory.mktemp("trained") / "run"
+    trainer = Trainer(with_fields(SMALL, run_dir=str(run)))
     trainer.run()
+    return run, trainer.evaluate(("solver",))
+
+
+def _copy(run: Path, to: Path, keep_step: int | None = None) -> Path:
+    """The run folder copied to `to` (its config.json still names the original folder); with `keep_step`, only that
+    checkpoint stays, so an evaluation of the copy can be told apart from one of the original."""
+    shutil.copytree(run, to)
+    if keep_step is not None:
+        for d in (to / "checkpoints").iterdir():
+            if d.name.isdigit() and int(d.name) != keep_step:
+                shutil.rmtree(d)
+    return to
+
+
+def test_evaluates_the_checkpoint_against_each_opponent_and_leaves_the_run_as_it_was(tmp_path, trained):
+    run, want = _copy(trained[0], tmp_path / "run"), trained[1]
     config_before = (run / "config.json").read_text()
     metrics_before = (run / "metrics.jsonl").read_text()
-    want = trainer.evaluate(("solver",))  # the trained weights' own result: the script must restore them
 
-    result = _script().main([str(run), "--opponents", "random,solver", "--games", str(SMALL.eval_games)])
-    assert result["step"] == 1 and list(result["opponents"]) == ["random", "solver"]
+    result = _script().main([str(run), "--opponents", "random,solver", "--games", GAMES])
+    assert result["step"] == 2 and list(result["opponents"]) == ["random", "solver"]
     for row in result["opponents"].values():
         assert abs(row["win_rate"] + row["draw_rate"] + row["loss_rate"] - 1) < 1e-6
+    # the trained weights' own result: the script restored them
     assert result["opponents"]["solver"]["win_rate"] == want["eval_solver/win_rate"]
     assert result["opponents"]["solver"]["loss_rate"] == want["eval_solver/loss_rate"]
     assert json.loads((run / "evaluation.json").read_text()) == result
@@ -44,15 +66,72 @@ def test_evaluates_the_checkpoint_against_each_opponent_and_leaves_the_run_as_it
     assert (run / "metrics.jsonl").read_text() == metrics_before
 
 
+def test_several_runs_give_each_result_and_the_mean_and_spread(tmp_path, trained):
+    a = _copy(trained[0], tmp_path / "a")
+    b = _copy(trained[0], tmp_path / "b", keep_step=1)  # the folder given is the one evaluated, wherever it was made
+    out = tmp_path / "summary.json"
+    summary = _script().main([str(a), str(b), "--opponents", "solver", "--games", GAMES, "--out", str(out)])
+    per_run = [json.loads((d / "evaluation.json").read_text()) for d in (a, b)]
+    assert [r["step"] for r in per_run] == summary["steps"] == [2, 1]
+    assert summary["runs"] == [str(a), str(b)] and json.loads(out.read_text()) == summary
+    wins = [r["opponents"]["solver"]["win_rate"] for r in per_run]
+    got = summary["opponents"]["solver"]["win_rate"]
+    assert got["mean"] == pytest.approx(sum(wins) / 2) and got["runs"] == 2
+    assert (got["min"], got["max"]) == (min(wins), max(wins))
+    assert got["std"] == pytest.approx(abs(wins[0] - wins[1]) / 2 ** 0.5)  # the sample standard deviation of two
+
+    rows = lambda *w: {"opponents": {"x": {"win_rate": v, "draw_rate": 0.0, "loss_rate": 1 - v,  # noqa: E731
+                                           "invalid_rate": 0.0} for v in w}}
+    spread = _script().summarize([rows(0.5), rows(0.7), rows(0.9)])["x"]["win_rate"]
+    assert spread == pytest.approx({"mean": 0.7, "std": 0.2, "min": 0.5, "max": 0.9, "runs": 3})
+
+
+def _flat(cfg) -> dict:
+    """`cfg` as runs wrote config.json before the component configs: one flat dict by the old field names."""
+    from earl_jax.cli import fields_of, get_path
+    from earl_jax.rl.config import LEGACY
+
+    fields = fields_of(cfg)
+    old_name = {path: name for name, path in LEGACY.items()}
+    unique = collections.Counter(f.path[-1] for f in fields)
+    flat = {}
+    for f in fields:  # a field an old name reaches: by the map, or its own name when no other field has it
+        name = old_name.get(f.path) or (f.path[-1] if unique[f.path[-1]] == 1 else None)
+        if name is not None:
+            v = get_path(cfg, f.path)
+            flat[name] = list(v) if isinstance(v, tuple) else v
+    return {**flat, "resume": False, "rollout_groups": 0, "compact_finished": True}  # the old types, a removed option
+
+
+def test_reads_a_run_folder_written_before_the_component_configs(tmp_path, trained):
+    """An old run's flat config.json (old field names and types, an option since removed) evaluates as the nested one
+    does; a real one from an earlier version loads."""
+    run = _copy(trained[0], tmp_path / "old")
+    nested = _script().load_run_config(run)
+    flat = _flat(nested)
+    assert not any(isinstance(v, dict) for v in flat.values()) and flat["format_warmup_steps"] == 0
+    (run / "config.json").write_text(json.dumps(flat))
+    assert _script().load_run_config(run) == with_fields(nested, compact_finished="true")  # the old bool, read
+    result = _script().main([str(run), "--opponents", "solver", "--games", GAMES])
+    assert result["step"] == 2
+    assert result["opponents"]["solver"]["win_rate"] == trained[1]["eval_solver/win_rate"]
+
+    real = tmp_path / "real"  # the Tic-Tac-Toe CPU default's run as an earlier version saved it
+    real.mkdir()
+    old = json.loads((ROOT / "experiments" / "results" / "tictactoe_cpu_default.json").read_text())["config"]
+    (real / "config.json").write_text(json.dumps(old))
+    cfg = _script().load_run_config(real)
+    assert (cfg.env.game, cfg.rollout.groups, cfg.env.max_retries, cfg.eval.opponents, cfg.loss.estimator) == (
+        "tic_tac_toe", 16, 2, ("random", "solver"), "grpo")
+
+
 def test_a_folder_without_a_run_is_refused(tmp_path):
-    with pytest.raises(SystemExit, match="no config.json"):
+    with pytest.raises(ConfigError, match="no config.json"):
         _script().main([str(tmp_path)])
 
 
 def test_export_run_keeps_config_records_evaluation_and_curves(tmp_path):
-    spec = importlib.util.spec_from_file_location("export_run", ROOT / "experiments" / "export_run.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _script("export_run")
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"groups": 4}))
