@@ -53,8 +53,8 @@ def test_sft_on_a_forced_mesh_reaches_the_stage(tmp_path):
     trainer = Trainer(job(groups=4, group_size=2, steps=1, devices=8, max_turns=6, max_context=256,
                           run_dir=str(tmp_path)), log=False)
     forced = StageLayout(MeshShape(2, 2, 2), 1, 64)
-    trainer.planner.plan_sft = lambda: setattr(trainer.planner, "current",  # noqa: E731
-                                                trainer.planner.current.replace(sft=forced)) or forced
+    trainer.planner.plan_stage = lambda stage: setattr(trainer.planner, "current",  # noqa: E731
+                                                       trainer.planner.current.replace(sft=forced)) or forced
     meshes = []
     run = trainer.planner.run
     trainer.planner.run = lambda stage, fn, **kw: run(stage, lambda r: (meshes.append(r.mesh.shape), fn(r))[1], **kw)

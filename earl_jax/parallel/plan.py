@@ -51,7 +51,7 @@ class StagePlan:
     rollout: StageLayout | None  # None: stage not managed by this selector (SelectorConfig.stages)
     experience: StageLayout | None
     train: StageLayout | None
-    sft: StageLayout | None = None  # planned on its own (StagePlanner.plan_sft), not every iteration
+    sft: StageLayout | None = None  # planned on its own (StagePlanner.plan_stage), not every iteration
     context_bucket: int = 0  # upper edge of the current context bucket
     smoothed_context_len: float = 0.0
 

@@ -305,11 +305,11 @@ class StagePlanner:
         self._fresh = False
         return self.current
 
-    def plan_sft(self) -> StageLayout:
-        """The sft stage's layout for the batch last observed, at the current context bucket (sft is planned when it
-        runs, not with every iteration's plan); `run("sft", ...)` then runs on it."""
-        layout = self.selector.select("sft", self.current.context_bucket, self.selector.last_stats)
-        self.current = self.current.replace(sft=layout)
+    def plan_stage(self, stage: str) -> StageLayout:
+        """The layout of a stage that is planned when it runs rather than with every iteration's plan (sft), for the
+        batch last observed at the current context bucket; `run(stage, ...)` then runs on it."""
+        layout = self.selector.select(stage, self.current.context_bucket, self.selector.last_stats)
+        self.current = self.current.replace(**{stage: layout})
         return layout
 
     def observe(self, stats: ContextStats) -> None:

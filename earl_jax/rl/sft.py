@@ -4,7 +4,7 @@
 
 Token-level cross-entropy on the masked tokens: the model's own answers in a transcript (free text: the answer and
 its end token; constrained moves: the move token, scored under the legal-move mask the rollout samples from, the
-stop token after it unscored). It runs like every stage: `planner.plan_sft()` picks its mesh and micro-batch from
+stop token after it unscored). It runs like every stage: `planner.plan_stage("sft")` picks its mesh and micro-batch from
 the memory model for the first batch, `planner.run("sft", ...)` runs it there with the out-of-memory fallback, and
 the weights move there and back through the dispatcher. Uses: the format warm-up (random legal moves, rl/warmup.py)
 and a base policy built from expert games (experiments/pretrain.py).
@@ -75,7 +75,7 @@ def run_sft(trainer, batches: Iterable[dict[str, np.ndarray]], *, steps: int, op
             n, width = arrays["tokens"].shape
             trainer.planner.observe(ContextStats(float(lengths.mean()), width, n))
             trainer.planner.plan()
-            trainer.planner.plan_sft()
+            trainer.planner.plan_stage("sft")
 
         def step(run: StageRun):
             nonlocal opt_state
