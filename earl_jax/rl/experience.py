@@ -41,23 +41,38 @@ def batch_arrays(traj: Trajectories, constrained: bool) -> dict[str, np.ndarray]
 
 
 class WidthBudget:
-    """Which micro-batch widths each stage program runs at this iteration: `packing.length_split`, then at most
-    `new_per_iteration` widths its programs have not run at yet (the rest run padded to a wider one: same results,
-    fewer compiles at once); with `ahead`, the deferred widths compile in the background for the next iteration."""
+    """Which micro-batch shapes (rows, width) each stage program runs at this iteration.
+
+    Without compile-ahead (the CPU): `packing.length_split`, then at most `new_per_iteration` widths its programs have
+    not run at yet (the rest run padded to a wider one: same results, fewer compiles at once).
+
+    With compile-ahead (`ahead`, accelerators): the shapes a run meets are bounded and compiled before they are
+    needed. The rows are the plan's micro-batch (no finer split: each row count is a family of programs, 15-30 s each
+    for a 1.5B model); a micro-batch runs at the narrowest width already compiled (or compiling) that holds it, and
+    the narrower widths it wanted compile in the background for the next iterations. A new program compiles in the
+    foreground only when the batch is wider than every compiled width (a new context bucket): once, the widest."""
 
     def __init__(self, new_per_iteration: int, enabled: bool, ahead: CompileAhead | None):
         self.new_per_iteration, self.enabled, self.ahead = new_per_iteration, enabled, ahead
-        self.run_at: dict[tuple, set[int]] = {}  # widths each (stage, mesh, rows, shards, chunk) program has run at
+        # widths each (stage, mesh, rows, shards, chunk) program has run at (or, compiling ahead, was submitted at)
+        self.run_at: dict[tuple, set[int]] = {}
 
     def split(self, run: StageRun, arranged_lengths: Int[np.ndarray, " n"], shape: tuple[int, ...]):
         """(micro-batches, width per micro-batch, the compile-ahead queue and deferred widths or None)."""
-        micro, wanted = length_split(run, arranged_lengths, shape[1], self.enabled)
+        micro, wanted = length_split(run, arranged_lengths, shape[1], self.enabled and self.ahead is None)
         key = (run.stage, str(run.layout.mesh), micro.rows, micro.shards, run.layout.logprob_chunk)
         seen = self.run_at.setdefault(key, set())
-        widths = limit_new_widths(wanted, seen, self.new_per_iteration)
-        seen.update(widths)
-        deferred = sorted(set(wanted) - set(widths))
-        return micro, widths, None if self.ahead is None else (self.ahead, deferred)
+        if self.ahead is None:
+            widths = limit_new_widths(wanted, seen, self.new_per_iteration)
+            seen.update(widths)
+            return micro, widths, None
+        if seen and max(seen) >= max(wanted):  # every micro-batch fits a width compiled or compiling: no new program
+            widths = [min(a for a in seen if a >= w) for w in wanted]
+        else:  # wider than anything compiled: one new program, the widest
+            widths = limit_new_widths(wanted, seen, 1)
+        deferred = sorted(set(wanted) - set(widths) - seen)
+        seen.update(widths, deferred)  # the deferred ones compile now, in the background
+        return micro, widths, (self.ahead, deferred)
 
 
 def experience_stage(run: StageRun, params: Any, ref_params: Any | None, arrays: dict[str, np.ndarray],

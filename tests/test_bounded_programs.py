@@ -1,0 +1,52 @@
+"""Compiling ahead, a run's experience / train programs are a bounded set known from the plan: the plan's micro-batch
+rows, the width buckets; after the first batch of a context bucket the foreground compiles nothing new."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from earl_jax.parallel.planner import StagePlanner
+from earl_jax.rl.experience import WidthBudget
+from earl_jax.rl.packing import length_order
+from earl_jax.rollout.compile_ahead import CompileAhead
+
+from jobs import job
+
+
+def _split(budget: WidthBudget, run, lengths: np.ndarray, width: int):
+    arranged = lengths[length_order(lengths, run.batch_shards)]
+    return budget.split(run, arranged, (len(lengths), width))
+
+
+def _planner():
+    from earl_jax.models.config import get_config
+
+    cfg = job(groups=16, group_size=4, devices=4, micro_batch_tokens=1024)
+    return StagePlanner.from_config(cfg.planner, get_config("tiny", vocab_size=101), cfg.batch_size)
+
+
+def test_compiling_ahead_the_foreground_meets_a_new_program_only_for_a_wider_batch():
+    run = _planner().stage_run("train")
+    budget = WidthBudget(1, True, CompileAhead())
+    rng = np.random.default_rng(0)
+    plan_rows = run.micro_batches(64).rows
+    foreground = []  # per batch: the widths that ran but had neither run nor been submitted before
+    seen_before: set[int] = set()
+    for top in (100, 100, 300, 120, 290, 60):  # a longer bucket arrives at the third batch
+        lengths = rng.integers(10, top, 64)
+        lengths[0] = top
+        micro, widths, (_, deferred) = _split(budget, run, lengths, 384)
+        assert micro.rows == plan_rows  # the plan's rows: no finer split, so no other row count's programs
+        foreground.append(set(widths) - seen_before)
+        seen_before |= set(widths) | set(deferred)
+        assert max(widths) >= top  # every micro-batch still holds its rows
+    assert [len(f) for f in foreground] == [1, 0, 1, 0, 0, 0], foreground
+    assert len(seen_before) <= 6  # bounded by the width buckets up to the longest batch
+
+
+def test_without_compiling_ahead_a_finer_split_and_a_new_width_each_batch_are_allowed():
+    run = _planner().stage_run("train")
+    budget = WidthBudget(1, True, None)
+    lengths = np.array([300] * 8 + [20] * 56)
+    micro, widths, ahead = _split(budget, run, lengths, 384)
+    assert ahead is None and micro.rows <= run.micro_batches(64).rows
