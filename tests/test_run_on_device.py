@@ -101,3 +101,10 @@ def test_subcommands_pass_their_settings_to_the_scripts(tmp_path, sub, env, expe
     assert proc.returncode == 0, proc.stderr
     for piece in expect:
         assert any(piece in c for c in calls), (piece, calls)
+
+
+def test_a_flag_the_job_does_not_know_starts_no_run(tmp_path):
+    """A typo in A's flags must not start a run with the defaults in its place (a lost device call)."""
+    proc, calls = _run(tmp_path, "connect4", "7", ONLY_A="1", A="--no-such-flag 1")
+    assert "--no-such-flag" in proc.stderr
+    assert not any("experiments/connect4.py" in c for c in calls)

@@ -146,7 +146,8 @@ cmd_pod_first_iteration() {
     flags=${flags//,/ }; envs=${envs//,/ }
     echo "=== $name ($dir, ${limit}s, flags: ${flags:-none}, env: ${envs:-none})"
     # shellcheck disable=SC2086
-    mapfile -t job < <(job_flags "$dir" $pod $flags --run-dir /tmp/pod_$name)
+    job=$(job_flags "$dir" $pod $flags --run-dir /tmp/pod_$name) || exit 1
+    mapfile -t job <<< "$job"
     start=$(date +%s)
     # shellcheck disable=SC2086
     (cd "$dir" && EARL_COMPILE_CACHE=/tmp/cc_$name PYTHONPATH=${PYTHONPATH:-}:. env $envs timeout "$limit" \
@@ -166,9 +167,9 @@ cmd_steady() {
   for side in a b; do
     dir=A_DIR flags=A_FLAGS; [ $side = b ] && dir=B_DIR flags=B_FLAGS
     # shellcheck disable=SC2086
-    args=$(job_flags "${!dir:-.}" $job ${!flags:-} --run-dir /tmp/steady_$side | tr '\n' ' ')
+    args=$(job_flags "${!dir:-.}" $job ${!flags:-} --run-dir /tmp/steady_$side) || exit 1
     CUDA_VISIBLE_DEVICES=$gpu bash -c "cd ${!dir:-.} && PYTHONPATH=${PYTHONPATH:-}:. timeout ${JOB_S:-400} \
-      python3 experiments/connect4.py $args" > "$OUT/steady_$side.log" 2>&1 &
+      python3 experiments/connect4.py ${args//$'\n'/ }" > "$OUT/steady_$side.log" 2>&1 &
     gpu=$((gpu + 1))
   done
   wait
@@ -195,9 +196,10 @@ cmd_profile_rollout() {
 cmd_sweep() {
   install_wheels
   export EARL_COMPILE_CACHE=${EARL_COMPILE_CACHE:-/tmp/sweep_cc}
-  local sw=/tmp/sweep_selector f
+  local sw=/tmp/sweep_selector quiet
+  quiet=$(job_flags . --wandb-mode disabled) || exit 1
   timeout 585 python3 experiments/sweep.py launch/sweep_selector.yaml --trials "${TRIALS:-4}" --timeout "${TRIAL_S:-135}" \
-    ${ONLY:+--only "$ONLY"} --out "$sw" -- $(job_flags . --wandb-mode disabled) 2>&1 | tee "$OUT/sweep.log"
+    ${ONLY:+--only "$ONLY"} --out "$sw" -- $quiet 2>&1 | tee "$OUT/sweep.log"
   cp "$sw/summary.csv" "$sw/trials.jsonl" "$OUT/" 2>/dev/null
   tar czf "$OUT/trials.tgz" -C "$sw" --exclude checkpoints . 2>/dev/null  # then sweep_table.py on the unpacked folders
 }
@@ -205,8 +207,9 @@ cmd_sweep() {
 connect4_one() {  # connect4_one NAME GPU MINUTES FLAGS...
   local name=$1 gpu=$2 minutes=$3; shift 3
   local run=runs/connect4-gpu-$name job
-  mapfile -t job < <(job_flags . --preset gpu --max-minutes "$minutes" --wandb-mode disabled \
-    --eval-opponents random,alphabeta:2 --run-dir "$run" "${RESUME[@]}" "$@")
+  job=$(job_flags . --preset gpu --max-minutes "$minutes" --wandb-mode disabled \
+    --eval-opponents random,alphabeta:2 --run-dir "$run" "${RESUME[@]}" "$@") || exit 1
+  mapfile -t job <<< "$job"
   CUDA_VISIBLE_DEVICES=$gpu EARL_COMPILE_CACHE=/tmp/cc_$name python3 experiments/connect4.py "${job[@]}" \
     >> "/tmp/$name.log" 2>&1
   if [ -z "${SAVE:-}" ]; then  # the last part: the newest checkpoint against the ladder
