@@ -1,8 +1,8 @@
 """End a process that stopped making progress, instead of letting it wait forever.
 
 With one process driving several GPUs, a program that runs out of memory on one device can leave the others waiting
-in the next collective with no error raised anywhere (Fig. 3's 3B train stage on 4 H100s waited until each call's
-time limit: experiments/results/NOTES.md calls 57, 58, 61). Python cannot interrupt a thread blocked in XLA, so the
+in the next collective with no error raised anywhere (Fig. 3's 3B train stage on 4 H100s waited until the
+command's time limit). Python cannot interrupt a thread blocked in XLA, so the
 only way out is to leave: a watchdog thread that, when `beat()` has not been called for `timeout_s` seconds, says
 what was running, runs a last callback (e.g. save a table) and ends the process with EXIT_CODE. Whatever supervises
 the process (a script loop, a sweep agent, a user) can then resume from what was saved.

@@ -17,7 +17,7 @@ from jaxtyping import Array, Float
 Q_BLOCK = 256
 # A rollout extend's attention over its cache materializes [rows, heads, new tokens, cache slots] float32 scores per
 # device; above this many bytes the new tokens are processed in blocks (`extend_query_block`). 8192 games of the tiny
-# model at 1.5K cache slots asked 12 GiB here and ran out of memory on an H100 (NOTES.md call 63); every measured
+# model at 1.5K cache slots asked 12 GiB here and ran out of memory on an H100; every measured
 # default configuration stays below it, so their programs are unchanged.
 EXTEND_SCORES_BYTES = 4 * 2**30
 
@@ -53,7 +53,7 @@ def _per_shard(q, k, v, fn=_cudnn_attention):
     them: what the kernel sees is then plain local arrays, never a partitioning decision for XLA to make about
     a custom call. None when no rules are active or nothing is split. Where the query heads are split and the kv
     heads replicated (tensor > kv heads: 3B's 2 kv heads on TP4), each kv head is repeated for its query heads first,
-    so both split alike: cuDNN's partitioner refuses q and kv sharded differently (Fig. 3, call 64), and the local
+    so both split alike: cuDNN's partitioner refuses q and kv sharded differently (Fig. 3), and the local
     grouping of query heads onto kv heads would not hold otherwise."""
     from earl_jax.sharding.context import current_mesh_rules
     from earl_jax.sharding.mesh import logical_to_spec

@@ -103,7 +103,7 @@ class ModelConfig:
     @classmethod
     def small(cls, vocab_size: int = 64) -> "ModelConfig":
         """~5M parameters (6 x 256): on one GPU a decode step of the tiny model is launch-bound, so this one costs
-        about as much an iteration with 6x the parameters (the model-size question of learning_notes.md)."""
+        about as much an iteration with 6x the parameters (the model-size question of docs/learning.md)."""
         return cls(vocab_size=vocab_size, hidden_size=256, intermediate_size=768, num_hidden_layers=6,
                    num_attention_heads=8, num_key_value_heads=4, rope_theta=10_000.0,
                    tie_word_embeddings=True, max_position_embeddings=4096, name="small")

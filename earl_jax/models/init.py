@@ -4,9 +4,9 @@ Random init compiles one small program per distinct (initializer, shape, dtype, 
 for the whole model. Every decoder layer has the same shapes, so a Qwen2 of any depth needs about ten
 programs (embedding, q/k/v/o, biases, norm scale, gate/up, down, lm head), each reused for all its
 parameters; the program size no longer grows with the model. The old single `jit(make)` over all
-parameters did not finish compiling in 190 s for Qwen2.5-0.5B on 4 x H100 (issue 12). On 8 fake CPU devices
+parameters did not finish compiling in 190 s for Qwen2.5-0.5B on 4 x H100. On 8 fake CPU devices
 (2 shared cores, d1f8t1) it compiled in 20-39 s against 4-6.5 s for the 9 programs here
-(experiments/bench_init.py, `--impl legacy`; results/bench_init_cpu.json).
+(experiments/benchmarks/bench_init.py, `--impl legacy`; experiments/results/bench_init_cpu.json).
 
 Each program takes (seed, salt) and draws `fold_in(key(seed), salt)` with salt = crc32 of the parameter's
 path ("layers.3.mlp.up_df"), so a parameter's values depend only on the seed and its own name (not on

@@ -211,7 +211,7 @@ def _apply_layer(layer: DecoderLayer, x, positions, cache: LayerCache | None, re
     """One decoder layer as a nested jit, traced once for all layers of the same shapes: every layer of a model has
     the same structure, so JAX's trace cache (and the caches of its derivative and lowering rules) serve layers 2..L
     from layer 1's trace. A Python loop of L layers otherwise traces, differentiates and lowers L copies, which on 4
-    H100s made tracing the 1.5B train program 8.7 s of a warm start (results/NOTES.md call 53). XLA inlines the calls,
+    H100s made tracing the 1.5B train program 8.7 s of a warm start. XLA inlines the calls,
     so the compiled program is the one the loop gave. `remat` (no cache): the layer under jax.checkpoint."""
     graphdef, state = nnx.split(layer)
     ctx = current_mesh_rules()  # the sharding names resolve at trace time: part of what a cached trace is

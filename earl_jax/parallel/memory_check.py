@@ -2,20 +2,17 @@
 
 Why: with one process driving several GPUs, a program that runs out of memory on one device can hang instead of
 raising, because the other devices wait in the next collective for the one that failed (Fig. 3's train stage at
-3B on 4 H100s waited there until its timeout: experiments/results/NOTES.md call 57), so neither the planner's
+3B on 4 H100s waited there until its timeout), so neither the planner's
 fallback nor the profile's out-of-memory cells ever see an error. Once compiled, XLA knows the program's own memory
 per device (`memory_analysis()`: temporaries and outputs, less the outputs that reuse donated arguments), and the
 allocator knows what is free, so a program that cannot fit is refused with an out-of-memory error before any device
 starts it. XLA's GPU runtime takes a program's temporaries as one buffer, so they must also fit the largest free
 block where the allocator reports it (a fragmented pool can have the total free and no block for them). A program
 that fits by these numbers can still fail (NCCL's scratch outside XLA's pool): the check catches the certain cases
-only. With the check on, Fig. 3's 3B train stage still ran out of memory and hung (calls
-58 and 61; the log does not say whether the check ran and passed or what it saw): the measure held memory no plan
-counts (every mesh's model, then a second float32 copy of the weights; `rl/measure.py` holds one now), and call
-61's failing allocation was the program's 18 GiB of temporaries, one buffer. In calls 64-65 (JAX 0.11, 4 x H100) the
-check passed two 3B x 32K train layouts (temporaries 22.0 / 28.0 GiB, 30.6 / 33.5 GiB free, no largest free block
-reported by that runtime) whose temporaries then failed to allocate: the totals are not enough there and the block
-is unknown. It now logs what it saw (INFO) and reads the free memory after compiling, which can take memory itself.
+only: on 4 x H100 (JAX 0.11) it passed two 3B x 32K train layouts (temporaries 22.0 / 28.0 GiB, 30.6 / 33.5 GiB
+free, no largest free block reported by that runtime) whose temporaries then failed to allocate: the totals are not
+enough there and the block is unknown. It reads the free memory after compiling (compiling can take memory itself)
+and logs what it saw: a warning within 10% of the limit, a debug line otherwise.
 
 Off where devices report no memory limit (CPU) and with EARL_MEMORY_CHECK=0.
 """

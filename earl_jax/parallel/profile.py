@@ -43,7 +43,7 @@ SCHEMA_VERSION = 1
 OK, OOM, INFEASIBLE = "ok", "oom", "infeasible"
 # A cell whose process was ended while measuring it (run_profile's cell_timeout_s, or killed from outside): with one
 # process driving several GPUs, an out-of-memory on one device can leave the others waiting in a collective forever
-# (Fig. 3's 3B train stage on 4 H100s: NOTES.md calls 57, 58, 61), so such a cell never raises. Never chosen.
+# (Fig. 3's 3B train stage on 4 H100s), so such a cell never raises. Never chosen.
 HUNG = "hung"
 HUNG_EXIT = EXIT_CODE  # the exit code of a process its cell watchdog ended: run it again to go on
 
@@ -221,7 +221,7 @@ def run_profile(memory: MemoryModel, measure: Measure, *, num_devices: int | Non
     meta["pending"]. `cell_timeout_s` ends this process (exit code HUNG_EXIT) when one cell takes longer, after
     saving the cell in meta["timed_out"]: a hung multi-GPU program cannot be interrupted from Python, only left. The
     next run_profile on that table records such a cell "hung" and goes on. A cell left pending otherwise (the
-    process killed from outside, e.g. by a call's time limit: Fig. 3's call 62) is measured once more, and
+    process killed from outside, e.g. by a command's time limit) is measured once more, and
     recorded "hung" if that process ends in it too (meta["cut"])."""
     num_devices = num_devices or jax.device_count()
     cfg: ModelConfig = memory.cfg

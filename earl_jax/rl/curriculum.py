@@ -11,13 +11,13 @@ Decisions:
   most games to the rung would lose even more to the next: stuck is then better than promoted). On one GPU the
   preset sat at 0.77-0.78 against alphabeta:1 for ~300 iterations under the 0.8 bar, 91-98% of its games in
   constant groups (a near-deterministic policy against a deterministic opponent: no learning signal); the next
-  rung, which it beats ~30% of the time, mixes wins and losses again (results/learning_notes.md, section 18).
+  rung, which it beats ~30% of the time, mixes wins and losses again (docs/learning.md).
 - A rung may also be given a budget (`--rung-max-iterations N`, off by default): the first evaluation at least N
   iterations after the rung began moves up whatever the win rate. The stall rule waits for a best of 0.5, and how
   long a run takes to get there varies: one GPU preset run reached it on alphabeta:1 at iteration 320 of its 451,
   left only ~70 iterations for alphabeta:2 and ended at 0.16 against it; the same seed with a budget of 180 left
   alphabeta:1 at 180 (winning 0.30 there) and ended at 0.56 against alphabeta:2 and 0.67 against alphabeta:1
-  (results/learning_notes.md, sections 23-24). The budget bounds the time a lower rung can take from the last.
+  (docs/learning.md). The budget bounds the time a lower rung can take from the last.
   The rung's start is the last promotion's iteration (0 before any), so resume needs no more state.
 - One rung at a time, never down: a demotion loop (promote, lose, demote) would spend evaluations on the
   same two rungs; the league (rl/league.py) is what keeps old skills in play.

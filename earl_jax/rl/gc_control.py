@@ -7,9 +7,10 @@ the next collective (a rollout split by process waits for its slowest process in
 does what Megatron-LM's `--manual-gc` does: automatic collection is off and every process collects at the same
 iterations, every N; the objects that survive a collection are then frozen (never scanned again), so the next
 one walks only what the last N iterations made. Measured on 4 H100s (one process per GPU, tiny model, 2048
-games; experiments/results/bench_agent_loop_nvidia_h100x4.json, call 34): a full collection took 0.29-0.37 s
+games; experiments/results/bench_agent_loop_nvidia_h100x4.json): a full collection took 0.29-0.37 s
 per process when only start-up's objects were frozen. The slow iterations of a split rollout turned out to be
-compiles, not collections: with `--gc-every 1` they stayed (call 35). Frozen objects that later become cyclic garbage are not freed (objects freed by their reference count still are).
+compiles, not collections: with `--gc-every 1` they stayed. Frozen objects that later become cyclic garbage are not
+freed (objects freed by their reference count still are).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ class StartupPause:
     """Automatic collection off from the start of a run until its first iteration ends (`end()`, or leaving the
     context), then one full collection. Start-up traces and compiles every program, creating
     objects by the million, and Python's collector keeps walking them: on 4 H100s the pod job's first iteration
-    paused 4.8-5.3 s in collections (results/NOTES.md call 53), and tracing the 1.5B train program took 8.7 s of a
+    paused 4.8-5.3 s in collections, and tracing the 1.5B train program took 8.7 s of a
     warm start. Objects freed by their reference count still go at once; only cyclic garbage waits for `end()`.
     Nothing is frozen (unlike `--gc-every`): a frozen object that later becomes cyclic garbage would never be freed,
     and a process may hold several trainers (tests, sweeps). Off (a no-op) with `--gc-every`, which manages the

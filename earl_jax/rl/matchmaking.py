@@ -7,16 +7,16 @@ Decisions:
   rollout path is the same for every opponent.
 - League games are whole GRPO groups (the last round(share x groups) groups): games compared in a group
   face the same kind of opponent. The other groups play the scripted opponent / current rung.
-- `--curriculum.mix-opponent S --curriculum.mix-share p`: the last round(p x groups) groups play the scripted opponent S in the same
-  batched env (`VectorTextEnv.assign_opponent`), the others the fixed opponent or the current rung: a policy
-  that learns to draw against the Tic-Tac-Toe solver but to win against random needs both in its batches
-  (experiments/results/learning_notes.md, section 19).
+- `--curriculum.mix-opponent S --curriculum.mix-share p`: the last round(p x groups) groups play the scripted
+  opponent S in the same batched env (`VectorTextEnv.assign_opponent`), the others the fixed opponent or the current
+  rung: a policy that learns to draw against the Tic-Tac-Toe solver but to win against random needs both in its
+  batches (docs/learning.md).
 - `--curriculum.rehearsal-share p` (with the curriculum): the last round(p x groups) groups replay the rungs below the
   current one, one rung an iteration in turn (iteration i: rung i mod k of the k below), through the same
-  second-opponent slot as --mix-opponent. On one GPU a policy promoted by stall from alphabeta:2 (best 0.52-0.55
-  against it) to alphabeta:3 fell to 0.00-0.11 against alphabeta:1 and 2 within 35-85 iterations
-  (results/learning_notes.md, section 20): what a rung taught is lost unless it stays in the batch. On rung 0
-  there is nothing to replay and every group plays the rung.
+  second-opponent slot as the mixed opponent. On one GPU a policy promoted by stall from alphabeta:2 (best 0.52-0.55
+  against it) to alphabeta:3 fell to 0.00-0.11 against alphabeta:1 and 2 within 35-85 iterations (docs/learning.md):
+  what a rung taught is lost unless it stays in the batch. On rung 0 there is nothing to replay and every group
+  plays the rung.
 - League games need the batched env (standard Connect Four / Tic-Tac-Toe, a batched scripted opponent):
   the frozen policy plays inside its step (`envs/vector/model_opponent.py`); other setups are refused at
   start, naming the flag.
@@ -111,12 +111,13 @@ class Matchmaker:
         if self.league is None:
             return make_vector_env(env_cfg, self.batch_size, self.env_factory)
         if self.env_factory is not None:
-            raise ValueError("--curriculum.league-size: self-play needs the built-in batched game env, not a custom env_factory")
+            raise ValueError("--curriculum.league-size: self-play needs the built-in batched game env, not a custom "
+                             "env_factory")
         try:
             return ModelOpponentEnv(env_cfg, self.batch_size)
         except ValueError as e:
-            raise ValueError(f"--curriculum.league-size: self-play needs standard connect_four or tic_tac_toe with a batched "
-                             f"scripted opponent (random, alphabeta:D, solver), here {opponent!r}: {e}") from None
+            raise ValueError(f"--curriculum.league-size: self-play needs standard connect_four or tic_tac_toe with a "
+                             f"batched scripted opponent (random, alphabeta:D, solver), here {opponent!r}: {e}") from None
 
     def eval_opponents(self) -> tuple[str, ...]:
         """--eval.opponents, and the current rung when it is not among them."""
@@ -125,8 +126,8 @@ class Matchmaker:
         return self._eval_opponents + extra
 
     def after_evaluation(self, rung_win_rate: float, step: int) -> str | None:
-        """The greedy win rate against the current rung: promotes when it reaches --curriculum.promote-at, logging a line
-        (returned too)."""
+        """The greedy win rate against the current rung: promotes when it reaches --curriculum.promote-at, logging a
+        line (returned too)."""
         if self.curriculum is None:
             return None
         line = self.curriculum.observe(rung_win_rate, step)

@@ -63,7 +63,7 @@ class RealMeasure:
         if key not in self._models:
             # one stage's models at a time, and one train model: its float32 masters (12 GiB per device for a
             # replicated 3B) are outside what the memory model gives the next mesh's cell (Fig. 3's 3B train stage
-            # ran out of memory in the cell after d4f1t1 with ~98% of the GPU in use: NOTES.md calls 57-58)
+            # ran out of memory in the cell after d4f1t1 with ~98% of the GPU in use)
             for k in [k for k in self._models if k[0] != stage or stage == "train"]:
                 del self._models[k]
             mesh = make_mesh(layout.mesh, jax.devices()[:layout.mesh.size])

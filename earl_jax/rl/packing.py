@@ -16,7 +16,7 @@ padding (CPU default: mean ~165 tokens, rows of 512). Instead of packing several
    bucket): a micro-batch at its own width (`limit_new_widths` lets few new widths compile per iteration; the rest
    run wider). Cutting a micro-batch out and writing its log-probs back are separate small programs, so the
    model's programs do not depend on the batch's own padded width or split (on a GPU each new one cost 4-8 s for
-   the tiny model, in most of a run's first dozen iterations: experiments/results/NOTES.md, call 42). Columns past a
+   the tiny model, in most of a run's first dozen iterations). Columns past a
    row's length are padding and, with causal attention, change no log-prob before them, so the results equal the
    padded computation (tests/test_packing.py).
 

@@ -32,7 +32,7 @@ def random_legal_games(env: Any, tokenizer: tokenizers.Tokenizer, seeds: Sequenc
                        ) -> tuple[Int[np.ndarray, "n t"], Bool[np.ndarray, "n t"], Int[np.ndarray, " n"]]:
     """One game per row of the vector env `env`: token ids (right-padded with 0), a mask on the answers, and
     each game's length. `choose(env, rows, legal)`: the moves of games `rows` (default: uniform among `legal`;
-    experiments/ttt_imitation_check.py passes the solver's)."""
+    experiments/benchmarks/ttt_imitation_check.py passes the solver's)."""
     codec = codec or ObservationCodec(tokenizer)
     n = len(seeds)
     ep = _Episodes(n, max_turns)

@@ -4,7 +4,7 @@ A rollout meets its decode programs one at a time: the prompt's extend, the firs
 extend, then, as games grow and finish, a larger KV cache (grow, then generate / extend at that size) and a
 smaller batch (take, then generate / extend at that batch). Each is compiled when first called, so the first
 iteration waits for every compile in turn, and later iterations stall whenever a game first reaches a new
-cache size or batch (on 4 H100s most slow iterations were such compiles: experiments/results/NOTES.md, call 39).
+cache size or batch (on 4 H100s most slow iterations were such compiles).
 
 `CompileAhead` runs `jitted.lower(*specs).compile()` for programs the sampler predicts (the neighbours of the
 shape it just ran: next cache size, next compacted batch) on worker threads. XLA compiles outside the GIL, so

@@ -4,7 +4,7 @@ A turn is then two tokens: the move's token, drawn from the model's next-token l
 moves' tokens (a masked softmax at the sampling temperature), and the stop token, appended without sampling.
 The experience and train stages score the move token under the same restriction (`choice_logprobs`), so the
 importance ratio compares like with like, and the forced stop token is outside the loss mask (it is no choice
-of the policy). What this buys (experiments/results/learning_notes.md): no invalid answers, exploration only
+of the policy). What this buys (docs/learning.md): no invalid answers, exploration only
 over moves that mean something, one scored token per turn (no free tokens diluting a turn's credit), and no
 decode loop in the rollout (the move comes straight from the logits the observation's extend produced).
 

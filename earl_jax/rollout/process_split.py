@@ -17,15 +17,15 @@ A game's samples come from fold_in(fold_in(rng, turn), game id) with its id in t
 play, up to the decode programs' numerics on the smaller mesh (the same on CPU: the two-process test
 compares them exactly).
 
-Measured (4 x H100, one process per GPU, tiny model, 2048 games; experiments/results/NOTES.md calls 30-39): a
+Measured (4 x H100, one process per GPU, tiny model, 2048 games): a
 process's own 512 games take ~0.16 s, but in the first ~15 iterations one process often runs 1-6 s and the
 others wait in the gather: it is compiling, for a batch size, cache length or width its games reach first
 (`time/compile_s`, `compile/slowest`), not collecting garbage (`--gc-every 1` left those iterations slow). In the
 iterations that compiled nothing the split rollout took 0.23 s against 0.36 s on one GPU (1.54x), a third of it
-the gather. With the token columns left on their process (call 58): 0.198 s against 0.325 s (1.64x), the whole
-iteration 1.48x one GPU's, against 1.11x / 1.18x with the columns all-gathered in the same call; the unsplit
-rollout had 0.83x / 1.42x one GPU's in call 31. So it is on by default (`--rollout-split-processes false` turns it
-off); the two have not been compared in one call since call 31.
+the gather. With the token columns left on their process: 0.198 s against 0.325 s (1.64x), the whole
+iteration 1.48x one GPU's, against 1.11x / 1.18x with the columns all-gathered in the same command; the unsplit
+rollout measured 0.83x / 1.42x one GPU's, in an earlier command (not side by side). So it is on by default
+(`--rollout.split-processes false` turns it off).
 
 Not split (the SPMD rollout, with host work repeated): a data axis within one process, weights sharded
 over the data axis, a batch that does not divide into processes, and league games (the frozen snapshot's
@@ -139,7 +139,7 @@ def gather_trajectories(local: Trajectories) -> Trajectories:
     hold this process's rows only (`Trajectories.local_rows`), padded to the batch's width. The experience stage puts
     them on its mesh from each process and arranges them there, device to device (`Trainer._experience`), so the
     bulk of the batch never crosses the hosts; an all-gather of the columns took ~0.09 s of a 0.28 s split rollout
-    on 4 H100s (experiments/results/NOTES.md call 51).
+    on 4 H100s.
 
     Outcomes, lengths and token counts are recomputed from the whole batch. `rollout_s` is this process's wall
     time: its own games, then the gather (`gather_s`), which waits for the slowest process (`gather_wait_s`)

@@ -38,7 +38,7 @@ The agent loop, per rollout:
 `step.obs` (the texts) is built on first read: the loop never reads it for the batched games, so a finished
 game's last text is never rendered.
 
-Measured (experiments/bench_envs.py -> experiments/results/bench_envs.json; a shared 2-core x86 VM, load
+Measured (experiments/benchmarks/bench_envs.py -> experiments/results/bench_envs.json; a shared 2-core x86 VM, load
 ~3-4, so wall times are inflated; random agent vs random opponent, compact style, median host time of one
 lock-step turn: read the answer ids + step + token ids of the observations):
 
