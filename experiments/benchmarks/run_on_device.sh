@@ -20,6 +20,9 @@
 #   pod-first-iteration          command to first finished iteration of `connect4.py --preset pod`, one run after
 #                                another from its own empty compile cache: RUNS="name:dir:timeout_s[:flags,..[:env,..]]",
 #                                STEPS (2), EVAL_GAMES (64), MODEL (qwen2.5-1.5b); dir . or a baseline at .baseline
+#   programs                     `--preset pod` (the model it picks, or MODEL) for STEPS (10) iterations from an empty compile cache, then
+#                                again warm (the same cache); then `--preset gpu` for GPU_S seconds (90): per iteration
+#                                the seconds, foreground compiles and the log's program lines (the bounded-programs check)
 #   steady                       the 512-game compact free-text job on two GPUs side by side, STEPS iterations:
 #                                A_DIR/A_FLAGS against B_DIR/B_FLAGS (e.g. A_FLAGS="--compile-ahead false")
 #   first-iteration [args]       first_iteration.py --gpu (command to first iteration, empty compile cache)
@@ -158,6 +161,29 @@ cmd_pod_first_iteration() {
   done
 }
 
+cmd_programs() {
+  install_wheels
+  local pod="--preset pod ${MODEL:+--model $MODEL} --steps ${STEPS:-10} --eval.games 64 --eval.every 0"
+  pod="$pod --sft.steps 0 --run.wandb-mode disabled --run.progress false --run.keep-checkpoints 0"
+  local run start
+  for run in cold warm; do
+    start=$(date +%s)
+    # shellcheck disable=SC2086
+    EARL_COMPILE_CACHE=/tmp/cc_programs timeout ${POD_S:-330} python3 experiments/connect4.py $pod \
+      --run-dir /tmp/pod_$run > "$OUT/programs_pod_$run.log" 2>&1
+    echo "=== pod $run: rc=$? command to iteration ${STEPS:-10}: $(( $(date +%s) - start )) s"
+    grep -cE "first call \(compile" "$OUT/programs_pod_$run.log" | sed 's/^/program lines in the log: /'
+    grep -E "first RL iteration|out of memory|Error" "$OUT/programs_pod_$run.log" | tail -3
+    cp /tmp/pod_$run/metrics.jsonl "$OUT/programs_pod_$run.jsonl" && metrics_lines "$OUT/programs_pod_$run.jsonl"
+  done
+  start=$(date +%s)
+  EARL_COMPILE_CACHE=/tmp/cc_gpu timeout ${GPU_S:-90} python3 experiments/connect4.py --preset gpu --run.max-minutes 1 \
+    --run.wandb-mode disabled --run.progress false --run-dir /tmp/gpu_preset > "$OUT/programs_gpu.log" 2>&1
+  echo "=== gpu preset: rc=$? $(( $(date +%s) - start )) s"
+  grep -E "first RL iteration|Error" "$OUT/programs_gpu.log" | tail -2
+  cp /tmp/gpu_preset/metrics.jsonl "$OUT/programs_gpu.jsonl" && metrics_lines "$OUT/programs_gpu.jsonl" | tail -15
+}
+
 cmd_steady() {
   install_wheels
   local job="--groups 64 --group-size 8 --prompt-style compact --constrain-moves false --format-warmup-steps 0"
@@ -253,7 +279,7 @@ cmd_connect4() {
 
 sub=${1:-}; shift || true
 case "$sub" in
-  train|fig1|fig3|fig4|e2e|sweep|init|steady|connect4) device; "cmd_$sub" "$@" ;;
+  train|fig1|fig3|fig4|e2e|sweep|init|steady|programs|connect4) device; "cmd_$sub" "$@" ;;
   agent-loop|agent-loop-4gpu|pod-first-iteration|first-iteration|profile-rollout) device; "cmd_${sub//-/_}" "$@" ;;
   *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" >&2; [ -z "$sub" ] || echo "run_on_device.sh: unknown subcommand '$sub'" >&2; exit 2 ;;
 esac
