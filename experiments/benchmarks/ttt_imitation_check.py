@@ -34,7 +34,7 @@ from earl_jax.rl import trainer as trainer_mod  # noqa: E402
 from earl_jax.rl import warmup as warmup_mod  # noqa: E402
 from earl_jax.rl.experience import pad_cols  # noqa: E402
 from earl_jax.rl.job import parse_job  # noqa: E402
-from earl_jax.rl.optim import make_optimizer  # noqa: E402
+from earl_jax.rl import optim as optim_mod  # noqa: E402
 from earl_jax.rl.warmup import random_legal_games  # noqa: E402
 
 
@@ -119,7 +119,8 @@ def run(policy: str, steps: int, games: int, eval_games: int, run_dir: Path, mod
     trainer = trainer_mod.Trainer(cfg, log=False)
     # the warm-up's optimizer at this check's settings ("constant": a cosine too long to decay within the run)
     total = max(steps, warmup + 1) if schedule == "cosine" else 1000 * max(steps, 1)
-    trainer.sft_optimizer = make_optimizer(lr, warmup, total, 0.0, cfg.optim.grad_clip)
+    make_optimizer = optim_mod.make_optimizer
+    optimizer = make_optimizer(lr, warmup, total, 0.0, cfg.optim.grad_clip)
     curve = []
 
     def data(*args, **kw):  # runs before each step: the per-move check every `every` steps, on the weights so far
@@ -132,12 +133,16 @@ def run(policy: str, steps: int, games: int, eval_games: int, run_dir: Path, mod
     data.calls = 0
     original = warmup_mod.random_legal_games
     warmup_mod.random_legal_games = data
+    optim_mod.make_optimizer = lambda *a, **k: optimizer  # what the format warm-up builds its optimizer with
+    choice_tokens, trainer.choice_tokens = trainer.choice_tokens, ()  # supervised over the whole vocabulary
     try:
         t0 = time.perf_counter()
         sft = trainer.format_warmup() if steps else {}
         seconds = time.perf_counter() - t0
     finally:
         warmup_mod.random_legal_games = original
+        optim_mod.make_optimizer = make_optimizer
+        trainer.choice_tokens = choice_tokens
     ev = trainer.evaluate(("random", "solver"))
     out = {"policy": policy, "model": model, "steps": steps, "games_per_step": games, "lr": lr, "warmup": warmup,
            "schedule": schedule, "sft_seconds": round(seconds, 1), "sft_loss": sft.get("loss"),
