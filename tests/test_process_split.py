@@ -15,17 +15,19 @@ import numpy as np
 import pytest
 
 from earl_jax.parallel.plan import StageLayout, StagePlan
-from earl_jax.rl import trainer as trainer_module
-from earl_jax.rl.config import RLConfig
+from earl_jax.rl import rollout_stage
+from earl_jax.rl.experience import batch_arrays
 from earl_jax.rl.trainer import Trainer
 from earl_jax.rollout import process_split
 from earl_jax.rollout.agent_loop import Trajectories
 from earl_jax.sharding.mesh import MeshShape
 
+from jobs import job, with_fields
+
 M = MeshShape.parse
-CFG = RLConfig(groups=4, group_size=2, steps=1, eval_every=0, format_warmup_steps=0, devices=2, max_turns=3,
-               max_context=128, progress=False, wandb_mode="disabled", selector_mode="static", kl_coef=0.0,
-               constrain_moves=False, max_turn_tokens=3, rollout_split_processes=True)
+CFG = job(groups=4, group_size=2, steps=1, eval_every=0, format_warmup_steps=0, devices=2, max_turns=3,
+          max_context=128, selector_mode="static", kl_coef=0.0, constrain_moves=False, max_turn_tokens=3,
+          rollout_split_processes=True)
 COLS = ("tokens", "loss_mask", "logprobs", "choices", "rewards")
 ROWS = ("lengths", "returns", "num_turns", "truncated", "group_ids", "invalid")
 
@@ -41,13 +43,14 @@ def _join(parts: list[Trajectories]) -> dict:
 
 
 def test_halves_played_apart_are_the_games_of_the_whole_batch_and_gather_back(tmp_path, monkeypatch):
-    trainer = Trainer(dataclasses.replace(CFG, run_dir=str(tmp_path / "run")), log=False)
+    trainer = Trainer(with_fields(CFG, run_dir=str(tmp_path / "run")), log=False)
     other = StageLayout(M("d2f1t1"), 2, 64)
     trainer.planner.current = StagePlan(StageLayout(M("d2f1t1")), other, other, context_bucket=128)
     seeds, groups, rng = list(range(8)), np.repeat(np.arange(4), 2), jax.random.key(5)
-    whole, _ = trainer._rollout(trainer.env, seeds, groups, rng, trainer.sampling)
+    whole, _ = trainer.play(trainer.env, seeds, groups, rng, trainer.sampling)
     run = trainer.planner.stage_run("rollout")
-    assert process_split.process_block(run.mesh, trainer._params_for(run), 8) is None  # one process: no split
+    params = trainer.weights.for_stage(run, trainer.state.params)
+    assert process_split.process_block(run.mesh, params, 8) is None  # one process: no split
 
     halves = []
     for half in (slice(0, 4), slice(4, 8)):  # "process" 0, then "process" 1, each on one device of the mesh
@@ -55,10 +58,10 @@ def test_halves_played_apart_are_the_games_of_the_whole_batch_and_gather_back(tm
             local = jax.sharding.Mesh(mesh.devices[half.start // 4:half.start // 4 + 1], mesh.axis_names)
             return process_split.ProcessBlock(local, jax.device_put(params, jax.sharding.NamedSharding(
                 local, jax.sharding.PartitionSpec())), half)
-        monkeypatch.setattr(trainer_module, "process_block", block)
-        monkeypatch.setattr(trainer_module, "gather_trajectories", lambda t: t)
-        part, _ = trainer._rollout(trainer.env, seeds, groups, rng, trainer.sampling)
-        assert part.num_games == 4 and trainer._rollout_groups == jax.process_count()
+        monkeypatch.setattr(rollout_stage, "process_block", block)
+        monkeypatch.setattr(rollout_stage, "gather_trajectories", lambda t: t)
+        part, _ = trainer.play(trainer.env, seeds, groups, rng, trainer.sampling)
+        assert part.num_games == 4 and trainer.rollout.decode_groups == jax.process_count()
         halves.append(part)
 
     joined = _join(halves)
@@ -95,21 +98,21 @@ def test_columns_left_on_their_process_give_the_same_experience_batch(tmp_path):
     # process its share is the whole batch, so that path must give the gathered path's batch exactly.
     from earl_jax.rl.packing import scored_spans
 
-    trainer = Trainer(dataclasses.replace(CFG, run_dir=str(tmp_path / "run"), devices=8), log=False)
+    trainer = Trainer(with_fields(CFG, run_dir=str(tmp_path / "run"), devices=8), log=False)
     seeds, groups, rng = list(range(8)), np.repeat(np.arange(4), 2), jax.random.key(5)
-    whole, _ = trainer._rollout(trainer.env, seeds, groups, rng, trainer.sampling)
+    whole, _ = trainer.play(trainer.env, seeds, groups, rng, trainer.sampling)
     part = process_split.gather_trajectories(whole)
     assert part.local_rows == slice(0, 8)
     np.testing.assert_array_equal(part.spans, scored_spans(whole.loss_mask))
     for k in COLS + ROWS:
         np.testing.assert_array_equal(getattr(part, k), getattr(whole, k), err_msg=k)
 
-    arrays = trainer._batch_arrays(part)
-    trainer._plan_batch(arrays, part.stats.turn_context_len_mean, part.num_games)
+    arrays = batch_arrays(part, trainer.moves is not None)
+    trainer._observe(arrays, part.stats.turn_context_len_mean, part.num_games)
     run = trainer.planner.stage_run("experience")
     assert run.process_rows(8) == slice(0, 8) and run.batch_shards > 1
     placed = trainer._experience(run, arrays, part.spans, part.local_rows)
-    gathered = trainer._experience(run, arrays, part.spans)
+    gathered = trainer._experience(run, arrays, part.spans, None)
     np.testing.assert_array_equal(placed[2], gathered[2])  # the same arrangement
     for a, b in zip(jax.tree.leaves(placed[0]), jax.tree.leaves(gathered[0])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

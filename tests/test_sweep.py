@@ -15,14 +15,18 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import sweep  # noqa: E402
 
-from earl_jax.cli import parse_config  # noqa: E402
 from earl_jax.parallel.thresholds import parse_thresholds  # noqa: E402
-from earl_jax.rl.config import RLConfig  # noqa: E402
+from earl_jax.rl.job import parse_job  # noqa: E402
 
 SELECTOR_YAML = ROOT / "launch" / "sweep_selector.yaml"
 LEARNING_YAML = ROOT / "launch" / "sweep_learning.yaml"
-SELECTOR_KNOBS = {"selector-edges", "selector-margin", "selector-ema", "rollout-thresholds", "experience-thresholds",
-                  "train-thresholds"}
+SELECTOR_KNOBS = {"planner.edges", "planner.margin", "planner.ema", "planner.rollout-thresholds",
+                  "planner.experience-thresholds", "planner.train-thresholds"}
+
+
+def _connect4(argv: list[str]):
+    """The config experiments/connect4.py runs with these flags."""
+    return parse_job(argv, ROOT / "experiments" / "configs" / "connect4").config
 
 
 def _varying(spec) -> set[str]:
@@ -37,26 +41,27 @@ def test_selector_sweep_maximizes_throughput_over_the_selector_knobs_with_learni
     assert spec["program"] == "experiments/connect4.py"
     assert spec["metric"] == {"name": "throughput/iteration_tgs_mean", "goal": "maximize"}
     assert _varying(spec) == SELECTOR_KNOBS
-    assert {"learning-rate", "kl-coef"} <= set(spec["parameters"]) - _varying(spec)  # fixed, not swept
+    assert {"optim.learning-rate", "loss.kl-coef"} <= set(spec["parameters"]) - _varying(spec)  # fixed, not swept
     # every value is a valid connect4 flag value, and every mesh a valid layout of the model and the batch
     first = {k: p["value"] if "value" in p else p["values"][0] for k, p in spec["parameters"].items()}
     for params in ({**first, k: v} for k in _varying(spec) for v in spec["parameters"][k]["values"]):
-        cfg = parse_config(RLConfig, sweep.trial_command("x", params, "r")[3:])
-        model = get_config(cfg.model, vocab_size=101)
+        cfg = _connect4(sweep.trial_command("x", params, "r")[3:])
+        model = get_config(cfg.model.name, vocab_size=101)
         for stage in ("rollout", "experience", "train"):
-            for _, mesh in parse_thresholds(getattr(cfg, f"{stage}_thresholds")):
-                assert mesh_problem(model, cfg.devices, stage, mesh) is None, (stage, mesh)
+            for _, mesh in parse_thresholds(getattr(cfg.planner, f"{stage}_thresholds")):
+                assert mesh_problem(model, cfg.planner.devices, stage, mesh) is None, (stage, mesh)
                 assert cfg.batch_size % (mesh.data * mesh.fsdp) == 0, (stage, mesh)
-    assert (cfg.model, cfg.devices, cfg.keep_checkpoints, cfg.eval_opponents, cfg.steps) == ("qwen2.5-1.5b", 4, 0, (), 4)
-    assert cfg.turn_tokens(0) < cfg.turn_tokens(cfg.steps - 1)  # the context grows: bucket edges matter
+    assert (cfg.model.name, cfg.planner.devices, cfg.run.keep_checkpoints, cfg.eval.opponents, cfg.run.steps) == (
+        "qwen2.5-1.5b", 4, 0, (), 4)
+    assert cfg.rollout.turn_tokens(0) < cfg.rollout.turn_tokens(cfg.run.steps - 1)  # the context grows: edges matter
 
 
 def test_learning_sweep_maximizes_the_win_rate_over_learning_rate_and_kl():
     spec = sweep.load_sweep(LEARNING_YAML)
     assert spec["metric"] == {"name": "eval/win_rate", "goal": "maximize"}
-    assert _varying(spec) == {"learning-rate", "kl-coef"}
-    cfg = parse_config(RLConfig, sweep.trial_command("x", sweep.trials(spec, "random", 1)[0], "runs/t")[2:])
-    assert cfg.run_dir == "runs/t" and cfg.steps == 20 and cfg.progress is False
+    assert _varying(spec) == {"optim.learning-rate", "loss.kl-coef"}
+    cfg = _connect4(sweep.trial_command("x", sweep.trials(spec, "random", 1)[0], "runs/t")[2:])
+    assert cfg.run.run_dir == "runs/t" and cfg.run.steps == 20 and cfg.run.progress is False
 
 
 def test_grid_is_the_product_of_values_with_fixed_values_in_each():
@@ -83,12 +88,13 @@ def test_random_trials_are_seeded_and_within_their_ranges():
 
 
 def test_trial_command_flags_and_names():
-    cmd = sweep.trial_command("experiments/connect4.py", {"kl_coef": 0.01, "selector-edges": [64, 256],
-                                                          "progress": False, "rollout-thresholds": ""},
+    cmd = sweep.trial_command("experiments/connect4.py", {"loss.kl_coef": 0.01, "planner.edges": [64, 256],
+                                                          "run.progress": False, "planner.rollout-thresholds": ""},
                               "runs/sweep/t000", extra=["--steps", "2"], launcher=["launcher", "--"],
                               python="py")
-    assert cmd == ["launcher", "--", "py", "experiments/connect4.py", "--run-dir=runs/sweep/t000", "--kl-coef=0.01",
-                   "--selector-edges=64,256", "--progress=false", "--rollout-thresholds=", "--steps", "2"]
+    assert cmd == ["launcher", "--", "py", "experiments/connect4.py", "--run-dir=runs/sweep/t000",
+                   "--loss.kl-coef=0.01", "--planner.edges=64,256", "--run.progress=false",
+                   "--planner.rollout-thresholds=", "--steps", "2"]
     assert sweep.trial_name(3, {"a": 1}) == sweep.trial_name(3, {"a": 1}) != sweep.trial_name(3, {"a": 2})
 
 
