@@ -182,3 +182,31 @@ def test_trace_time_compares_nested_and_plain_layers_and_restores_the_model(tmp_
     assert qwen2._apply_layer is nested  # the plain loop is put back
     assert json.loads(out.read_text())["runs"] == [result]
     assert result["nested"]["trace_s_median"] > 0 and result["plain"]["trace_s_median"] > 0
+
+
+def test_bench_rollout_long_rows_start_decoding_at_the_prompt_length():
+    """The long rows time decode from a cache of random keys/values at the prompt's length (not a prefill)."""
+    mod = _load("bench_rollout")
+    from earl_jax.rollout.sampler import Sampler
+    from earl_jax.rollout.sampling import SamplingConfig
+    cfg = ModelConfig.tiny(vocab_size=64).replace(num_hidden_layers=2)
+    graphdef, params = nnx.split(Qwen2(cfg, rngs=nnx.Rngs(0), dtype=jnp.float32))
+    sampler = Sampler(graphdef, cfg, cache_dtype=jnp.float32)
+    state = mod.random_state(sampler, cfg, 2, 200, 208, seed=0)
+    assert state.max_len == 256 and np.asarray(state.lengths).tolist() == [200, 200]
+    assert float(jnp.abs(state.cache.layers[1].v).mean()) > 0.5  # filled, not zeros
+    state, g = sampler.generate(params, state, jax.random.key(0), max_new_tokens=8, budget=8)
+    assert np.asarray(state.lengths).tolist() == [208, 208]
+
+
+def test_bench_rollout_plot_redraws_the_png_from_its_json(tmp_path, monkeypatch):
+    mod = _load("bench_rollout")
+    bw = {"jax": 3500.0, "torch": 4200.0, "best": 4200.0}
+    row = lambda name, tunix: {"row": name, "roofline_tok_s": 1e5, "copy_GBps": bw, "tunix": tunix,
+                               "impls": {"xla": {"tok_s": 2e4}, "auto": {"tok_s": 3e4}}}
+    path = tmp_path / "bench_rollout_x.json"
+    path.write_text(json.dumps({"device": "X", "copy_GBps": bw, "rows": [
+        row("short-0.5b-b32", {"tok_s": 1.9e4}), row("long-1.5b-b32", {"error": "not run: asks 771 GiB"})]}))
+    monkeypatch.setattr("sys.argv", ["bench_rollout.py", "--plot", str(path)])
+    mod.main()
+    assert path.with_suffix(".png").stat().st_size > 10_000
