@@ -1,0 +1,348 @@
+"""Expert games for a base policy: a strong scripted player's games, written as the agent loop writes a rollout.
+
+    spec = ExpertSpec(games=4096, depth=4)                       # opponents, openings: the game's defaults
+    games = expert_games(spec, env_cfg, tokenizer, eos_id=..., bos_id=..., constrained=True)
+    train, held_out = split_games(dedup_games(games), held_out=0.1, seed=0)
+    train.batch(rows, width)                                      # run_sft's batch (rl/sft.py)
+
+The agent is the game's expert (`EXPERTS`): Connect Four's batched alpha-beta at `depth` plies
+(envs/games/connect_four.best_moves), Tic-Tac-Toe's exact solver (the best set the solver opponent draws from);
+among equally good moves it draws at random. It plays both seats (drawn per game from the seed, as in RL) against a
+mix of opponents, an equal share of the games each: by default random, alpha-beta at every depth below its own and
+itself (Connect Four), random and the solver (Tic-Tac-Toe). Openings are randomized: game i's first k_i plies
+(k_i uniform in 0..opening_plies) are uniform random legal moves of both sides; the agent's random moves stay in the
+transcript, as a rollout would have them, but outside the loss mask. Games are deduplicated by (seat, moves) and
+split into train and held-out by game.
+
+The transcript of a game is exactly what `rollout.agent_loop.play_games` records for a policy that plays the same
+moves (tests/test_expert_games.py compares both): the first observation (after the bos token, if any), then per turn
+the answer and the next observation, truncated by `max_turns` / `max_context` as the loop truncates.
+- constrained moves: an answer is [the move's token, the stop token]; the loss mask holds the move token of expert
+  turns; `choices` holds the legal-move bitmask on every move token (random turns too, as the loop records it; a
+  token outside the mask is never scored, so only the expert's count).
+- free text: an answer is the move's text and the end token (the whole answer in the mask, expert turns only);
+  `choices` is all zeros.
+Per expert move token, `legal` and `best` hold the legal moves and the expert's equally best moves as bitmasks (0
+elsewhere): held-out move accuracy counts the model's argmax over the legal moves as right when it is any best move.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import tokenizers
+from jaxtyping import Bool, Int, UInt64
+
+from earl_jax.envs.outcomes import NO_WINNER, WINNERS
+from earl_jax.envs.vector.codec import ObservationCodec
+from earl_jax.rollout.agent_loop import _Episodes
+from earl_jax.rollout.moves import MoveTokens, legal_bits
+
+# (me, opp, depth) -> the side to move's equally best moves, for a batch of positions
+Expert = Callable[[UInt64[np.ndarray, " n"], UInt64[np.ndarray, " n"], int], Bool[np.ndarray, "n a"]]
+
+
+def _connect_four_best(me, opp, depth: int):
+    from earl_jax.envs.games.connect_four import best_moves
+
+    return best_moves(me, opp, depth)[0]
+
+
+def _tic_tac_toe_best(me, opp, depth: int):
+    from earl_jax.envs.games.tic_tac_toe import NUM_ACTIONS, solver_best_moves
+
+    me_first = (np.bitwise_count(me | opp) & 1) == 0  # the table is indexed by (player 0's cells, player 1's)
+    x, o = np.where(me_first, me, opp), np.where(me_first, opp, me)
+    masks = solver_best_moves(np.stack([x, o], 1)).astype(np.int64)
+    return ((masks[:, None] >> np.arange(NUM_ACTIONS)) & 1).astype(bool)
+
+
+EXPERTS: dict[str, Expert] = {"connect_four": _connect_four_best, "tic_tac_toe": _tic_tac_toe_best}
+# Random plies that open a game, at most (drawn per game from 0..this): Tic-Tac-Toe lasts at most 9 plies, so a short
+# opening leaves the expert most of the game
+OPENING_PLIES = {"connect_four": 4, "tic_tac_toe": 2}
+
+
+def default_opponents(game: str, depth: int) -> tuple[str, ...]:
+    """The opponent mix: random, alpha-beta at each depth up to the expert's own (the last is itself), or the solver."""
+    if game == "connect_four":
+        return ("random",) + tuple(f"alphabeta:{d}" for d in range(1, depth + 1))
+    if game == "tic_tac_toe":
+        return ("random", "solver")
+    raise ValueError(f"expert games: no expert for {game!r} (have {sorted(EXPERTS)})")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertSpec:
+    """What to generate: `games` games (before deduplication), an equal share against each of `opponents` (empty: the
+    game's `default_opponents`), the expert searching `depth` plies (Connect Four; Tic-Tac-Toe's solver is exact),
+    each game's first 0..`opening_plies` plies random (None: the game's OPENING_PLIES), everything drawn from
+    `seed`."""
+
+    games: int
+    depth: int = 4
+    opponents: tuple[str, ...] = ()
+    opening_plies: int | None = None  # None: the game's OPENING_PLIES
+    seed: int = 0
+
+    def __post_init__(self):
+        for name, low in (("games", 1), ("depth", 1), ("opening_plies", 0)):
+            if getattr(self, name) is not None and getattr(self, name) < low:
+                raise ValueError(f"expert games: {name} must be >= {low}, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass
+class ExpertGames:
+    """Games as rows of right-padded [n, t] arrays (see the module docstring), with each game's seat, moves (both
+    sides, in order), opponent (an index into `opponents`), winner (an index into WINNERS, -1: truncated), seed and
+    opening length."""
+
+    tokens: Int[np.ndarray, "n t"]
+    loss_mask: Bool[np.ndarray, "n t"]
+    lengths: Int[np.ndarray, " n"]
+    choices: Int[np.ndarray, "n t"]
+    legal: Int[np.ndarray, "n t"]
+    best: Int[np.ndarray, "n t"]
+    agent_player: Int[np.ndarray, " n"]
+    opponent: Int[np.ndarray, " n"]
+    winner: Int[np.ndarray, " n"]
+    seeds: Int[np.ndarray, " n"]  # each game's reset seed (its seat and the opponent's stream)
+    opening: Int[np.ndarray, " n"]  # plies of random moves it opened with
+    moves: list[tuple[int, ...]]
+    opponents: tuple[str, ...]
+    constrained: bool
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def take(self, rows: Sequence[int] | np.ndarray) -> "ExpertGames":
+        """Games `rows`, their arrays cut to the longest of them."""
+        rows = np.asarray(rows, np.int64)
+        width = max(int(self.lengths[rows].max(initial=1)), 1)
+        cut = {k: getattr(self, k)[rows][:, :width] for k in ("tokens", "loss_mask", "choices", "legal", "best")}
+        return dataclasses.replace(self, **cut, lengths=self.lengths[rows], agent_player=self.agent_player[rows],
+                                   opponent=self.opponent[rows], winner=self.winner[rows], seeds=self.seeds[rows],
+                                   opening=self.opening[rows], moves=[self.moves[i] for i in rows.tolist()])
+
+    def batch(self, rows: Sequence[int] | np.ndarray, width: int) -> dict[str, np.ndarray]:
+        """The SFT stage's batch (rl/sft.py run_sft) of games `rows` at `width` columns (a longer game is cut: it
+        loses its last answers)."""
+        rows = np.asarray(rows, np.int64)
+        out = {k: _fit(getattr(self, k)[rows], width) for k in ("tokens", "loss_mask", "choices")}
+        if not self.constrained:
+            out.pop("choices")
+        return {**out, "lengths": np.minimum(self.lengths[rows], width)}
+
+    def expert_turns(self) -> tuple[Int[np.ndarray, " m"], Int[np.ndarray, " m"]]:
+        """(row, position) of every expert move token, row by row."""
+        rows, cols = np.nonzero(self.best)
+        return rows, cols
+
+    def stats(self) -> dict[str, Any]:
+        """Games, expert moves and tokens, and the expert's results against each opponent."""
+        out: dict[str, Any] = {"games": len(self), "expert_moves": int((self.best != 0).sum()),
+                               "tokens": int(self.lengths.sum()), "length_mean": float(self.lengths.mean()),
+                               "length_max": int(self.lengths.max())}
+        for k, name in enumerate(self.opponents):
+            w = self.winner[self.opponent == k]
+            if len(w):
+                out[f"expert_vs_{name}"] = {r: float(np.mean(w == WINNERS.index(r))) for r in ("agent", "draw",
+                                                                                              "opponent")}
+                out[f"expert_vs_{name}"]["games"] = int(len(w))
+        return out
+
+
+def _fit(x: np.ndarray, width: int) -> np.ndarray:
+    """x's first `width` columns, zero-padded when it is narrower."""
+    out = np.zeros((x.shape[0], width), x.dtype)
+    w = min(width, x.shape[1])
+    out[:, :w] = x[:, :w]
+    return out
+
+
+def dedup_games(games: ExpertGames) -> ExpertGames:
+    """The first game of every distinct (seat, move sequence): the same moves make the same transcript."""
+    seen, keep = set(), []
+    for i, key in enumerate(zip(games.agent_player.tolist(), games.moves)):
+        if key not in seen:
+            seen.add(key)
+            keep.append(i)
+    return games.take(keep)
+
+
+def split_games(games: ExpertGames, held_out: float, seed: int) -> tuple[ExpertGames, ExpertGames]:
+    """(train, held-out) by game: a seeded shuffle, the first `held_out` share of it held out (at least one game)."""
+    if not 0 < held_out < 1:
+        raise ValueError(f"expert games: held_out must be in (0, 1), got {held_out}")
+    if len(games) < 2:
+        raise ValueError(f"expert games: {len(games)} game(s) cannot be split into train and held-out")
+    order = np.random.default_rng(seed).permutation(len(games))
+    k = min(max(1, round(held_out * len(games))), len(games) - 1)
+    return games.take(np.sort(order[k:])), games.take(np.sort(order[:k]))
+
+
+def unseen_turns(train: ExpertGames, held: ExpertGames) -> Bool[np.ndarray, " m"]:
+    """Per expert turn of `held` (`expert_turns` order): True when no train game reaches the same transcript before
+    its move (a position the model never saw in training, with its history)."""
+    seen = {train.tokens[r, :c].tobytes() for r, c in zip(*train.expert_turns())}
+    return np.array([held.tokens[r, :c].tobytes() not in seen for r, c in zip(*held.expert_turns())], bool)
+
+
+class _Opening:
+    """An env's opponent that plays uniform random legal moves while game i has fewer than `plies[i]` stones on the
+    board, then its own moves (a batched opponent: reset(rows, seeds), act(rows, me, opp, legal))."""
+
+    def __init__(self, inner, plies: Int[np.ndarray, " n"]):
+        from earl_jax.envs.vector.opponents import RandomOpponents
+
+        self.inner, self.plies, self.random = inner, plies, RandomOpponents(len(plies))
+
+    def reset(self, rows, seeds) -> None:
+        self.inner.reset(rows, seeds)
+        self.random.reset(rows, [int(s) ^ 0x5EED for s in seeds])  # a stream of its own
+
+    def act(self, rows, me, opp, legal):
+        early = np.bitwise_count(me | opp) < self.plies[rows]
+        out = np.zeros(len(rows), np.int64)
+        for mine, who in ((early, self.random), (~early, self.inner)):
+            if mine.any():
+                out[mine] = who.act(rows[mine], me[mine], opp[mine], legal[mine])
+        return out
+
+
+def expert_games(spec: ExpertSpec, env_cfg, tokenizer: tokenizers.Tokenizer, *, eos_id: int, bos_id: int | None,
+                 constrained: bool, max_context: int = 2048, max_turns: int = 32, max_turn_tokens: int = 4,
+                 progress: Callable[[int], None] | None = None) -> ExpertGames:
+    """`spec.games` expert games of `env_cfg`'s game in its prompt style (its opponent is replaced by the mix), as
+    the agent loop would record them with these rollout settings. `progress(k)`: called as k more games finish."""
+    from earl_jax.envs.vector import VectorTextEnv
+
+    game = env_cfg.game
+    if game not in EXPERTS:
+        raise ValueError(f"expert games: no expert for {game!r} (have {sorted(EXPERTS)})")
+    opponents = spec.opponents or default_opponents(game, spec.depth)
+    opening_plies = OPENING_PLIES[game] if spec.opening_plies is None else spec.opening_plies
+    rng = np.random.default_rng(spec.seed)
+    codec = ObservationCodec(tokenizer)
+    parts, shares = [], np.diff(np.linspace(0, spec.games, len(opponents) + 1).round().astype(int))
+    for k, (name, n) in enumerate(zip(opponents, shares.tolist())):
+        if n == 0:
+            continue
+        env = VectorTextEnv(dataclasses.replace(env_cfg, opponent=name, blunder_penalty=0.0), n)
+        moves = MoveTokens.build(tokenizer, env.num_actions, eos_id) if constrained else None
+        plies = rng.integers(0, opening_plies + 1, n)
+        env.opponent = _Opening(env.opponent, plies)
+        seeds = [int(s) for s in rng.integers(0, 2**31 - 1, n)]
+        part = _play(env, EXPERTS[game], spec.depth, codec, tokenizer, moves, eos_id, bos_id, seeds, plies, rng,
+                     max_context, max_turns, max_turn_tokens)
+        parts.append(dataclasses.replace(part, opponent=np.full(n, k, np.int64), opponents=tuple(opponents)))
+        if progress is not None:
+            progress(n)
+    return concat_games(parts)
+
+
+def _play(env, expert: Expert, depth: int, codec: ObservationCodec, tokenizer, moves: MoveTokens | None, eos_id: int,
+          bos_id: int | None, seeds: list[int], plies: np.ndarray, rng: np.random.Generator, max_context: int,
+          max_turns: int, max_turn_tokens: int) -> ExpertGames:
+    """One batch of games of `env`, following play_games' bookkeeping step for step (see the module docstring)."""
+    n = env.num_games
+    ep = _Episodes(n, max_turns)
+    step = env.reset(seeds)
+    ids, counts = codec.encode_padded(step.obs)
+    if bos_id is not None:
+        ids, counts = np.concatenate([np.full((n, 1), bos_id, np.int32), ids], 1), counts + 1
+    if counts.max() + 1 > max_context:
+        raise ValueError(f"expert games: the first observation is {int(counts.max())} tokens: more than "
+                         f"max_context={max_context}")
+    ep.append(np.arange(n), ids, counts, False)
+    history = [[a] if a >= 0 else [] for a in step.opponent_action.tolist()]
+    winner = np.full(n, NO_WINNER, np.int64)
+    live = ~(step.terminated | step.truncated)
+    legal = np.array(step.legal, bool)
+    expert_at: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # (rows, positions, legal, best)
+    for _ in range(max_turns):
+        rows = np.flatnonzero(live)
+        room = max_context - ep.length[rows]
+        live[rows[room <= 0]] = False
+        rows, room = rows[room > 0], room[room > 0]
+        if not len(rows):
+            break
+        budget = np.minimum(max_turn_tokens, room)
+        agent = env.agent_player[rows]
+        me, opp = env.stones[rows, agent], env.stones[rows, 1 - agent]
+        lg = legal[rows]
+        opening = np.bitwise_count(me | opp) < plies[rows]
+        pick = lg.copy()
+        if (~opening).any():
+            best = expert(me[~opening], opp[~opening], depth) & lg[~opening]
+            pick[~opening] = best
+            expert_at.append((rows[~opening], ep.length[rows[~opening]].copy(), legal_bits(lg[~opening]),
+                              legal_bits(best)))
+        move = _draw(pick, rng)
+        answers, scored, choices = _answers(move, lg, opening, moves, tokenizer, eos_id)
+        count = np.minimum(budget, (answers != -1).sum(1))
+        answers = np.where(answers == -1, 0, answers).astype(np.int32)
+        within = np.arange(answers.shape[1])[None, :] < count[:, None]
+        ep.append(rows, answers, count, True, scored=scored & within, choices=None if choices is None else
+                  np.where(within, choices, 0))
+        played = move if moves is not None else codec.padded_answers_to_moves(answers, count)
+        step = env.step(rows, moves=played)
+        for r, a, o in zip(rows.tolist(), played.tolist(), step.opponent_action.tolist()):
+            history[r] += [a] if o < 0 else [a, o]
+        done = step.terminated | step.truncated
+        winner[rows[done]] = step.winner[done]
+        live[rows[done]] = False
+        legal[rows] = step.legal
+        going = ~done
+        if not going.any():
+            continue
+        ids, counts = codec.encode_step(step, going)
+        cont = rows[going]
+        fits = ep.length[cont] + counts + 1 <= max_context  # room to answer the next turn
+        live[cont[~fits]] = False
+        if fits.any():
+            ep.append(cont[fits], ids[fits], counts[fits], False)
+    a = ep.arrays()
+    legal_at, best_at = np.zeros(a["tokens"].shape, np.int32), np.zeros(a["tokens"].shape, np.int32)
+    for rows, pos, lb, bb in expert_at:
+        ok = pos < ep.length[rows]  # the move token was written (room for it)
+        legal_at[rows[ok], pos[ok]], best_at[rows[ok], pos[ok]] = lb[ok], bb[ok]
+    return ExpertGames(tokens=a["tokens"], loss_mask=a["mask"], lengths=ep.length.astype(np.int64),
+                       choices=a["choices"], legal=legal_at, best=best_at, agent_player=env.agent_player.copy(),
+                       opponent=np.zeros(n, np.int64), winner=winner, seeds=np.asarray(seeds, np.int64),
+                       opening=np.asarray(plies, np.int64), moves=[tuple(h) for h in history], opponents=(),
+                       constrained=moves is not None)
+
+
+def _draw(pick: Bool[np.ndarray, "r a"], rng: np.random.Generator) -> Int[np.ndarray, " r"]:
+    """A uniform True column of each row."""
+    k = (rng.random(len(pick)) * pick.sum(1)).astype(np.int64)
+    return (np.cumsum(pick, 1) > k[:, None]).argmax(1)
+
+
+def _answers(move, legal, opening, moves: MoveTokens | None, tokenizer, eos_id: int):
+    """(answer ids padded with -1, scored [r, w], choices [r, w] or None) as the policy would write them."""
+    if moves is not None:  # constrained: the move token and the stop token; only the move is the policy's choice
+        answers = np.stack([np.asarray(moves.token_ids)[move], np.full(len(move), moves.stop_id)], 1)
+        scored = np.zeros(answers.shape, bool)
+        scored[:, 0] = ~opening
+        choices = np.zeros(answers.shape, np.int32)
+        choices[:, 0] = legal_bits(legal)
+        return answers, scored, choices
+    texts = [e.ids + [eos_id] for e in tokenizer.encode_batch([str(m) for m in move.tolist()],
+                                                              add_special_tokens=False)]
+    width = max(map(len, texts))
+    answers = np.array([t + [-1] * (width - len(t)) for t in texts], np.int64)
+    return answers, (answers != -1) & ~opening[:, None], None
+
+
+def concat_games(parts: list[ExpertGames]) -> ExpertGames:
+    width = max(p.tokens.shape[1] for p in parts)
+    cat = {k: np.concatenate([_fit(getattr(p, k), width) for p in parts])
+           for k in ("tokens", "loss_mask", "choices", "legal", "best")}
+    vec = {k: np.concatenate([getattr(p, k) for p in parts]) for k in ("lengths", "agent_player", "opponent", "winner", "seeds",
+                                                                   "opening")}
+    return ExpertGames(**cat, **vec, moves=[m for p in parts for m in p.moves], opponents=parts[0].opponents,
+                       constrained=parts[0].constrained)
