@@ -44,11 +44,11 @@ def test_beats_keep_it_alive_and_silence_ends_the_process():
 
 
 def test_training_beats_at_every_phase_under_the_configured_timeout(tmp_path, monkeypatch):
-    """Trainer.run runs under a Watchdog of --stall-minutes and beats before each phase that can hang (what ends a
+    """Trainer.run runs under a Watchdog of --run.stall-minutes and beats before each phase that can hang (what ends a
     silent process is the test above): the start, every iteration, evaluation and checkpoint, by name."""
-    import dataclasses
-
+    from earl_jax.rl import session as session_mod
     from earl_jax.rl import trainer as trainer_mod
+    from jobs import with_fields
     from tests.test_trainer import SMALL
 
     made = []
@@ -62,9 +62,9 @@ def test_training_beats_at_every_phase_under_the_configured_timeout(tmp_path, mo
         def beat(self, phase: str = "") -> None:
             self.beats.append(phase)
 
-    monkeypatch.setattr(trainer_mod, "Watchdog", Spy)
-    cfg = dataclasses.replace(SMALL, steps=2, eval_every=2, checkpoint_every=1, format_warmup_steps=0,
-                              stall_minutes=7.0, run_dir=str(tmp_path / "run"))
+    monkeypatch.setattr(session_mod, "Watchdog", Spy)  # the training session's watchdog
+    cfg = with_fields(SMALL, steps=2, eval_every=2, checkpoint_every=1, format_warmup_steps=0, stall_minutes=7.0,
+                      run_dir=str(tmp_path / "run"))
     trainer_mod.Trainer(cfg, log=False).run()
     (dog,) = made
     assert dog.asked == 7.0 * 60 and "--resume" in dog.hint
