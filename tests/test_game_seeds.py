@@ -1,4 +1,4 @@
-"""--group-seeds: per-game seeds keep a group's seat and give its games their own opponent streams."""
+"""--rollout.group-seeds: per-game seeds keep a group's seat and give its games their own opponent streams."""
 import numpy as np
 import pytest
 
@@ -42,15 +42,15 @@ def test_per_game_seeds_keep_the_seat_and_vary_the_opponent():
 
 
 def test_trainer_rollout_inputs_follow_the_flag():
-    from earl_jax.rl.config import RLConfig
     from earl_jax.rl.trainer import Trainer
+    from jobs import job
 
     class T:  # rollout_inputs reads cfg and step only
         rollout_inputs = Trainer.rollout_inputs
 
     for mode in ("shared", "per_game"):
         t = T()
-        t.cfg, t.step = RLConfig(groups=3, group_size=4, group_seeds=mode), 2
+        t.cfg, t.step = job(groups=3, group_size=4, group_seeds=mode), 2
         seeds, gids, _ = t.rollout_inputs()
         assert len(seeds) == 12 and gids.tolist() == [0] * 4 + [1] * 4 + [2] * 4
         assert (len(set(seeds)) == 3) == (mode == "shared")

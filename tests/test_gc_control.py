@@ -48,11 +48,11 @@ def test_startup_pause_holds_the_collector_until_the_first_iteration_ends():
 
 
 def test_the_trainer_collects_automatically_again_after_its_first_iteration(tmp_path, monkeypatch):
-    from earl_jax.rl.config import RLConfig
     from earl_jax.rl.trainer import Trainer
+    from jobs import job
 
-    cfg = RLConfig(groups=2, group_size=4, steps=2, format_warmup_steps=0, devices=1, eval_games=4, eval_every=0,
-                   checkpoint_every=0, max_context=256, progress=False, wandb_mode="disabled", run_dir=str(tmp_path))
+    cfg = job(groups=2, group_size=4, steps=2, format_warmup_steps=0, devices=1, eval_games=4, eval_every=0,
+              checkpoint_every=0, max_context=256, run_dir=str(tmp_path))
     trainer = Trainer(cfg, log=False)
     seen = []
     iteration = trainer.iteration

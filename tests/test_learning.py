@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -11,23 +10,28 @@ import numpy as np
 import pytest
 from probe import ShowDigitEnv
 
-from earl_jax.rl.config import RLConfig
+from earl_jax.rl.experience import batch_arrays
+from earl_jax.rl.packing import scored_spans
 from earl_jax.rl.trainer import Trainer
 from earl_jax.rollout.sampler import Sampler
 
-TINY = RLConfig(groups=4, group_size=4, steps=1, format_warmup_steps=0, devices=1, eval_games=8, checkpoint_every=0,
-                max_context=512, micro_batch_tokens=8192, progress=False, wandb_mode="disabled")
+from jobs import job, with_fields
+
+TINY = job(groups=4, group_size=4, steps=1, format_warmup_steps=0, devices=1, eval_games=8, checkpoint_every=0,
+           max_context=512, micro_batch_tokens=8192)
 
 
 def _sampled_and_recomputed(trainer: Trainer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One rollout's sampler log-probs, the experience stage's old-policy log-probs of the same batch under
     the same weights (rows back in game order), and the loss mask (generated tokens)."""
-    cfg = trainer.cfg
-    traj, _ = trainer._rollout(trainer.env, list(range(cfg.batch_size)), np.repeat(np.arange(cfg.groups), cfg.group_size),
-                               jax.random.key(1), trainer.sampling)
-    arrays = trainer._batch_arrays(traj)
-    trainer._plan_batch(arrays, traj.stats.turn_context_len_mean)
-    batch, _, arranged = trainer.planner.run("experience", lambda run: trainer._experience(run, arrays, traj.lengths))
+    r = trainer.cfg.rollout
+    traj, _ = trainer.play(trainer.env, list(range(r.batch_size)), np.repeat(np.arange(r.groups), r.group_size),
+                           jax.random.key(1), trainer.sampling)
+    arrays = batch_arrays(traj, trainer.moves is not None)
+    trainer._observe(arrays, traj.stats.turn_context_len_mean, traj.num_games)
+    spans = scored_spans(traj.loss_mask) if traj.spans is None else traj.spans
+    batch, _, arranged = trainer.planner.run("experience",
+                                             lambda run: trainer._experience(run, arrays, spans, traj.local_rows))
     old = np.empty(np.shape(batch.old_logp), np.float32)
     old[arranged] = np.asarray(batch.old_logp)  # the stage arranges rows by length
     return traj.logprobs, old[:, :traj.tokens.shape[1]], traj.loss_mask
@@ -46,7 +50,7 @@ def test_train_pass_scores_exactly_the_sampled_tokens(tmp_path, env_factory, ext
     An off-by-one in positions, padding, BOS or the extend path would be off by nats: the same comparison
     one position over must fail.
     """
-    trainer = Trainer(dataclasses.replace(TINY, run_dir=str(tmp_path), **extra), log=False, env_factory=env_factory)
+    trainer = Trainer(with_fields(TINY, run_dir=str(tmp_path), **extra), log=False, env_factory=env_factory)
     sampled, old, mask = _sampled_and_recomputed(trainer)  # the Trainer's own sampler (bf16 cache)
     assert mask.sum() > 50 and (mask.sum(1) > mask.sum(1).min()).any()  # many tokens, ragged rows
     np.testing.assert_allclose(sampled[mask], old[mask], atol=1e-2, rtol=0)
@@ -54,8 +58,8 @@ def test_train_pass_scores_exactly_the_sampled_tokens(tmp_path, env_factory, ext
     assert shifted.mean() > 0.1, shifted.mean()  # the comparison can tell a position apart
 
     run = trainer.planner.stage_run("rollout")
-    trainer._samplers[run.layout.mesh] = Sampler(trainer.graphdef, trainer.model_cfg, mesh=run.mesh, rules=run.rules,
-                                                 cache_dtype=jnp.float32)
+    trainer.rollout.samplers[run.layout.mesh] = Sampler(trainer.graphdef, trainer.model_cfg, mesh=run.mesh,
+                                                        rules=run.rules, cache_dtype=jnp.float32)
     sampled, old, mask = _sampled_and_recomputed(trainer)
     np.testing.assert_allclose(sampled[mask], old[mask], atol=1e-5, rtol=0)
 
@@ -64,9 +68,9 @@ def test_train_pass_scores_exactly_the_sampled_tokens(tmp_path, env_factory, ext
 # term). The digit shown is 0 or 1, so a policy that does not read it scores about 0.5 (always the same digit);
 # the 50 evaluation games are greedy, on fixed seeds. At 2e-3 the same run flips between "always 0" and
 # "always 1" and ends at 0.46 (experiments/results/learning_notes.md).
-PROBE = dataclasses.replace(TINY, groups=8, group_size=8, learning_rate=1e-3, max_turn_tokens=1, max_turns=2,
-                            max_context=32, eval_games=50, eval_every=0, filter_constant_groups=True,
-                            entropy_coef=0.0, entropy_floor=None, turn_discount=1.0)
+PROBE = with_fields(TINY, groups=8, group_size=8, optim__learning_rate=1e-3, max_turn_tokens=1, max_turns=2,
+                    max_context=32, eval_games=50, eval_every=0, filter_constant_groups=True,
+                    entropy_coef=0.0, entropy_floor=None, turn_discount=1.0)
 
 
 @pytest.mark.slow
@@ -78,9 +82,9 @@ def test_policy_learns_to_read_the_first_observation(tmp_path):
     Free text on turn 2 (the cache-extend path) is not learned in 80 iterations (0.46 with plain GRPO, with a turn
     discount of 0.5 or 0.05, or with the entropy floor; learning_notes.md); constrained moves learn it
     (test_moves.py). The trajectories and log-probs of that path are checked above."""
-    trainer = Trainer(dataclasses.replace(PROBE, steps=80, run_dir=str(tmp_path)), log=False,
+    trainer = Trainer(with_fields(PROBE, steps=80, run_dir=str(tmp_path)), log=False,
                       env_factory=functools.partial(ShowDigitEnv, choices=2))
-    for _ in range(trainer.cfg.steps):
+    for _ in range(trainer.cfg.run.steps):
         trainer.iteration()
     success = trainer.evaluate()["eval/win_rate"]
     assert success >= 0.9, success
@@ -101,19 +105,19 @@ def test_with_the_digit_hidden_every_game_gets_one_answer(tmp_path, monkeypatch,
     their 80 training iterations (75 s each under CI): with the digit printed as "?", every evaluation game shows
     the policy the same tokens turn after turn, so whatever it learned it gives every game one answer, and the
     evaluation seeds' digits are balanced: no policy passes 0.6, the learning tests' bar being 0.9."""
-    cfg = dataclasses.replace(PROBE, steps=3, run_dir=str(tmp_path), max_turns=2 + reveal_turn, constrain_moves=True,
-                              max_turn_tokens=2, learning_rate=2e-3)
+    cfg = with_fields(PROBE, steps=3, run_dir=str(tmp_path), max_turns=2 + reveal_turn, constrain_moves=True,
+                      max_turn_tokens=2, optim__learning_rate=2e-3)
     trainer = Trainer(cfg, log=False, env_factory=functools.partial(
         _RecordedDigits, choices=2, reveal_turn=reveal_turn, hidden=True, warmup_moves=(0, 1)))
-    for _ in range(cfg.steps):  # weights that are not the initial ones
+    for _ in range(cfg.run.steps):  # weights that are not the initial ones
         trainer.iteration()
     played = []
-    rollout = trainer._rollout
-    monkeypatch.setattr(trainer, "_rollout", lambda *a, **k: played.append(rollout(*a, **k)) or played[-1])
+    play = trainer.play
+    monkeypatch.setattr(trainer, "play", lambda *a, **k: played.append(play(*a, **k)) or played[-1])
     _RecordedDigits.digits.clear()
     success = trainer.evaluate()["eval/win_rate"]
     (traj, _), digits = played[-1], np.array(_RecordedDigits.digits)
-    assert len(digits) == traj.tokens.shape[0] == cfg.eval_games
+    assert len(digits) == traj.tokens.shape[0] == cfg.eval.games
     assert len(np.unique(traj.tokens, axis=0)) == 1  # one context and one answer for every game
     share_of_zeros = float(np.mean(digits == 0))
     assert max(share_of_zeros, 1 - share_of_zeros) <= 0.6, share_of_zeros
@@ -124,16 +128,16 @@ def test_a_collapsed_run_has_no_gradient_and_says_so(tmp_path):
     """Force the collapse the issue describes: the format warm-up on the probe, drawing from the one answer "0"
     (`warmup_moves`), teaches that constant answer. Every group is then constant (always right where d = 0,
     always wrong where d = 1), every advantage is 0, the weights do not move, and the trainer warns and counts it."""
-    cfg = dataclasses.replace(PROBE, steps=3, format_warmup_steps=40, format_warmup_games=64, run_dir=str(tmp_path))
+    cfg = with_fields(PROBE, steps=3, format_warmup_steps=40, format_warmup_games=64, run_dir=str(tmp_path))
     trainer = Trainer(cfg, log=False, env_factory=functools.partial(ShowDigitEnv, choices=2, warmup_moves=(0,)))
     trainer.format_warmup()
-    before = [np.asarray(x) for x in jax.tree.leaves(trainer.params)]
+    before = [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
     with pytest.warns(RuntimeWarning, match="no learning signal"):
         first = trainer.iteration()
     assert first["train/no_signal_iters"] == 1
     assert first["train/filtered_frac"] == 1.0 and first["train/grad_norm"] == 0.0
     assert 0 < first["episode/win_rate"] < 1  # right exactly where d happens to be 0
-    for a, b in zip(before, jax.tree.leaves(trainer.params)):
+    for a, b in zip(before, jax.tree.leaves(trainer.state.params)):
         np.testing.assert_array_equal(a, b)
     # The counter runs while every group stays constant and resets on the first gradient. (A rare sampled
     # "1", p ~ 3e-3 a game after this warm-up, gives its group a signal: at this seed iteration 2 has one.)
@@ -150,8 +154,8 @@ def test_the_entropy_floor_keeps_a_collapsed_run_learning(tmp_path):
     rather than a nudge: Adam turns the floor's tiny but steady gradient into full steps, and the entropy went
     0.004 -> 4.6 nats (uniform) at iteration 6 before RL sharpened it again. It does not promise the answer is
     found quickly: the greedy policy was still the constant "0" after 60 iterations (learning_notes.md)."""
-    cfg = dataclasses.replace(PROBE, steps=15, learning_rate=2e-3, format_warmup_steps=40, format_warmup_games=64,
-                              filter_constant_groups=False, entropy_coef=1.0, entropy_floor=0.5, run_dir=str(tmp_path))
+    cfg = with_fields(PROBE, steps=15, optim__learning_rate=2e-3, format_warmup_steps=40, format_warmup_games=64,
+                      filter_constant_groups=False, entropy_coef=1.0, entropy_floor=0.5, run_dir=str(tmp_path))
     trainer = Trainer(cfg, log=False, env_factory=functools.partial(ShowDigitEnv, choices=2, warmup_moves=(0,)))
     trainer.format_warmup()
     records = [trainer.iteration() for _ in range(15)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import types
 
 import jax
@@ -16,6 +15,8 @@ from earl_jax.parallel.memory_check import GIB, ProgramMemoryError, check_fits, 
 from earl_jax.parallel.profile import is_oom_error
 from earl_jax.rl.trainer import Trainer
 from tests.test_trainer import SMALL
+
+from jobs import with_fields
 
 
 def _fake_compiled(temp: int, out: int, alias: int = 0):
@@ -76,8 +77,7 @@ def test_xla_sizes_count_temporaries_and_outputs_less_donated_reuse():
 
 
 def test_the_planner_checks_first_calls_and_falls_back_without_compiling_twice(tmp_path, monkeypatch):
-    cfg = dataclasses.replace(SMALL, devices=8, steps=1, eval_every=0, format_warmup_steps=0,
-                              run_dir=str(tmp_path / "run"))
+    cfg = with_fields(SMALL, devices=8, steps=1, eval_every=0, format_warmup_steps=0, run_dir=str(tmp_path / "run"))
     trainer = Trainer(cfg, log=False)
     first = trainer.planner.current.experience.mesh
     checked, refusing = [], [False]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -12,16 +11,20 @@ import pytest
 from probe import ShowDigitEnv
 
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
-from earl_jax.rl.config import RLConfig
+from earl_jax.rl.experience import batch_arrays
+from earl_jax.rl.packing import scored_spans
 from earl_jax.rl.trainer import Trainer
+from earl_jax.rollout.agent_loop import PlayConfig, play_games
 from earl_jax.rollout.moves import MoveTokens, bits_to_mask, choice_logprobs, legal_bits, pick_moves
-from earl_jax.rollout.policy import _prepend
+from earl_jax.rollout.policy import SamplerPolicy, _prepend
 from earl_jax.rollout.sampler import Sampler
+
+from jobs import job, with_fields
 
 TOK = game_tokenizer()
 EOS = special_ids(TOK).eos_id
-TINY = RLConfig(groups=4, group_size=4, steps=1, format_warmup_steps=0, devices=1, eval_games=8, checkpoint_every=0,
-                max_context=512, micro_batch_tokens=8192, progress=False, wandb_mode="disabled", constrain_moves=True)
+TINY = job(groups=4, group_size=4, steps=1, format_warmup_steps=0, devices=1, eval_games=8, checkpoint_every=0,
+           max_context=512, micro_batch_tokens=8192, constrain_moves=True)
 
 
 def test_move_tokens_are_one_token_per_action():
@@ -98,12 +101,14 @@ def test_prepend_joins_ragged_rows():
 
 
 def _rollout_and_experience(trainer: Trainer, seeds):
-    cfg = trainer.cfg
-    traj, _ = trainer._rollout(trainer.env, seeds, np.repeat(np.arange(cfg.groups), cfg.group_size),
-                               jax.random.key(1), trainer.sampling)
-    arrays = trainer._batch_arrays(traj)
-    trainer._plan_batch(arrays, traj.stats.turn_context_len_mean)
-    batch, _, arranged = trainer.planner.run("experience", lambda run: trainer._experience(run, arrays, traj.lengths))
+    r = trainer.cfg.rollout
+    traj, _ = trainer.play(trainer.env, seeds, np.repeat(np.arange(r.groups), r.group_size), jax.random.key(1),
+                           trainer.sampling)
+    arrays = batch_arrays(traj, trainer.moves is not None)
+    trainer._observe(arrays, traj.stats.turn_context_len_mean, traj.num_games)
+    spans = scored_spans(traj.loss_mask) if traj.spans is None else traj.spans
+    batch, _, arranged = trainer.planner.run("experience",
+                                             lambda run: trainer._experience(run, arrays, spans, traj.local_rows))
     old = np.empty(np.shape(batch.old_logp), np.float32)
     old[arranged] = np.asarray(batch.old_logp)
     return traj, old[:, :traj.tokens.shape[1]]
@@ -114,11 +119,11 @@ def test_connect_four_turns_are_a_legal_move_then_the_stop_token(tmp_path):
     with its legal set in `choices`; no game ends by an invalid move; each turn's reward sits on its move token;
     and the experience stage scores each move exactly as the rollout drew it (the masked softmax: the full
     vocabulary's log-prob of the same token differs by nats, so a stage that ignored the mask would fail)."""
-    trainer = Trainer(dataclasses.replace(TINY, run_dir=str(tmp_path)), log=False)
+    trainer = Trainer(with_fields(TINY, run_dir=str(tmp_path)), log=False)
     trainer.sampler_cache_dtype = jnp.float32
     run = trainer.planner.stage_run("rollout")
-    trainer._samplers[run.layout.mesh] = Sampler(trainer.graphdef, trainer.model_cfg, mesh=run.mesh, rules=run.rules,
-                                                 cache_dtype=jnp.float32)
+    trainer.rollout.samplers[run.layout.mesh] = Sampler(trainer.graphdef, trainer.model_cfg, mesh=run.mesh,
+                                                        rules=run.rules, cache_dtype=jnp.float32)
     traj, old = _rollout_and_experience(trainer, list(range(16)))
     mask, choices, tokens = traj.loss_mask, traj.choices, traj.tokens
     move_ids = set(trainer.moves.token_ids)
@@ -160,22 +165,30 @@ def test_the_env_plays_the_move_the_policy_drew_without_parsing_it(tmp_path, mon
 
     monkeypatch.setattr(ObservationCodec, "padded_answers_to_moves", no_parsing)
     monkeypatch.setattr(VectorTextEnv, "step", spy)
-    trainer = Trainer(dataclasses.replace(TINY, run_dir=str(tmp_path)), log=False)
+    trainer = Trainer(with_fields(TINY, run_dir=str(tmp_path)), log=False)
     assert isinstance(trainer.env, VectorTextEnv)
-    traj, _ = trainer._rollout(trainer.env, list(range(16)), None, jax.random.key(3), trainer.sampling)
+    traj, _ = trainer.play(trainer.env, list(range(16)), None, jax.random.key(3), trainer.sampling)
     for row in range(16):
         tokens = traj.tokens[row][traj.loss_mask[row]].tolist()
         assert played[row] == [trainer.moves.token_ids.index(t) for t in tokens]
 
 
 def test_same_seeds_same_games_whatever_the_schedule(tmp_path):
-    """Pipelined halves, compaction and the overlap change nothing a game plays (per-game keys)."""
-    trainer = Trainer(dataclasses.replace(TINY, run_dir=str(tmp_path)), log=False)
-    seeds = list(range(100, 116))
-    base, _ = trainer._rollout(trainer.env, seeds, None, jax.random.key(7), trainer.sampling)
-    trainer.rollout_cfg = dataclasses.replace(trainer.rollout_cfg, overlap=False)
-    trainer.cfg = dataclasses.replace(trainer.cfg, rollout_groups=2, compact_finished="false")
-    other, _ = trainer._rollout(trainer.env, seeds, None, jax.random.key(7), trainer.sampling)
+    """Pipelined halves, compaction and the overlap change nothing a game plays (per-game keys): the trainer's
+    constrained rollout (compacting, the CPU's "auto") against `play_games` on the same sampler and weights in two
+    pipeline groups, without the overlap, without compaction."""
+    trainer = Trainer(with_fields(TINY, run_dir=str(tmp_path)), log=False)
+    seeds, rng = list(range(100, 116)), jax.random.key(7)
+    base, _ = trainer.play(trainer.env, seeds, None, rng, trainer.sampling)
+    run, r = trainer.planner.stage_run("rollout"), trainer.cfg.rollout
+    (sampler,) = trainer.rollout.samplers.values()
+    params = trainer.weights.for_stage(run, trainer.state.params)
+    policies = [SamplerPolicy(sampler, params, trainer.sampling, (trainer.ids.eos_id,), r.turn_tokens(0),
+                              moves=trainer.moves) for _ in range(2)]
+    play = PlayConfig(r.turn_tokens(0), r.max_turns, r.max_context, pipeline_groups=2, overlap=False, compact=False,
+                      min_batch=run.batch_shards, constrain_moves=True)
+    other = play_games(policies, trainer.env, trainer.tokenizer, play, rng, seeds, np.arange(len(seeds)),
+                       bos_id=trainer.ids.bos_id, codec=trainer.codec)
     assert base.stats.decode_rows < len(seeds) * max(base.num_turns)  # the CPU's "auto" compacted the first
     np.testing.assert_array_equal(base.tokens, other.tokens)
     np.testing.assert_array_equal(base.choices, other.choices)
@@ -183,17 +196,17 @@ def test_same_seeds_same_games_whatever_the_schedule(tmp_path):
 
 
 @pytest.mark.parametrize("flags, match", [
-    (dict(top_k=5), "top-k"),
+    (dict(top_k=5), "top_k"),
     (dict(turn_tokens_schedule="0:4,5:8"), "schedule"),
     (dict(max_turn_tokens=1), "2 tokens"),
 ])
 def test_constrained_moves_refuse_settings_that_do_not_apply(flags, match):
-    with pytest.raises(ValueError, match=match):
-        dataclasses.replace(TINY, **flags)
+    with pytest.raises(ValueError, match=f"^--rollout.*{match}"):
+        with_fields(TINY, **flags)
 
 
 def test_a_game_with_multi_token_moves_is_refused(tmp_path):
-    cfg = dataclasses.replace(TINY, run_dir=str(tmp_path), game="checkers")  # 512 action ids
+    cfg = with_fields(TINY, run_dir=str(tmp_path), game="checkers")  # 512 action ids
     with pytest.raises(ValueError, match="512 actions; at most 31"):
         Trainer(cfg, log=False)
 
@@ -207,12 +220,12 @@ def test_constrained_policy_learns_the_digit_shown_on_turn_two(tmp_path):
     Hidden, it cannot (an 80-iteration run: 0.54 throughout); that control is now
     test_learning.py::test_with_the_digit_hidden_every_game_gets_one_answer. Constrained moves alone at lr 1e-3 stay
     at 0.54 (section 8)."""
-    cfg = dataclasses.replace(TINY, groups=8, group_size=8, learning_rate=2e-3, entropy_coef=0.1, entropy_floor=0.5,
-                              filter_constant_groups=False, turn_discount=0.5, steps=80, max_turns=3, max_context=32,
-                              eval_games=50, eval_every=0, run_dir=str(tmp_path))
+    cfg = with_fields(TINY, groups=8, group_size=8, optim__learning_rate=2e-3, entropy_coef=0.1, entropy_floor=0.5,
+                      filter_constant_groups=False, turn_discount=0.5, steps=80, max_turns=3, max_context=32,
+                      eval_games=50, eval_every=0, run_dir=str(tmp_path))
     trainer = Trainer(cfg, log=False, env_factory=functools.partial(
         ShowDigitEnv, choices=2, reveal_turn=1, warmup_moves=(0, 1)))
-    for _ in range(cfg.steps):
+    for _ in range(cfg.run.steps):
         trainer.iteration()
     success = trainer.evaluate()["eval/win_rate"]
     assert success >= 0.9, success

@@ -172,10 +172,10 @@ def _restore_numpy(run_dir: Path) -> tuple[int, list[np.ndarray]]:
 
 # Tiny model, 8 games per iteration, the default's constrained moves, and meshes that make the dispatcher
 # reshard weights (train d2f2t2 -> rollout d4f1t2) across the two processes.
-CONNECT4 = ["--groups", "4", "--group-size", "2", "--eval-games", "8", "--steps", "2",
-            "--kl-coef", "0.01", "--filter-constant-groups", "false", "--rollout-thresholds", "0:d4f1t2",
-            "--experience-thresholds", "0:d8f1t1", "--train-thresholds", "0:d2f2t2", "--progress", "false",
-            "--wandb-mode", "disabled"]
+CONNECT4 = ["--rollout.groups", "4", "--rollout.group-size", "2", "--eval.games", "8", "--steps", "2",
+            "--loss.kl-coef", "0.01", "--loss.filter-constant-groups", "false",
+            "--planner.rollout-thresholds", "0:d4f1t2", "--planner.experience-thresholds", "0:d8f1t1",
+            "--planner.train-thresholds", "0:d2f2t2", "--run.progress", "false", "--run.wandb-mode", "disabled"]
 EXACT_PREFIXES = ("episode/", "eval/", "rollout/context", "rollout/tokens", "rollout/generated", "parallel/",
                   "dispatch/", "step")  # compile/lowered: two processes also trace the gathers
 
