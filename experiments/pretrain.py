@@ -1,0 +1,286 @@
+"""Build a base policy from expert games: generate them, train on them (the SFT stage), measure, export.
+
+    python experiments/pretrain.py connect4 --out experiments/bases/connect4
+    python experiments/pretrain.py tictactoe --out experiments/bases/tictactoe
+    python experiments/pretrain.py connect4 --expert-only        # the expert's results and speed, no training
+
+The job flags after the script's own (any of connect4.py's / tictactoe.py's: `--model small`, `--seed 1`,
+`--env.prompt-style chat`, `--rollout.constrain-moves false`) choose the model, the prompt style, the move mode and
+the rollout limits the transcripts follow. With none, the game's CPU default job (experiments/configs/<game>/
+tiny-cpu.toml): the base then speaks exactly what that job's rollout writes, and the job starts from it with
+`--model.hf-checkpoint DIR`.
+
+Steps: expert games (rl/expert_games.py; deduplicated, split by game into train and held-out), `--sft-steps`
+supervised steps of `--sft-games` games each through the SFT stage (rl/sft.py run_sft, on the planner's "sft"
+layout), held-out move accuracy against the expert every `--accuracy-every` steps, greedy games against the game's
+evaluation opponents, then the Hugging Face folder (models/export.py; with --dtype bfloat16 the evaluation and the
+accuracy are of the rounded weights that ship). Writes experiments/results/pretrain_<game><--name>.{json,png}.
+The same command and seed build the same base on the same machine (tests/test_pretrain.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from earl_jax.rl.expert_games import (ExpertGames, ExpertSpec, dedup_games, expert_games, split_games,  # noqa: E402
+                                      unseen_turns)
+
+GAMES = {"connect4": ("connect_four", ("random", "alphabeta:1", "alphabeta:2", "alphabeta:3")),
+         "tictactoe": ("tic_tac_toe", ("random", "solver"))}
+ACCURACY_ROWS = 64  # held-out games per forward pass (one compiled shape)
+
+
+def options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                epilog="Other flags are the job's (see connect4.py --help).")
+    p.add_argument("game", choices=sorted(GAMES))
+    p.add_argument("--games", type=int, default=16384, help="expert games to play (before deduplication)")
+    p.add_argument("--depth", type=int, default=5, help="Connect Four: the expert's alpha-beta depth")
+    p.add_argument("--opening-plies", type=int, default=None, help="random plies opening a game, at most "
+                                                                   "(default: the game's, rl/expert_games.py)")
+    p.add_argument("--held-out", type=float, default=0.05, help="share of the games held out for move accuracy")
+    p.add_argument("--sft-steps", type=int, default=2000, help="supervised steps")
+    p.add_argument("--sft-games", type=int, default=16, help="games per step (a multiple of the devices)")
+    p.add_argument("--sft-lr", type=float, default=2e-3, help="AdamW peak learning rate (cosine to 0.1x)")
+    p.add_argument("--sft-warmup", type=int, default=50, help="linear warm-up steps of the learning rate")
+    p.add_argument("--accuracy-every", type=int, default=100, help="held-out accuracy every this many steps")
+    p.add_argument("--accuracy-games", type=int, default=512, help="held-out games the accuracy reads, at most")
+    p.add_argument("--eval-games", type=int, default=512, help="greedy games per evaluation opponent")
+    p.add_argument("--out", type=Path, default=None, help="the base's folder (default: experiments/bases/<game>)")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights as stored")
+    p.add_argument("--name", default="", help="suffix of the results' file names")
+    p.add_argument("--results", type=Path, default=ROOT / "experiments" / "results", help="where results go")
+    p.add_argument("--expert-only", action="store_true", help="play the expert games, report them, stop")
+    return p.parse_known_args(argv)
+
+
+def job_config(args, rest: list[str]):
+    from earl_jax.rl.job import parse_job
+
+    _, opponents = GAMES[args.game]
+    defaults = ["--eval.games", str(args.eval_games), "--eval.opponents", ",".join(opponents),
+                "--run.wandb-mode", "disabled", "--run.progress", "false"]
+    cfg = parse_job(defaults + rest, ROOT / "experiments" / "configs" / args.game).config
+    run = dataclasses.replace(cfg.run, run_dir=tempfile.mkdtemp(prefix="earl_pretrain_"))  # the trainer writes none
+    return dataclasses.replace(cfg, run=run)
+
+
+def make_games(args, cfg, tokenizer, ids) -> tuple[ExpertGames, dict]:
+    spec = ExpertSpec(games=args.games, depth=args.depth, opening_plies=args.opening_plies, seed=cfg.run.seed)
+    spec_dict = dataclasses.asdict(spec) if cfg.env.game == "connect_four" else {  # the solver has no depth
+        k: v for k, v in dataclasses.asdict(spec).items() if k != "depth"}
+    t0 = time.perf_counter()
+    from tqdm import tqdm
+
+    with tqdm(total=spec.games, desc="expert games", unit="game", disable=not sys.stderr.isatty()) as bar:
+        games = expert_games(spec, cfg.env, tokenizer, eos_id=ids.eos_id, bos_id=ids.bos_id,
+                             constrained=cfg.rollout.constrain_moves, max_context=cfg.rollout.max_context,
+                             max_turns=cfg.rollout.max_turns, max_turn_tokens=cfg.rollout.turn_tokens(0),
+                             progress=bar.update)
+    seconds = time.perf_counter() - t0
+    return games, {"spec": spec_dict, "seconds": round(seconds, 1),
+                   "seconds_per_game": seconds / spec.games, **games.stats()}
+
+
+def move_token_ids(tokenizer, num_actions: int) -> np.ndarray:
+    """The token of each move's text (both move modes answer with it first)."""
+    ids = [tokenizer.encode(str(a), add_special_tokens=False).ids for a in range(num_actions)]
+    if any(len(i) != 1 for i in ids):
+        raise ValueError("move accuracy needs every move to be one token in this tokenizer")
+    return np.array([i[0] for i in ids])
+
+
+class Accuracy:
+    """Held-out move accuracy: at each expert move of the held-out games, is the model's argmax over the legal
+    moves' tokens (the greedy constrained move; in free text the legal move it ranks first) one of the expert's best
+    moves? Reported over all held-out expert moves, over those whose history no train game reaches, with chance."""
+
+    def __init__(self, trainer, train: ExpertGames, held: ExpertGames, limit: int):
+        self.graphdef = trainer.graphdef
+        self.held = held.take(np.arange(min(limit, len(held))))
+        self.unseen = unseen_turns(train, self.held)
+        rows, cols = self.held.expert_turns()
+        self.rows, self.cols = rows, cols
+        self.legal, self.best = self.held.legal[rows, cols], self.held.best[rows, cols]
+        self.move_ids = jnp.asarray(move_token_ids(trainer.tokenizer, trainer.env.num_actions))
+        self.width = int(self.held.tokens.shape[1])
+        graphdef, move_ids = self.graphdef, self.move_ids
+
+        def logits(params, tokens):
+            model = nnx.merge(graphdef, params)
+            h, _ = model.hidden(tokens, jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape))
+            return model.logits(h)[..., move_ids]
+
+        self._logits = jax.jit(logits)
+        bits = lambda m: ((m[:, None] >> np.arange(len(move_ids))) & 1).astype(bool)  # noqa: E731
+        self.legal_m, self.best_m = bits(self.legal), bits(self.best)
+
+    def __call__(self, params) -> dict[str, float]:
+        picks = np.zeros(len(self.rows), np.int64)
+        for start in range(0, len(self.held), ACCURACY_ROWS):
+            tokens = np.zeros((ACCURACY_ROWS, self.width), np.int32)
+            chunk = self.held.tokens[start:start + ACCURACY_ROWS]
+            tokens[:len(chunk)] = chunk
+            move_logits = np.asarray(self._logits(params, jnp.asarray(tokens)))
+            sel = (self.rows >= start) & (self.rows < start + ACCURACY_ROWS)
+            at = move_logits[self.rows[sel] - start, self.cols[sel] - 1]  # the position before the move predicts it
+            picks[sel] = np.where(self.legal_m[sel], at, -np.inf).argmax(1)
+        hit = self.best_m[np.arange(len(picks)), picks]
+        chance = self.best_m.sum(1) / self.legal_m.sum(1)
+        return {"accuracy": float(hit.mean()), "accuracy_unseen": float(hit[self.unseen].mean()) if self.unseen.any()
+                else float("nan"), "chance": float(chance.mean()), "moves": int(len(hit)),
+                "unseen_moves": int(self.unseen.sum())}
+
+
+def train_batches(train: ExpertGames, games_per_step: int, width: int, rng: np.random.Generator, on_step):
+    """Batches of `games_per_step` train games, each epoch in a fresh seeded order; `on_step(i)` runs before step i
+    (the current weights are the trainer's then)."""
+    i, order = 0, np.zeros(0, np.int64)
+    while True:
+        on_step(i)
+        if len(order) < games_per_step:
+            order = np.concatenate([order, rng.permutation(len(train))])
+        rows, order = order[:games_per_step], order[games_per_step:]
+        yield train.batch(rows, width)
+        i += 1
+
+
+def evaluation(trainer, opponents) -> dict[str, dict[str, float]]:
+    out = trainer.evaluate(tuple(opponents))
+    first = opponents[0]
+    return {o: {k: out[f"{'eval' if o == first else 'eval_' + o}/{k}_rate"] for k in ("win", "draw", "loss")}
+            for o in opponents}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, rest = options(argv)
+    from earl_jax.models.export import save_pretrained
+    from earl_jax.progress import show_progress_logs
+    from earl_jax.rl.optim import make_optimizer
+    from earl_jax.rl.packing import batch_width
+    from earl_jax.rl.sft import run_sft
+    from earl_jax.rl.trainer import Trainer
+
+    show_progress_logs(True)
+    cfg = job_config(args, rest)
+    game, opponents = GAMES[args.game]
+    command = "python experiments/pretrain.py " + shlex.join(argv)
+    trainer = Trainer(cfg, log=False)
+    games, expert = make_games(args, cfg, trainer.tokenizer, trainer.ids)
+    print(f"pretrain: expert: {json.dumps(expert)}", flush=True)
+    result: dict = {"command": command, "game": game, "device": _device(), "expert": expert}
+    if args.expert_only:
+        return _write(args, result, None)
+    unique = dedup_games(games)
+    train, held = split_games(unique, args.held_out, seed=cfg.run.seed)
+    result["data"] = {"games": len(games), "unique": len(unique), "train": len(train), "held_out": len(held),
+                      "train_expert_moves": int((train.best != 0).sum())}
+    n_dev = len(trainer.planner.devices)
+    if args.sft_games % n_dev:
+        raise SystemExit(f"pretrain: --sft-games {args.sft_games} must be a multiple of the {n_dev} devices")
+    accuracy = Accuracy(trainer, train, held, args.accuracy_games)
+    width = batch_width(int(train.lengths.max()))
+    curve, t0 = [], time.perf_counter()
+    from tqdm import tqdm
+
+    bar = tqdm(total=args.sft_steps, desc="sft", unit="step", disable=not sys.stderr.isatty())
+
+    def on_step(i: int) -> None:
+        bar.update(1 if i else 0)
+        if i % args.accuracy_every == 0 or i == args.sft_steps:
+            curve.append({"step": i, "seconds": round(time.perf_counter() - t0, 1),
+                          **accuracy(trainer.state.params)})
+            bar.set_postfix(accuracy=f"{curve[-1]['accuracy']:.3f}")
+            if bar.disable:  # a log, not a terminal
+                print(f"pretrain: step {i}: held-out accuracy {curve[-1]['accuracy']:.3f}", flush=True)
+
+    optimizer = make_optimizer(args.sft_lr, args.sft_warmup, args.sft_steps, 0.0, cfg.optim.grad_clip)
+    rng = np.random.default_rng(cfg.run.seed)
+    history = run_sft(trainer, train_batches(train, args.sft_games, width, rng, on_step), steps=args.sft_steps,
+                      optimizer=optimizer)
+    bar.close()
+    sft_s = time.perf_counter() - t0
+    if args.dtype == "bfloat16":  # measure what ships
+        trainer.state.params = jax.tree.map(lambda p: p.astype(jnp.bfloat16).astype(p.dtype), trainer.state.params)
+    final = accuracy(trainer.state.params)
+    t1 = time.perf_counter()
+    ev = evaluation(trainer, opponents)
+    result.update({
+        "model": {"name": cfg.model.name, "params": trainer.model_cfg.num_params()},
+        "sft": {"steps": args.sft_steps, "games_per_step": args.sft_games, "lr": args.sft_lr, "width": width,
+                "seconds": round(sft_s, 1), "loss": [h["sft_loss"] for h in history]},
+        "accuracy_curve": curve, "held_out": final, "eval_games": cfg.eval.games,
+        "eval_seconds": round(time.perf_counter() - t1, 1), "eval": ev})
+    out = args.out or ROOT / "experiments" / "bases" / args.game
+    meta = {"game": game, "prompt_style": cfg.env.prompt_style,
+            "move_mode": "constrained" if cfg.rollout.constrain_moves else "free", "command": command,
+            "seed": cfg.run.seed, "model": result["model"], "expert": expert["spec"],
+            "sft": {k: v for k, v in result["sft"].items() if k not in ("loss", "seconds")},
+            "held_out_accuracy": final, "eval": {"greedy_games": cfg.eval.games, **ev}}
+    save_pretrained(trainer.graphdef, trainer.state.params, trainer.model_cfg, trainer.tokenizer, out, meta,
+                    dtype=args.dtype)
+    result["base"] = {"folder": str(out), "bytes": sum(f.stat().st_size for f in Path(out).iterdir())}
+    print(f"pretrain: held-out accuracy {final['accuracy']:.3f} (unseen {final['accuracy_unseen']:.3f}, chance "
+          f"{final['chance']:.3f}); greedy " + ", ".join(f"{o} {r['win']:.2f}/{r['draw']:.2f}" for o, r in ev.items())
+          + f" (win/draw); base: {out}", flush=True)
+    return _write(args, result, curve)
+
+
+def _device() -> str:
+    d = jax.devices()[0]
+    return f"{d.platform} x{jax.device_count()}" + (f" ({d.device_kind})" if d.platform != "cpu" else "")
+
+
+def _write(args, result: dict, curve) -> dict:
+    args.results.mkdir(parents=True, exist_ok=True)
+    stem = args.results / f"pretrain_{args.game}{'_' + args.name if args.name else ''}"
+    Path(f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    if curve:
+        _plot(result, curve, Path(f"{stem}.png"))
+    print(f"pretrain: wrote {stem}.json", flush=True)
+    return result
+
+
+def _plot(result: dict, curve: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    loss = np.array(result["sft"]["loss"])
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    a.plot(loss, alpha=0.3, lw=0.8)
+    k = max(1, len(loss) // 50)
+    a.plot(np.arange(k - 1, len(loss)), np.convolve(loss, np.ones(k) / k, "valid"), lw=1.5)
+    a.set(xlabel="SFT step", ylabel="loss (expert moves, nats)", title="SFT loss")
+    steps = [c["step"] for c in curve]
+    b.plot(steps, [c["accuracy"] for c in curve], label="held-out moves")
+    b.plot(steps, [c["accuracy_unseen"] for c in curve], label="unseen histories")
+    b.plot(steps, [c["chance"] for c in curve], ls=":", label="chance")
+    b.set(xlabel="SFT step", ylabel="argmax is a best move", title="move accuracy against the expert", ylim=(0, 1))
+    b.legend()
+    fig.suptitle(f"pretrain {result['game']}: {result['model']['name']} ({result['model']['params'] / 1e6:.1f}M), "
+                 f"{result['device']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
