@@ -10,6 +10,10 @@ softmax). Long caches are split into `splits` chunks on separate programs, whose
 combines: 32 rows x 2 kv heads are 64 programs, too few to fill 132 SMs when each reads a 16K-token cache.
 
 Cache layout [b, kv_heads, s, h] (models/cache.py). Rows at position >= s write nowhere (finished rows).
+
+Measured on one H200 (experiments/benchmarks/bench_decode_ops.py), per layer at 16448-token contexts, batch 32:
+142 us at 1.5B (3.8 TB/s of KV read, 91% of the 4.17 TB/s copy), 251 us at 7B; XLA's step reads the whole
+24576-slot bucket there (>= 193 us at 1.5B). Short caches (384 slots): 7.9 us at 0.5B b32.
 """
 
 from __future__ import annotations

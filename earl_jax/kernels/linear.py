@@ -15,6 +15,10 @@ Grid: (N / bn) x (M / bm) programs, each owning a [bm, bn] output tile and loopi
 pipelines the loads num_stages deep). W is [N, K] ("nk", each program's block contiguous) or [K, N] ("kn",
 the model's own layout, for the untied lm_head with no copy). `linear_xla` is the same function in XLA: the
 reference, and the backend where Pallas measured slower (kernels/tuning.py).
+
+Measured on one H200 (experiments/benchmarks/bench_decode_ops.py): ahead of XLA on a few 0.5B shapes in isolation
+(q/k/v 12.4 vs 19.4 us, down 22.0 vs 38.0 us at b128), behind it on every 7B matrix (gate/up 112.8 vs 76.1 us at
+b32: 2.4 against 3.6 TB/s). Both are latency-bound at 0.5B: a program streams its K range one tile after another.
 """
 
 from __future__ import annotations
