@@ -110,6 +110,7 @@ class Sampler:
         self.decode_impl = decode_impl
         self._prepare = jax.jit(lambda params: decode_step.prepare(self._model(params)))
         self._decode_weights: tuple[list, Any] | None = None  # (weakrefs to the weights' arrays, their layout)
+        self._weights_spec: tuple[Any, Any] | None = None  # (weight specs, specs of their decode layout)
         self.length_buckets = tuple(sorted(length_buckets))
         self.cache_buckets = tuple(sorted(cache_buckets))
         self._traces = 0
@@ -359,7 +360,9 @@ class Sampler:
         rows = self._rows_spec((b,), np.int32)
         weights = None
         if self.decode_impl != "xla" and block_size(s) is not None:
-            weights = jax.eval_shape(self._prepare, p)
+            if self._weights_spec is None or self._weights_spec[0] is not p:  # traced once per weight specs
+                self._weights_spec = (p, jax.eval_shape(self._prepare, p))
+            weights = self._weights_spec[1]
         self.ahead.submit(("generate", b, s) + statics, lambda: self._generate.lower(
             p, self._state_spec(like, b, s), rng, rows, n_bucket, stop_tokens, pkey,
             jax.ShapeDtypeStruct((), np.int32), rows if with_ids else None, temperature, greedy, weights).compile())
