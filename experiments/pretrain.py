@@ -60,7 +60,7 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--sft-warmup", type=int, default=50, help="linear warm-up steps of the learning rate")
     p.add_argument("--accuracy-every", type=int, default=100, help="held-out accuracy every this many steps")
     p.add_argument("--accuracy-games", type=int, default=512, help="held-out games the accuracy reads, at most")
-    p.add_argument("--eval-games", type=int, default=512, help="greedy games per evaluation opponent")
+    p.add_argument("--eval-games", type=int, default=512, help="greedy games per evaluation opponent (0: none)")
     p.add_argument("--out", type=Path, default=None, help="the base's folder (default: experiments/bases/<game>)")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights as stored")
     p.add_argument("--name", default="", help="suffix of the results' file names")
@@ -73,8 +73,8 @@ def job_config(args, rest: list[str]):
     from earl_jax.rl.job import parse_job
 
     _, opponents = GAMES[args.game]
-    defaults = ["--eval.games", str(args.eval_games), "--eval.opponents", ",".join(opponents),
-                "--run.wandb-mode", "disabled", "--run.progress", "false"]
+    defaults = ["--eval.opponents", ",".join(opponents), "--run.wandb-mode", "disabled", "--run.progress", "false"]
+    defaults += ["--eval.games", str(args.eval_games)] if args.eval_games else []
     cfg = parse_job(defaults + rest, ROOT / "experiments" / "configs" / args.game).config
     run = dataclasses.replace(cfg.run, run_dir=tempfile.mkdtemp(prefix="earl_pretrain_"))  # the trainer writes none
     return dataclasses.replace(cfg, run=run)
@@ -182,6 +182,9 @@ def main(argv: list[str] | None = None) -> dict:
     game, opponents = GAMES[args.game]
     command = "python experiments/pretrain.py " + shlex.join(argv)
     trainer = Trainer(cfg, log=False)
+    n_dev = len(trainer.planner.devices)
+    if args.sft_games % n_dev:
+        raise SystemExit(f"pretrain: --sft-games {args.sft_games} must be a multiple of the {n_dev} devices")
     games, expert = make_games(args, cfg, trainer.tokenizer, trainer.ids)
     print(f"pretrain: expert: {json.dumps(expert)}", flush=True)
     result: dict = {"command": command, "game": game, "device": _device(), "expert": expert}
@@ -191,9 +194,6 @@ def main(argv: list[str] | None = None) -> dict:
     train, held = split_games(unique, args.held_out, seed=cfg.run.seed)
     result["data"] = {"games": len(games), "unique": len(unique), "train": len(train), "held_out": len(held),
                       "train_expert_moves": int((train.best != 0).sum())}
-    n_dev = len(trainer.planner.devices)
-    if args.sft_games % n_dev:
-        raise SystemExit(f"pretrain: --sft-games {args.sft_games} must be a multiple of the {n_dev} devices")
     accuracy = Accuracy(trainer, train, held, args.accuracy_games)
     width = batch_width(int(train.lengths.max()))
     curve, t0 = [], time.perf_counter()
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def on_step(i: int) -> None:
         bar.update(1 if i else 0)
-        if i % args.accuracy_every == 0 or i == args.sft_steps:
+        if i % args.accuracy_every == 0:
             curve.append({"step": i, "seconds": round(time.perf_counter() - t0, 1),
                           **accuracy(trainer.state.params)})
             bar.set_postfix(accuracy=f"{curve[-1]['accuracy']:.3f}")
@@ -219,8 +219,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.dtype == "bfloat16":  # measure what ships
         trainer.state.params = jax.tree.map(lambda p: p.astype(jnp.bfloat16).astype(p.dtype), trainer.state.params)
     final = accuracy(trainer.state.params)
+    curve.append({"step": args.sft_steps, "seconds": round(sft_s, 1), **final})
     t1 = time.perf_counter()
-    ev = evaluation(trainer, opponents)
+    ev = evaluation(trainer, opponents) if args.eval_games else {}
     result.update({
         "model": {"name": cfg.model.name, "params": trainer.model_cfg.num_params()},
         "sft": {"steps": args.sft_steps, "games_per_step": args.sft_games, "lr": args.sft_lr, "width": width,
@@ -232,13 +233,13 @@ def main(argv: list[str] | None = None) -> dict:
             "move_mode": "constrained" if cfg.rollout.constrain_moves else "free", "command": command,
             "seed": cfg.run.seed, "model": result["model"], "expert": expert["spec"],
             "sft": {k: v for k, v in result["sft"].items() if k not in ("loss", "seconds")},
-            "held_out_accuracy": final, "eval": {"greedy_games": cfg.eval.games, **ev}}
+            "held_out_accuracy": final, "eval": {"greedy_games": cfg.eval.games, **ev} if ev else {}}
     save_pretrained(trainer.graphdef, trainer.state.params, trainer.model_cfg, trainer.tokenizer, out, meta,
                     dtype=args.dtype)
     result["base"] = {"folder": str(out), "bytes": sum(f.stat().st_size for f in Path(out).iterdir())}
     print(f"pretrain: held-out accuracy {final['accuracy']:.3f} (unseen {final['accuracy_unseen']:.3f}, chance "
-          f"{final['chance']:.3f}); greedy " + ", ".join(f"{o} {r['win']:.2f}/{r['draw']:.2f}" for o, r in ev.items())
-          + f" (win/draw); base: {out}", flush=True)
+          f"{final['chance']:.3f}); greedy (win/draw) " + ", ".join(f"{o} {r['win']:.2f}/{r['draw']:.2f}"
+                                                                   for o, r in ev.items()) + f"; base: {out}", flush=True)
     return _write(args, result, curve)
 
 
