@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from earl_jax import distributed
 from earl_jax.models.config import get_config
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel, candidate_meshes
-from earl_jax.sharding.mesh import STAGES, MeshShape, make_mesh
+from earl_jax.sharding.mesh import RL_STAGES as STAGES, MeshShape, make_mesh  # the stages plan() plans
 from earl_jax.parallel.profile import (INFEASIBLE, OK, OOM, ProfileEntry, ProfileTable, ProfileTableMismatch,
                                        SyntheticThroughput, is_oom_error, run_profile)
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan

@@ -34,7 +34,7 @@ import jax
 from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.memory import MemoryModel, candidate_meshes
 from earl_jax.parallel.plan import StageLayout
-from earl_jax.sharding.mesh import STAGES, MeshShape
+from earl_jax.sharding.mesh import RL_STAGES, STAGES, MeshShape
 from earl_jax.watchdog import EXIT_CODE, Watchdog
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ def _accepts_layout(fn) -> bool:
 
 def run_profile(memory: MemoryModel, measure: Measure, *, num_devices: int | None = None,
                 context_lens: Sequence[int], response_counts: Sequence[int],
-                stages: Iterable[str] = STAGES, meshes: dict[str, Sequence[MeshShape]] | None = None,
+                stages: Iterable[str] = RL_STAGES, meshes: dict[str, Sequence[MeshShape]] | None = None,
                 device_kind: str | None = None, table: ProfileTable | None = None,
                 progress: bool = True, console=None, save: Path | None = None,
                 cell_timeout_s: float | None = None) -> ProfileTable:

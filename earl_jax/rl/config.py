@@ -212,7 +212,7 @@ class JobConfig:
 
 # Flat RLConfig fields of earlier runs whose path is not (section, same name).
 LEGACY = {
-    "steps": ("run", "steps"), "game": ("env", "game"), "opponent": ("env", "opponent"), "agent_player": ("env", "agent_player"),
+    "steps": ("run", "steps"), "learning_rate": ("optim", "learning_rate"), "game": ("env", "game"), "opponent": ("env", "opponent"), "agent_player": ("env", "agent_player"),
     "prompt_style": ("env", "prompt_style"), "invalid_retries": ("env", "max_retries"),
     "retry_reward": ("env", "retry_reward"), "win_reward": ("env", "win_reward"), "draw_reward": ("env", "draw_reward"),
     "loss_reward": ("env", "loss_reward"), "invalid_reward": ("env", "invalid_reward"),
