@@ -34,7 +34,7 @@ import jax
 from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.memory import MemoryModel, candidate_meshes
 from earl_jax.parallel.plan import StageLayout
-from earl_jax.sharding.mesh import RL_STAGES, STAGES, MeshShape
+from earl_jax.sharding.mesh import RL_STAGES, MeshShape
 from earl_jax.watchdog import EXIT_CODE, Watchdog
 
 log = logging.getLogger(__name__)
