@@ -65,6 +65,8 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16", help="weights as stored")
     p.add_argument("--name", default="", help="suffix of the results' file names")
     p.add_argument("--results", type=Path, default=ROOT / "experiments" / "results", help="where results go")
+    p.add_argument("--games-cache", type=Path, default=None, help=".npz file of the expert games: read when it holds "
+                                                                  "games of these settings, else written")
     p.add_argument("--expert-only", action="store_true", help="play the expert games, report them, stop")
     return p.parse_known_args(argv)
 
@@ -84,17 +86,24 @@ def make_games(args, cfg, tokenizer, ids) -> tuple[ExpertGames, dict]:
     spec = ExpertSpec(games=args.games, depth=args.depth, opening_plies=args.opening_plies, seed=cfg.run.seed)
     spec_dict = dataclasses.asdict(spec) if cfg.env.game == "connect_four" else {  # the solver has no depth
         k: v for k, v in dataclasses.asdict(spec).items() if k != "depth"}
-    t0 = time.perf_counter()
-    from tqdm import tqdm
+    limits = dict(constrained=cfg.rollout.constrain_moves, max_context=cfg.rollout.max_context,
+                  max_turns=cfg.rollout.max_turns, max_turn_tokens=cfg.rollout.turn_tokens(0))
+    key = json.dumps([spec_dict, dataclasses.asdict(cfg.env), limits, tokenizer.to_str()], sort_keys=True)
+    cache = args.games_cache
+    games = ExpertGames.load(cache, key) if cache is not None and cache.exists() else None
+    cached, t0 = games is not None, time.perf_counter()
+    if games is None:
+        from tqdm import tqdm
 
-    with tqdm(total=spec.games, desc="expert games", unit="game", disable=not sys.stderr.isatty()) as bar:
-        games = expert_games(spec, cfg.env, tokenizer, eos_id=ids.eos_id, bos_id=ids.bos_id,
-                             constrained=cfg.rollout.constrain_moves, max_context=cfg.rollout.max_context,
-                             max_turns=cfg.rollout.max_turns, max_turn_tokens=cfg.rollout.turn_tokens(0),
-                             progress=bar.update)
+        with tqdm(total=spec.games, desc="expert games", unit="game", disable=not sys.stderr.isatty()) as bar:
+            games = expert_games(spec, cfg.env, tokenizer, eos_id=ids.eos_id, bos_id=ids.bos_id, **limits,
+                                 progress=bar.update)
+        if cache is not None:
+            games.save(cache, key)
     seconds = time.perf_counter() - t0
-    return games, {"spec": spec_dict, "seconds": round(seconds, 1),
-                   "seconds_per_game": seconds / spec.games, **games.stats()}
+    timing = {"from_cache": str(cache)} if cached else {"seconds": round(seconds, 1),
+                                                        "seconds_per_game": seconds / spec.games}
+    return games, {"spec": spec_dict, **timing, **games.stats()}
 
 
 def move_token_ids(tokenizer, num_actions: int) -> np.ndarray:
@@ -173,7 +182,6 @@ def main(argv: list[str] | None = None) -> dict:
     from earl_jax.models.export import save_pretrained
     from earl_jax.progress import show_progress_logs
     from earl_jax.rl.optim import make_optimizer
-    from earl_jax.rl.packing import batch_width
     from earl_jax.rl.sft import run_sft
     from earl_jax.rl.trainer import Trainer
 
@@ -195,7 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
     result["data"] = {"games": len(games), "unique": len(unique), "train": len(train), "held_out": len(held),
                       "train_expert_moves": int((train.best != 0).sum())}
     accuracy = Accuracy(trainer, train, held, args.accuracy_games)
-    width = batch_width(int(train.lengths.max()))
+    width = -(-int(train.lengths.max()) // 32) * 32  # every game whole, one compiled shape, little padding
     curve, t0 = [], time.perf_counter()
     from tqdm import tqdm
 

@@ -13,7 +13,7 @@ from earl_jax.envs.games import tic_tac_toe
 from earl_jax.envs.vector import VectorTextEnv
 from earl_jax.envs.vector.opponents import BatchedOpponent
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
-from earl_jax.rl.expert_games import ExpertSpec, concat_games, dedup_games, expert_games, split_games, unseen_turns
+from earl_jax.rl.expert_games import ExpertGames, ExpertSpec, concat_games, dedup_games, expert_games, split_games, unseen_turns
 from earl_jax.rollout.agent_loop import Decoded, PlayConfig, play_games
 from earl_jax.rollout.moves import MoveTokens, legal_bits
 
@@ -215,6 +215,16 @@ def test_generation_is_reproducible_and_batches_fit_the_sft_stage():
     np.testing.assert_array_equal(batch["tokens"], a.tokens[:4, :64])
     free = dataclasses.replace(a, constrained=False)
     assert "choices" not in free.batch(np.arange(4), 64)
+
+
+def test_saved_games_load_back_whole_and_a_different_key_is_a_miss(tmp_path):
+    _, games = generate(n=12)
+    games.save(tmp_path / "g.npz", key="depth 2")
+    again = ExpertGames.load(tmp_path / "g.npz", key="depth 2")
+    for f in dataclasses.fields(games):
+        a, b = getattr(games, f.name), getattr(again, f.name)
+        assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b, f.name
+    assert ExpertGames.load(tmp_path / "g.npz", key="depth 3") is None
 
 
 def test_bad_specs_are_refused_naming_the_field():

@@ -140,6 +140,27 @@ class ExpertGames:
         rows, cols = np.nonzero(self.best)
         return rows, cols
 
+    def save(self, path, key: str = "") -> None:
+        """All of it in one .npz file; `key` (any string, e.g. the settings that made it) is stored beside it."""
+        arrays = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if isinstance(getattr(self, f.name),
+                                                                                                np.ndarray)}
+        flat = np.array([m for game in self.moves for m in game], np.int64)
+        np.savez_compressed(path, **arrays, moves_flat=flat, moves_len=np.array([len(m) for m in self.moves]),
+                            opponents=np.array(self.opponents), constrained=self.constrained, key=key)
+
+    @classmethod
+    def load(cls, path, key: str | None = None) -> "ExpertGames | None":
+        """Games saved by `save`; None when `key` is given and differs from the stored one."""
+        with np.load(path) as z:
+            if key is not None and str(z["key"]) != key:
+                return None
+            arrays = {f.name: z[f.name] for f in dataclasses.fields(cls) if f.name in z.files and
+                      f.name not in ("opponents", "constrained")}
+            ends = np.cumsum(z["moves_len"])
+            moves = [tuple(m.tolist()) for m in np.split(z["moves_flat"], ends[:-1])] if len(ends) else []
+            return cls(**arrays, moves=moves, opponents=tuple(z["opponents"].tolist()),
+                       constrained=bool(z["constrained"]))
+
     def stats(self) -> dict[str, Any]:
         """Games, expert moves and tokens, and the expert's results against each opponent."""
         out: dict[str, Any] = {"games": len(self), "expert_moves": int((self.best != 0).sum()),
