@@ -50,3 +50,15 @@ def test_without_compiling_ahead_a_finer_split_and_a_new_width_each_batch_are_al
     lengths = np.array([300] * 8 + [20] * 56)
     micro, widths, ahead = _split(budget, run, lengths, 384)
     assert ahead is None and micro.rows <= run.micro_batches(64).rows
+
+
+def test_compiling_ahead_a_narrower_batch_is_padded_to_the_widest_so_far():
+    """The whole-batch programs keep one shape and a micro-batch can run at a compiled width wider than its batch."""
+    budget = WidthBudget(1, True, CompileAhead())
+    wide = {"tokens": np.ones((4, 1536), np.int32), "group_ids": np.arange(4)}
+    narrow = {"tokens": np.ones((4, 512), np.int32), "loss_mask": np.ones((4, 512), bool), "group_ids": np.arange(4)}
+    assert budget.pad_batch(wide)["tokens"].shape == (4, 1536)
+    padded = budget.pad_batch(narrow)
+    assert padded["tokens"].shape == padded["loss_mask"].shape == (4, 1536) and padded["group_ids"].shape == (4,)
+    assert not padded["loss_mask"][:, 512:].any() and not padded["tokens"][:, 512:].any()
+    assert WidthBudget(1, True, None).pad_batch(narrow)["tokens"].shape == (4, 512)  # CPU: as before

@@ -56,6 +56,16 @@ class WidthBudget:
         self.new_per_iteration, self.enabled, self.ahead = new_per_iteration, enabled, ahead
         # widths each (stage, mesh, rows, shards, chunk) program has run at (or, compiling ahead, was submitted at)
         self.run_at: dict[tuple, set[int]] = {}
+        self.widest = 0  # the widest batch so far (compiling ahead, batches are padded to it)
+
+    def pad_batch(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Compiling ahead, a batch is padded to the widest batch of the run so far: the programs that take the whole
+        batch (cutting micro-batches, writing log-probs back, advantages, the plan itself) keep one shape, and a
+        micro-batch can run at any compiled width up to it. Padding columns change no result (causal attention)."""
+        if self.ahead is None:
+            return arrays
+        self.widest = max(self.widest, arrays["tokens"].shape[1])
+        return {k: pad_cols(v, self.widest) if v.ndim == 2 else v for k, v in arrays.items()}
 
     def split(self, run: StageRun, arranged_lengths: Int[np.ndarray, " n"], shape: tuple[int, ...]):
         """(micro-batches, width per micro-batch, the compile-ahead queue and deferred widths or None)."""

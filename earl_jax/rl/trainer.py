@@ -187,7 +187,7 @@ class Trainer:
             self.env = self.matchmaker.train_env(self.step)  # a new env when the rung changed; the rung replayed
             league = self.matchmaker.league_games(self.step, self.state.params)
             traj, weights_s = self.play(self.env, seeds, group_ids, rng, self.sampling, league=league)
-            arrays, s = batch_arrays(traj, self.moves is not None), traj.stats
+            arrays, s = self.widths.pad_batch(batch_arrays(traj, self.moves is not None)), traj.stats
             self._observe(arrays, s.turn_context_len_mean, traj.num_games, prompt_tokens=s.prompt_tokens,
                           first_cache_len=s.first_cache_len, observation_tokens=s.observation_tokens)
             spans = scored_spans(traj.loss_mask) if traj.spans is None else traj.spans  # up to the last scored token
