@@ -117,7 +117,8 @@ def move_token_ids(tokenizer, num_actions: int) -> np.ndarray:
 class Accuracy:
     """Held-out move accuracy: at each expert move of the held-out games, is the model's argmax over the legal
     moves' tokens (the greedy constrained move; in free text the legal move it ranks first) one of the expert's best
-    moves? Reported over all held-out expert moves, over those whose history no train game reaches, with chance."""
+    moves? Reported over all held-out expert moves, over those whose history no train game reaches, with chance, and
+    the held-out loss (minus the log-probability of the expert's move among the legal moves)."""
 
     def __init__(self, trainer, train: ExpertGames, held: ExpertGames, limit: int):
         self.graphdef = trainer.graphdef
@@ -140,19 +141,23 @@ class Accuracy:
         self.legal_m, self.best_m = bits(self.legal), bits(self.best)
 
     def __call__(self, params) -> dict[str, float]:
-        picks = np.zeros(len(self.rows), np.int64)
+        picks, nll = np.zeros(len(self.rows), np.int64), np.zeros(len(self.rows))
         for start in range(0, len(self.held), ACCURACY_ROWS):
             tokens = np.zeros((ACCURACY_ROWS, self.width), np.int32)
             chunk = self.held.tokens[start:start + ACCURACY_ROWS]
             tokens[:len(chunk)] = chunk
-            move_logits = np.asarray(self._logits(params, jnp.asarray(tokens)))
+            move_logits = np.asarray(self._logits(params, jnp.asarray(tokens)), np.float64)
             sel = (self.rows >= start) & (self.rows < start + ACCURACY_ROWS)
             at = move_logits[self.rows[sel] - start, self.cols[sel] - 1]  # the position before the move predicts it
-            picks[sel] = np.where(self.legal_m[sel], at, -np.inf).argmax(1)
+            at = np.where(self.legal_m[sel], at, -np.inf)
+            picks[sel] = at.argmax(1)
+            played = self.held.tokens[self.rows[sel], self.cols[sel]][:, None] == np.asarray(self.move_ids)
+            log_z = np.log(np.exp(at - at.max(1, keepdims=True)).sum(1)) + at.max(1)
+            nll[sel] = log_z - at[played]  # the SFT loss of the expert's move, legal moves only
         hit = self.best_m[np.arange(len(picks)), picks]
         chance = self.best_m.sum(1) / self.legal_m.sum(1)
         return {"accuracy": float(hit.mean()), "accuracy_unseen": float(hit[self.unseen].mean()) if self.unseen.any()
-                else float("nan"), "chance": float(chance.mean()), "moves": int(len(hit)),
+                else float("nan"), "chance": float(chance.mean()), "loss": float(nll.mean()), "moves": int(len(hit)),
                 "unseen_moves": int(self.unseen.sum())}
 
 
@@ -216,7 +221,8 @@ def main(argv: list[str] | None = None) -> dict:
                           **accuracy(trainer.state.params)})
             bar.set_postfix(accuracy=f"{curve[-1]['accuracy']:.3f}")
             if bar.disable:  # a log, not a terminal
-                print(f"pretrain: step {i}: held-out accuracy {curve[-1]['accuracy']:.3f}", flush=True)
+                print(f"pretrain: step {i}: held-out accuracy {curve[-1]['accuracy']:.3f}, loss "
+                      f"{curve[-1]['loss']:.3f}", flush=True)
 
     optimizer = make_optimizer(args.sft_lr, args.sft_warmup, args.sft_steps, 0.0, cfg.optim.grad_clip)
     rng = np.random.default_rng(cfg.run.seed)
@@ -277,7 +283,9 @@ def _plot(result: dict, curve: list[dict], path: Path) -> None:
     a.plot(loss, alpha=0.3, lw=0.8)
     k = max(1, len(loss) // 50)
     a.plot(np.arange(k - 1, len(loss)), np.convolve(loss, np.ones(k) / k, "valid"), lw=1.5)
+    a.plot([c["step"] for c in curve], [c["loss"] for c in curve], "o-", ms=3, label="held-out")
     a.set(xlabel="SFT step", ylabel="loss (expert moves, nats)", title="SFT loss")
+    a.legend(["train", "train, smoothed", "held-out"])
     steps = [c["step"] for c in curve]
     b.plot(steps, [c["accuracy"] for c in curve], label="held-out moves")
     b.plot(steps, [c["accuracy_unseen"] for c in curve], label="unseen histories")
