@@ -16,7 +16,7 @@ Pallas kernels a layer (earl_jax/kernels), on weights laid out once per weight v
 holds the same arrays). "auto" is that step on one GPU, each matmul in Pallas or XLA as measured faster
 (kernels/tuning.py), and "xla" elsewhere. "pallas_interpret" runs the kernels on CPU (tests). The default is "xla":
 the one shape measured end to end (0.5B, batch 32, one H200) ran faster on it than on the Pallas step.
-Measurements: docs/results_rollout.md.
+Measurements: docs/results.md (rollout decode).
 """
 
 from __future__ import annotations
