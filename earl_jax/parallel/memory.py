@@ -45,7 +45,7 @@ import jax
 from earl_jax.models.attention import Q_BLOCK, extend_query_block
 from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.plan import RolloutExtends
-from earl_jax.rollout.buckets import bucket
+from earl_jax.rollout.buckets import PREFILL_CHUNK, bucket
 from earl_jax.sharding.mesh import STAGE_RULES, STAGES, UPDATE_STAGES, MeshShape, logical_to_spec
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -204,7 +204,8 @@ class MemoryConfig:
     compute_bytes: int = 2  # bf16 activations
     kv_cache_bytes: int = 2
     experience_models: int = 2  # reference + old policy resident together
-    prefill_len: int = 256  # rollout tokens prefilled per step (prompt chunk / a turn's observation)
+    prefill_len: int = 256  # rollout tokens prefilled per step before any rollout was measured
+    prefill_chunk: int = PREFILL_CHUNK  # the sampler's: a wider extend runs in chunks of this many positions
     cache_buckets: tuple[int, ...] | None = None  # the sampler's cache sizes when not its default: KV at the bucket
     # models/attention.py never materializes [t, t] scores: query blocks of Q_BLOCK (CPU), cuDNN flash (GPU)
     attn_q_block: int | None = Q_BLOCK  # None: full attention scores materialized
@@ -356,7 +357,8 @@ class MemoryModel:
                 pre = min(m.prefill_len, ctx)
                 acts = self._layer_workspace(mb * pre, t) + self._extend_scores(mb, pre, ctx, t)
             else:  # the prompt against its first cache, then each turn's observation against the whole context
-                acts = max(self._layer_workspace(mb * w, t) + self._extend_scores(mb, w, min(kv, ctx), t)
+                acts = max(self._layer_workspace(mb * min(w, m.prefill_chunk), t)
+                           + self._extend_scores(mb, min(w, m.prefill_chunk), min(kv, ctx), t)
                            for w, kv in extends.attention(ctx))
             # Growing the cache to its next bucket copies it: the old one (at most 3/4 of the new, the cache
             # buckets' largest ratio) lives beside the new one, in a call of its own (no extend beside it).

@@ -40,7 +40,8 @@ from earl_jax.models.config import ModelConfig
 from earl_jax.sharding.context import use_mesh_rules
 from earl_jax.sharding.mesh import Rules, batch_axes, logical_sharding
 from earl_jax.rollout import decode_step, moves
-from earl_jax.rollout.buckets import DEFAULT_CACHE_BUCKETS, DEFAULT_LENGTH_BUCKETS, bucket, geometric_cache_buckets  # noqa
+from earl_jax.rollout.buckets import (DEFAULT_CACHE_BUCKETS, DEFAULT_LENGTH_BUCKETS, PREFILL_CHUNK, bucket,  # noqa
+                                      geometric_cache_buckets)
 from earl_jax.rollout.compile_ahead import CompileAhead, spec_of as _spec
 from earl_jax.kernels.decode_attention import block_size
 from earl_jax.kernels.tuning import plan as decode_plan
@@ -90,7 +91,8 @@ class Sampler:
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
                  cache_buckets: Sequence[int] = DEFAULT_CACHE_BUCKETS, steps_per_check: int = 1,
                  decode_impl: str = "xla", compiler_options: dict[str, Any] | None = None,
-                 compile_ahead: bool = False, max_len: int | None = None, decode_attention: str | None = None):
+                 compile_ahead: bool = False, max_len: int | None = None, decode_attention: str | None = None,
+                 prefill_chunk: int = PREFILL_CHUNK):
         """`compile_ahead`: compile the programs the rollout is likely to need next (the next cache size, the
         next compacted batch) on background threads (rollout/compile_ahead.py), cache sizes up to the bucket of
         `max_len` (the rollout's max context; default: the largest bucket)."""
@@ -99,6 +101,7 @@ class Sampler:
         self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, rules
         self.cache_dtype = cache_dtype
         self.steps_per_check = steps_per_check  # decode steps per while_loop iteration (early-exit check)
+        self.prefill_chunk = prefill_chunk  # an extend wider than this runs in chunks of positions (bounded memory)
         if decode_attention is not None:  # the switch's earlier name and values
             decode_impl = {"step": "pallas", "step_interpret": "pallas_interpret"}.get(decode_attention, decode_attention)
         if decode_impl not in ("auto", "xla", "pallas", "pallas_interpret"):
@@ -180,6 +183,11 @@ class Sampler:
             raise ValueError(f"extend: num_new has shape {num_new.shape}, expected ({b},)")
         if num_new.max(initial=0) > t or num_new.min(initial=0) < 0:
             raise ValueError(f"extend: num_new must lie in [0, {t}]")
+        if t > self.prefill_chunk:  # through the whole stack a chunk of positions at a time; each attends to the last
+            for start in range(0, int(num_new.max(initial=0)), self.prefill_chunk):
+                part = tokens[:, start:start + self.prefill_chunk]
+                state = self.extend(params, state, part, np.clip(num_new - start, 0, part.shape[1]))
+            return state
         tb = bucket(max(t, 1), self.length_buckets)
         if tb != t:
             tokens = np.pad(tokens, ((0, 0), (0, tb - t)), constant_values=PAD_TOKEN)
