@@ -38,9 +38,10 @@ class ConfigError(ValueError):
     """Bad input in a config: the message is one line that names the flag (or file), the value and what is accepted."""
 
 
-def field_help(default: Any, help: str, **kw) -> Any:
-    """A dataclass field whose help text the CLI shows."""
-    return dataclasses.field(default=default, metadata={"help": help}, **kw)
+def field_help(default: Any, help: str, *, path: bool = False, **kw) -> Any:
+    """A dataclass field whose help text the CLI shows; `path`: a file or folder, which a config file gives relative
+    to itself (a preset names the base it starts from wherever the command runs)."""
+    return dataclasses.field(default=default, metadata={"help": help, "path": path}, **kw)
 
 
 def flag_of(path: Path_) -> str:
@@ -109,6 +110,7 @@ class Field:
     type: Any
     help: str
     section_help: str
+    is_path: bool = False
 
     @property
     def flag(self) -> str:
@@ -125,7 +127,8 @@ def fields_of(cfg: Any, prefix: Path_ = (), section_help: str = "") -> list[Fiel
             doc = (type(value).__doc__ or "").strip().split("\n")[0]
             out += fields_of(value, prefix + (f.name,), doc)
         elif f.init:
-            out.append(Field(prefix + (f.name,), hints[f.name], f.metadata.get("help", ""), section_help))
+            out.append(Field(prefix + (f.name,), hints[f.name], f.metadata.get("help", ""), section_help,
+                             f.metadata.get("path", False)))
     return out
 
 
@@ -196,6 +199,8 @@ def read_toml(path: Path | str, cfg: Any) -> dict[Path_, Any]:
             else:
                 try:
                     out[p] = _from_file_value(fields[p].type, v, str(path))
+                    if fields[p].is_path and isinstance(out[p], str) and out[p] and not Path(out[p]).is_absolute():
+                        out[p] = str((path.parent / out[p]).resolve())  # relative to the file that names it
                 except ValueError as e:
                     raise ConfigError(f"config file {path}: {'.'.join(p)}: {e}") from None
     walk(data, ())

@@ -28,7 +28,8 @@ class ModelSpec:
 
     name: str = _f("tiny", "model shape: tiny, small, qwen2.5-0.5b ... qwen2.5-72b (random init, the built-in game "
                            "tokenizer) unless hf_checkpoint is given")
-    hf_checkpoint: str | None = _f(None, "local Hugging Face folder (config.json, *.safetensors, tokenizer.json)")
+    hf_checkpoint: str | None = _f(None, "local Hugging Face folder (config.json, *.safetensors, tokenizer.json), "
+                                         "or a base made by experiments/pretrain.py (with earl_base.json)", path=True)
     dtype: Literal["auto", "float32", "bfloat16"] = _f("auto", "compute dtype; auto = float32 on CPU, bfloat16 on GPU")
 
     def compute_dtype(self):

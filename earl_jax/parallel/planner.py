@@ -52,6 +52,7 @@ from earl_jax.sharding.mesh import (RL_STAGES, STAGE_RULES, STAGES, MeshShape, R
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SHOW_FIRST_CALL_S = 1.0  # a stage program's first call this slow gets an INFO line
+SMALL_MODEL_PARAMS = 100e6  # below this, the selector's small-model context buckets (SMALL_BUCKET_EDGES)
 
 
 def _checked_thresholds(cfg: PlannerConfig, model_cfg: ModelConfig, num_devices: int, stage: str,
@@ -267,7 +268,8 @@ class StagePlanner:
         devices = jax.devices()[: cfg.devices or None]
         thresholds = {s: v for s in RL_STAGES
                       if (v := _checked_thresholds(cfg, model_cfg, len(devices), s, batch_size))}
-        edges = cfg.edges or (SMALL_BUCKET_EDGES if model_cfg.name in ("tiny", "small") else None)
+        # a small model plays short games: buckets from 32 tokens (the tiny preset, or a small base built from it)
+        edges = cfg.edges or (SMALL_BUCKET_EDGES if model_cfg.num_params() < SMALL_MODEL_PARAMS else None)
         sel_cfg = SelectorConfig(**({"bucket_edges": edges} if edges else {}), margin=cfg.margin,
                                  ema_alpha=cfg.ema, thresholds=thresholds or None)
         budget = int(cfg.memory_budget_gib * 2**30) or None

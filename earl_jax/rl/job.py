@@ -112,11 +112,12 @@ def setup(argv: list[str], name: str, configs: Path, description: str):
     from earl_jax.compile_cache import enable_compile_cache
     from earl_jax.progress import show_progress_logs
     from earl_jax.rl.trainer import Trainer
-    from earl_jax.rl.validate import check_job, check_run_dir
+    from earl_jax.rl.validate import apply_base, check_job, check_run_dir
 
     parsed = parse_job(argv, configs, prog=f"{name}.py", description=description)
     check_run_dir(parsed.config)
     cfg, changes = resume_config(parsed)
+    cfg = apply_base(cfg, parsed.typed)
     check_job(cfg)
     for line in changes:  # what this resume changes in the saved experiment
         print(f"{name}: resume: {line}", file=sys.stderr)

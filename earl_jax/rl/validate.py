@@ -8,6 +8,7 @@ world: that the game loads, that every opponent exists for it, that the model sh
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Mapping
 
 from earl_jax.cli import ConfigError
 from earl_jax.errors import CheckpointError
@@ -78,3 +79,36 @@ def check_run_dir(cfg) -> None:
         if not ckpt.is_dir() or not any(p.name.isdigit() for p in ckpt.iterdir()):
             raise ConfigError(f"--resume: {run_dir} holds no checkpoint to resume (--resume auto starts a run there "
                               "when it has none)")
+
+
+def apply_base(cfg, typed: Mapping[tuple[str, ...], object]):
+    """A base policy (a folder with earl_base.json, made by experiments/pretrain.py) says what it was trained for: its
+    game must be the job's, and its prompt style and move mode become the job's unless typed, when they must agree
+    (a base trained on constrained moves would answer free text with garbage, and the presets would otherwise take it
+    for a chat model). The format warm-up is off: a base knows its answer format. Plain HF folders pass unchanged."""
+    from earl_jax.cli import replace_paths
+    from earl_jax.models.export import read_base_info
+
+    folder = cfg.model.hf_checkpoint
+    if not folder:
+        return cfg
+    try:
+        info = read_base_info(folder)
+    except ValueError as e:
+        raise ConfigError(f"--model.hf-checkpoint {folder}: {str(e).splitlines()[0]}") from None
+    if info is None:
+        return cfg
+    if info["game"] != cfg.env.game:
+        raise ConfigError(f"--model.hf-checkpoint {folder}: a base for {info['game']}, not for --env.game "
+                          f"{cfg.env.game}")
+    wanted = {("env", "prompt_style"): info["prompt_style"],
+              ("rollout", "constrain_moves"): info["move_mode"] == "constrained", ("sft", "steps"): 0}
+    changes = {}
+    for path, value in wanted.items():
+        current = getattr(getattr(cfg, path[0]), path[1])
+        if path in typed and current != value and path != ("sft", "steps"):
+            raise ConfigError(f"--{'.'.join(p.replace('_', '-') for p in path)}: {current!r}, but the base in "
+                              f"{folder} was trained with {value!r}")
+        if path not in typed:
+            changes[path] = value
+    return replace_paths(cfg, changes)

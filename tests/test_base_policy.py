@@ -1,0 +1,60 @@
+"""A base policy folder (made by experiments/pretrain.py) sets what it was trained for in the job: its prompt style and
+move mode unless typed; a base for another game, or a typed setting it was not trained with, is one line at start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+from earl_jax.cli import ConfigError
+from earl_jax.models.config import get_config
+from earl_jax.models.export import save_pretrained
+from earl_jax.models.qwen2 import Qwen2
+from earl_jax.models.tokenizer import game_tokenizer
+from earl_jax.rl import job
+from earl_jax.rl.validate import apply_base
+
+CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    tok = game_tokenizer()
+    cfg = get_config("tiny", vocab_size=tok.get_vocab_size())
+    folder = tmp_path_factory.mktemp("base") / "connect4"
+    save_pretrained(Qwen2(cfg, rngs=nnx.Rngs(0), dtype=jnp.float32), None, cfg, tok, folder,
+                    {"game": "connect_four", "prompt_style": "compact", "move_mode": "free", "command": "test"})
+    return folder
+
+
+def _parsed(flags, game="connect4"):
+    return job.parse_job(flags, CONFIGS / game)
+
+
+def test_a_base_sets_its_prompt_style_and_move_mode(base):
+    parsed = _parsed(["--model.hf-checkpoint", str(base)])
+    assert parsed.config.rollout.constrain_moves  # the CPU default's
+    cfg = apply_base(parsed.config, parsed.typed)
+    assert (cfg.env.prompt_style, cfg.rollout.constrain_moves, cfg.sft.steps) == ("compact", False, 0)
+
+
+def test_a_typed_setting_the_base_was_not_trained_with_is_refused(base):
+    parsed = _parsed(["--model.hf-checkpoint", str(base), "--rollout.constrain-moves", "true"])
+    with pytest.raises(ConfigError, match="--rollout.constrain-moves: True, but the base .* was trained with False"):
+        apply_base(parsed.config, parsed.typed)
+
+
+def test_a_base_for_another_game_is_refused(base):
+    parsed = _parsed(["--model.hf-checkpoint", str(base)], game="tictactoe")
+    with pytest.raises(ConfigError, match="a base for connect_four, not for --env.game tic_tac_toe"):
+        apply_base(parsed.config, parsed.typed)
+
+
+def test_a_config_file_names_its_base_relative_to_itself(base, tmp_path):
+    preset = base.parent / "preset.toml"
+    preset.write_text(f'[model]\nhf_checkpoint = "{base.name}"\n')
+    parsed = _parsed(["--config", str(preset)])
+    assert parsed.config.model.hf_checkpoint == str(base.resolve())
