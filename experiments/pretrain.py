@@ -57,6 +57,9 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--sft-steps", type=int, default=2000, help="supervised steps")
     p.add_argument("--sft-games", type=int, default=16, help="games per step (a multiple of the devices)")
     p.add_argument("--sft-lr", type=float, default=2e-3, help="AdamW peak learning rate (cosine to 0.1x)")
+    p.add_argument("--transcript-steps", type=int, default=0,
+                   help="the first this many steps learn the whole transcript (observations too, not the random "
+                        "turns' answers), the rest the expert's moves only")
     p.add_argument("--sft-warmup", type=int, default=50, help="linear warm-up steps of the learning rate")
     p.add_argument("--accuracy-every", type=int, default=100, help="held-out accuracy every this many steps")
     p.add_argument("--accuracy-games", type=int, default=512, help="held-out games the accuracy reads, at most")
@@ -161,16 +164,17 @@ class Accuracy:
                 "unseen_moves": int(self.unseen.sum())}
 
 
-def train_batches(train: ExpertGames, games_per_step: int, width: int, rng: np.random.Generator, on_step):
-    """Batches of `games_per_step` train games, each epoch in a fresh seeded order; `on_step(i)` runs before step i
-    (the current weights are the trainer's then)."""
+def train_batches(train: ExpertGames, games_per_step: int, width: int, rng: np.random.Generator, on_step,
+                  transcript_steps: int = 0):
+    """Batches of `games_per_step` train games, each epoch in a fresh seeded order, the first `transcript_steps` with
+    the whole transcript in the loss; `on_step(i)` runs before step i (the current weights are the trainer's then)."""
     i, order = 0, np.zeros(0, np.int64)
     while True:
         on_step(i)
         if len(order) < games_per_step:
             order = np.concatenate([order, rng.permutation(len(train))])
         rows, order = order[:games_per_step], order[games_per_step:]
-        yield train.batch(rows, width)
+        yield train.batch(rows, width, transcript=i < transcript_steps)
         i += 1
 
 
@@ -226,8 +230,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     optimizer = make_optimizer(args.sft_lr, args.sft_warmup, args.sft_steps, 0.0, cfg.optim.grad_clip)
     rng = np.random.default_rng(cfg.run.seed)
-    history = run_sft(trainer, train_batches(train, args.sft_games, width, rng, on_step), steps=args.sft_steps,
-                      optimizer=optimizer)
+    history = run_sft(trainer, train_batches(train, args.sft_games, width, rng, on_step, args.transcript_steps),
+                      steps=args.sft_steps, optimizer=optimizer)
     bar.close()
     sft_s = time.perf_counter() - t0
     if args.dtype == "bfloat16":  # measure what ships
@@ -239,6 +243,7 @@ def main(argv: list[str] | None = None) -> dict:
     result.update({
         "model": {"name": cfg.model.name, "params": trainer.model_cfg.num_params()},
         "sft": {"steps": args.sft_steps, "games_per_step": args.sft_games, "lr": args.sft_lr, "width": width,
+                "transcript_steps": args.transcript_steps,
                 "seconds": round(sft_s, 1), "loss": [h["sft_loss"] for h in history]},
         "accuracy_curve": curve, "held_out": final, "eval_games": cfg.eval.games,
         "eval_seconds": round(time.perf_counter() - t1, 1), "eval": ev})

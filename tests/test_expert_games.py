@@ -126,6 +126,10 @@ def test_transcripts_are_what_the_agent_loop_writes(game, style, constrained, li
     np.testing.assert_array_equal(games.tokens, traj.tokens)
     np.testing.assert_array_equal(games.choices, traj.choices)  # zeros in free text
     np.testing.assert_array_equal(games.loss_mask, opening_answers_removed(traj, games))
+    if not constrained:  # every answer whole (a constrained answer's stop token is outside the loop's mask)
+        np.testing.assert_array_equal(games.answers, traj.loss_mask)
+    else:
+        np.testing.assert_array_equal(games.answers & (games.choices != 0), traj.loss_mask)
     assert games.loss_mask.sum() < traj.loss_mask.sum()  # some openings were random
     if "max_context" in limits:
         assert traj.truncated.any() and (games.winner[traj.truncated] == -1).all()
@@ -215,6 +219,12 @@ def test_generation_is_reproducible_and_batches_fit_the_sft_stage():
     np.testing.assert_array_equal(batch["tokens"], a.tokens[:4, :64])
     free = dataclasses.replace(a, constrained=False)
     assert "choices" not in free.batch(np.arange(4), 64)
+    # the whole transcript but the random turns' answers
+    lm = a.batch(np.arange(4), 64, transcript=True)["loss_mask"]
+    within = np.arange(64) < batch["lengths"][:, None]
+    random_answers = a.answers[:4, :64] & ~a.loss_mask[:4, :64]
+    np.testing.assert_array_equal(lm[:, 1:], (within & ~random_answers)[:, 1:])
+    assert not lm[:, 0].any() and (batch["loss_mask"] <= lm).all()
 
 
 def test_saved_games_load_back_whole_and_a_different_key_is_a_miss(tmp_path):

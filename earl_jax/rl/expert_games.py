@@ -105,6 +105,7 @@ class ExpertGames:
     choices: Int[np.ndarray, "n t"]
     legal: Int[np.ndarray, "n t"]
     best: Int[np.ndarray, "n t"]
+    answers: Bool[np.ndarray, "n t"]  # every token the agent wrote, random turns too
     agent_player: Int[np.ndarray, " n"]
     opponent: Int[np.ndarray, " n"]
     winner: Int[np.ndarray, " n"]
@@ -121,16 +122,21 @@ class ExpertGames:
         """Games `rows`, their arrays cut to the longest of them."""
         rows = np.asarray(rows, np.int64)
         width = max(int(self.lengths[rows].max(initial=1)), 1)
-        cut = {k: getattr(self, k)[rows][:, :width] for k in ("tokens", "loss_mask", "choices", "legal", "best")}
+        cut = {k: getattr(self, k)[rows][:, :width] for k in TOKEN_FIELDS}
         return dataclasses.replace(self, **cut, lengths=self.lengths[rows], agent_player=self.agent_player[rows],
                                    opponent=self.opponent[rows], winner=self.winner[rows], seeds=self.seeds[rows],
                                    opening=self.opening[rows], moves=[self.moves[i] for i in rows.tolist()])
 
-    def batch(self, rows: Sequence[int] | np.ndarray, width: int) -> dict[str, np.ndarray]:
+    def batch(self, rows: Sequence[int] | np.ndarray, width: int, transcript: bool = False) -> dict[str, np.ndarray]:
         """The SFT stage's batch (rl/sft.py run_sft) of games `rows` at `width` columns (a longer game is cut: it
-        loses its last answers)."""
+        loses its last answers). `transcript`: the loss mask holds every token of the games but the random turns'
+        answers (and the first token, which nothing predicts): the language of the game, observations included."""
         rows = np.asarray(rows, np.int64)
         out = {k: _fit(getattr(self, k)[rows], width) for k in ("tokens", "loss_mask", "choices")}
+        if transcript:
+            within = np.arange(width)[None, :] < self.lengths[rows, None]
+            out["loss_mask"] = within & ~(_fit(self.answers[rows], width) & ~out["loss_mask"])
+            out["loss_mask"][:, 0] = False
         if not self.constrained:
             out.pop("choices")
         return {**out, "lengths": np.minimum(self.lengths[rows], width)}
@@ -173,6 +179,9 @@ class ExpertGames:
                                                                                               "opponent")}
                 out[f"expert_vs_{name}"]["games"] = int(len(w))
         return out
+
+
+TOKEN_FIELDS = ("tokens", "loss_mask", "choices", "legal", "best", "answers")  # the [n, t] arrays
 
 
 def _fit(x: np.ndarray, width: int) -> np.ndarray:
@@ -283,6 +292,7 @@ def _play(env, expert: Expert, depth: int, codec: ObservationCodec, tokenizer, m
     live = ~(step.terminated | step.truncated)
     legal = np.array(step.legal, bool)
     expert_at: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # (rows, positions, legal, best)
+    answer_at: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (rows, first positions, counts)
     for _ in range(max_turns):
         rows = np.flatnonzero(live)
         room = max_context - ep.length[rows]
@@ -306,6 +316,7 @@ def _play(env, expert: Expert, depth: int, codec: ObservationCodec, tokenizer, m
         count = np.minimum(budget, (answers != -1).sum(1))
         answers = np.where(answers == -1, 0, answers).astype(np.int32)
         within = np.arange(answers.shape[1])[None, :] < count[:, None]
+        answer_at.append((rows, ep.length[rows].copy(), count))
         ep.append(rows, answers, count, True, scored=scored & within, choices=None if choices is None else
                   np.where(within, choices, 0))
         played = move if moves is not None else codec.padded_answers_to_moves(answers, count)
@@ -330,8 +341,13 @@ def _play(env, expert: Expert, depth: int, codec: ObservationCodec, tokenizer, m
     for rows, pos, lb, bb in expert_at:
         ok = pos < ep.length[rows]  # the move token was written (room for it)
         legal_at[rows[ok], pos[ok]], best_at[rows[ok], pos[ok]] = lb[ok], bb[ok]
+    answered = np.zeros(a["tokens"].shape, bool)
+    for rows, pos, count in answer_at:
+        cols = pos[:, None] + np.arange(count.max(initial=0))[None, :]
+        ok = cols < (pos + count)[:, None]
+        answered[np.broadcast_to(rows[:, None], cols.shape)[ok], cols[ok]] = True
     return ExpertGames(tokens=a["tokens"], loss_mask=a["mask"], lengths=ep.length.astype(np.int64),
-                       choices=a["choices"], legal=legal_at, best=best_at, agent_player=env.agent_player.copy(),
+                       choices=a["choices"], legal=legal_at, best=best_at, answers=answered, agent_player=env.agent_player.copy(),
                        opponent=np.zeros(n, np.int64), winner=winner, seeds=np.asarray(seeds, np.int64),
                        opening=np.asarray(plies, np.int64), moves=[tuple(h) for h in history], opponents=(),
                        constrained=moves is not None)
@@ -362,7 +378,7 @@ def _answers(move, legal, opening, moves: MoveTokens | None, tokenizer, eos_id: 
 def concat_games(parts: list[ExpertGames]) -> ExpertGames:
     width = max(p.tokens.shape[1] for p in parts)
     cat = {k: np.concatenate([_fit(getattr(p, k), width) for p in parts])
-           for k in ("tokens", "loss_mask", "choices", "legal", "best")}
+           for k in TOKEN_FIELDS}
     vec = {k: np.concatenate([getattr(p, k) for p in parts]) for k in ("lengths", "agent_player", "opponent", "winner", "seeds",
                                                                    "opening")}
     return ExpertGames(**cat, **vec, moves=[m for p in parts for m in p.moves], opponents=parts[0].opponents,
