@@ -19,7 +19,7 @@ hysteresis (leave the current bucket only when the smoothed length passes the bu
 
 The trainer never calls the selector directly: `planner.StagePlanner` plans once per iteration with
 update=True (it advances the moving average), re-plans within an iteration with update=False, runs
-every stage under its layout and owns the OOM fallback (`planner.run_with_oom_fallback`), and
+every stage under its layout and owns the OOM fallback (`parallel/fallback.py`), and
 checkpoints `state_dict()` (smoothing, bucket, OOM marks survive restarts).
 
 Memory is checked at max(bucket's upper edge, the batch's max context length), so a plan fits the
