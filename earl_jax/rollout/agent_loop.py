@@ -25,15 +25,16 @@ from __future__ import annotations
 import dataclasses
 import time
 from functools import partial
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 import tokenizers
-from jaxtyping import Bool, Float, Int
 
 from earl_jax.envs.outcomes import NO_WINNER, WINNERS
 from earl_jax.envs.vector.codec import ObservationCodec
+from earl_jax.rollout.episodes import (Decoded, Policy, RolloutStats, Trajectories, _Episodes,  # noqa: F401
+                                       episode_stats)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,183 +51,6 @@ class PlayConfig:
     def __post_init__(self):
         if self.pipeline_groups < 1 or self.min_batch < 1:
             raise ValueError(f"PlayConfig: pipeline_groups and min_batch must be >= 1, got {self}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Decoded:
-    """One turn's answers, per slot of the decode batch (host arrays)."""
-
-    tokens: Int[np.ndarray, "b t"]  # slot r's answer is tokens[r, :counts[r]]
-    logprobs: Float[np.ndarray, "b t"]
-    counts: Int[np.ndarray, " b"]
-    stopped: Bool[np.ndarray, " b"]
-    scored: Bool[np.ndarray, "b t"] | None = None  # tokens the policy chose (None: all); a forced stop token is not
-    choices: Int[np.ndarray, "b t"] | None = None  # legal-move bitmask of constrained tokens, 0 elsewhere
-    moves: Int[np.ndarray, " b"] | None = None  # constrained: the action each slot's answer names (no parsing)
-
-
-class Policy(Protocol):
-    """What the loop needs from a policy: a batch of slots with growing contexts to extend and decode from."""
-
-    def reset(self, batch: int, max_len: int) -> None: ...
-
-    def extend(self, tokens: Int[np.ndarray, "b t"], counts: Int[np.ndarray, " b"]) -> None:
-        """Append slot r's tokens[r, :counts[r]] to its context (counts 0: unchanged)."""
-        ...
-
-    def generate(self, budgets: Int[np.ndarray, " b"], rng: jax.Array, row_ids: Int[np.ndarray, " b"],
-                 legal: Bool[np.ndarray, "b a"] | None = None) -> Callable[[], Decoded]:
-        """Start decoding up to budgets[r] tokens per slot (slot r draws from fold_in(rng, row_ids[r]));
-        returns a function that waits for the answers. Nothing else is called on the policy before it.
-        `legal` (constrained moves only): each slot's legal moves; the answer is one of them."""
-        ...
-
-    def take_rows(self, rows: Int[np.ndarray, " k"], batch: int) -> None:
-        """Keep slots `rows` (in that order) in a batch of `batch` slots."""
-        ...
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutStats:
-    """What one `play_games` call measured: outcomes, context lengths (what the selector reacts to), timing."""
-
-    win_rate: float
-    draw_rate: float
-    loss_rate: float
-    invalid_rate: float  # games ended by an invalid answer
-    context_len_mean: float  # final episode lengths
-    context_len_max: int
-    turn_context_len_mean: float  # context length when each turn's decoding started
-    turns_mean: float
-    truncated_rate: float
-    generated_tokens: int
-    tokens: int
-    env_s: float  # host time in the games: stepping, reading answers, tokenizing observations
-    wait_s: float  # host time waiting for the device's answers
-    rollout_s: float
-    decode_rows: int  # decode-batch slots summed over turns (compaction lowers it)
-    prompt_tokens: int  # widest first extend (the prompt)
-    first_cache_len: int  # the cache the prompt was written into
-    observation_tokens: int  # widest later extend (a turn's observation); 0 if none
-    blunder_rate: float | None = None  # share of judged moves that gave an outcome away (env's blunder_penalty)
-    judged: int = 0  # moves the env judged for blunders
-    # a rollout split by process (rollout/process_split.py): the gather of the trajectories, the part of it spent
-    # waiting for the slowest process, and each process's own time for its games
-    gather_s: float = 0.0
-    gather_wait_s: float = 0.0
-    process_rollout_s: tuple[float, ...] = ()
-
-
-@dataclasses.dataclass
-class Trajectories:
-    """A batch of finished episodes, right-padded to a common length T."""
-
-    tokens: Int[np.ndarray, "n t"]
-    loss_mask: Bool[np.ndarray, "n t"]  # tokens the policy generated (never prompt or observation, nor a forced stop)
-    logprobs: Float[np.ndarray, "n t"]  # sampler log-prob of each generated token, 0 elsewhere
-    choices: Int[np.ndarray, "n t"]  # legal-move bitmask where a constrained move was drawn, 0 elsewhere
-    rewards: Float[np.ndarray, "n t"]  # each turn's reward at its last generated token
-    lengths: Int[np.ndarray, " n"]
-    returns: Float[np.ndarray, " n"]
-    num_turns: Int[np.ndarray, " n"]
-    truncated: Bool[np.ndarray, " n"]  # hit max_turns or max_context before the game ended
-    group_ids: Int[np.ndarray, " n"]
-    winners: list[str | None]  # "agent" | "opponent" | "draw" | None (truncated)
-    invalid: Bool[np.ndarray, " n"]  # ended by an invalid move
-    turn_context_lens: list[list[int]]  # context length when each turn's decoding started
-    stats: RolloutStats
-    # A rollout split by process whose token columns were not gathered (rollout/process_split.py): the five [n, t]
-    # arrays above hold only the batch's rows `local_rows`; every per-row field holds the whole batch, `spans` too.
-    local_rows: slice | None = None
-    spans: Int[np.ndarray, " n"] | None = None  # packing.scored_spans of every row of the batch
-
-    @property
-    def num_games(self) -> int:
-        return len(self.lengths)
-
-
-class _Episodes:
-    """The episodes being written: per game its length, turns and outcome, and its tokens as the appends that made
-    them (each a batch of rows at their own offsets), laid out in [n, T] arrays once, when the rollout asks.
-
-    Writing every append straight into [n, width] buffers meant growing them (a copy of every buffer each time a
-    game outgrew the width) or touching n x max_context of memory; growth and scatters were about a third of a
-    2048-game rollout's host time (an instant policy on the 2-core CPU). Laid out once, at the longest game's
-    width, the host time fell 13% at 2048 games and 5% at 512 (experiments/results/bench_host_rollout_cpu.json)."""
-
-    FIELDS = (("tokens", np.int32), ("mask", bool), ("logp", np.float32), ("rewards", np.float32),
-              ("choices", np.int32))
-
-    def __init__(self, n: int, max_turns: int):
-        self.n = n
-        self._appends: list[tuple] = []  # (games, start offsets, ids, counts, mask source, logp, choices)
-        self._rewards: list[tuple] = []  # (games, positions, values)
-        self.length = np.zeros(n, np.int64)
-        self.turns = np.zeros(n, np.int32)
-        self.turn_ctx = np.full((n, max_turns), -1, np.int64)
-        self.winner = np.full(n, NO_WINNER, np.int8)
-        self.invalid = np.zeros(n, bool)
-        self.truncated = np.zeros(n, bool)
-        self.judged = self.blunders = 0  # moves the env judged (blunder_penalty), and those that gave an outcome away
-
-    def append(self, games, ids, counts, generated: bool, logp=None, scored=None, choices=None) -> None:
-        """Game games[k] gets ids[k, :counts[k]] after its current length; `scored` ([k, t]) narrows the loss
-        mask of generated tokens to the policy's own choices. The arrays are kept, not copied: callers pass
-        arrays they do not write to again."""
-        counts = np.asarray(counts, np.int64)
-        if not len(counts):
-            return
-        games = np.asarray(games)
-        self._appends.append((games, self.length[games], ids, counts, generated if scored is None else scored,
-                              logp, choices))
-        self.length[games] += counts
-
-    def add_rewards(self, games, positions, values) -> None:
-        """rewards[games[k], positions[k]] += values[k]; the games of one call are unique (a turn's)."""
-        self._rewards.append((np.asarray(games), np.asarray(positions), np.asarray(values, np.float32)))
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """tokens, mask, logp, rewards, choices as [n, T] arrays (T: the longest game), zero past each game's end;
-        built from the appends on every call (once per rollout)."""
-        width = max(int(self.length.max(initial=0)), 1)
-        out = {name: np.zeros((self.n, width), dtype) for name, dtype in self.FIELDS}
-        flat = {name: a.reshape(-1) for name, a in out.items()}
-        for games, start, ids, counts, mask, logp, choices in self._appends:
-            at = (games * width + start)[:, None] + np.arange(ids.shape[1])
-            # rows as wide as their counts (a turn's answers, most observations) need no boolean selection
-            valid = None if counts.min() == ids.shape[1] else np.arange(ids.shape[1]) < counts[:, None]
-            at = _select(at, valid)
-            flat["tokens"][at] = _select(ids, valid)
-            if np.ndim(mask) or mask:  # an observation's (all False) is already there
-                flat["mask"][at] = mask if np.ndim(mask) == 0 else _select(mask, valid)
-            if logp is not None:
-                flat["logp"][at] = _select(logp, valid)
-            if choices is not None:
-                flat["choices"][at] = _select(choices, valid)
-        for games, positions, values in self._rewards:  # unique games per call: `+=` does what np.add.at did
-            flat["rewards"][games * width + positions] += values
-        return out
-
-
-def _select(a: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
-    """a[valid], or all of `a` when valid is None."""
-    return a if valid is None else a[valid]
-
-
-def episode_stats(winner: np.ndarray, invalid: np.ndarray, lengths: np.ndarray, turn_ctx: np.ndarray,
-                  turns: np.ndarray, truncated: np.ndarray, loss_mask: np.ndarray) -> dict[str, Any]:
-    """The `RolloutStats` fields read off a batch's arrays: outcomes (winner codes index WINNERS), lengths, turns
-    and token counts. `turn_ctx[i, t]`: the context when game i's turn t started, -1 past its last turn.
-    `loss_mask` is only summed: per-row counts of generated tokens do as well."""
-    n = max(len(winner), 1)
-    ctx = turn_ctx[turn_ctx >= 0]
-    return {"win_rate": float(np.sum(winner == 0)) / n, "loss_rate": float(np.sum(winner == 1)) / n,
-            "draw_rate": float(np.sum(winner == 2)) / n,
-            "invalid_rate": float(np.mean(invalid)) if len(invalid) else 0.0,
-            "context_len_mean": float(lengths.mean()), "context_len_max": int(lengths.max()),
-            "turn_context_len_mean": float(ctx.mean()) if len(ctx) else 0.0, "turns_mean": float(turns.mean()),
-            "truncated_rate": float(truncated.mean()), "generated_tokens": int(loss_mask.sum()),
-            "tokens": int(lengths.sum())}
 
 
 @dataclasses.dataclass
