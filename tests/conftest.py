@@ -1,5 +1,8 @@
 """Tests run on CPU with 8 fake devices so meshes, resharding and the selector are exercised."""
+import logging
 import os
+
+import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flags = os.environ.get("XLA_FLAGS", "")
@@ -107,3 +110,15 @@ def pytest_collection_modifyitems(config, items):
         return (1, 0) if item.get_closest_marker("slow") else (2, 0)
 
     items.sort(key=rank)  # stable: the rest keep their order
+
+
+@pytest.fixture(autouse=True)
+def _earl_logger_as_it_was():
+    """A test that runs a job's `main` leaves the "earl_jax" logger printing to that test's (then closed) stderr and
+    no longer propagating (earl_jax.progress.show_progress_logs): a later test's caplog in the same worker would see
+    none of its lines. Each test gets the logger back as it found it."""
+    log = logging.getLogger("earl_jax")
+    handlers, propagate, level = list(log.handlers), log.propagate, log.level
+    yield
+    log.handlers[:] = handlers
+    log.propagate, log.level = propagate, level

@@ -171,7 +171,9 @@ def test_init_and_loading_log_what_they_do_and_how_long_it_took(caplog):
     from_pretrained(folder, mesh=make_mesh(MeshShape.parse("d2f1t4")))
     lines = [r.getMessage() for r in caplog.records if r.name == "earl_jax"]
     assert lines[0] == "model: tiny, 0.5M params, init on mesh d2f2t2 ..."
-    assert re.fullmatch(r"model: tiny, 0.5M params, init on mesh d2f2t2 \(\d+ programs\): \d+\.\d s", lines[1])
+    # programs an earlier test of this process (or run) compiled come from the cache, and the line says how many
+    assert re.fullmatch(r"model: tiny, 0.5M params, init on mesh d2f2t2 \(\d+ programs(, \d+ from cache)?\): \d+\.\d s",
+                        lines[1])
     assert lines[2].startswith("model: qwen2_gqa_tied, ")
     assert lines[2].endswith(f"loading {folder} onto mesh d2f1t4 ...")
     assert re.fullmatch(re.escape(lines[2][:-4]) + r": \d+\.\d s", lines[3])

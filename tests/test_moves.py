@@ -220,7 +220,7 @@ def test_constrained_policy_learns_the_digit_shown_on_turn_two(tmp_path):
     Hidden, it cannot (an 80-iteration run: 0.54 throughout); that control is now
     test_learning.py::test_with_the_digit_hidden_every_game_gets_one_answer. Constrained moves alone at lr 1e-3 stay
     at 0.54 (section 8)."""
-    cfg = with_fields(TINY, groups=8, group_size=8, optim__learning_rate=2e-3, entropy_coef=0.1, entropy_floor=0.5,
+    cfg = with_fields(TINY, groups=8, group_size=8, learning_rate=2e-3, entropy_coef=0.1, entropy_floor=0.5,
                       filter_constant_groups=False, turn_discount=0.5, steps=80, max_turns=3, max_context=32,
                       eval_games=50, eval_every=0, run_dir=str(tmp_path))
     trainer = Trainer(cfg, log=False, env_factory=functools.partial(

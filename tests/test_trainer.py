@@ -195,7 +195,7 @@ class SayDigitEnv:
 def test_policy_learns_a_trivial_game(tmp_path):
     cfg = with_fields(SMALL, groups=8, group_size=4, steps=30, eval_every=0, eval_games=8,
                       format_warmup_steps=0, max_turn_tokens=2, max_turns=1, max_context=32,
-                      optim__learning_rate=3e-3, run_dir=str(tmp_path / "run"))
+                      learning_rate=3e-3, run_dir=str(tmp_path / "run"))
     history = Trainer(cfg, log=False, env_factory=SayDigitEnv).run()
     early = np.mean([r["episode/return_mean"] for r in history[:5]])
     late = np.mean([r["episode/return_mean"] for r in history[-5:]])
