@@ -1,4 +1,4 @@
-"""The collector's pauses are timed, and --gc-every takes collections at fixed iterations instead."""
+"""The collector's pauses are timed, and --run.gc-every takes collections at fixed iterations instead."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_startup_pause_holds_the_collector_until_the_first_iteration_ends():
     with StartupPause(True):
         assert not gc.isenabled()
     assert gc.isenabled()  # leaving the context ends it (an error in the first iteration)
-    with StartupPause(False):  # --gc-every manages the collector
+    with StartupPause(False):  # --run.gc-every manages the collector
         assert gc.isenabled()
 
 

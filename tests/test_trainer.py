@@ -72,7 +72,7 @@ def _adam_steps(trainer: Trainer) -> int:
 
 
 def test_ppo_mini_batches_make_that_many_updates_an_iteration(tmp_path):
-    """--ppo-mini-batches N: N optimizer steps per pass over the batch (what the flag promises reaches the train
+    """--optim.ppo-mini-batches N: N optimizer steps per pass over the batch (what the flag promises reaches the train
     stage), each on whole groups; a count that leaves a mini-batch without whole groups is refused at start."""
     cfg = with_fields(SMALL, steps=1, eval_every=0, format_warmup_steps=0, checkpoint_every=0, eval_games=2)
     steps = {}
@@ -88,7 +88,7 @@ def test_ppo_mini_batches_make_that_many_updates_an_iteration(tmp_path):
 
 def test_killed_and_resumed_run_is_bit_exact(tmp_path):
     cfg = with_fields(SMALL, steps=4, eval_every=0, format_warmup_steps=0)
-    # the straight run collects garbage on a schedule (--gc-every): when Python collects changes nothing computed
+    # the straight run collects garbage on a schedule (--run.gc-every): when Python collects changes nothing computed
     straight = Trainer(with_fields(cfg, run_dir=str(tmp_path / "a"), gc_every=2), log=False)
     straight.run()
     assert gc.isenabled() and not gc.get_freeze_count()  # the collector is back as it was
