@@ -112,13 +112,20 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)  # stable: the rest keep their order
 
 
+_EARL_LOG = logging.getLogger("earl_jax")
+_EARL_LOG_AT_START = (list(_EARL_LOG.handlers), _EARL_LOG.propagate, _EARL_LOG.level)
+
+
+def _earl_log_as_at_start() -> None:
+    _EARL_LOG.handlers[:] = _EARL_LOG_AT_START[0]
+    _EARL_LOG.propagate, _EARL_LOG.level = _EARL_LOG_AT_START[1:]
+
+
 @pytest.fixture(autouse=True)
-def _earl_logger_as_it_was():
-    """A test that runs a job's `main` leaves the "earl_jax" logger printing to that test's (then closed) stderr and
-    no longer propagating (earl_jax.progress.show_progress_logs): a later test's caplog in the same worker would see
-    none of its lines. Each test gets the logger back as it found it."""
-    log = logging.getLogger("earl_jax")
-    handlers, propagate, level = list(log.handlers), log.propagate, log.level
+def _earl_logger_as_at_start():
+    """A job's `main` (earl_jax.progress.show_progress_logs) leaves the "earl_jax" logger printing to the stderr of the
+    test that ran it, closed after it, and no longer propagating: a later test's caplog would see none of its lines.
+    Every test starts and ends with the logger as the session found it (a module fixture may have run a main too)."""
+    _earl_log_as_at_start()
     yield
-    log.handlers[:] = handlers
-    log.propagate, log.level = propagate, level
+    _earl_log_as_at_start()
