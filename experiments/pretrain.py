@@ -60,6 +60,9 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--transcript-steps", type=int, default=0,
                    help="the first this many steps learn the whole transcript (observations too, not the random "
                         "turns' answers), the rest the expert's moves only")
+    p.add_argument("--tactics-steps", type=int, default=0,
+                   help="the first this many steps learn only the expert's moves where a win or a block is due, "
+                        "from games that have one")
     p.add_argument("--sft-warmup", type=int, default=50, help="linear warm-up steps of the learning rate")
     p.add_argument("--accuracy-every", type=int, default=100, help="held-out accuracy every this many steps")
     p.add_argument("--accuracy-games", type=int, default=512, help="held-out games the accuracy reads, at most")
@@ -120,8 +123,9 @@ def move_token_ids(tokenizer, num_actions: int) -> np.ndarray:
 class Accuracy:
     """Held-out move accuracy: at each expert move of the held-out games, is the model's argmax over the legal
     moves' tokens (the greedy constrained move; in free text the legal move it ranks first) one of the expert's best
-    moves? Reported over all held-out expert moves, over those whose history no train game reaches, with chance, and
-    the held-out loss (minus the log-probability of the expert's move among the legal moves)."""
+    moves? Reported over all held-out expert moves, over those whose history no train game reaches, over those with a
+    win or a block due (`tactics`), with chance, and the held-out loss (minus the log-probability of the expert's move
+    among the legal moves)."""
 
     def __init__(self, trainer, train: ExpertGames, held: ExpertGames, limit: int):
         self.graphdef = trainer.graphdef
@@ -130,6 +134,7 @@ class Accuracy:
         rows, cols = self.held.expert_turns()
         self.rows, self.cols = rows, cols
         self.legal, self.best = self.held.legal[rows, cols], self.held.best[rows, cols]
+        self.tactical = self.held.tactics[rows, cols] != 0
         self.move_ids = jnp.asarray(move_token_ids(trainer.tokenizer, trainer.env.num_actions))
         self.width = int(self.held.tokens.shape[1])
         graphdef, move_ids = self.graphdef, self.move_ids
@@ -160,21 +165,27 @@ class Accuracy:
         hit = self.best_m[np.arange(len(picks)), picks]
         chance = self.best_m.sum(1) / self.legal_m.sum(1)
         return {"accuracy": float(hit.mean()), "accuracy_unseen": float(hit[self.unseen].mean()) if self.unseen.any()
+                else float("nan"), "accuracy_tactical": float(hit[self.tactical].mean()) if self.tactical.any()
                 else float("nan"), "chance": float(chance.mean()), "loss": float(nll.mean()), "moves": int(len(hit)),
-                "unseen_moves": int(self.unseen.sum())}
+                "unseen_moves": int(self.unseen.sum()), "tactical_moves": int(self.tactical.sum())}
 
 
 def train_batches(train: ExpertGames, games_per_step: int, width: int, rng: np.random.Generator, on_step,
-                  transcript_steps: int = 0):
-    """Batches of `games_per_step` train games, each epoch in a fresh seeded order, the first `transcript_steps` with
-    the whole transcript in the loss; `on_step(i)` runs before step i (the current weights are the trainer's then)."""
-    i, order = 0, np.zeros(0, np.int64)
+                  transcript_steps: int = 0, tactics_steps: int = 0):
+    """Batches of `games_per_step` train games, each epoch in a fresh seeded order: the first `transcript_steps` with
+    the whole transcript in the loss, the first `tactics_steps` only the tactical moves of the games that have one;
+    `on_step(i)` runs before step i (the current weights are the trainer's then)."""
+    tactical = np.flatnonzero((train.tactics != 0).any(1))
+    orders = {False: np.zeros(0, np.int64), True: np.zeros(0, np.int64)}
+    i = 0
     while True:
         on_step(i)
-        if len(order) < games_per_step:
-            order = np.concatenate([order, rng.permutation(len(train))])
-        rows, order = order[:games_per_step], order[games_per_step:]
-        yield train.batch(rows, width, transcript=i < transcript_steps)
+        tactics = i < tactics_steps
+        pool = tactical if tactics else np.arange(len(train))
+        if len(orders[tactics]) < games_per_step:
+            orders[tactics] = np.concatenate([orders[tactics], rng.permutation(pool)])
+        rows, orders[tactics] = orders[tactics][:games_per_step], orders[tactics][games_per_step:]
+        yield train.batch(rows, width, transcript=i < transcript_steps, tactics_only=tactics)
         i += 1
 
 
@@ -225,13 +236,14 @@ def main(argv: list[str] | None = None) -> dict:
                           **accuracy(trainer.state.params)})
             bar.set_postfix(accuracy=f"{curve[-1]['accuracy']:.3f}")
             if bar.disable:  # a log, not a terminal
-                print(f"pretrain: step {i}: held-out accuracy {curve[-1]['accuracy']:.3f}, loss "
-                      f"{curve[-1]['loss']:.3f}", flush=True)
+                c = curve[-1]
+                print(f"pretrain: step {i}: held-out accuracy {c['accuracy']:.3f} (tactical "
+                      f"{c['accuracy_tactical']:.3f}), loss {c['loss']:.3f}", flush=True)
 
     optimizer = make_optimizer(args.sft_lr, args.sft_warmup, args.sft_steps, 0.0, cfg.optim.grad_clip)
     rng = np.random.default_rng(cfg.run.seed)
-    history = run_sft(trainer, train_batches(train, args.sft_games, width, rng, on_step, args.transcript_steps),
-                      steps=args.sft_steps, optimizer=optimizer)
+    batches = train_batches(train, args.sft_games, width, rng, on_step, args.transcript_steps, args.tactics_steps)
+    history = run_sft(trainer, batches, steps=args.sft_steps, optimizer=optimizer)
     bar.close()
     sft_s = time.perf_counter() - t0
     if args.dtype == "bfloat16":  # measure what ships
@@ -243,7 +255,7 @@ def main(argv: list[str] | None = None) -> dict:
     result.update({
         "model": {"name": cfg.model.name, "params": trainer.model_cfg.num_params()},
         "sft": {"steps": args.sft_steps, "games_per_step": args.sft_games, "lr": args.sft_lr, "width": width,
-                "transcript_steps": args.transcript_steps,
+                "transcript_steps": args.transcript_steps, "tactics_steps": args.tactics_steps,
                 "seconds": round(sft_s, 1), "loss": [h["sft_loss"] for h in history]},
         "accuracy_curve": curve, "held_out": final, "eval_games": cfg.eval.games,
         "eval_seconds": round(time.perf_counter() - t1, 1), "eval": ev})
@@ -256,7 +268,8 @@ def main(argv: list[str] | None = None) -> dict:
     save_pretrained(trainer.graphdef, trainer.state.params, trainer.model_cfg, trainer.tokenizer, out, meta,
                     dtype=args.dtype)
     result["base"] = {"folder": str(out), "bytes": sum(f.stat().st_size for f in Path(out).iterdir())}
-    print(f"pretrain: held-out accuracy {final['accuracy']:.3f} (unseen {final['accuracy_unseen']:.3f}, chance "
+    print(f"pretrain: held-out accuracy {final['accuracy']:.3f} (unseen {final['accuracy_unseen']:.3f}, tactical "
+          f"{final['accuracy_tactical']:.3f}, chance "
           f"{final['chance']:.3f}); greedy (win/draw) " + ", ".join(f"{o} {r['win']:.2f}/{r['draw']:.2f}"
                                                                    for o, r in ev.items()) + f"; base: {out}", flush=True)
     return _write(args, result, curve)
@@ -294,6 +307,7 @@ def _plot(result: dict, curve: list[dict], path: Path) -> None:
     steps = [c["step"] for c in curve]
     b.plot(steps, [c["accuracy"] for c in curve], label="held-out moves")
     b.plot(steps, [c["accuracy_unseen"] for c in curve], label="unseen histories")
+    b.plot(steps, [c["accuracy_tactical"] for c in curve], label="a win or a block due")
     b.plot(steps, [c["chance"] for c in curve], ls=":", label="chance")
     b.set(xlabel="SFT step", ylabel="argmax is a best move", title="move accuracy against the expert", ylim=(0, 1))
     b.legend()

@@ -168,6 +168,34 @@ def test_the_tic_tac_toe_expert_keeps_the_game_value():
         assert {a for a in range(9) if k >> a & 1} <= {a for a in legal if classes[a] == max(classes[legal])}
 
 
+@pytest.mark.parametrize("game", ["tic_tac_toe", "connect_four"])
+def test_tactics_mark_the_expert_turns_with_a_win_or_a_block_due(game):
+    from earl_jax.envs.games import get_game
+
+    rules = get_game(game).rules
+    _, games = generate(game, "compact", False, n=64, depth=2)
+    seen = set()
+    for r, c in zip(*games.expert_turns()):
+        turn = int(np.sum(games.answers[r, :c] & ~games.answers[r, np.maximum(np.arange(c) - 1, 0)]))  # answers before
+        moves = games.moves[r][:2 * turn + games.agent_player[r]]
+        stones = np.zeros((1, 2), np.uint64)
+        for k, m in enumerate(moves):
+            stones[0, k % 2] |= rules.drop(stones, np.array([m]))[0]
+        me, opp = stones[0, len(moves) % 2], stones[0, 1 - len(moves) % 2]
+        cells = [rules.drop(stones, np.array([a]))[0] for a in np.flatnonzero(rules.legal_mask(stones)[0])]
+        win = any(rules.is_win(np.array([me | b]))[0] for b in cells)
+        block = any(rules.is_win(np.array([opp | b]))[0] for b in cells)
+        assert games.tactics[r, c] == win + 2 * block
+        seen.add(int(games.tactics[r, c]))
+    assert {0, 1, 2} <= seen
+    # the tactical batch scores exactly the answers (move and end token) of those turns
+    batch = games.batch(np.arange(len(games)), games.tokens.shape[1], tactics_only=True)["loss_mask"]
+    assert (batch <= games.loss_mask).all()
+    move_at = games.best != 0
+    np.testing.assert_array_equal(batch & move_at, move_at & (games.tactics != 0))
+    np.testing.assert_array_equal(batch & ~move_at, np.roll(batch & move_at, 1, axis=1) & games.loss_mask)
+
+
 def test_the_connect_four_expert_wins_against_random_and_every_opponent_gets_its_share():
     _, games = generate(n=30, depth=3, opening_plies=0, opponents=("random", "alphabeta:1", "alphabeta:3"))
     stats = games.stats()

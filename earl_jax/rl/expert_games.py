@@ -106,6 +106,7 @@ class ExpertGames:
     legal: Int[np.ndarray, "n t"]
     best: Int[np.ndarray, "n t"]
     answers: Bool[np.ndarray, "n t"]  # every token the agent wrote, random turns too
+    tactics: Int[np.ndarray, "n t"]  # per expert move: 1 = a move wins at once, 2 = the opponent threatens to (3: both)
     agent_player: Int[np.ndarray, " n"]
     opponent: Int[np.ndarray, " n"]
     winner: Int[np.ndarray, " n"]
@@ -127,12 +128,19 @@ class ExpertGames:
                                    opponent=self.opponent[rows], winner=self.winner[rows], seeds=self.seeds[rows],
                                    opening=self.opening[rows], moves=[self.moves[i] for i in rows.tolist()])
 
-    def batch(self, rows: Sequence[int] | np.ndarray, width: int, transcript: bool = False) -> dict[str, np.ndarray]:
+    def batch(self, rows: Sequence[int] | np.ndarray, width: int, transcript: bool = False,
+              tactics_only: bool = False) -> dict[str, np.ndarray]:
         """The SFT stage's batch (rl/sft.py run_sft) of games `rows` at `width` columns (a longer game is cut: it
         loses its last answers). `transcript`: the loss mask holds every token of the games but the random turns'
-        answers (and the first token, which nothing predicts): the language of the game, observations included."""
+        answers (and the first token, which nothing predicts): the language of the game, observations included.
+        `tactics_only`: only the answers of expert turns with a win or a block due (`tactics`)."""
         rows = np.asarray(rows, np.int64)
         out = {k: _fit(getattr(self, k)[rows], width) for k in ("tokens", "loss_mask", "choices")}
+        if tactics_only:  # the answer runs from its move token (where `tactics` sits) to the end of its mask run
+            keep = _fit(self.tactics[rows], width) != 0
+            for k in range(1, width):
+                keep[:, k] |= keep[:, k - 1] & out["loss_mask"][:, k] & ~(_fit(self.best[rows], width)[:, k] != 0)
+            out["loss_mask"] = out["loss_mask"] & keep
         if transcript:
             within = np.arange(width)[None, :] < self.lengths[rows, None]
             out["loss_mask"] = within & ~(_fit(self.answers[rows], width) & ~out["loss_mask"])
@@ -181,7 +189,7 @@ class ExpertGames:
         return out
 
 
-TOKEN_FIELDS = ("tokens", "loss_mask", "choices", "legal", "best", "answers")  # the [n, t] arrays
+TOKEN_FIELDS = ("tokens", "loss_mask", "choices", "legal", "best", "answers", "tactics")  # the [n, t] arrays
 
 
 def _fit(x: np.ndarray, width: int) -> np.ndarray:
@@ -291,7 +299,7 @@ def _play(env, expert: Expert, depth: int, codec: ObservationCodec, tokenizer, m
     winner = np.full(n, NO_WINNER, np.int64)
     live = ~(step.terminated | step.truncated)
     legal = np.array(step.legal, bool)
-    expert_at: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # (rows, positions, legal, best)
+    expert_at: list[tuple[np.ndarray, ...]] = []  # (rows, positions, legal, best, tactics)
     answer_at: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (rows, first positions, counts)
     for _ in range(max_turns):
         rows = np.flatnonzero(live)
@@ -310,7 +318,7 @@ def _play(env, expert: Expert, depth: int, codec: ObservationCodec, tokenizer, m
             best = expert(me[~opening], opp[~opening], depth) & lg[~opening]
             pick[~opening] = best
             expert_at.append((rows[~opening], ep.length[rows[~opening]].copy(), legal_bits(lg[~opening]),
-                              legal_bits(best)))
+                              legal_bits(best), _tactics(env.rules, me[~opening], opp[~opening], lg[~opening])))
         move = _draw(pick, rng)
         answers, scored, choices = _answers(move, lg, opening, moves, tokenizer, eos_id)
         count = np.minimum(budget, (answers != -1).sum(1))
@@ -337,20 +345,33 @@ def _play(env, expert: Expert, depth: int, codec: ObservationCodec, tokenizer, m
         if fits.any():
             ep.append(cont[fits], ids[fits], counts[fits], False)
     a = ep.arrays()
-    legal_at, best_at = np.zeros(a["tokens"].shape, np.int32), np.zeros(a["tokens"].shape, np.int32)
-    for rows, pos, lb, bb in expert_at:
+    legal_at, best_at, tactics = (np.zeros(a["tokens"].shape, np.int32) for _ in range(3))
+    for rows, pos, lb, bb, tb in expert_at:
         ok = pos < ep.length[rows]  # the move token was written (room for it)
-        legal_at[rows[ok], pos[ok]], best_at[rows[ok], pos[ok]] = lb[ok], bb[ok]
+        legal_at[rows[ok], pos[ok]], best_at[rows[ok], pos[ok]], tactics[rows[ok], pos[ok]] = lb[ok], bb[ok], tb[ok]
     answered = np.zeros(a["tokens"].shape, bool)
     for rows, pos, count in answer_at:
         cols = pos[:, None] + np.arange(count.max(initial=0))[None, :]
         ok = cols < (pos + count)[:, None]
         answered[np.broadcast_to(rows[:, None], cols.shape)[ok], cols[ok]] = True
     return ExpertGames(tokens=a["tokens"], loss_mask=a["mask"], lengths=ep.length.astype(np.int64),
-                       choices=a["choices"], legal=legal_at, best=best_at, answers=answered, agent_player=env.agent_player.copy(),
+                       choices=a["choices"], legal=legal_at, best=best_at, answers=answered, tactics=tactics,
+                       agent_player=env.agent_player.copy(),
                        opponent=np.zeros(n, np.int64), winner=winner, seeds=np.asarray(seeds, np.int64),
                        opening=np.asarray(plies, np.int64), moves=[tuple(h) for h in history], opponents=(),
                        constrained=moves is not None)
+
+
+def _tactics(rules, me: UInt64[np.ndarray, " r"], opp: UInt64[np.ndarray, " r"], legal: Bool[np.ndarray, "r a"]
+             ) -> Int[np.ndarray, " r"]:
+    """1 where a legal move wins at once, + 2 where the opponent would win by taking a cell the side to move can
+    take now (a block is due): the positions whose right move reads straight off the board's lines."""
+    r, a = legal.shape
+    stones = np.repeat(np.stack([me, opp], 1), a, 0)
+    bits = rules.drop(stones, np.tile(np.arange(a), r)).reshape(r, a)  # the cell each move fills (0: illegal)
+    wins = rules.is_win((me[:, None] | bits).reshape(-1)).reshape(r, a) & legal
+    threats = rules.is_win((opp[:, None] | bits).reshape(-1)).reshape(r, a) & legal
+    return wins.any(1).astype(np.int32) + 2 * threats.any(1)
 
 
 def _draw(pick: Bool[np.ndarray, "r a"], rng: np.random.Generator) -> Int[np.ndarray, " r"]:
