@@ -54,7 +54,7 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--opening-plies", type=int, default=None, help="random plies opening a game, at most "
                                                                    "(default: the game's, rl/expert_games.py)")
     p.add_argument("--held-out", type=float, default=0.05, help="share of the games held out for move accuracy")
-    p.add_argument("--sft-steps", type=int, default=2000, help="supervised steps")
+    p.add_argument("--sft-steps", type=int, default=600, help="supervised steps")
     p.add_argument("--sft-games", type=int, default=16, help="games per step (a multiple of the devices)")
     p.add_argument("--sft-lr", type=float, default=2e-3, help="AdamW peak learning rate (cosine to 0.1x)")
     p.add_argument("--transcript-steps", type=int, default=0,
