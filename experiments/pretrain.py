@@ -270,8 +270,8 @@ def main(argv: list[str] | None = None) -> dict:
     result["base"] = {"folder": str(out), "bytes": sum(f.stat().st_size for f in Path(out).iterdir())}
     print(f"pretrain: held-out accuracy {final['accuracy']:.3f} (unseen {final['accuracy_unseen']:.3f}, tactical "
           f"{final['accuracy_tactical']:.3f}, chance "
-          f"{final['chance']:.3f}); greedy (win/draw) " + ", ".join(f"{o} {r['win']:.2f}/{r['draw']:.2f}"
-                                                                   for o, r in ev.items()) + f"; base: {out}", flush=True)
+          f"{final['chance']:.3f}); greedy (win/draw) "
+          + ", ".join(f"{o} {r['win']:.2f}/{r['draw']:.2f}" for o, r in ev.items()) + f"; base: {out}", flush=True)
     return _write(args, result, curve)
 
 

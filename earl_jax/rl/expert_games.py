@@ -24,6 +24,9 @@ the answer and the next observation, truncated by `max_turns` / `max_context` as
   `choices` is all zeros.
 Per expert move token, `legal` and `best` hold the legal moves and the expert's equally best moves as bitmasks (0
 elsewhere): held-out move accuracy counts the model's argmax over the legal moves as right when it is any best move.
+`tactics` marks the expert turns whose right move reads off the board's lines (a win or a block due), `answers` every
+token the agent wrote; `batch` can put only those turns, or the whole transcript, in the loss (experiments/pretrain.py
+--tactics-steps, --transcript-steps).
 """
 
 from __future__ import annotations
@@ -136,10 +139,10 @@ class ExpertGames:
         `tactics_only`: only the answers of expert turns with a win or a block due (`tactics`)."""
         rows = np.asarray(rows, np.int64)
         out = {k: _fit(getattr(self, k)[rows], width) for k in ("tokens", "loss_mask", "choices")}
-        if tactics_only:  # the answer runs from its move token (where `tactics` sits) to the end of its mask run
-            keep = _fit(self.tactics[rows], width) != 0
+        if tactics_only:  # an answer runs from its move token (where `tactics` sits) to the end of its mask run
+            keep, move_at = _fit(self.tactics[rows], width) != 0, _fit(self.best[rows], width) != 0
             for k in range(1, width):
-                keep[:, k] |= keep[:, k - 1] & out["loss_mask"][:, k] & ~(_fit(self.best[rows], width)[:, k] != 0)
+                keep[:, k] |= keep[:, k - 1] & out["loss_mask"][:, k] & ~move_at[:, k]
             out["loss_mask"] = out["loss_mask"] & keep
         if transcript:
             within = np.arange(width)[None, :] < self.lengths[rows, None]
@@ -156,8 +159,8 @@ class ExpertGames:
 
     def save(self, path, key: str = "") -> None:
         """All of it in one .npz file; `key` (any string, e.g. the settings that made it) is stored beside it."""
-        arrays = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if isinstance(getattr(self, f.name),
-                                                                                                np.ndarray)}
+        arrays = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if isinstance(getattr(self, f.name), np.ndarray)}
         flat = np.array([m for game in self.moves for m in game], np.int64)
         np.savez_compressed(path, **arrays, moves_flat=flat, moves_len=np.array([len(m) for m in self.moves]),
                             opponents=np.array(self.opponents), constrained=self.constrained, key=key)
@@ -400,7 +403,7 @@ def concat_games(parts: list[ExpertGames]) -> ExpertGames:
     width = max(p.tokens.shape[1] for p in parts)
     cat = {k: np.concatenate([_fit(getattr(p, k), width) for p in parts])
            for k in TOKEN_FIELDS}
-    vec = {k: np.concatenate([getattr(p, k) for p in parts]) for k in ("lengths", "agent_player", "opponent", "winner", "seeds",
-                                                                   "opening")}
+    vec = {k: np.concatenate([getattr(p, k) for p in parts])
+           for k in ("lengths", "agent_player", "opponent", "winner", "seeds", "opening")}
     return ExpertGames(**cat, **vec, moves=[m for p in parts for m in p.moves], opponents=parts[0].opponents,
                        constrained=parts[0].constrained)
