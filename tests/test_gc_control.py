@@ -27,7 +27,7 @@ def test_manual_collection_freezes_then_restores():
     with manual_gc(3):
         assert not gc.isenabled() and gc.get_freeze_count() > 0
     assert gc.isenabled() and gc.get_freeze_count() == 0
-    with pytest.raises(ValueError, match="--gc-every"):
+    with pytest.raises(ValueError, match="--run.gc-every"):
         with manual_gc(-1):
             pass
 

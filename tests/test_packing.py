@@ -44,7 +44,7 @@ def test_length_order_puts_similar_lengths_in_each_micro_batch():
 def test_mini_batches_are_contiguous_slices_of_whole_shards():
     parts = mini_batch_rows(16, 4, 2)
     assert [p.tolist() for p in parts] == [list(range(k, k + 4)) for k in range(0, 16, 4)]
-    with pytest.raises(ValueError, match="--ppo-mini-batches 4"):
+    with pytest.raises(ValueError, match="--optim.ppo-mini-batches 4"):
         mini_batch_rows(16, 4, 8)  # 4 rows a mini-batch over 8 shards
 
 

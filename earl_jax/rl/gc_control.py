@@ -3,13 +3,13 @@
 A full (generation-2) collection walks every live Python object, and a process holding JAX's caches, compiled
 programs and a vector env holds many. Python starts one whenever enough objects were allocated since the last,
 so in a multi-process job each process pauses at its own moments, and a pause in one stalls the others at
-the next collective (a rollout split by process waits for its slowest process in the gather). `--gc-every N`
+the next collective (a rollout split by process waits for its slowest process in the gather). `--run.gc-every N`
 does what Megatron-LM's `--manual-gc` does: automatic collection is off and every process collects at the same
 iterations, every N; the objects that survive a collection are then frozen (never scanned again), so the next
 one walks only what the last N iterations made. Measured on 4 H100s (one process per GPU, tiny model, 2048
 games; experiments/results/bench_agent_loop_nvidia_h100x4.json): a full collection took 0.29-0.37 s
 per process when only start-up's objects were frozen. The slow iterations of a split rollout turned out to be
-compiles, not collections: with `--gc-every 1` they stayed. Frozen objects that later become cyclic garbage are not
+compiles, not collections: with `--run.gc-every 1` they stayed. Frozen objects that later become cyclic garbage are not
 freed (objects freed by their reference count still are).
 """
 
@@ -54,7 +54,7 @@ def manual_gc(every: int) -> Iterator[None]:
     """With every > 0: objects alive now are frozen and automatic collection is off (the caller collects every
     `every` iterations); the collector's state is restored on exit. every == 0: Python's automatic collection."""
     if every < 0:
-        raise ValueError(f"--gc-every must be >= 0 (0: automatic collection), got {every}")
+        raise ValueError(f"--run.gc-every must be >= 0 (0: automatic collection), got {every}")
     if not every:
         yield
         return
@@ -81,8 +81,8 @@ class StartupPause:
     objects by the million, and Python's collector keeps walking them: on 4 H100s the pod job's first iteration
     paused 4.8-5.3 s in collections, and tracing the 1.5B train program took 8.7 s of a
     warm start. Objects freed by their reference count still go at once; only cyclic garbage waits for `end()`.
-    Nothing is frozen (unlike `--gc-every`): a frozen object that later becomes cyclic garbage would never be freed,
-    and a process may hold several trainers (tests, sweeps). Off (a no-op) with `--gc-every`, which manages the
+    Nothing is frozen (unlike `--run.gc-every`): a frozen object that later becomes cyclic garbage would never be freed,
+    and a process may hold several trainers (tests, sweeps). Off (a no-op) with `--run.gc-every`, which manages the
     collector itself."""
 
     def __init__(self, enabled: bool):

@@ -65,7 +65,7 @@ def mini_batch_rows(n: int, count: int, shards: int) -> list[Int[np.ndarray, " m
     """The rows of each of `count` PPO mini-batches of an n-row batch: contiguous equal slices, so whole GRPO groups
     when `count` divides the groups (games are laid out group after group); each must split over the batch shards."""
     if n % count or (n // count) % shards:
-        raise ValueError(f"--ppo-mini-batches {count}: {n} rows do not make {count} mini-batches of whole batch shards "
+        raise ValueError(f"--optim.ppo-mini-batches {count}: {n} rows do not make {count} mini-batches of whole batch shards "
                          f"({shards} here); use a count that divides the games into multiples of {shards}")
     return list(np.arange(n).reshape(count, n // count))
 
