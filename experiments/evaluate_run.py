@@ -3,8 +3,9 @@
     python experiments/evaluate_run.py runs/connect4-gpu --opponents random,alphabeta:1,alphabeta:2,mcts:100
     python experiments/evaluate_run.py runs/seed0 runs/seed1 runs/seed2 --opponents random,alphabeta:1 --games 128
 
-Each run's own config.json rebuilds the model, tokenizer and game (runs written before the component configs
-load too); its checkpoint gives the weights (and the curriculum's rung, which is evaluated too). Games use the
+A base folder made by experiments/pretrain.py (with earl_base.json) is evaluated as its game's default job would
+start from it (step 0; nothing is written into the folder). Each run's own config.json rebuilds the model, tokenizer
+and game (runs written before the component configs load too); its checkpoint gives the weights (and the curriculum's rung, which is evaluated too). Games use the
 trainer's fixed evaluation seeds, so runs are compared on the same openings. Prints a table per run and, for
 several runs, the mean and the spread (sample standard deviation, min, max) per opponent; writes
 <run-dir>/evaluation.json per run (and --out, the summary, for several).
@@ -37,13 +38,37 @@ def load_run_config(run_dir: Path, paths: dict | None = None):
     return replace_paths(JobConfig.from_dict(raw), paths or {})
 
 
+def is_base(folder: Path) -> bool:
+    return (folder / "earl_base.json").is_file()
+
+
+def load_base_config(folder: Path, paths: dict):
+    """A base made by experiments/pretrain.py, as its game's default job would start from it (nothing is written:
+    the run folder is a fresh temporary one)."""
+    import tempfile
+
+    from earl_jax.cli import replace_paths
+    from earl_jax.models.export import read_base_info
+    from earl_jax.rl.job import parse_job
+    from earl_jax.rl.validate import apply_base
+
+    game = read_base_info(folder)["game"]
+    configs = {"connect_four": "connect4", "tic_tac_toe": "tictactoe"}[game]
+    parsed = parse_job(["--model.hf-checkpoint", str(folder)], Path(__file__).resolve().parent / "configs" / configs)
+    cfg = apply_base(parsed.config, parsed.typed)
+    return replace_paths(cfg, {**paths, ("run", "run_dir"): tempfile.mkdtemp(prefix="earl_eval_base_"),
+                               ("run", "resume"): "false"})
+
+
 def evaluate_run(run_dir: Path, opponents: tuple[str, ...], games: int) -> dict:
     from earl_jax.rl.trainer import Trainer
 
-    # the folder given, wherever the run was made (its config.json names the folder it was started in)
-    cfg = load_run_config(run_dir, {("run", "run_dir"): str(run_dir), ("run", "resume"): "true",
-                                    ("eval", "opponents"): opponents, ("eval", "games"): games,
-                                    ("run", "wandb_mode"): "disabled", ("run", "progress"): False})
+    paths = {("eval", "opponents"): opponents, ("eval", "games"): games, ("run", "wandb_mode"): "disabled",
+             ("run", "progress"): False}
+    if is_base(run_dir):
+        cfg = load_base_config(run_dir, paths)
+    else:  # the folder given, wherever the run was made (its config.json names the folder it was started in)
+        cfg = load_run_config(run_dir, {**paths, ("run", "run_dir"): str(run_dir), ("run", "resume"): "true"})
     trainer = Trainer(cfg, log=False)  # restores the newest readable checkpoint; writes nothing to the run
     rows = {}
     for name in trainer.matchmaker.eval_opponents():
@@ -88,11 +113,14 @@ def main(argv: list[str] | None = None) -> dict:
     results = []
     for run_dir in args.run_dirs:
         result = evaluate_run(run_dir, opponents, args.games)
-        (args.out if args.out and len(args.run_dirs) == 1 else run_dir / "evaluation.json").write_text(
-            json.dumps(result, indent=1))
+        if args.out and len(args.run_dirs) == 1:
+            args.out.write_text(json.dumps(result, indent=1))
+        elif not is_base(run_dir):  # a shipped base's folder stays as it was made
+            (run_dir / "evaluation.json").write_text(json.dumps(result, indent=1))
         results.append(result)
     if len(results) == 1:
-        print(f"step {results[0]['step']}: wrote {args.out or args.run_dirs[0] / 'evaluation.json'}")
+        if args.out or not is_base(args.run_dirs[0]):
+            print(f"step {results[0]['step']}: wrote {args.out or args.run_dirs[0] / 'evaluation.json'}")
         return results[0]
     summary = {"runs": [r["run_dir"] for r in results], "seeds": [r["seed"] for r in results],
                "steps": [r["step"] for r in results], "games": args.games, "opponents": summarize(results)}

@@ -55,6 +55,9 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                                                                    "(default: the game's, rl/expert_games.py)")
     p.add_argument("--held-out", type=float, default=0.05, help="share of the games held out for move accuracy")
     p.add_argument("--sft-steps", type=int, default=600, help="supervised steps")
+    p.add_argument("--sft-minutes", type=float, default=0.0,
+                   help="stop the supervised steps after this many minutes, fewer than --sft-steps if need be (0: no "
+                        "limit; the learning-rate schedule still spans --sft-steps)")
     p.add_argument("--sft-games", type=int, default=16, help="games per step (a multiple of the devices)")
     p.add_argument("--sft-lr", type=float, default=2e-3, help="AdamW peak learning rate (cosine to 0.1x)")
     p.add_argument("--transcript-steps", type=int, default=0,
@@ -243,18 +246,21 @@ def main(argv: list[str] | None = None) -> dict:
     optimizer = make_optimizer(args.sft_lr, args.sft_warmup, args.sft_steps, 0.0, cfg.optim.grad_clip)
     rng = np.random.default_rng(cfg.run.seed)
     batches = train_batches(train, args.sft_games, width, rng, on_step, args.transcript_steps, args.tactics_steps)
+    if args.sft_minutes > 0:  # a bounded call (a device lease) keeps a base rather than losing it to a timeout
+        batches = _until(batches, t0 + 60 * args.sft_minutes)
     history = run_sft(trainer, batches, steps=args.sft_steps, optimizer=optimizer)
     bar.close()
     sft_s = time.perf_counter() - t0
     if args.dtype == "bfloat16":  # measure what ships
         trainer.state.params = jax.tree.map(lambda p: p.astype(jnp.bfloat16).astype(p.dtype), trainer.state.params)
     final = accuracy(trainer.state.params)
-    curve.append({"step": args.sft_steps, "seconds": round(sft_s, 1), **final})
+    curve.append({"step": len(history), "seconds": round(sft_s, 1), **final})
     t1 = time.perf_counter()
     ev = evaluation(trainer, opponents) if args.eval_games else {}
     result.update({
         "model": {"name": cfg.model.name, "params": trainer.model_cfg.num_params()},
-        "sft": {"steps": args.sft_steps, "games_per_step": args.sft_games, "lr": args.sft_lr, "width": width,
+        "sft": {"steps": len(history), "steps_planned": args.sft_steps, "games_per_step": args.sft_games,
+                "lr": args.sft_lr, "width": width,
                 "transcript_steps": args.transcript_steps, "tactics_steps": args.tactics_steps,
                 "seconds": round(sft_s, 1), "loss": [h["sft_loss"] for h in history]},
         "accuracy_curve": curve, "held_out": final, "eval_games": cfg.eval.games,
@@ -273,6 +279,14 @@ def main(argv: list[str] | None = None) -> dict:
           f"{final['chance']:.3f}); greedy (win/draw) "
           + ", ".join(f"{o} {r['win']:.2f}/{r['draw']:.2f}" for o, r in ev.items()) + f"; base: {out}", flush=True)
     return _write(args, result, curve)
+
+
+def _until(batches, deadline: float):
+    """`batches` until the clock passes `deadline` (perf_counter seconds)."""
+    for b in batches:
+        if time.perf_counter() > deadline:
+            return
+        yield b
 
 
 def _device() -> str:

@@ -25,6 +25,9 @@
 #                                the seconds, foreground compiles and the log's program lines (the bounded-programs check)
 #   steady                       the 512-game compact free-text job on two GPUs side by side, STEPS iterations:
 #                                A_DIR/A_FLAGS against B_DIR/B_FLAGS (e.g. A_FLAGS="--compile-ahead false")
+#   bases                        experiments/pretrain.py builds side by side on GPU 0: BASES="name:game:flag,flag ..."
+#                                (each base, its JSON/PNG and log in $OUT/name.tgz; the expert games from runs/pretrain/
+#                                <game>_games.npz when carried); MEM (0.2) the memory share each, LIMIT (540) seconds
 #   first-iteration [args]       first_iteration.py --gpu (command to first iteration, empty compile cache)
 #   init [args]                  bench_init.py (random init in fresh processes, no compile cache)
 #   profile-rollout              profile_rollout.py at 2048 and 512 compact free-text games
@@ -246,6 +249,21 @@ connect4_one() {  # connect4_one NAME GPU MINUTES FLAGS...
   cp "$run/metrics.jsonl" "$OUT/$name/"; tail -n 200 "/tmp/$name.log" > "$OUT/$name/log_tail.txt"
 }
 
+cmd_bases() {
+  install_wheels
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=${MEM:-0.2} EARL_COMPILE_CACHE=/tmp/cc_bases
+  local spec name game flags
+  for spec in ${BASES:?BASES=\"name:game:flag,flag ...\"}; do
+    IFS=: read -r name game flags <<< "$spec"; mkdir -p "$OUT/$name"
+    # shellcheck disable=SC2086
+    timeout "${LIMIT:-540}" python3 experiments/pretrain.py "$game" ${flags//,/ } --games-cache "runs/pretrain/${game}_games.npz" \
+      --out "$OUT/$name" --results "$OUT/$name" > "$OUT/$name/log.txt" 2>&1 &
+  done
+  wait
+  for spec in $BASES; do name=${spec%%:*}; echo "== $name"; grep -E "^pretrain: (step|held)" "$OUT/$name/log.txt" | tail -n 12
+    tar czf "$OUT/$name.tgz" -C "$OUT" "$name" && rm -rf "${OUT:?}/$name"; done  # few files come back: one archive each
+}
+
 cmd_connect4() {
   local minutes=${1:?connect4 MINUTES} names="a b" n gpu=0 flags_var f
   [ -n "${ONLY_A:-}" ] && names="a"
@@ -279,7 +297,7 @@ cmd_connect4() {
 
 sub=${1:-}; shift || true
 case "$sub" in
-  train|fig1|fig3|fig4|e2e|sweep|init|steady|programs|connect4) device; "cmd_$sub" "$@" ;;
+  train|fig1|fig3|fig4|e2e|sweep|init|steady|programs|connect4|bases) device; "cmd_$sub" "$@" ;;
   agent-loop|agent-loop-4gpu|pod-first-iteration|first-iteration|profile-rollout) device; "cmd_${sub//-/_}" "$@" ;;
   *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" >&2; [ -z "$sub" ] || echo "run_on_device.sh: unknown subcommand '$sub'" >&2; exit 2 ;;
 esac
