@@ -14,7 +14,7 @@ from earl_jax.kernels.linear import LinearConfig, linear, linear_xla
 from earl_jax.models.cache import LayerCache
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.qwen2 import Qwen2
-from earl_jax.rollout.sampler import Sampler
+from earl_jax.rollout.sampler import AUTO_MIN_CACHE, Sampler
 from earl_jax.rollout.sampling import SamplingConfig
 
 # Query groups of 3 (not a power of two: the kernel loads 16 rows and masks 13), biases on, 2 layers.
@@ -127,3 +127,13 @@ def test_sampler_names_the_bad_decode_impl():
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: Qwen2(CFG, rngs=nnx.Rngs(0))))
     with pytest.raises(ValueError, match="decode_impl must be auto, xla, pallas"):
         Sampler(graphdef, CFG, decode_impl="triton")
+
+
+def test_auto_runs_the_kernels_only_on_long_caches_of_one_gpu():
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: Qwen2(CFG, rngs=nnx.Rngs(0))))
+    assert Sampler(graphdef, CFG, decode_impl="auto").decode_impl == "xla"  # CPU: the XLA step
+    pallas = Sampler(graphdef, CFG, decode_impl="pallas_interpret")
+    assert pallas.kernel_step(384) and not pallas.kernel_step(100)  # every cache the kernel's blocks divide
+    auto = Sampler(graphdef, CFG, decode_impl="pallas_interpret")
+    auto.decode_impl = "auto"  # what one GPU gets: the threshold alone decides
+    assert not auto.kernel_step(AUTO_MIN_CACHE // 2) and auto.kernel_step(AUTO_MIN_CACHE)

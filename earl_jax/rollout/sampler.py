@@ -14,8 +14,8 @@ Decode step implementations (`decode_impl`): "xla" is the model's own `hidden` u
 rules (any mesh; the reference, and the CPU path). "pallas" runs `decode_step.decode_hidden` (one device): five
 Pallas kernels a layer (earl_jax/kernels), on weights laid out once per weight version (kept while `params`
 holds the same arrays). "auto" is that step on one GPU, each matmul in Pallas or XLA as measured faster
-(kernels/tuning.py), and "xla" elsewhere. "pallas_interpret" runs the kernels on CPU (tests). The default is "xla":
-the one shape measured end to end (0.5B, batch 32, one H200) ran faster on it than on the Pallas step.
+(kernels/tuning.py), from AUTO_MIN_CACHE cached positions (the XLA step below), and "xla" elsewhere.
+"pallas_interpret" runs the kernels on CPU (tests).
 Measurements: docs/results.md (rollout decode).
 """
 
@@ -49,6 +49,9 @@ from earl_jax.kernels.tuning import plan as decode_plan
 from earl_jax.rollout.sampling import SamplingConfig, program_key, runtime_values, sample_logits
 
 PAD_TOKEN = 0
+# "auto" runs the XLA step below this many cached positions (one H200: faster at 384, 0.5B batch 32) and the Pallas
+# step from there (1.6x at 24576, 1.5B batch 32), where reading the KV cache dominates; the crossover is not measured.
+AUTO_MIN_CACHE = 2048
 
 
 @jax.tree_util.register_dataclass
@@ -91,7 +94,7 @@ class Sampler(CompilingAhead):
                  rules: Rules | None = None, cache_dtype: Any = jnp.bfloat16,
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
                  cache_buckets: Sequence[int] = DEFAULT_CACHE_BUCKETS, steps_per_check: int = 1,
-                 decode_impl: str = "xla", compiler_options: dict[str, Any] | None = None,
+                 decode_impl: str = "auto", compiler_options: dict[str, Any] | None = None,
                  compile_ahead: bool = False, max_len: int | None = None, decode_attention: str | None = None,
                  prefill_chunk: int = PREFILL_CHUNK):
         """`compile_ahead`: compile the programs the rollout is likely to need next (the next cache size, the
@@ -265,10 +268,16 @@ class Sampler(CompilingAhead):
                                    _spec(greedy))
         self._ahead_generate(self._specs_of(params), jax.tree.map(_spec, state), state.batch_size, state.max_len)
 
+    def kernel_step(self, cache_len: int) -> bool:
+        """Whether a generate call over a cache of `cache_len` slots runs the Pallas decode step."""
+        if self.decode_impl == "xla" or block_size(cache_len) is None:
+            return False
+        return self.decode_impl != "auto" or cache_len >= AUTO_MIN_CACHE
+
     def decode_weights(self, params: nnx.State, cache_len: int):
         """The weights laid out for the Pallas decode step (None where the XLA step runs), made once per weight
         version: kept while `params` holds the same arrays (weak references: old weights are not kept alive)."""
-        if self.decode_impl == "xla" or block_size(cache_len) is None:
+        if not self.kernel_step(cache_len):
             return None
         leaves = jax.tree.leaves(params)
         held = self._decode_weights

@@ -10,7 +10,6 @@ import jax
 import numpy as np
 from flax import nnx
 
-from earl_jax.kernels.decode_attention import block_size
 from earl_jax.rollout.buckets import bucket
 from earl_jax.rollout.compile_ahead import CompileAhead, spec_of as _spec
 
@@ -111,7 +110,7 @@ class CompilingAhead:
         n_bucket, stop_tokens, pkey, with_ids = statics
         rows = self._rows_spec((b,), np.int32)
         weights = None
-        if self.decode_impl != "xla" and block_size(s) is not None:
+        if self.kernel_step(s):
             if self._weights_spec is None or self._weights_spec[0] is not p:  # traced once per weight specs
                 self._weights_spec = (p, jax.eval_shape(self._prepare, p))
             weights = self._weights_spec[1]
