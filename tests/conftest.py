@@ -59,6 +59,8 @@ def pytest_report_header(config):
 # every test over ~12 s).
 _FIRST = (
     "test_constrained_policy_learns_the_digit_shown_on_turn_two",  # 75
+    "test_first_iterations_match_the_recorded_values",  # 67
+    "test_a_stop_signal_mid_iteration_checkpoints_the_last_one_and_the_resumed_run_is_bit_exact",  # 60
     "test_policy_learns_to_read_the_first_observation",  # 68
     "test_the_trainer_compiles_compaction_ahead_when_the_next_rollout_compacts",  # 67
     "test_small_figure_runs_merge_into_one_json_and_refuse_other_settings",  # 64
@@ -73,9 +75,9 @@ _FIRST = (
     "test_fig3_small_real_measure_and_profile_table",  # 40
     "test_with_the_digit_hidden_every_game_gets_one_answer",  # 38
     "test_ppo_mini_batches_make_that_many_updates_an_iteration",  # 37
-    "test_policy_learns_a_trivial_game",  # 35
     "test_short_run_logs_every_metric_and_checkpoints",  # 35
-    "test_corrupt_newest_checkpoint_resumes_from_the_previous_one",  # 30
+    "test_resume_without_flags_keeps_the_run_and_prints_each_override",  # 40
+    "test_a_corrupt_newest_checkpoint_costs_one_warning_line",  # 38
     "test_out_of_memory_in_a_stage_reruns_it_on_the_next_mesh",  # 29
     "test_few_new_widths_per_iteration_compile_less_and_change_nothing",  # 29
     "test_the_trainer_collects_automatically_again_after_its_first_iteration",  # 28
@@ -84,6 +86,8 @@ _FIRST = (
     "test_trainer_promotes_on_a_forced_evaluation_and_the_rung_survives_resume",  # 22
     "test_trainer_leaves_a_stalled_rung_from_the_flag",  # 20
     "test_the_planner_checks_first_calls_and_falls_back_without_compiling_twice",  # 20
+    "test_two_processes_under_sigterm_save_the_same_step",  # 19
+    "test_a_tiny_build_trains_measures_and_writes_a_loadable_base",  # 19
     "test_halves_played_apart_are_the_games_of_the_whole_batch_and_gather_back",  # 20
     "test_micro_batched_stages_equal_one_batch_on_every_mesh",  # 18
     "test_predicted_programs_are_compiled_before_the_calls_and_change_nothing",  # 18

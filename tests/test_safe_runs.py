@@ -118,18 +118,19 @@ def _interrupted_at(trainer: Trainer, step: int, sig: int) -> None:
     trainer.matchmaker.league_games = hook
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_stop_signal_mid_iteration_checkpoints_the_last_one_and_the_resumed_run_is_bit_exact(sig, tmp_path):
+def test_a_stop_signal_mid_iteration_checkpoints_the_last_one_and_the_resumed_run_is_bit_exact(tmp_path):
     cfg = job_config(groups=4, group_size=2, steps=3, eval_every=0, eval_games=8, checkpoint_every=100,
                      checkpoint_minutes=0, max_turns=6, max_context=256, constrain_moves=True)
     straight = Trainer(with_fields(cfg, run_dir=str(tmp_path / "a")), log=False)
     straight.run()
-    stopped = Trainer(with_fields(cfg, run_dir=str(tmp_path / "b")), log=False)
-    _interrupted_at(stopped, 2, sig)
-    stopped.run()
-    assert stopped.stopped_by == signal.Signals(sig).name and stopped.step == 2  # iteration 3 abandoned
-    assert sorted(int(p.name) for p in (tmp_path / "b" / "checkpoints").iterdir() if p.name.isdigit()) == [2]
-    resumed = Trainer(with_fields(cfg, run_dir=str(tmp_path / "b"), resume=True), log=False)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # one straight run serves both: a stop is a stop
+        stopped = Trainer(with_fields(cfg, run_dir=str(tmp_path / sig.name)), log=False)
+        _interrupted_at(stopped, 2, sig)
+        stopped.run()
+        assert stopped.stopped_by == sig.name and stopped.step == 2  # iteration 3 abandoned
+        ckpts = tmp_path / sig.name / "checkpoints"
+        assert sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) == [2]
+    resumed = Trainer(with_fields(cfg, run_dir=str(tmp_path / "SIGTERM"), resume=True), log=False)
     assert resumed.step == 2
     resumed.run()
     for a, b in zip(jax.tree.leaves(straight.params), jax.tree.leaves(resumed.params)):
@@ -161,6 +162,11 @@ def test_a_corrupt_newest_checkpoint_costs_one_warning_line(tmp_path):
     assert len(about) == 1 and "moved to" in about[0], about
     assert "Traceback" not in text and "Event loop is closed" not in text
     assert (run / "corrupt_checkpoints" / "2").is_dir() and "resumed from step 1" in text
+    for f in (run / "checkpoints").rglob("manifest.ocdbt"):  # no checkpoint reads back: a clear error, exit 1
+        f.write_text("garbage")
+    out = subprocess.run(cmd + ["--steps", "4", "--resume"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert "reads back" in out.stderr.strip().splitlines()[-1], out.stderr[-3000:]
 
 
 @pytest.mark.slow
