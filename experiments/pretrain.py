@@ -84,7 +84,8 @@ def job_config(args, rest: list[str]):
     from earl_jax.rl.job import parse_job
 
     _, opponents = GAMES[args.game]
-    defaults = ["--eval.opponents", ",".join(opponents), "--run.wandb-mode", "disabled", "--run.progress", "false"]
+    defaults = ["--eval.opponents", ",".join(opponents), "--run.wandb-mode", "disabled", "--run.progress", "false",
+                "--model.hf-checkpoint", ""]  # a base is built from random weights (the CPU defaults start from one)
     defaults += ["--eval.games", str(args.eval_games)] if args.eval_games else []
     cfg = parse_job(defaults + rest, ROOT / "experiments" / "configs" / args.game).config
     run = dataclasses.replace(cfg.run, run_dir=tempfile.mkdtemp(prefix="earl_pretrain_"))  # the trainer writes none

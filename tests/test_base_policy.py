@@ -58,3 +58,14 @@ def test_a_config_file_names_its_base_relative_to_itself(base, tmp_path):
     preset.write_text(f'[model]\nhf_checkpoint = "{base.name}"\n')
     parsed = _parsed(["--config", str(preset)])
     assert parsed.config.model.hf_checkpoint == str(base.resolve())
+
+
+def test_the_default_starts_from_the_shipped_base_and_a_typed_shape_from_random_weights():
+    shipped = CONFIGS.parent / "bases" / "connect4"
+    parsed = _parsed([])
+    assert Path(apply_base(parsed.config, parsed.typed).model.hf_checkpoint) == shipped.resolve()
+    for flags in (["--model", "small"], ["--preset", "gpu"], ["--model.hf-checkpoint", ""]):
+        parsed = _parsed(flags)
+        assert not apply_base(parsed.config, parsed.typed).model.hf_checkpoint, flags
+    parsed = _parsed(["--model", "small", "--model.hf-checkpoint", str(shipped)])  # typed together: the checkpoint
+    assert apply_base(parsed.config, parsed.typed).model.hf_checkpoint == str(shipped.resolve())

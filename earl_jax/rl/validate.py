@@ -85,11 +85,17 @@ def apply_base(cfg, typed: Mapping[tuple[str, ...], object]):
     """A base policy (a folder with earl_base.json, made by experiments/pretrain.py) says what it was trained for: its
     game must be the job's, and its prompt style and move mode become the job's unless typed, when they must agree
     (a base trained on constrained moves would answer free text with garbage, and the presets would otherwise take it
-    for a chat model). The format warm-up is off: a base knows its answer format. Plain HF folders pass unchanged."""
+    for a chat model). The format warm-up is off: a base knows its answer format. Plain HF folders pass unchanged.
+    A --model.name typed (or set by a preset) over the default preset's checkpoint drops it: random weights of that
+    shape."""
     from earl_jax.cli import replace_paths
     from earl_jax.models.export import read_base_info
 
     folder = cfg.model.hf_checkpoint
+    if folder and ("model", "name") in typed and ("model", "hf_checkpoint") not in typed:
+        # the default preset's base has its own shape: a shape typed (or set by another preset) starts from random
+        # weights; typed together, the checkpoint wins as for any Hugging Face folder
+        return replace_paths(cfg, {("model", "hf_checkpoint"): None})
     if not folder:
         return cfg
     try:
