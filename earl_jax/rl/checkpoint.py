@@ -89,7 +89,7 @@ class Checkpointer:
                                                                      meta=ocp.args.JsonRestore()))
         except Exception as e:
             raise CheckpointError(f"checkpoint {self.directory / str(step)} is unreadable or does not match "
-                                  f"this run's model/optimizer ({type(e).__name__}: {str(e)[:300]})") from e
+                                  f"this run's model/optimizer ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
         return step, out.state, dict(out.meta)
 
     def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]]:

@@ -161,4 +161,5 @@ def pod_preset_for_this_machine(base: JobConfig, flags: Mapping[tuple[str, ...],
     distributed.maybe_initialize(get("dist", "coordinator"), get("dist", "num_processes"), get("dist", "process_id"))
     devices = jax.devices()[: get("planner", "devices") or None]
     budget = int(get("planner", "memory_budget_gib") * GiB) or device_memory_budget(devices[0])
-    return pod_preset(len(devices), budget, get("model", "hf_checkpoint"), base)
+    # a checkpoint typed here is trained as a pretrained model; the default preset's small base is not a pod model
+    return pod_preset(len(devices), budget, flags.get(("model", "hf_checkpoint")), base)
