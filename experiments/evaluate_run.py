@@ -135,4 +135,11 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from earl_jax.cli import ConfigError
+    from earl_jax.errors import CheckpointError
+
+    try:
+        main()
+    except (ConfigError, CheckpointError) as e:  # one line, no traceback: the folder or flag and what is wrong
+        print(f"evaluate_run: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -60,11 +60,12 @@ def test_a_config_file_names_its_base_relative_to_itself(base, tmp_path):
     assert parsed.config.model.hf_checkpoint == str(base.resolve())
 
 
-def test_the_default_starts_from_the_shipped_base_and_a_typed_shape_from_random_weights():
+def test_the_default_starts_from_the_shipped_base_and_what_it_was_not_made_for_from_random_weights():
     shipped = CONFIGS.parent / "bases" / "connect4"
     parsed = _parsed([])
     assert Path(apply_base(parsed.config, parsed.typed).model.hf_checkpoint) == shipped.resolve()
-    for flags in (["--model", "small"], ["--preset", "gpu"], ["--model.hf-checkpoint", ""]):
+    for flags in (["--model", "small"], ["--preset", "gpu"], ["--model.hf-checkpoint", ""],
+                  ["--rollout.constrain-moves", "false"], ["--preset", "earl"]):  # what the base was not made for
         parsed = _parsed(flags)
         assert not apply_base(parsed.config, parsed.typed).model.hf_checkpoint, flags
     parsed = _parsed(["--model", "small", "--model.hf-checkpoint", str(shipped)])  # typed together: the checkpoint

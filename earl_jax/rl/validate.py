@@ -86,8 +86,8 @@ def apply_base(cfg, typed: Mapping[tuple[str, ...], object]):
     game must be the job's, and its prompt style and move mode become the job's unless typed, when they must agree
     (a base trained on constrained moves would answer free text with garbage, and the presets would otherwise take it
     for a chat model). The format warm-up is off: a base knows its answer format. Plain HF folders pass unchanged.
-    A --model.name typed (or set by a preset) over the default preset's checkpoint drops it: random weights of that
-    shape."""
+    A --model.name, prompt style or move mode typed (or set by a preset) that the default preset's base was not made
+    for drops the base: random weights."""
     from earl_jax.cli import replace_paths
     from earl_jax.models.export import read_base_info
 
@@ -113,6 +113,8 @@ def apply_base(cfg, typed: Mapping[tuple[str, ...], object]):
     for path, value in wanted.items():
         current = getattr(getattr(cfg, path[0]), path[1])
         if path in typed and current != value and path != ("sft", "steps"):
+            if ("model", "hf_checkpoint") not in typed:  # the default preset's base cannot do this: random weights
+                return replace_paths(cfg, {("model", "hf_checkpoint"): None})
             raise ConfigError(f"--{'.'.join(p.replace('_', '-') for p in path)}: {current!r}, but the base in "
                               f"{folder} was trained with {value!r}")
         if path not in typed:
