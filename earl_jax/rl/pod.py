@@ -126,7 +126,7 @@ def pod_preset(num_devices: int, bytes_per_device: int, hf_checkpoint: str | Non
         raise ValueError(f"pod preset: needs at least one device with memory (got {num_devices} devices x "
                          f"{bytes_per_device} bytes)")
     games = GAMES_PER_DEVICE * num_devices
-    common = {("model", "dtype"): "bfloat16", ("env", "opponent"): "random", ("rollout", "groups"): games // GROUP_SIZE,
+    common = {("model", "dtype"): "bfloat16", ("rollout", "groups"): games // GROUP_SIZE,
               ("rollout", "group_size"): GROUP_SIZE, ("optim", "warmup_steps"): 10,
               ("planner", "micro_batch_tokens"): 65536, ("run", "run_dir"): f"{base.run.run_dir}-pod"}
     if hf_checkpoint:
