@@ -37,8 +37,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from earl_jax.rl.expert_games import (ExpertGames, ExpertSpec, dedup_games, expert_games, split_games,  # noqa: E402
-                                      unseen_turns)
+from earl_jax.rl.expert_games import (ExpertGames, ExpertSpec, concat_games, dedup_games, expert_games,  # noqa: E402
+                                      split_games, unseen_turns)
 
 GAMES = {"connect4": ("connect_four", ("random", "alphabeta:1", "alphabeta:2", "alphabeta:3")),
          "tictactoe": ("tic_tac_toe", ("random", "solver"))}
@@ -76,6 +76,13 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--results", type=Path, default=ROOT / "experiments" / "results", help="where results go")
     p.add_argument("--games-cache", type=Path, default=None, help=".npz file of the expert games: read when it holds "
                                                                   "games of these settings, else written")
+    p.add_argument("--games-from", type=Path, default=None,
+                   help=".npz expert games of any prompt style or limits (a --games-cache file), played again in this "
+                        "job's (rl/expert_replay.py): no search")
+    p.add_argument("--mirror", action="store_true", help="add the mirror image of every train game (not the held-out)")
+    p.add_argument("--sft-target", choices=["move", "best"], default="move",
+                   help="what an expert turn teaches: the move played, or its set of equally best moves (the "
+                        "probability of any of them; constrained moves)")
     p.add_argument("--expert-only", action="store_true", help="play the expert games, report them, stop")
     return p.parse_known_args(argv)
 
@@ -99,6 +106,8 @@ def make_games(args, cfg, tokenizer, ids) -> tuple[ExpertGames, dict]:
     limits = dict(constrained=cfg.rollout.constrain_moves, max_context=cfg.rollout.max_context,
                   max_turns=cfg.rollout.max_turns, max_turn_tokens=cfg.rollout.turn_tokens(0))
     key = json.dumps([spec_dict, dataclasses.asdict(cfg.env), limits, tokenizer.to_str()], sort_keys=True)
+    if args.games_from is not None:
+        return _replayed(args, cfg, tokenizer, ids, limits)
     cache = args.games_cache
     games = ExpertGames.load(cache, key) if cache is not None and cache.exists() else None
     cached, t0 = games is not None, time.perf_counter()
@@ -114,6 +123,27 @@ def make_games(args, cfg, tokenizer, ids) -> tuple[ExpertGames, dict]:
     timing = {"from_cache": str(cache)} if cached else {"seconds": round(seconds, 1),
                                                         "seconds_per_game": seconds / spec.games}
     return games, {"spec": spec_dict, **timing, **games.stats()}
+
+
+def _replayed(args, cfg, tokenizer, ids, limits: dict) -> tuple[ExpertGames, dict]:
+    """The games of --games-from, played again in this job's prompt style and limits."""
+    from earl_jax.rl.expert_replay import replay_games
+
+    if not args.games_from.exists():
+        raise SystemExit(f"pretrain: --games-from {args.games_from}: no such file")
+    source = ExpertGames.load(args.games_from)
+    t0 = time.perf_counter()
+    games = replay_games(source, cfg.env, tokenizer, eos_id=ids.eos_id, bos_id=ids.bos_id, **limits)
+    return games, {"replayed_from": str(args.games_from), "replay_seconds": round(time.perf_counter() - t0, 1),
+                   "spec": _source_spec(args.games_from), **games.stats()}
+
+
+def _source_spec(path: Path) -> dict:
+    """The expert spec a games cache was written with (its key's first entry), {} if it has none."""
+    try:
+        return json.loads(str(np.load(path, allow_pickle=False)["key"]))[0]
+    except (KeyError, ValueError, IndexError, TypeError):
+        return {}
 
 
 def move_token_ids(tokenizer, num_actions: int) -> np.ndarray:
@@ -175,7 +205,7 @@ class Accuracy:
 
 
 def train_batches(train: ExpertGames, games_per_step: int, width: int, rng: np.random.Generator, on_step,
-                  transcript_steps: int = 0, tactics_steps: int = 0):
+                  transcript_steps: int = 0, tactics_steps: int = 0, best_set: bool = False):
     """Batches of `games_per_step` train games, each epoch in a fresh seeded order: the first `transcript_steps` with
     the whole transcript in the loss, the first `tactics_steps` only the tactical moves of the games that have one;
     `on_step(i)` runs before step i (the current weights are the trainer's then)."""
@@ -189,7 +219,7 @@ def train_batches(train: ExpertGames, games_per_step: int, width: int, rng: np.r
         if len(orders[tactics]) < games_per_step:
             orders[tactics] = np.concatenate([orders[tactics], rng.permutation(pool)])
         rows, orders[tactics] = orders[tactics][:games_per_step], orders[tactics][games_per_step:]
-        yield train.batch(rows, width, transcript=i < transcript_steps, tactics_only=tactics)
+        yield train.batch(rows, width, transcript=i < transcript_steps, tactics_only=tactics, best_set=best_set)
         i += 1
 
 
@@ -224,7 +254,16 @@ def main(argv: list[str] | None = None) -> dict:
         return _write(args, result, None)
     unique = dedup_games(games)
     train, held = split_games(unique, args.held_out, seed=cfg.run.seed)
-    result["data"] = {"games": len(games), "unique": len(unique), "train": len(train), "held_out": len(held),
+    if args.mirror:  # after the split: a held-out game's reflection would be a train game seen from the other side
+        from earl_jax.rl.expert_replay import replay_games
+
+        limits = dict(constrained=cfg.rollout.constrain_moves, max_context=cfg.rollout.max_context,
+                      max_turns=cfg.rollout.max_turns, max_turn_tokens=cfg.rollout.turn_tokens(0))
+        mirrored = replay_games(train, cfg.env, trainer.tokenizer, eos_id=trainer.ids.eos_id,
+                                bos_id=trainer.ids.bos_id, mirror=True, **limits)
+        train = dedup_games(concat_games([train, mirrored]))
+    result["data"] = {"games": len(games), "unique": len(unique), "mirrored": args.mirror, "train": len(train),
+                      "held_out": len(held),
                       "train_expert_moves": int((train.best != 0).sum())}
     accuracy = Accuracy(trainer, train, held, args.accuracy_games)
     width = -(-int(train.lengths.max()) // 32) * 32  # every game whole, one compiled shape, little padding
@@ -246,7 +285,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     optimizer = make_optimizer(args.sft_lr, args.sft_warmup, args.sft_steps, 0.0, cfg.optim.grad_clip)
     rng = np.random.default_rng(cfg.run.seed)
-    batches = train_batches(train, args.sft_games, width, rng, on_step, args.transcript_steps, args.tactics_steps)
+    batches = train_batches(train, args.sft_games, width, rng, on_step, args.transcript_steps, args.tactics_steps,
+                            best_set=args.sft_target == "best")
     if args.sft_minutes > 0:  # a bounded call (a device lease) keeps a base rather than losing it to a timeout
         batches = _until(batches, t0 + 60 * args.sft_minutes)
     history = run_sft(trainer, batches, steps=args.sft_steps, optimizer=optimizer)
@@ -261,7 +301,7 @@ def main(argv: list[str] | None = None) -> dict:
     result.update({
         "model": {"name": cfg.model.name, "params": trainer.model_cfg.num_params()},
         "sft": {"steps": len(history), "steps_planned": args.sft_steps, "games_per_step": args.sft_games,
-                "lr": args.sft_lr, "width": width,
+                "lr": args.sft_lr, "width": width, "target": args.sft_target,
                 "transcript_steps": args.transcript_steps, "tactics_steps": args.tactics_steps,
                 "seconds": round(sft_s, 1), "loss": [h["sft_loss"] for h in history]},
         "accuracy_curve": curve, "held_out": final, "eval_games": cfg.eval.games,

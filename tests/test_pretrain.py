@@ -23,7 +23,8 @@ TINY = ["tictactoe", "--games", "96", "--sft-steps", "8", "--sft-games", "8", "-
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
     out = tmp_path_factory.mktemp("pretrain")
-    result = pretrain.main(TINY + ["--eval-games", "8", "--out", str(out / "base"), "--results", str(out)])
+    result = pretrain.main(TINY + ["--eval-games", "8", "--out", str(out / "base"), "--results", str(out),
+                                   "--games-cache", str(out / "games.npz")])
     return out, result
 
 
@@ -62,7 +63,21 @@ def test_the_same_command_builds_the_same_base(build, tmp_path):
     assert (tmp_path / "again" / "model.safetensors").read_bytes() == (out / "base" / "model.safetensors").read_bytes()
 
 
+def test_a_build_from_saved_games_adds_their_mirror_images_and_learns_best_sets(build, tmp_path):
+    out, first = build
+    result = pretrain.main(TINY + ["--games-from", str(out / "games.npz"), "--mirror", "--sft-target", "best",
+                                   "--eval-games", "0", "--out", str(tmp_path / "base"), "--results", str(tmp_path)])
+    assert result["expert"]["replayed_from"] == str(out / "games.npz") and result["sft"]["target"] == "best"
+    data, before = result["data"], first["data"]
+    assert (data["unique"], data["held_out"]) == (before["unique"], before["held_out"])  # the same split
+    assert before["train"] < data["train"] <= 2 * before["train"]  # the mirror images, less any already there
+    assert len(result["sft"]["loss"]) == 8 and all(0 <= v < 3 for v in result["sft"]["loss"])  # exact: test_expert_replay
+
+
 def test_bad_options_fail_with_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="--games-from .*nothing.npz: no such file"):
+        pretrain.main(["tictactoe", "--games-from", str(tmp_path / "nothing.npz"), "--devices", "1", "--out",
+                       str(tmp_path), "--results", str(tmp_path)])
     with pytest.raises(SystemExit, match="--sft-games 4 must be a multiple of the 8 devices"):
         pretrain.main(["tictactoe", "--games", "16", "--sft-games", "4", "--devices", "8", "--out", str(tmp_path),
                        "--results", str(tmp_path)])

@@ -132,11 +132,12 @@ class ExpertGames:
                                    opening=self.opening[rows], moves=[self.moves[i] for i in rows.tolist()])
 
     def batch(self, rows: Sequence[int] | np.ndarray, width: int, transcript: bool = False,
-              tactics_only: bool = False) -> dict[str, np.ndarray]:
+              tactics_only: bool = False, best_set: bool = False) -> dict[str, np.ndarray]:
         """The SFT stage's batch (rl/sft.py run_sft) of games `rows` at `width` columns (a longer game is cut: it
         loses its last answers). `transcript`: the loss mask holds every token of the games but the random turns'
         answers (and the first token, which nothing predicts): the language of the game, observations included.
-        `tactics_only`: only the answers of expert turns with a win or a block due (`tactics`)."""
+        `tactics_only`: only the answers of expert turns with a win or a block due (`tactics`). `best_set`
+        (constrained moves): "targets", the expert's equally best moves, learned as a set instead of the move played."""
         rows = np.asarray(rows, np.int64)
         out = {k: _fit(getattr(self, k)[rows], width) for k in ("tokens", "loss_mask", "choices")}
         if tactics_only:  # an answer runs from its move token (where `tactics` sits) to the end of its mask run
@@ -149,7 +150,11 @@ class ExpertGames:
             out["loss_mask"] = within & ~(_fit(self.answers[rows], width) & ~out["loss_mask"])
             out["loss_mask"][:, 0] = False
         if not self.constrained:
+            if best_set:
+                raise ValueError("expert games: a best-move set target needs constrained moves")
             out.pop("choices")
+        elif best_set:
+            out["targets"] = _fit(self.best[rows], width)
         return {**out, "lengths": np.minimum(self.lengths[rows], width)}
 
     def expert_turns(self) -> tuple[Int[np.ndarray, " m"], Int[np.ndarray, " m"]]:
@@ -276,18 +281,35 @@ def expert_games(spec: ExpertSpec, env_cfg, tokenizer: tokenizers.Tokenizer, *, 
         plies = rng.integers(0, opening_plies + 1, n)
         env.opponent = _Opening(env.opponent, plies)
         seeds = [int(s) for s in rng.integers(0, 2**31 - 1, n)]
-        part = _play(env, EXPERTS[game], spec.depth, codec, tokenizer, moves, eos_id, bos_id, seeds, plies, rng,
-                     max_context, max_turns, max_turn_tokens)
+        part = _play(env, _expert_choice(EXPERTS[game], spec.depth, rng), codec, tokenizer, moves, eos_id, bos_id,
+                     seeds, plies, max_context, max_turns, max_turn_tokens)
         parts.append(dataclasses.replace(part, opponent=np.full(n, k, np.int64), opponents=tuple(opponents)))
         if progress is not None:
             progress(n)
     return concat_games(parts)
 
 
-def _play(env, expert: Expert, depth: int, codec: ObservationCodec, tokenizer, moves: MoveTokens | None, eos_id: int,
-          bos_id: int | None, seeds: list[int], plies: np.ndarray, rng: np.random.Generator, max_context: int,
-          max_turns: int, max_turn_tokens: int) -> ExpertGames:
-    """One batch of games of `env`, following play_games' bookkeeping step for step (see the module docstring)."""
+# (rows, me, opp, legal, opening) -> (each row's move, the equally best moves of the rows not in their opening)
+Choice = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def _expert_choice(expert: Expert, depth: int, rng: np.random.Generator) -> Choice:
+    """The expert's move past the opening (uniform among its best), a uniform legal move in it."""
+    def choose(rows, me, opp, legal, opening):
+        pick = legal.copy()
+        best = np.zeros((0, legal.shape[1]), bool)
+        if (~opening).any():
+            best = expert(me[~opening], opp[~opening], depth) & legal[~opening]
+            pick[~opening] = best
+        return _draw(pick, rng), best
+    return choose
+
+
+def _play(env, choose: Choice, codec: ObservationCodec, tokenizer, moves: MoveTokens | None, eos_id: int,
+          bos_id: int | None, seeds: list[int], plies: np.ndarray, max_context: int, max_turns: int,
+          max_turn_tokens: int) -> ExpertGames:
+    """One batch of games of `env`, the agent's moves from `choose`, following play_games' bookkeeping step for step
+    (see the module docstring)."""
     n = env.num_games
     ep = _Episodes(n, max_turns)
     step = env.reset(seeds)
@@ -316,13 +338,10 @@ def _play(env, expert: Expert, depth: int, codec: ObservationCodec, tokenizer, m
         me, opp = env.stones[rows, agent], env.stones[rows, 1 - agent]
         lg = legal[rows]
         opening = np.bitwise_count(me | opp) < plies[rows]
-        pick = lg.copy()
+        move, best = choose(rows, me, opp, lg, opening)
         if (~opening).any():
-            best = expert(me[~opening], opp[~opening], depth) & lg[~opening]
-            pick[~opening] = best
             expert_at.append((rows[~opening], ep.length[rows[~opening]].copy(), legal_bits(lg[~opening]),
                               legal_bits(best), _tactics(env.rules, me[~opening], opp[~opening], lg[~opening])))
-        move = _draw(pick, rng)
         answers, scored, choices = _answers(move, lg, opening, moves, tokenizer, eos_id)
         count = np.minimum(budget, (answers != -1).sum(1))
         answers = np.where(answers == -1, 0, answers).astype(np.int32)

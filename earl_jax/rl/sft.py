@@ -53,7 +53,7 @@ def sft_step(run: StageRun, trainer, opt_state, arrays: dict[str, np.ndarray], l
     perm = length_order(lengths, run.batch_shards)
     x = run.put_rows({k: v[perm] for k, v in arrays.items()})
     micro = run.micro_batches(len(perm))
-    batch = run.jit("sft_batch", sft_batch)(x["tokens"], x["loss_mask"], x.get("choices"))
+    batch = run.jit("sft_batch", sft_batch)(x["tokens"], x["loss_mask"], x.get("choices"), x.get("targets"))
     width = x["tokens"].shape[1]
     state.params, opt_state, out = grouped_update(
         run, state.params, opt_state, batch, [width] * micro.count, micro, graphdef=trainer.graphdef, loss="sft",
@@ -63,13 +63,16 @@ def sft_step(run: StageRun, trainer, opt_state, arrays: dict[str, np.ndarray], l
 
 def run_sft(trainer, batches: Iterable[dict[str, np.ndarray]], *, steps: int, optimizer) -> list[dict[str, float]]:
     """`steps` supervised steps, one per batch of `batches` (each: "tokens" [n, t], "loss_mask" [n, t], "lengths"
-    [n], and for constrained moves "choices" [n, t]; n a multiple of the devices). The stage is planned once, for the
+    [n], and for constrained moves "choices" [n, t] and optionally "targets" [n, t], the right moves' bitmasks to
+    learn as a set; n a multiple of the devices). The stage is planned once, for the
     first batch. Updates trainer.state.params; returns each step's metrics (loss, sft_loss, grad_norm, skipped)."""
     opt_state, history = None, []
     for i, data in zip(range(steps), batches):
-        arrays = {k: v for k, v in data.items() if k in ("tokens", "loss_mask", "choices")}
+        arrays = {k: v for k, v in data.items() if k in ("tokens", "loss_mask", "choices", "targets")}
         if "choices" in arrays and not trainer.choice_tokens:  # free-text runs score every token of the vocabulary
             arrays.pop("choices")
+            if "targets" in arrays:
+                raise ValueError("run_sft: a set of right moves (targets) needs constrained moves")
         lengths = np.asarray(data["lengths"])
         if i == 0:  # one plan for the supervised steps (their batches are alike)
             n, width = arrays["tokens"].shape

@@ -40,6 +40,8 @@ class ExperienceBatch:
     advantages: Float[Array, "n t"]
     # legal-move bitmask of a constrained move token, 0 elsewhere (rollout/moves.py); None: free-text answers
     choices: Int[Array, "n t"] | None = None
+    # supervised steps only: the bitmask of equally right moves at a move token ("sft" learns the set, not one move)
+    targets: Int[Array, "n t"] | None = None
 
 
 def split_rows(x: Array, micro_batches: int, shards: int) -> Array:
@@ -128,7 +130,11 @@ def _policy_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: LossConfig, ch
 
 
 def _sft_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: None, chunk: int, choice_tokens=()):
-    logp, _ = token_logprobs(nnx.merge(graphdef, params), mb.tokens, chunk=chunk, **_choice_kw(mb.choices, choice_tokens))
+    model = nnx.merge(graphdef, params)
+    logp, _ = token_logprobs(model, mb.tokens, chunk=chunk, **_choice_kw(mb.choices, choice_tokens))
+    if mb.targets is not None:  # log P(any right move) = log p(move | legal) - log p(move | right moves)
+        among = jnp.where(mb.targets != 0, mb.targets, mb.choices)
+        logp = logp - token_logprobs(model, mb.tokens, chunk=chunk, **_choice_kw(among, choice_tokens))[0]
     m = mb.loss_mask.astype(jnp.float32)
     loss = -(logp * m).sum() / jnp.maximum(m.sum(), 1.0)
     return loss, {"sft_loss": loss}
@@ -138,12 +144,15 @@ def _sft_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: None, chunk: int,
 LOSSES = {"policy": _policy_loss, "sft": _sft_loss}
 
 
-def sft_batch(tokens: Int[Array, "n t"], loss_mask: Bool[Array, "n t"], choices: Int[Array, "n t"] | None = None
-              ) -> ExperienceBatch:
+def sft_batch(tokens: Int[Array, "n t"], loss_mask: Bool[Array, "n t"], choices: Int[Array, "n t"] | None = None,
+              targets: Int[Array, "n t"] | None = None) -> ExperienceBatch:
     """The supervised batch of the "sft" loss (old_logp, ref_logp, advantages unused); `choices`: the legal-move
-    bitmasks of constrained moves, so a move is learned under the same masked softmax the rollout samples from."""
+    bitmasks of constrained moves, so a move is learned under the same masked softmax the rollout samples from;
+    `targets` (constrained moves only): the right moves' bitmasks, learned as a set (the probability of any of them)."""
+    if targets is not None and choices is None:
+        raise ValueError("sft_batch: targets (a set of right moves) need constrained moves (choices)")
     zeros = jnp.zeros(tokens.shape, jnp.float32)
-    return ExperienceBatch(tokens, loss_mask, zeros, zeros, zeros, choices)
+    return ExperienceBatch(tokens, loss_mask, zeros, zeros, zeros, choices, targets)
 
 
 def micro_batch(batch: Any, j, micro_batches: int, shards: int, width: int) -> Any:

@@ -32,6 +32,10 @@
 #   init [args]                  bench_init.py (random init in fresh processes, no compile cache)
 #   profile-rollout              profile_rollout.py at 2048 and 512 compact free-text games
 #   sweep                        experiments/sweep.py launch/sweep_selector.yaml offline: TRIALS, TRIAL_S, ONLY
+#   cpu-seeds                    CPU jobs beside the GPU work, each seed on two cores of its own (taskset from core
+#                                CORE0, 4): JOBS="name|game|seeds|flag,flag ..." (seeds comma-separated); then
+#                                evaluate_run.py over each job's seeds (GAMES, 256; OPPONENTS, the game's ladder) and
+#                                over BASE_<name> when set; runs stop at LIMIT (520) s; results in $OUT/seeds.tgz
 #   connect4 MINUTES             `connect4.py --preset gpu` runs side by side, one GPU each, flags in A, B (C, D),
 #                                then evaluate_run.py against the ladder; ONLY_A=1 (one run), SAME_GPU=1 (all on GPU 0),
 #                                SAVE=1 (return each run as NAME/state.tgz) and STATE="dir/*.tgz" (resume them):
@@ -264,6 +268,42 @@ cmd_bases() {
     tar czf "$OUT/$name.tgz" -C "$OUT" "$name" && rm -rf "${OUT:?}/$name"; done  # few files come back: one archive each
 }
 
+cmd_cpu_seeds() {
+  install_wheels
+  local spec name game seeds flags s core=${CORE0:-4} dirs opponents base
+  for spec in ${JOBS:?JOBS=\"name|game|seeds|flag,flag ...\"}; do
+    IFS='|' read -r name game seeds flags <<< "$spec"; mkdir -p "$OUT/seeds/$name"
+    for s in ${seeds//,/ }; do
+      # shellcheck disable=SC2086
+      (start=$SECONDS; JAX_PLATFORMS=cpu CUDA_VISIBLE_DEVICES="" taskset -c "$core,$((core + 1))" timeout "${LIMIT:-520}" \
+        python3 experiments/$game.py --seed "$s" --run-dir "runs/seeds/$name/seed$s" --run.wandb-mode disabled \
+        --run.progress false ${flags//,/ } > "$OUT/seeds/$name/seed$s.log" 2>&1
+       echo "command seconds: $((SECONDS - start)) (exit $?)" >> "$OUT/seeds/$name/seed$s.log") &
+      core=$((core + 2))
+    done
+  done
+  wait
+  core=${CORE0:-4}
+  for spec in $JOBS; do
+    IFS='|' read -r name game seeds flags <<< "$spec"; dirs=()
+    for s in ${seeds//,/ }; do dirs+=("runs/seeds/$name/seed$s"); done
+    case $game in connect4) opponents=${OPPONENTS:-random,alphabeta:1,alphabeta:2,alphabeta:3} ;; *) opponents=${OPPONENTS:-random,solver} ;; esac
+    JAX_PLATFORMS=cpu CUDA_VISIBLE_DEVICES="" taskset -c "$core,$((core + 1))" python3 experiments/evaluate_run.py \
+      "${dirs[@]}" --opponents "$opponents" --games "${GAMES:-256}" --out "$OUT/seeds/$name.json" \
+      > "$OUT/seeds/$name.eval.log" 2>&1 &
+    base=BASE_$name
+    if [ -n "${!base:-}" ]; then
+      JAX_PLATFORMS=cpu CUDA_VISIBLE_DEVICES="" taskset -c "$((core + 2)),$((core + 3))" python3 \
+        experiments/evaluate_run.py "${!base}" --opponents "$opponents" --games "${GAMES:-256}" \
+        --out "$OUT/seeds/${name}_base.json" > "$OUT/seeds/$name.base.log" 2>&1 &
+    fi
+    core=$((core + 4))
+  done
+  wait
+  for spec in $JOBS; do echo "== ${spec%%|*}"; tail -n 6 "$OUT/seeds/${spec%%|*}.eval.log"; done
+  (cd "$OUT" && tar czf seeds.tgz seeds && rm -rf seeds)
+}
+
 cmd_connect4() {
   local minutes=${1:?connect4 MINUTES} names="a b" n gpu=0 flags_var f
   [ -n "${ONLY_A:-}" ] && names="a"
@@ -298,6 +338,6 @@ cmd_connect4() {
 sub=${1:-}; shift || true
 case "$sub" in
   train|fig1|fig3|fig4|e2e|sweep|init|steady|programs|connect4|bases) device; "cmd_$sub" "$@" ;;
-  agent-loop|agent-loop-4gpu|pod-first-iteration|first-iteration|profile-rollout) device; "cmd_${sub//-/_}" "$@" ;;
+  agent-loop|agent-loop-4gpu|pod-first-iteration|first-iteration|profile-rollout|cpu-seeds) device; "cmd_${sub//-/_}" "$@" ;;
   *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" >&2; [ -z "$sub" ] || echo "run_on_device.sh: unknown subcommand '$sub'" >&2; exit 2 ;;
 esac
