@@ -4,7 +4,6 @@ identity; the SFT stage's best-set target is the log-probability of any best mov
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

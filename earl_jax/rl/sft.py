@@ -13,7 +13,7 @@ and a base policy built from expert games (experiments/pretrain.py).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from typing import Iterable
 
 import jax
 import numpy as np
