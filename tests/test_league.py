@@ -229,6 +229,11 @@ def test_evaluation_plays_the_current_rung(tmp_path):
     out = trainer.evaluate()
     assert set(trainer.evaluate.envs) == {"random", "alphabeta:1"}
     assert out["curriculum/eval_win_rate"] == out["eval_alphabeta:1/win_rate"] and "eval/win_rate" in out
+    # no evaluation opponents of its own: the rung is still played (it decides promotions)
+    bare = Trainer(with_fields(cfg, eval__opponents=(), run_dir=str(tmp_path / "bare")), log=False)
+    bare.matchmaker.curriculum.rung = 1
+    assert set(bare.evaluate()) == {f"eval_alphabeta:1/{k}_rate" for k in ("win", "draw", "loss", "invalid")} | {
+        "curriculum/eval_win_rate"}
 
 
 # ---- league ----------------------------------------------------------------------------------------------

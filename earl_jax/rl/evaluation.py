@@ -37,7 +37,8 @@ class Evaluator:
                 env = self.envs[name] = make_vector_env(eval_cfg, self.cfg.games, self.env_factory)
             seeds = [EVAL_SEED + i for i in range(env.num_games)]
             traj = self.play(env, seeds, None, jax.random.key(0), greedy, training=False)
-            prefix = "eval" if name == self.cfg.opponents[0] else f"eval_{name}"
+            first = self.cfg.opponents[0] if self.cfg.opponents else None  # none: only the curriculum's rung
+            prefix = "eval" if name == first else f"eval_{name}"
             for k in ("win_rate", "draw_rate", "loss_rate", "invalid_rate"):
                 out[f"{prefix}/{k}"] = getattr(traj.stats, k)
             if self.matchmaker.curriculum and name == self.matchmaker.curriculum.opponent:
