@@ -291,7 +291,8 @@ def test_gpu_preset_parses_validates_and_yields_to_flags(script, last_rung):
     cfg = job_cli.parse_job(["--preset", "gpu"], configs).config
     check_job(cfg)
     r, c = cfg.rollout, cfg.curriculum
-    assert cfg.batch_size == 2048 and r.group_size == 8 and cfg.env.prompt_style == "compact"
+    assert cfg.batch_size == 2048 and r.group_size == 8
+    assert cfg.env.prompt_style == ("minimal" if script == "connect4" else "compact")  # Connect Four: its base's
     assert cfg.env.opponent == "curriculum" and parse_ladder(c.ladder, cfg.env.game)[-1] == last_rung
     assert cfg.env.game == default.env.game and cfg.run.max_minutes == 15 and cfg.run.run_dir.endswith("-gpu")
     assert (cfg.optim.learning_rate, cfg.eval.games, cfg.sft.steps, cfg.sft.games) == (5e-4, 128, 30, 256)
