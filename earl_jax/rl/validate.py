@@ -87,17 +87,22 @@ def apply_base(cfg, typed: Mapping[tuple[str, ...], object]):
     (a base trained on constrained moves would answer free text with garbage, and the presets would otherwise take it
     for a chat model). The format warm-up is off: a base knows its answer format. Plain HF folders pass unchanged.
     A --model.name, prompt style or move mode typed (or set by a preset) that the default preset's base was not made
-    for drops the base: random weights."""
+    for drops the base: random weights. On random weights (so, or `--model.hf-checkpoint ""`) a KL coefficient the
+    preset set is dropped too: the reference is the starting policy, and a random one is nothing to stay near."""
     from earl_jax.cli import replace_paths
     from earl_jax.models.export import read_base_info
+
+    def random_weights(folder=None):
+        return replace_paths(cfg, {("model", "hf_checkpoint"): folder,
+                                   **({} if ("loss", "kl_coef") in typed else {("loss", "kl_coef"): 0.0})})
 
     folder = cfg.model.hf_checkpoint
     if folder and ("model", "name") in typed and ("model", "hf_checkpoint") not in typed:
         # the default preset's base has its own shape: a shape typed (or set by another preset) starts from random
         # weights; typed together, the checkpoint wins as for any Hugging Face folder
-        return replace_paths(cfg, {("model", "hf_checkpoint"): None})
+        return random_weights()
     if not folder:
-        return cfg
+        return random_weights(folder) if ("model", "hf_checkpoint") in typed else cfg
     try:
         info = read_base_info(folder)
     except ValueError as e:
@@ -114,7 +119,7 @@ def apply_base(cfg, typed: Mapping[tuple[str, ...], object]):
         current = getattr(getattr(cfg, path[0]), path[1])
         if path in typed and current != value and path != ("sft", "steps"):
             if ("model", "hf_checkpoint") not in typed:  # the default preset's base cannot do this: random weights
-                return replace_paths(cfg, {("model", "hf_checkpoint"): None})
+                return random_weights()
             raise ConfigError(f"--{'.'.join(p.replace('_', '-') for p in path)}: {current!r}, but the base in "
                               f"{folder} was trained with {value!r}")
         if path not in typed:
