@@ -27,6 +27,7 @@ import shlex
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,9 +132,17 @@ def _replayed(args, cfg, tokenizer, ids, limits: dict) -> tuple[ExpertGames, dic
 
     if not args.games_from.exists():
         raise SystemExit(f"pretrain: --games-from {args.games_from}: no such file")
-    source = ExpertGames.load(args.games_from)
+    try:
+        source = ExpertGames.load(args.games_from)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:  # not an .npz of expert games
+        raise SystemExit(f"pretrain: --games-from {args.games_from}: not a games file ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
     t0 = time.perf_counter()
-    games = replay_games(source, cfg.env, tokenizer, eos_id=ids.eos_id, bos_id=ids.bos_id, **limits)
+    try:
+        games = replay_games(source, cfg.env, tokenizer, eos_id=ids.eos_id, bos_id=ids.bos_id, **limits)
+    except (ValueError, IndexError) as e:  # games of another game, or of other rules
+        raise SystemExit(f"pretrain: --games-from {args.games_from}: its games do not replay as "
+                         f"{cfg.env.game} ({str(e).splitlines()[0]})") from None
     return games, {"replayed_from": str(args.games_from), "replay_seconds": round(time.perf_counter() - t0, 1),
                    "spec": _source_spec(args.games_from), **games.stats()}
 
@@ -241,6 +250,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     show_progress_logs(True)
     cfg = job_config(args, rest)
+    if args.sft_target == "best" and not cfg.rollout.constrain_moves:  # before minutes of expert games, not after
+        raise SystemExit("pretrain: --sft-target best needs constrained moves (a set of right moves is a set of "
+                         "tokens); free text learns the move played (--sft-target move)")
     game, opponents = GAMES[args.game]
     command = "python experiments/pretrain.py " + shlex.join(argv)
     trainer = Trainer(cfg, log=False)

@@ -72,9 +72,19 @@ def test_a_build_from_saved_games_adds_their_mirror_images_and_learns_best_sets(
     assert (data["unique"], data["held_out"]) == (before["unique"], before["held_out"])  # the same split
     assert before["train"] < data["train"] <= 2 * before["train"]  # the mirror images, less any already there
     assert len(result["sft"]["loss"]) == 8 and all(0 <= v < 3 for v in result["sft"]["loss"])  # exact: test_expert_replay
+    with pytest.raises(SystemExit, match="do not replay as connect_four"):  # Tic-Tac-Toe games for Connect Four
+        pretrain.main(["connect4", "--games-from", str(out / "games.npz"), "--devices", "1", "--out",
+                       str(tmp_path / "c4"), "--results", str(tmp_path)])
 
 
 def test_bad_options_fail_with_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="--sft-target best needs constrained moves"):
+        pretrain.main(["tictactoe", "--sft-target", "best", "--rollout.constrain-moves", "false", "--devices", "1",
+                       "--out", str(tmp_path), "--results", str(tmp_path)])
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(SystemExit, match="--games-from .*bad.npz: not a games file"):
+        pretrain.main(["tictactoe", "--games-from", str(tmp_path / "bad.npz"), "--devices", "1", "--out",
+                       str(tmp_path), "--results", str(tmp_path)])
     with pytest.raises(SystemExit, match="--games-from .*nothing.npz: no such file"):
         pretrain.main(["tictactoe", "--games-from", str(tmp_path / "nothing.npz"), "--devices", "1", "--out",
                        str(tmp_path), "--results", str(tmp_path)])
