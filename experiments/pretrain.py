@@ -104,8 +104,7 @@ def make_games(args, cfg, tokenizer, ids) -> tuple[ExpertGames, dict]:
     spec = ExpertSpec(games=args.games, depth=args.depth, opening_plies=args.opening_plies, seed=cfg.run.seed)
     spec_dict = dataclasses.asdict(spec) if cfg.env.game == "connect_four" else {  # the solver has no depth
         k: v for k, v in dataclasses.asdict(spec).items() if k != "depth"}
-    limits = dict(constrained=cfg.rollout.constrain_moves, max_context=cfg.rollout.max_context,
-                  max_turns=cfg.rollout.max_turns, max_turn_tokens=cfg.rollout.turn_tokens(0))
+    limits = _limits(cfg)
     key = json.dumps([spec_dict, dataclasses.asdict(cfg.env), limits, tokenizer.to_str()], sort_keys=True)
     if args.games_from is not None:
         return _replayed(args, cfg, tokenizer, ids, limits)
@@ -124,6 +123,12 @@ def make_games(args, cfg, tokenizer, ids) -> tuple[ExpertGames, dict]:
     timing = {"from_cache": str(cache)} if cached else {"seconds": round(seconds, 1),
                                                         "seconds_per_game": seconds / spec.games}
     return games, {"spec": spec_dict, **timing, **games.stats()}
+
+
+def _limits(cfg) -> dict:
+    """The move mode and rollout limits a transcript follows, as the job's agent loop would cut it."""
+    return dict(constrained=cfg.rollout.constrain_moves, max_context=cfg.rollout.max_context,
+                max_turns=cfg.rollout.max_turns, max_turn_tokens=cfg.rollout.turn_tokens(0))
 
 
 def _replayed(args, cfg, tokenizer, ids, limits: dict) -> tuple[ExpertGames, dict]:
@@ -269,10 +274,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.mirror:  # after the split: a held-out game's reflection would be a train game seen from the other side
         from earl_jax.rl.expert_replay import replay_games
 
-        limits = dict(constrained=cfg.rollout.constrain_moves, max_context=cfg.rollout.max_context,
-                      max_turns=cfg.rollout.max_turns, max_turn_tokens=cfg.rollout.turn_tokens(0))
         mirrored = replay_games(train, cfg.env, trainer.tokenizer, eos_id=trainer.ids.eos_id,
-                                bos_id=trainer.ids.bos_id, mirror=True, **limits)
+                                bos_id=trainer.ids.bos_id, mirror=True, **_limits(cfg))
         train = dedup_games(concat_games([train, mirrored]))
     result["data"] = {"games": len(games), "unique": len(unique), "mirrored": args.mirror, "train": len(train),
                       "held_out": len(held),

@@ -30,6 +30,7 @@ class Evaluator:
         """Greedy games against each evaluation opponent and the curriculum's current rung, or against `opponents`."""
         out: dict[str, float] = {}
         greedy = SamplingConfig(greedy=True)
+        first = self.cfg.opponents[0] if self.cfg.opponents else None  # none: only the curriculum's rung is played
         for name in opponents or self.matchmaker.eval_opponents():
             env = self.envs.get(name)
             if env is None:
@@ -37,7 +38,6 @@ class Evaluator:
                 env = self.envs[name] = make_vector_env(eval_cfg, self.cfg.games, self.env_factory)
             seeds = [EVAL_SEED + i for i in range(env.num_games)]
             traj = self.play(env, seeds, None, jax.random.key(0), greedy, training=False)
-            first = self.cfg.opponents[0] if self.cfg.opponents else None  # none: only the curriculum's rung
             prefix = "eval" if name == first else f"eval_{name}"
             for k in ("win_rate", "draw_rate", "loss_rate", "invalid_rate"):
                 out[f"{prefix}/{k}"] = getattr(traj.stats, k)

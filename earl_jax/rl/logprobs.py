@@ -16,7 +16,7 @@ from earl_jax.rollout.moves import choice_logprobs
 
 
 def _chunk_stats(model: Qwen2, h: Float[Array, "b c d"], targets: Int[Array, "b c"], choices: Int[Array, "b c"] | None,
-                 temperature: float, choice_tokens: tuple[int, ...]):
+                 right: Int[Array, "b c"] | None, temperature: float, choice_tokens: tuple[int, ...]):
     logits = model.logits(h) / temperature  # b c v, float32
     lse = jax.nn.logsumexp(logits, axis=-1)
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
@@ -24,20 +24,22 @@ def _chunk_stats(model: Qwen2, h: Float[Array, "b c d"], targets: Int[Array, "b 
     entropy = lse - jnp.sum(probs * logits, axis=-1)
     logp = target_logit - lse
     if choices is not None:  # constrained moves: the legal moves' tokens only, as the rollout sampled them
-        c_logp, c_entropy = choice_logprobs(logits, targets, choices, choice_tokens)
+        c_logp, c_entropy = choice_logprobs(logits, targets, choices, choice_tokens, right)
         logp, entropy = jnp.where(choices != 0, c_logp, logp), jnp.where(choices != 0, c_entropy, entropy)
     return logp, entropy
 
 
 def token_logprobs(model: Qwen2, tokens: Int[Array, "b t"], *, chunk: int = 512, temperature: float = 1.0,
                    positions: Int[Array, "b t"] | None = None, choices: Int[Array, "b t"] | None = None,
-                   choice_tokens: tuple[int, ...] = ()) -> tuple[Float[Array, "b t"], Float[Array, "b t"]]:
+                   choice_tokens: tuple[int, ...] = (), right: Int[Array, "b t"] | None = None
+                   ) -> tuple[Float[Array, "b t"], Float[Array, "b t"]]:
     """log p(tokens[:, t] | tokens[:, :t]) and the entropy of that distribution, aligned with `tokens`.
 
     Position 0 has no prediction and holds 0. `chunk` (sequence positions per vocabulary chunk) is what
     the Parallelism Selector sizes from the memory model. `choices` (rollout/moves.py): where nonzero, the
     token was drawn among the legal moves' tokens `choice_tokens` (bitmask of the legal ones), and its
-    log-prob and entropy are those of that restricted distribution.
+    log-prob and entropy are those of that restricted distribution. `right` (with `choices`; bitmasks of equally
+    right moves where nonzero): the log-prob there is that of any of those moves.
     """
     b, t = tokens.shape
     if positions is None:
@@ -54,11 +56,12 @@ def token_logprobs(model: Qwen2, tokens: Int[Array, "b t"], *, chunk: int = 512,
     t_c = targets.reshape(b, num_chunks, chunk).swapaxes(0, 1)
     if choices is not None and not choice_tokens:
         raise ValueError("token_logprobs: choices need choice_tokens (the move token of each action)")
-    c_c = None  # None is an empty pytree: lax.map and checkpoint pass it through
-    if choices is not None:
-        c_c = jnp.pad(choices[:, 1:], ((0, 0), (0, pad))).reshape(b, num_chunks, chunk).swapaxes(0, 1)
-    stats = jax.checkpoint(lambda hc, tc, cc: _chunk_stats(model, hc, tc, cc, temperature, choice_tokens))
-    lp, ent = jax.lax.map(lambda xs: stats(*xs), (h_c, t_c, c_c))
+    if right is not None and choices is None:
+        raise ValueError("token_logprobs: right-move sets need constrained moves (choices)")
+    chunked = lambda x: None if x is None else (  # noqa: E731  None is an empty pytree: lax.map passes it through
+        jnp.pad(x[:, 1:], ((0, 0), (0, pad))).reshape(b, num_chunks, chunk).swapaxes(0, 1))
+    stats = jax.checkpoint(lambda hc, tc, cc, rc: _chunk_stats(model, hc, tc, cc, rc, temperature, choice_tokens))
+    lp, ent = jax.lax.map(lambda xs: stats(*xs), (h_c, t_c, chunked(choices), chunked(right)))
     lp = lp.swapaxes(0, 1).reshape(b, -1)[:, :n]
     ent = ent.swapaxes(0, 1).reshape(b, -1)[:, :n]
     zero = jnp.zeros((b, 1), jnp.float32)

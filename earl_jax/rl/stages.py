@@ -130,11 +130,8 @@ def _policy_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: LossConfig, ch
 
 
 def _sft_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: None, chunk: int, choice_tokens=()):
-    model = nnx.merge(graphdef, params)
-    logp, _ = token_logprobs(model, mb.tokens, chunk=chunk, **_choice_kw(mb.choices, choice_tokens))
-    if mb.targets is not None:  # log P(any right move) = log p(move | legal) - log p(move | right moves)
-        among = jnp.where(mb.targets != 0, mb.targets, mb.choices)
-        logp = logp - token_logprobs(model, mb.tokens, chunk=chunk, **_choice_kw(among, choice_tokens))[0]
+    logp, _ = token_logprobs(nnx.merge(graphdef, params), mb.tokens, chunk=chunk, right=mb.targets,
+                             **_choice_kw(mb.choices, choice_tokens))
     m = mb.loss_mask.astype(jnp.float32)
     loss = -(logp * m).sum() / jnp.maximum(m.sum(), 1.0)
     return loss, {"sft_loss": loss}

@@ -95,13 +95,18 @@ def pick_moves(next_logits: Float[Array, "b v"], bits: Int[Array, " b"], rng: ja
 
 
 def choice_logprobs(logits: Float[Array, "... v"], targets: Int[Array, "..."], bits: Int[Array, "..."],
-                    token_ids: tuple[int, ...]) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
+                    token_ids: tuple[int, ...], right: Int[Array, "..."] | None = None
+                    ) -> tuple[Float[Array, "..."], Float[Array, "..."]]:
     """log p(target) and the entropy of the move distribution restricted to the legal moves' tokens (`bits`),
-    from (tempered) logits over the whole vocabulary; meaningful only where bits != 0."""
+    from (tempered) logits over the whole vocabulary; meaningful only where bits != 0. `right` (bitmasks, nonzero
+    where given): log p(any of those moves) instead of log p(target)."""
     ids = jnp.asarray(token_ids)
     allowed = bits_to_mask(bits, len(token_ids))
     logp_all = jax.nn.log_softmax(_masked(jnp.take(logits, ids, axis=-1), allowed), axis=-1)
     index = jnp.argmax(targets[..., None] == ids, axis=-1)  # the target's action id (0 if it is no move token)
     logp = jnp.take_along_axis(logp_all, index[..., None], axis=-1)[..., 0]
+    if right is not None:
+        in_set = bits_to_mask(right, len(token_ids)) & allowed
+        logp = jnp.where(right != 0, jax.nn.logsumexp(_masked(logp_all, in_set), axis=-1), logp)
     entropy = -jnp.sum(jnp.where(allowed, jnp.exp(logp_all) * logp_all, 0.0), axis=-1)
     return logp, entropy
