@@ -1,6 +1,7 @@
 """Behaviour guard: the main jobs' first iterations reproduce recorded values to the float bit (CPU, 8 fake devices).
 
-Recorded from the code before a refactor (`EARL_RECORD_GOLDEN=1 python -m pytest tests/test_golden.py`); a change
+Reproducible across x86 hosts and thread counts because tests/conftest.py pins XLA's CPU kernels (no YNNPACK /
+XNNPACK, whose kernels are chosen by the CPU found; the instruction set capped at AVX2). Recorded from the code before a refactor (`EARL_RECORD_GOLDEN=1 python -m pytest tests/test_golden.py`); a change
 that alters behaviour on purpose re-records them and says so in its commit. What is compared: returns, win rates,
 losses, KL, entropy, gradient norms, context lengths, the layouts chosen, evaluation rates, and a digest of the final
 weights; not wall times, compile counts or memory figures.
@@ -47,6 +48,46 @@ def _run(case: str, tmp_path: Path) -> dict:
             "history": [_kept(r) for r in history], "params_sha256": _digest(trainer.params)}
 
 
+def _has_avx2() -> bool:
+    try:
+        return "avx2" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def _differences(got: dict, want: dict) -> list[str]:
+    """Every way `got` differs from the recorded `want`, to the float bit; empty when equal."""
+    if len(got["history"]) != len(want["history"]):
+        return [f"{len(got['history'])} iterations, recorded {len(want['history'])}"]
+    out = []
+    for step, (g, w) in enumerate(zip(got["history"], want["history"]), start=1):
+        if sorted(g) != sorted(w):
+            out.append(f"iteration {step}: metric names differ: {sorted(set(g) ^ set(w))}")
+            continue
+        diff = {k: (w[k], g[k]) for k in w if g[k] != w[k]}
+        if diff:
+            out.append(f"iteration {step}: (recorded, now) {diff}")
+    if got["params_sha256"] != want["params_sha256"]:
+        out.append("the final weights differ")
+    return out
+
+
+def test_the_guard_sees_a_one_ulp_change_in_any_compared_field():
+    want = json.loads((FIXTURES / f"{CASES[0]}.json").read_text())
+    assert _differences(json.loads(json.dumps(want)), want) == []
+    floats = [(i, k) for i, r in enumerate(want["history"]) for k, v in r.items() if isinstance(v, float) and v != 0]
+    assert len(floats) > 20
+    for i, k in floats[:: max(1, len(floats) // 25)] + [(1, "train/grad_norm")]:
+        got = json.loads(json.dumps(want))
+        v = got["history"][i][k]
+        got["history"][i][k] = float(np.nextafter(np.float32(v), np.float32(np.inf)))  # one float32 ulp
+        assert got["history"][i][k] != v and _differences(got, want), k
+    got = json.loads(json.dumps(want))
+    got["params_sha256"] = "0" * 64
+    assert _differences(got, want) == ["the final weights differ"]
+
+
+@pytest.mark.skipif(not _has_avx2(), reason="recorded with XLA's CPU kernels capped at AVX2; this host has no AVX2")
 @pytest.mark.parametrize("case", CASES)
 def test_first_iterations_match_the_recorded_values(case, tmp_path):
     got = json.loads(json.dumps(_run(case, tmp_path)))  # the JSON round trip the fixture went through
@@ -59,9 +100,5 @@ def test_first_iterations_match_the_recorded_values(case, tmp_path):
     if (want["jax"], want["devices"]) != (got["jax"], got["devices"]):
         pytest.skip(f"recorded with jax {want['jax']} on {want['devices']} devices; this is jax {got['jax']} on "
                     f"{got['devices']}: float bits are only comparable on the same build")
-    assert len(got["history"]) == len(want["history"])
-    for step, (g, w) in enumerate(zip(got["history"], want["history"]), start=1):
-        assert sorted(g) == sorted(w), f"iteration {step}: metric names differ"
-        diff = {k: (w[k], g[k]) for k in w if g[k] != w[k]}
-        assert not diff, f"iteration {step}: (recorded, now) {diff}"
-    assert got["params_sha256"] == want["params_sha256"], "the final weights differ"
+    problems = _differences(got, want)
+    assert not problems, "\n".join(problems)
