@@ -14,6 +14,9 @@ ENV_IDS = {
     "earl_jax/OpenSpiel-v0": {},
 }
 _ENTRY = "earl_jax.envs.openspiel_env:OpenSpielTextEnv"
+# The shipped text tasks (earl_jax/tasks/): gymnasium.make(id, **kwargs) gives the task itself.
+TASK_IDS = {"earl_jax/GuessNumber-v0": "earl_jax.tasks.guess_number:make_guess_number",
+            "earl_jax/Arithmetic-v0": "earl_jax.tasks.arithmetic:make_arithmetic"}
 
 
 def _register_gymnasium_ids() -> None:
@@ -25,6 +28,9 @@ def _register_gymnasium_ids() -> None:
     for env_id, kwargs in ENV_IDS.items():
         if env_id not in gymnasium.registry:  # importing twice (reload, subprocess) must not re-register
             gymnasium.register(id=env_id, entry_point=_ENTRY, kwargs=kwargs)
+    for env_id, entry in TASK_IDS.items():
+        if env_id not in gymnasium.registry:
+            gymnasium.register(id=env_id, entry_point=entry, disable_env_checker=True)
 
 
 _register_gymnasium_ids()

@@ -7,6 +7,7 @@ A bad value raises ValueError "field: why (got x)", which the command line turns
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Literal
 
 from earl_jax.envs.text import PROMPT_STYLES
@@ -21,6 +22,10 @@ def _f(default, help: str):
 class EnvConfig:
     """env: the game, the opponent, the observation text and the rewards"""
 
+    task: str = _f("", "a text task instead of a game: a registered Gymnasium id (earl_jax/GuessNumber-v0, "
+                         "earl_jax/Arithmetic-v0) or module:factory (earl_jax/tasks/protocol.py says what it returns); "
+                         "empty: the game")
+    task_args: str = _f("{}", "the task factory's keyword arguments, a JSON object, e.g. '{\"high\": 32}'")
     game: str = _f("connect_four", "OpenSpiel game: connect_four, tic_tac_toe (batched: envs/games/), or any "
                                    "two-player turn-based game string, e.g. breakthrough(rows=6)")
     opponent: str = _f("random", "opponent: random, mcts:N, solver, alphabeta:D (Connect Four); the job also takes "
@@ -48,6 +53,11 @@ class EnvConfig:
             if not ok:
                 raise ValueError(f"{field}: {why} (got {getattr(self, field)!r})")
 
+        try:
+            args = json.loads(self.task_args or "{}")
+        except json.JSONDecodeError as e:
+            raise ValueError(f"task_args: not JSON ({e.msg} at character {e.pos})") from None
+        need(isinstance(args, dict), "task_args", "must be a JSON object of keyword arguments, e.g. '{\"high\": 32}'")
         need(self.prompt_style in PROMPT_STYLES, "prompt_style", f"must be one of {', '.join(PROMPT_STYLES)}")
         need(self.agent_player in (0, 1, None), "agent_player", "must be 0, 1 or none")
         need(self.max_retries >= 0, "max_retries", "must be >= 0")

@@ -21,16 +21,19 @@ Play = Callable[..., Any]
 
 
 class Evaluator:
-    def __init__(self, cfg, env_cfg, matchmaker, play: Play, env_factory=None):
-        """`cfg`: EvalConfig; `env_cfg`: the job's EnvConfig (its opponent replaced per evaluation opponent)."""
+    def __init__(self, cfg, env_cfg, matchmaker, play: Play, env_factory=None, task_log=None):
+        """`cfg`: EvalConfig; `env_cfg`: the job's EnvConfig (its opponent replaced per evaluation opponent);
+        `task_log`: a text task's episode log (its held-out episodes are reported as eval/success_rate, ...)."""
         self.cfg, self.env_cfg, self.matchmaker, self.play, self.env_factory = cfg, env_cfg, matchmaker, play, env_factory
+        self.task_log = task_log
         self.envs: dict[str, Any] = {}  # one per evaluation opponent, made on first use
 
     def __call__(self, opponents: tuple[str, ...] | None = None) -> dict[str, float]:
         """Greedy games against each evaluation opponent and the curriculum's current rung, or against `opponents`."""
         out: dict[str, float] = {}
         greedy = SamplingConfig(greedy=True)
-        first = self.cfg.opponents[0] if self.cfg.opponents else None  # none: only the curriculum's rung is played
+        # none: only the curriculum's rung is played; a task plays its held-out split, reported as eval/
+        first = "held-out" if self.task_log is not None else self.cfg.opponents[0] if self.cfg.opponents else None
         for name in opponents or self.matchmaker.eval_opponents():
             env = self.envs.get(name)
             if env is None:
@@ -41,6 +44,8 @@ class Evaluator:
             prefix = "eval" if name == first else f"eval_{name}"
             for k in ("win_rate", "draw_rate", "loss_rate", "invalid_rate"):
                 out[f"{prefix}/{k}"] = getattr(traj.stats, k)
+            if self.task_log is not None:
+                out.update(self.task_log.drain(prefix))
             if self.matchmaker.curriculum and name == self.matchmaker.curriculum.opponent:
                 out["curriculum/eval_win_rate"] = traj.stats.win_rate
         return out
@@ -48,10 +53,11 @@ class Evaluator:
     def logged(self, step: int, status: Callable[[str], None] = lambda s: None) -> dict[str, float]:
         """An evaluation with its phase line; the curriculum promotes (and says so) when its rung is beaten."""
         opponents = ", ".join(self.matchmaker.eval_opponents())
-        status(f"evaluation vs {opponents}")
-        with phase(f"evaluation: {self.cfg.games} greedy games vs {opponents}") as p:
+        what = "the held-out split" if self.task_log is not None else opponents
+        status(f"evaluation vs {what}")
+        with phase(f"evaluation: {self.cfg.games} greedy {'episodes of' if self.task_log else 'games vs'} {what}") as p:
             out = self()
-            p.note(", ".join(f"{k} {v:.2f}" for k, v in out.items() if k.endswith("win_rate")))
+            p.note(", ".join(f"{k} {v:.2f}" for k, v in out.items() if k.endswith(("win_rate", "success_rate"))))
         if "curriculum/eval_win_rate" in out:
             self.matchmaker.after_evaluation(out["curriculum/eval_win_rate"], step)
         return out

@@ -49,7 +49,7 @@ def parse_job(argv: Sequence[str] | None, configs: Path, *, prog: str | None = N
 # Fields a resumed run cannot change: they would make it another experiment (the device count may change: the
 # checkpoint restores into the new layout).
 FIXED_ON_RESUME = {("model", "name"): "the model's shape", ("model", "hf_checkpoint"): "the model's weights",
-                   ("env", "game"): "the game", ("run", "seed"): "the seed"}
+                   ("env", "game"): "the game", ("env", "task"): "the task", ("run", "seed"): "the seed"}
 
 
 def resume_config(parsed: Parsed[JobConfig]) -> tuple[JobConfig, list[str]]:
@@ -143,6 +143,10 @@ def train(trainer, name: str) -> int:
         run_dir = Path(cfg.run.run_dir)
         png = plot_run(run_dir / "metrics.jsonl", run_dir / "curves.png", title=name)
         last = history[-1] if history else {}
-        print(f"{name}: {trainer.step} iterations; eval win {last.get('eval/win_rate')}, draw "
-              f"{last.get('eval/draw_rate')}, invalid {last.get('eval/invalid_rate')}; curves: {png}")
+        if cfg.env.task:
+            print(f"{name}: {trainer.step} iterations; held-out success {last.get('eval/success_rate')}, score "
+                  f"{last.get('eval/score')}, invalid {last.get('eval/invalid_rate')}; curves: {png}")
+        else:
+            print(f"{name}: {trainer.step} iterations; eval win {last.get('eval/win_rate')}, draw "
+                  f"{last.get('eval/draw_rate')}, invalid {last.get('eval/invalid_rate')}; curves: {png}")
     return 0

@@ -48,6 +48,7 @@ from earl_jax.rl.warmup import format_warmup
 from earl_jax.rl.weights import WeightMover
 from earl_jax.rollout.compile_ahead import CompileAhead
 from earl_jax.rollout.moves import MoveTokens
+from earl_jax.tasks import TaskEnvs
 from earl_jax.rollout.sampler import DEFAULT_CACHE_BUCKETS, SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -76,11 +77,13 @@ class Trainer:
         self.stopped_by: str | None = None  # the signal that ended run(), if one did
         self.sampling = cfg.rollout.sampling
         # who the agent plays (the opponent or the curriculum's rung, league snapshots), and the batched games
-        self.env_factory = env_factory
+        # a text task (--env.task): its train split trains, its held-out split is evaluated
+        self.task = TaskEnvs(cfg.env.task, cfg.env.task_args) if cfg.env.task and env_factory is None else None
+        self.env_factory = env_factory = self.task.train_factory if self.task else env_factory
         self.matchmaker = Matchmaker(cfg.curriculum, cfg.env, groups=cfg.rollout.groups,
                                      group_size=cfg.rollout.group_size, seed=cfg.run.seed,
-                                     eval_opponents=cfg.eval.opponents, env_factory=env_factory,
-                                     to_host=self.weights.host_snapshot)
+                                     eval_opponents=("held-out",) if self.task else cfg.eval.opponents,
+                                     env_factory=env_factory, to_host=self.weights.host_snapshot)
         self.env = self.matchmaker.train_env()
         self.codec = ObservationCodec(self.tokenizer)
         # constrained moves: each action's token (rollout) and the static token tuple the stages score it over
@@ -91,8 +94,9 @@ class Trainer:
                                     self.moves, coarse or DEFAULT_CACHE_BUCKETS, cfg.rollout.max_context)
         ahead = CompileAhead() if stage_ahead_now(cfg.rollout.compile_ahead, jax.default_backend()) else None
         self.widths = WidthBudget(cfg.planner.new_widths_per_iteration, cfg.planner.length_split, ahead)
-        self.evaluate = Evaluator(cfg.eval, cfg.env, self.matchmaker,
-                                  lambda *a, **k: self.play(*a, **k)[0], env_factory)
+        self.evaluate = Evaluator(cfg.eval, cfg.env, self.matchmaker, lambda *a, **k: self.play(*a, **k)[0],
+                                  self.task.eval_factory if self.task else env_factory,
+                                  task_log=self.task.eval_log if self.task else None)
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep=cfg.run.keep_checkpoints)
         latest = self.checkpointer.latest_step()
         if cfg.run.resume == "true" or (cfg.run.resume == "auto" and latest is not None):
@@ -211,7 +215,8 @@ class Trainer:
                                    decode_groups=self.rollout.decode_groups, no_signal=no_signal,
                                    dispatch_bytes=self.weights.bytes_moved_since(mark)),
                 **self._compile_metrics(compiles), **self.planner.ran_log_dict(), **device_memory(),
-                **self.matchmaker.metrics(), **opponent_metrics(traj, self.matchmaker.mix_games(), league, self.env)}
+                **self.matchmaker.metrics(), **opponent_metrics(traj, self.matchmaker.mix_games(), league, self.env),
+                **(self.task.train_log.drain("task") if self.task else {})}
 
     def _compile_metrics(self, compiles) -> dict[str, Any]:
         aheads = [sp.ahead for sp in self.rollout.samplers.values() if sp.ahead is not None]
@@ -232,8 +237,9 @@ class Trainer:
                 if self.step == 0:  # the curves start from the untrained (or format-warmed) policy
                     warm = {}
                     if cfg.sft.steps and not cfg.rollout.constrain_moves:  # constrained moves: no format to learn
-                        session.beat("format warm-up (random legal moves)")
-                        with phase(f"format warm-up: {cfg.sft.steps} supervised steps on random legal games"):
+                        what = "the task's expert demonstrations" if self.task else "random legal games"
+                        session.beat(f"format warm-up ({what})")
+                        with phase(f"format warm-up: {cfg.sft.steps} supervised steps on {what}"):
                             warm = {f"warmup/{k}": v for k, v in self.format_warmup().items()}
                         warm.update(self.planner.sft_log_dict())
                     last_eval = self.evaluate.logged(self.step, session.bar.status)

@@ -43,13 +43,47 @@ def check_job(cfg) -> None:
     """Every cross-field and outside-world check of a JobConfig (see the module docstring)."""
     from earl_jax.envs.text import PROMPT_STYLES
     from earl_jax.models.setup import check_spec
-    from earl_jax.rl.curriculum import parse_ladder
 
     env = cfg.env
     if env.prompt_style not in PROMPT_STYLES:
         raise ConfigError(f"--env.prompt-style: {env.prompt_style!r} is not one of {', '.join(PROMPT_STYLES)}")
     if env.agent_player not in (None, 0, 1):
         raise ConfigError(f"--env.agent-player: must be 0, 1 or none (got {env.agent_player!r})")
+    if env.task:
+        _check_task_job(cfg)
+    else:
+        _check_game_job(cfg)
+    try:
+        check_spec(cfg.model)
+    except (CheckpointError, ValueError) as e:
+        msg = str(e).split("\n")[0]
+        raise ConfigError(msg if msg.startswith("--") else f"--model.name: {msg}") from None
+
+
+def _check_task_job(cfg) -> None:
+    """A task: it loads and resets; the game-only features are refused; answers are free text."""
+    from earl_jax.tasks import check_task
+
+    try:
+        check_task(cfg.env.task, cfg.env.task_args)
+    except Exception as e:  # the user's module: any error in import, factory or reset is a one-line input error
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"--env.task {cfg.env.task}: {msg.removeprefix('task: ')}") from None
+    for flag, on in (("--curriculum.league-size", cfg.curriculum.league_size),
+                     ("--curriculum.mix-opponent", cfg.curriculum.mix_opponent),
+                     ("--curriculum.rehearsal-share", cfg.curriculum.rehearsal_share),
+                     ("--env.opponent curriculum", cfg.env.opponent == "curriculum"),
+                     ("--rollout.constrain-moves", cfg.rollout.constrain_moves),
+                     ("--env.blunder-penalty", cfg.env.blunder_penalty)):
+        if on:
+            raise ConfigError(f"{flag}: a game feature; --env.task {cfg.env.task} is a text task (free-text answers, "
+                              "no opponents)")
+
+
+def _check_game_job(cfg) -> None:
+    from earl_jax.rl.curriculum import parse_ladder
+
+    env = cfg.env
     game = _load_game(env.game)
     if env.opponent != "curriculum":
         _opponent("--env.opponent", env.opponent, game, env.game)
@@ -62,11 +96,6 @@ def check_job(cfg) -> None:
                 parse_ladder(text, env.game)
             except ValueError as e:
                 raise ConfigError(f"{flag}: {e} (got {text!r})") from None
-    try:
-        check_spec(cfg.model)
-    except (CheckpointError, ValueError) as e:
-        msg = str(e).split("\n")[0]
-        raise ConfigError(msg if msg.startswith("--") else f"--model.name: {msg}") from None
 
 
 def check_run_dir(cfg) -> None:

@@ -32,8 +32,10 @@ def random_legal_games(env: Any, tokenizer: tokenizers.Tokenizer, seeds: Sequenc
                        ) -> tuple[Int[np.ndarray, "n t"], Bool[np.ndarray, "n t"], Int[np.ndarray, " n"]]:
     """One game per row of the vector env `env`: token ids (right-padded with 0), a mask on the answers, and
     each game's length. `choose(env, rows, legal)`: the moves of games `rows` (default: uniform among `legal`;
-    experiments/benchmarks/ttt_imitation_check.py passes the solver's)."""
+    experiments/benchmarks/ttt_imitation_check.py passes the solver's). A text task's rows answer with their
+    expert's texts (`expert_answer()`), its demonstrations."""
     codec = codec or ObservationCodec(tokenizer)
+    expert = all(getattr(e, "is_task", False) for e in getattr(env, "envs", ()))
     n = len(seeds)
     ep = _Episodes(n, max_turns)
     step = env.reset(list(map(int, seeds)))
@@ -46,13 +48,17 @@ def random_legal_games(env: Any, tokenizer: tokenizers.Tokenizer, seeds: Sequenc
         rows = np.flatnonzero(live)
         if not len(rows):
             break
-        legal = _legal_moves(step) if len(step.rows) == len(rows) else None
-        if legal is None or any(not m for m in legal):
-            raise ValueError(f"format warm-up: {type(env).__name__} gives no legal moves to draw from; pass "
-                             "--format-warmup-steps 0 for such environments")
-        moves = (np.array([m[int(rng.integers(len(m)))] for m in legal], np.int64) if choose is None
-                 else np.asarray(choose(env, rows, legal), np.int64))
-        texts = [str(m) for m in moves.tolist()]
+        if expert:  # a text task: its expert's answers (the demonstrations of its SFT stage)
+            texts = [env.envs[i].expert_answer() for i in rows.tolist()]
+            moves = np.zeros(len(rows), np.int64)
+        else:
+            legal = _legal_moves(step) if len(step.rows) == len(rows) else None
+            if legal is None or any(not m for m in legal):
+                raise ValueError(f"format warm-up: {type(env).__name__} gives no legal moves to draw from; pass "
+                                 "--sft.steps 0 for such environments")
+            moves = (np.array([m[int(rng.integers(len(m)))] for m in legal], np.int64) if choose is None
+                     else np.asarray(choose(env, rows, legal), np.int64))
+            texts = [str(m) for m in moves.tolist()]
         answers = [e.ids + [eos_id] for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
         width = max(map(len, answers))
         fits = ep.length[rows] + np.array([len(a) for a in answers]) <= max_context
@@ -63,7 +69,8 @@ def random_legal_games(env: Any, tokenizer: tokenizers.Tokenizer, seeds: Sequenc
             break
         padded = np.array([a + [0] * (width - len(a)) for a in answers], np.int32)
         ep.append(rows, padded, [len(a) for a in answers], True)
-        step = env.step(rows, moves=moves) if getattr(env, "accepts_moves", False) else env.step(rows, texts)
+        step = env.step(rows, moves=moves) if getattr(env, "accepts_moves", False) and not expert else \
+            env.step(rows, texts)
         going = ~(step.terminated | step.truncated)
         live[rows[~going]] = False
         step = _subset(step, going)
