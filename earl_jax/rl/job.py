@@ -88,6 +88,17 @@ def resume_config(parsed: Parsed[JobConfig]) -> tuple[JobConfig, list[str]]:
     return replace_paths(saved, changes), lines
 
 
+def drop_preset_task_args(parsed: Parsed[JobConfig]) -> Parsed[JobConfig]:
+    """A task typed without --env.task-args takes none: the preset's arguments belong to the preset's task."""
+    import dataclasses
+
+    from earl_jax.cli import replace_paths
+
+    if ("env", "task") in parsed.typed and ("env", "task_args") not in parsed.typed:
+        return dataclasses.replace(parsed, config=replace_paths(parsed.config, {("env", "task_args"): "{}"}))
+    return parsed
+
+
 class SetupError(ValueError):
     """The job could not be set up from its inputs (before training started): one line for the user."""
 
@@ -115,6 +126,7 @@ def setup(argv: list[str], name: str, configs: Path, description: str):
     from earl_jax.rl.validate import apply_base, check_job, check_run_dir
 
     parsed = parse_job(argv, configs, prog=f"{name}.py", description=description)
+    parsed = drop_preset_task_args(parsed)
     check_run_dir(parsed.config)
     cfg, changes = resume_config(parsed)
     cfg = apply_base(cfg, parsed.typed)

@@ -55,7 +55,11 @@ def load_task(spec: str) -> Callable[..., Any]:
 
     if spec not in gymnasium.registry:
         raise ValueError(f"task: {spec!r} is neither module:factory nor a registered Gymnasium id")
-    return lambda **kw: gymnasium.make(spec, **kw).unwrapped
+    # the id's own creator, without gymnasium.make's wrappers: they hide the task's wrappers' attributes (tools)
+    env_spec = gymnasium.spec(spec)
+    entry = env_spec.entry_point
+    creator = entry if callable(entry) else gymnasium.envs.registration.load_env_creator(entry)
+    return lambda **kw: creator(**{**env_spec.kwargs, **kw})
 
 
 def _takes(factory: Callable[..., Any], name: str) -> bool:

@@ -16,14 +16,15 @@ import operator
 import re
 import string
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import gymnasium
 
-__all__ = ["CHARSET", "Tool", "ToolCall", "MalformedCall", "CALL_PARSERS", "register_call_parser", "parse_bracket",
-           "ToolUse", "calculator", "RESULT_CHARS"]
+__all__ = ["CALL_PARSERS", "CHARSET", "RESULT_CHARS", "MalformedCall", "Tool", "ToolCall", "ToolUse", "calculator",
+           "parse_bracket", "register_call_parser"]
 
 CHARSET = string.digits + string.ascii_letters + string.punctuation + " \n\t"  # what the char tokenizer covers
 RESULT_CHARS = 64  # a tool result longer than this is cut (the context budget)
@@ -175,15 +176,15 @@ def _run(tool: Tool, args: str) -> tuple[bool, str]:
     def target() -> None:
         try:
             box["result"] = tool.fn(args)
-        except BaseException:  # any failure of the tool is the model's feedback, never the job's crash
-            box["error"] = True
+        except Exception:  # noqa: BLE001 (any failure of the tool is the model's feedback, never the job's crash)
+            return
 
     thread = threading.Thread(target=target, name=f"tool-{tool.name}", daemon=True)
     thread.start()
     thread.join(tool.timeout_s)
     if thread.is_alive():
         return False, "timeout"  # the hung thread is left behind: a daemon, it cannot keep the process alive
-    if "error" in box:
+    if "result" not in box:  # raised (or exited the thread)
         return False, "error"
     return True, box["result"]
 

@@ -1,0 +1,108 @@
+"""The shipped tasks: Arithmetic (with the calculator tool) and GuessNumber (feedback over turns)."""
+
+import pytest
+
+from earl_jax.tasks.arithmetic import make_arithmetic
+from earl_jax.tasks.guess_number import make_guess_number
+
+FACTORIES = {"arithmetic": make_arithmetic, "guess_number": make_guess_number}
+
+
+def play_expert(env, seed):
+    """The expert's episode: (observations, rewards, last info)."""
+    obs, _ = env.reset(seed=seed)
+    seen, rewards = [obs], []
+    for _ in range(20):
+        obs, reward, terminated, truncated, info = env.step(env.expert_answer())
+        assert env.observation_space.contains(obs), obs
+        seen.append(obs)
+        rewards.append(reward)
+        if terminated or truncated:
+            return seen, rewards, info
+    raise AssertionError("the expert's episode did not end")
+
+
+@pytest.mark.parametrize("name", FACTORIES)
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_expert_succeeds(name, split):
+    env = FACTORIES[name](split=split)
+    for seed in range(50):
+        seen, rewards, info = play_expert(env, seed)
+        assert info["success"] is True and info["score"] == 1.0 and sum(rewards) == 1.0
+        assert all(o.endswith("\n> ") for o in seen[:-1]) and seen[-1] == ""
+
+
+def test_arithmetic_expert_calls_the_tool():
+    env = make_arithmetic()
+    obs, _ = env.reset(seed=3)
+    problem = obs.removesuffix("\n> ")
+    assert env.expert_answer() == f"[calc {problem}]"
+    obs, reward, _, _, info = env.step(env.expert_answer())
+    a, b = map(int, problem.split("*"))
+    assert (obs, reward, info["tool"]) == (f"= {a * b}\n> ", 0.0, "calc")
+    assert env.expert_answer() == str(a * b)
+    assert env.step(env.expert_answer())[4]["tool_calls"] == 1
+
+
+def _problem(env, name, seed):
+    obs, _ = env.reset(seed=seed)
+    return (obs, env.unwrapped.secret) if name == "guess_number" else obs
+
+
+@pytest.mark.parametrize("name,kw", [("arithmetic", {}), ("guess_number", {}), ("guess_number", {"offsets": 8})])
+def test_splits_disjoint_and_deterministic(name, kw):
+    train, test = FACTORIES[name](split="train", **kw), FACTORIES[name](split="test", **kw)
+    train_set = {_problem(train, name, s) for s in range(300)}
+    test_set = {_problem(test, name, s) for s in range(300)}
+    assert train_set and test_set and not train_set & test_set
+    assert _problem(train, name, 7) == _problem(FACTORIES[name](split="train", **kw), name, 7)
+    with pytest.raises(ValueError):
+        FACTORIES[name](split="dev")
+
+
+def test_arithmetic_rewards():
+    env = make_arithmetic()
+    env.reset(seed=0)
+    assert env.step("12")[1:4] == (0.0, True, False)
+    env.reset(seed=0)
+    _, reward, terminated, _, info = env.step("no idea")
+    assert (reward, terminated, info["invalid"], info["success"]) == (-1.0, True, True, False)
+    env.reset(seed=0)
+    right = str(eval(env.unwrapped.problem))  # the test's own check of the product
+    _, reward, _, _, info = env.step(f"it is {right}.")
+    assert (reward, info["success"], info["invalid"]) == (1.0, True, False)
+
+
+def test_arithmetic_digits():
+    env = make_arithmetic(digits=2)
+    obs, _ = env.reset(seed=1)
+    a, b = obs.removesuffix("\n> ").split("*")
+    assert (len(a), len(b)) == (2, 1)
+
+
+def test_guess_number_feedback_grows_and_max_turns():
+    env = make_guess_number(high=32, max_turns=4)
+    obs, _ = env.reset(seed=5)
+    assert obs == "guess 0-31\n> " and env.observation_space.contains(obs)
+    secret = env.unwrapped.secret
+    wrong = 0 if secret != 0 else 1
+    context = obs
+    obs, reward, terminated, _, info = env.step(str(wrong))
+    assert (obs, reward, terminated) == (("higher" if wrong < secret else "lower") + "\n> ", 0.0, False)
+    context += str(wrong) + obs
+    obs, reward, terminated, _, info = env.step("hmm")
+    assert (obs, reward, terminated, info["invalid_answer"]) == ("a number\n> ", -0.1, False, True)
+    context += "hmm" + obs
+    assert context.count("\n> ") == 3  # one observation a turn
+    env.step(str(wrong))
+    obs, reward, terminated, truncated, info = env.step(str(wrong))
+    assert (obs, reward, terminated, truncated, info["success"], info["score"]) == ("", 0.0, True, False, False, 0.0)
+
+
+def test_guess_number_offsets_range():
+    env = make_guess_number(high=16, max_turns=5, offsets=10)
+    for seed in range(20):
+        obs, _ = env.reset(seed=seed)
+        lo, top = map(int, obs.removeprefix("guess ").removesuffix("\n> ").split("-"))
+        assert top - lo == 15 and lo <= env.unwrapped.secret <= top
+        assert play_expert(env, seed)[2]["success"]
