@@ -1,7 +1,6 @@
 """Tests run on CPU with 8 fake devices so meshes, resharding and the selector are exercised."""
 import logging
 import os
-import platform
 
 import pytest
 
@@ -20,16 +19,6 @@ if "xla_cpu_use_fusion_emitters" not in _flags:
 # LLVM: one module per program instead of split parts (two workers already fill two cores) and no expensive passes:
 # two compile-bound tests alone, cold, 55.7 / 57.6 s against 60.7 / 66.2 s.
 for _flag in ("--xla_cpu_parallel_codegen_split_count=1", "--xla_llvm_disable_expensive_passes=true"):
-    if _flag.split("=")[0] not in _flags:
-        _flags += " " + _flag
-# Float bits that do not depend on the host: YNNPACK / XNNPACK pick their dot and reduce kernels by the CPU they find
-# (the golden guard's grad_norm differed by an ulp between an Intel and an AMD host), XLA's own kernels do not, once
-# the instruction set is capped (AVX2 and AVX-512 hosts then give the same bits; SSE4.2 does not; 1 or 2 threads
-# the same). tests/test_golden.py skips on a host without AVX2.
-_PIN = ["--xla_cpu_experimental_ynn_fusion_type=", "--xla_cpu_use_xnnpack=false"]
-if platform.machine() in ("x86_64", "AMD64"):
-    _PIN.append("--xla_cpu_max_isa=AVX2")
-for _flag in _PIN:
     if _flag.split("=")[0] not in _flags:
         _flags += " " + _flag
 os.environ["XLA_FLAGS"] = _flags.strip()

@@ -1,51 +1,37 @@
 """Behaviour guard: the main jobs' first iterations reproduce recorded values to the float bit (CPU, 8 fake devices).
 
-Reproducible across x86 hosts and thread counts because tests/conftest.py pins XLA's CPU kernels (no YNNPACK /
-XNNPACK, whose kernels are chosen by the CPU found; the instruction set capped at AVX2). Recorded from the code before a refactor (`EARL_RECORD_GOLDEN=1 python -m pytest tests/test_golden.py`); a change
-that alters behaviour on purpose re-records them and says so in its commit. What is compared: returns, win rates,
+Reproducible across x86 hosts and thread counts: each case runs in its own process with XLA's CPU kernels pinned
+(tests/golden_run.py says which flags and why). Recorded from the code before a refactor
+(`EARL_RECORD_GOLDEN=1 python -m pytest tests/test_golden.py`); a change that alters behaviour on purpose re-records them and says so in its commit. What is compared: returns, win rates,
 losses, KL, entropy, gradient norms, context lengths, the layouts chosen, evaluation rates, and a digest of the final
 weights; not wall times, compile counts or memory figures.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 
-from earl_jax.rl.trainer import Trainer
-
-from golden_configs import CASES, golden_config
+from golden_configs import CASES
+from golden_run import PINNED
 
 FIXTURES = Path(__file__).parent / "fixtures" / "golden"
 RECORD = os.environ.get("EARL_RECORD_GOLDEN") == "1"
-# Metric prefixes that describe what was learned and decided (not how long it took).
-KEPT = ("episode/", "eval", "train/", "rollout/context_len", "rollout/turn_context_len_mean", "rollout/tokens",
-        "rollout/generated_tokens", "rollout/turn_tokens", "rollout/decode_rows", "parallel/", "curriculum/")
-
-
-def _kept(record: dict) -> dict:
-    # the layouts are compared; the selector's reason text (parallel/*_why) is a description of them
-    return {k: v for k, v in sorted(record.items()) if k.startswith(KEPT) and not k.endswith("_why")}
-
-
-def _digest(params) -> str:
-    h = hashlib.sha256()
-    for leaf in jax.tree.leaves(params):
-        h.update(np.asarray(leaf).tobytes())
-    return h.hexdigest()
 
 
 def _run(case: str, tmp_path: Path) -> dict:
-    trainer = Trainer(golden_config(case, str(tmp_path / case)), log=False)
-    history = trainer.run()
-    return {"jax": jax.__version__, "devices": jax.device_count(),
-            "history": [_kept(r) for r in history], "params_sha256": _digest(trainer.params)}
+    out = tmp_path / f"{case}.json"
+    env = {**os.environ, "XLA_FLAGS": " ".join([os.environ.get("XLA_FLAGS", ""), *PINNED]).strip()}
+    done = subprocess.run([sys.executable, str(Path(__file__).parent / "golden_run.py"), case,
+                           str(tmp_path / case), str(out)], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
 
 
 def _has_avx2() -> bool:

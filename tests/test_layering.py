@@ -15,7 +15,7 @@ FLOORS = (
     # what every floor may use: errors, caches, processes, meshes, the command line, watchdog, progress
     ("earl_jax", "earl_jax.errors", "earl_jax.compile_cache", "earl_jax.distributed", "earl_jax.sharding",
      "earl_jax.cli", "earl_jax.watchdog", "earl_jax.progress"),
-    ("earl_jax.envs",),  # games as text environments: no model, no JAX program
+    ("earl_jax.envs", "earl_jax.tasks"),  # games and text tasks as Gymnasium environments: no model, no JAX program
     ("earl_jax.models", "earl_jax.kernels"),  # the decoder and its kernels
     ("earl_jax.rollout",),  # sampler, agent loop
     ("earl_jax.parallel",),  # memory model, profile, selector, planner, dispatcher

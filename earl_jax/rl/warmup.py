@@ -35,7 +35,8 @@ def random_legal_games(env: Any, tokenizer: tokenizers.Tokenizer, seeds: Sequenc
     experiments/benchmarks/ttt_imitation_check.py passes the solver's). A text task's rows answer with their
     expert's texts (`expert_answer()`), its demonstrations."""
     codec = codec or ObservationCodec(tokenizer)
-    expert = all(getattr(e, "is_task", False) for e in getattr(env, "envs", ()))
+    per_game = getattr(env, "envs", ())
+    expert = bool(per_game) and all(getattr(e, "is_task", False) for e in per_game)
     n = len(seeds)
     ep = _Episodes(n, max_turns)
     step = env.reset(list(map(int, seeds)))

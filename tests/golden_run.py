@@ -1,0 +1,53 @@
+"""One golden case in its own process, with XLA's CPU kernels pinned (tests/test_golden.py starts it).
+
+    python tests/golden_run.py CASE RUN_DIR OUT.json
+
+Pinned because YNNPACK / XNNPACK pick their dot and reduce kernels by the CPU they find (the guard's grad_norm
+differed by an ulp between an Intel and an AMD host) and XLA's own kernels do not once the instruction set is capped:
+AVX2 and AVX-512 hosts then give the same bits (SSE4.2 does not), as do 1 and 2 threads. The rest of the suite keeps
+XLA's default kernels: only this guard compares float bits across machines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+PINNED = ["--xla_cpu_experimental_ynn_fusion_type=", "--xla_cpu_use_xnnpack=false"] + (
+    ["--xla_cpu_max_isa=AVX2"] if platform.machine() in ("x86_64", "AMD64") else [])
+# Metric prefixes that describe what was learned and decided (not how long it took).
+KEPT = ("episode/", "eval", "train/", "rollout/context_len", "rollout/turn_context_len_mean", "rollout/tokens",
+        "rollout/generated_tokens", "rollout/turn_tokens", "rollout/decode_rows", "parallel/", "curriculum/")
+
+
+def kept(record: dict) -> dict:
+    # the layouts are compared; the selector's reason text (parallel/*_why) is a description of them
+    return {k: v for k, v in sorted(record.items()) if k.startswith(KEPT) and not k.endswith("_why")}
+
+
+def main(case: str, run_dir: str, out: str) -> None:
+    import jax
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from golden_configs import golden_config
+
+    from earl_jax.rl.trainer import Trainer
+
+    trainer = Trainer(golden_config(case, run_dir), log=False)
+    history = trainer.run()
+    h = hashlib.sha256()
+    for leaf in jax.tree.leaves(trainer.params):
+        h.update(np.asarray(leaf).tobytes())
+    got = {"jax": jax.__version__, "devices": jax.device_count(), "history": [kept(r) for r in history],
+           "params_sha256": h.hexdigest()}
+    Path(out).write_text(json.dumps(got))
+
+
+if __name__ == "__main__":
+    assert all(f in os.environ.get("XLA_FLAGS", "") for f in PINNED), "start it from tests/test_golden.py"
+    main(*sys.argv[1:4])
