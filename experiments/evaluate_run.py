@@ -70,6 +70,8 @@ def evaluate_run(run_dir: Path, opponents: tuple[str, ...], games: int) -> dict:
     else:  # the folder given, wherever the run was made (its config.json names the folder it was started in)
         cfg = load_run_config(run_dir, {**paths, ("run", "run_dir"): str(run_dir), ("run", "resume"): "true"})
     trainer = Trainer(cfg, log=False)  # restores the newest readable checkpoint; writes nothing to the run
+    if cfg.env.task:  # a text task has no opponents: its held-out split is played (--opponents is for games)
+        opponents = ("held-out",)
     rows = {}
     for name in trainer.matchmaker.eval_opponents():
         t0 = time.perf_counter()
@@ -77,10 +79,16 @@ def evaluate_run(run_dir: Path, opponents: tuple[str, ...], games: int) -> dict:
         r = trainer.evaluate((name,))
         rows[name] = {k[len(prefix):]: float(v) for k, v in r.items() if k.startswith(prefix)}
         rows[name]["seconds"] = time.perf_counter() - t0
-        print(f"{run_dir.name:>12} {name:>14}: win {rows[name]['win_rate']:.3f}  draw {rows[name]['draw_rate']:.3f}  "
-              f"loss {rows[name]['loss_rate']:.3f}  invalid {rows[name]['invalid_rate']:.3f}  "
-              f"({rows[name]['seconds']:.0f} s)", flush=True)
-    return {"run_dir": str(run_dir), "step": trainer.step, "game": cfg.env.game, "games": games, "greedy": True,
+        if cfg.env.task:
+            print(f"{run_dir.name:>12} {name:>14}: success {rows[name]['success_rate']:.3f}  score "
+                  f"{rows[name]['score']:.3f}  turns {rows[name]['turns']:.2f}  tool calls {rows[name]['tool_calls']:.2f}"
+                  f"  failures {rows[name]['tool_failures']:.2f}  ({rows[name]['seconds']:.0f} s)", flush=True)
+        else:
+            print(f"{run_dir.name:>12} {name:>14}: win {rows[name]['win_rate']:.3f}  draw {rows[name]['draw_rate']:.3f}  "
+                  f"loss {rows[name]['loss_rate']:.3f}  invalid {rows[name]['invalid_rate']:.3f}  "
+                  f"({rows[name]['seconds']:.0f} s)", flush=True)
+    return {"run_dir": str(run_dir), "step": trainer.step, "game": cfg.env.task or cfg.env.game, "games": games,
+            "greedy": True,
             "seed": cfg.run.seed, "opponents": rows}
 
 
@@ -90,7 +98,9 @@ def summarize(results: list[dict]) -> dict:
     for name in results[0]["opponents"]:
         per = [r["opponents"][name] for r in results if name in r["opponents"]]
         out[name] = {}
-        for k in ("win_rate", "draw_rate", "loss_rate", "invalid_rate"):
+        for k in ("win_rate", "draw_rate", "loss_rate", "invalid_rate", "success_rate", "score"):
+            if k not in per[0]:  # success_rate and score: tasks only
+                continue
             vals = [p[k] for p in per]
             out[name][k] = {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
                             "min": min(vals), "max": max(vals), "runs": len(vals)}

@@ -110,3 +110,18 @@ def test_tasks_load_by_gymnasium_id_and_by_module_path():
     by_id = load_task("earl_jax/GuessNumber-v0")(high=16)
     by_path = load_task("earl_jax.tasks.guess_number:make_guess_number")(high=16)
     assert by_id.reset(seed=3)[0] == by_path.reset(seed=3)[0]
+
+
+def test_evaluate_run_plays_a_task_runs_held_out_split(tmp_path):
+    import importlib.util
+
+    run = tmp_path / "run"
+    assert main(["--env.task", "my_task:make", "--steps", "1", "--run-dir", str(run), *QUIET], name="train",
+                configs=ROOT / "experiments" / "configs" / "train") == 0
+    spec = importlib.util.spec_from_file_location("evaluate_run", ROOT / "experiments" / "evaluate_run.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    result = mod.main([str(run), "--games", "8", "--opponents", "random"])
+    row = result["opponents"]["held-out"]
+    assert result["game"] == "my_task:make" and list(result["opponents"]) == ["held-out"]
+    assert 0.0 <= row["success_rate"] <= 1.0 and row["turns"] == 1.0
