@@ -13,6 +13,18 @@ from typing import Literal
 from earl_jax.envs.text import PROMPT_STYLES
 
 
+def parse_task_args(text: str) -> dict:
+    """`--env.task-args`: a JSON object of keyword arguments ("" is none)."""
+    try:
+        args = json.loads(text or "{}")
+    except json.JSONDecodeError as e:
+        raise ValueError(f"task_args: not JSON ({e.msg} at character {e.pos})") from None
+    if not isinstance(args, dict):
+        raise ValueError(f"task_args: must be a JSON object of keyword arguments, e.g. '{{\"high\": 32}}' "
+                         f"(got {text!r})")
+    return args
+
+
 def _f(default, help: str):
     """A field with the help text the command line shows (earl_jax/cli.py reads metadata["help"])."""
     return dataclasses.field(default=default, metadata={"help": help})
@@ -53,11 +65,7 @@ class EnvConfig:
             if not ok:
                 raise ValueError(f"{field}: {why} (got {getattr(self, field)!r})")
 
-        try:
-            args = json.loads(self.task_args or "{}")
-        except json.JSONDecodeError as e:
-            raise ValueError(f"task_args: not JSON ({e.msg} at character {e.pos})") from None
-        need(isinstance(args, dict), "task_args", "must be a JSON object of keyword arguments, e.g. '{\"high\": 32}'")
+        parse_task_args(self.task_args)  # its ValueError names the field
         need(self.prompt_style in PROMPT_STYLES, "prompt_style", f"must be one of {', '.join(PROMPT_STYLES)}")
         need(self.agent_player in (0, 1, None), "agent_player", "must be 0, 1 or none")
         need(self.max_retries >= 0, "max_retries", "must be >= 0")

@@ -11,34 +11,19 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
 from typing import Any, Callable
 
-from earl_jax import TASK_IDS
+from earl_jax.envs.config import parse_task_args
 from earl_jax.tasks.protocol import TaskEnv, TaskLog
 
-__all__ = ["TaskEnv", "TaskLog", "load_task", "task_args", "task_env_factory", "SHIPPED"]
-
-SHIPPED = TASK_IDS  # registered with Gymnasium by `import earl_jax`
-
-
-def task_args(text: str) -> dict[str, Any]:
-    """`--env.task-args`: a JSON object of keyword arguments."""
-    try:
-        args = json.loads(text or "{}")
-    except json.JSONDecodeError as e:
-        raise ValueError(f"task_args: not JSON ({e.msg} at character {e.pos})") from None
-    if not isinstance(args, dict):
-        raise ValueError(f"task_args: a JSON object of keyword arguments, e.g. '{{\"high\": 32}}' (got {text!r})")
-    return args
+__all__ = ["TaskEnv", "TaskEnvs", "TaskLog", "check_task", "load_task", "task_env_factory"]
 
 
 def load_task(spec: str) -> Callable[..., Any]:
-    """The factory `spec` names: `module:factory` imported, or a Gymnasium id made through `gymnasium.make`."""
+    """The factory `spec` names: `module:factory` imported, or a registered Gymnasium id's own creator (the shipped
+    ids are registered by `import earl_jax`)."""
     if not spec:
         raise ValueError("task: empty (--env.task ID or module:factory)")
-    if spec in SHIPPED:
-        spec = SHIPPED[spec]
     if ":" in spec and "/" not in spec.split(":")[0]:
         module, _, attr = spec.partition(":")
         try:
@@ -74,7 +59,7 @@ def task_env_factory(spec: str, args_text: str, *, split: str, log: TaskLog | No
                      ) -> Callable[[Any], TaskEnv]:
     """`env_factory(env_config) -> TaskEnv` for the trainer: one task episode per game row. `split` ("train" or
     "test") is passed where the factory takes it."""
-    factory, args = load_task(spec), task_args(args_text)
+    factory, args = load_task(spec), parse_task_args(args_text)
     if _takes(factory, "split") and "split" not in args:
         args = {**args, "split": split}
 
