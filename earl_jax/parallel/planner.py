@@ -262,7 +262,7 @@ class StagePlanner:
 
     @classmethod
     def from_config(cls, cfg: PlannerConfig, model_cfg: ModelConfig, batch_size: int, *, remat: bool = True,
-                    cache_buckets: tuple[int, ...] | None = None) -> "StagePlanner":
+                    cache_buckets: tuple[int, ...] | None = None, kv_cache_bytes: int = 2) -> "StagePlanner":
         """The planner of a job of `batch_size` games a rollout; a layout that does not fit the model or the batch
         is refused here, before anything compiles, naming the flag."""
         devices = jax.devices()[: cfg.devices or None]
@@ -274,7 +274,8 @@ class StagePlanner:
                                  ema_alpha=cfg.ema, thresholds=thresholds or None)
         budget = int(cfg.memory_budget_gib * 2**30) or None
         memory = MemoryConfig(budget_bytes=budget, remat=remat, max_logprob_chunk=cfg.logprob_chunk,
-                              max_micro_batch_tokens=cfg.micro_batch_tokens, cache_buckets=cache_buckets)
+                              max_micro_batch_tokens=cfg.micro_batch_tokens, cache_buckets=cache_buckets,
+                              kv_cache_bytes=kv_cache_bytes)
         table = ProfileTable.load(cfg.table) if cfg.table else None
         selector = ParallelismSelector(model_cfg, len(devices), memory=memory, config=sel_cfg, table=table,
                                        device_kind=devices[0].device_kind)

@@ -1,5 +1,9 @@
 """The experience stage: old-policy (and reference) log-probs by length-grouped micro-batches, then advantages.
 
+The behaviour policy's log-probs are recomputed here (`--loss.behaviour recompute`, the default: what the trainer
+scores is then exactly its own numerics) or taken from the sampler (`sampler`: kept with the trajectory, no forward
+pass); recomputing, the gap to the sampler's is reported as `experience/logprob_gap_max` / `_mean`.
+
     batch, metrics, arranged = experience_stage(run, params, ref_params, arrays, spans, widths, ...)
 
 Rows are sorted by length and dealt over the batch shards (rl/packing.py), so each micro-batch holds similar lengths
@@ -34,7 +38,8 @@ def batch_arrays(traj: Trajectories, constrained: bool) -> dict[str, np.ndarray]
     width = batch_width(traj.tokens.shape[1])
     groups = traj.group_ids if traj.local_rows is None else traj.group_ids[traj.local_rows]
     arrays = {"tokens": pad_cols(traj.tokens, width), "loss_mask": pad_cols(traj.loss_mask, width),
-              "rewards": pad_cols(traj.rewards, width), "group_ids": groups}
+              "rewards": pad_cols(traj.rewards, width), "sampler_logp": pad_cols(traj.logprobs, width),
+              "group_ids": groups}
     if constrained:  # free-text runs neither move nor keep the (all-zero) legal-move bitmasks
         arrays["choices"] = pad_cols(traj.choices, width)
     return arrays
@@ -101,10 +106,23 @@ def experience_stage(run: StageRun, params: Any, ref_params: Any | None, arrays:
         if rows is not None:  # this layout splits rows otherwise (a tensor axis across processes): gather them
             arrays = allgather_rows(arrays)
         x = run.put_rows({k: v[perm] for k, v in arrays.items()})
-    micro, width_list, ahead = widths.split(run, lengths[perm], x["tokens"].shape)
     kw = dict(graphdef=graphdef, choices=x.get("choices"), choice_tokens=choice_tokens)
-    old = grouped_logprobs(run, params, x["tokens"], width_list, micro, ahead=ahead, **kw)
-    ref_logp = old if ref_params is None else grouped_logprobs(run, ref_params, x["tokens"], width_list, micro, **kw)
+    sampled = x.get("sampler_logp")
+    if loss.behaviour == "sampler" and sampled is None:
+        raise ValueError("--loss.behaviour sampler needs the rollout's log-probs (arrays['sampler_logp'])")
+    if loss.behaviour == "sampler" and ref_params is None:  # nothing to score: no forward pass at all
+        old = ref_logp = sampled
+    else:
+        micro, width_list, ahead = widths.split(run, lengths[perm], x["tokens"].shape)
+        first = params if loss.behaviour == "recompute" else ref_params
+        scored = grouped_logprobs(run, first, x["tokens"], width_list, micro, ahead=ahead, **kw)
+        if loss.behaviour == "sampler":
+            old, ref_logp = sampled, scored
+        else:
+            old = scored
+            ref_logp = old if ref_params is None else grouped_logprobs(run, ref_params, x["tokens"], width_list,
+                                                                       micro, **kw)
     fn = run.jit("advantages", advantage_step, num_groups=num_groups, loss_cfg=loss)
-    out = fn(old, ref_logp, x["tokens"], x["loss_mask"], x["rewards"], x["group_ids"], x.get("choices"))
+    out = fn(old, ref_logp, x["tokens"], x["loss_mask"], x["rewards"], x["group_ids"], x.get("choices"),
+             sampled if loss.behaviour == "recompute" else None)  # the gap is 0 by definition otherwise
     return (*jax.block_until_ready(out), perm)  # an OOM must surface inside the planner's fallback

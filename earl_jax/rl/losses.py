@@ -81,6 +81,11 @@ class LossConfig:
                                 "(GRPO without the std division), rloo, reinforce_pp (REINFORCE++; no critic)")
     policy_loss: str = _f("ppo_clip", "policy loss, registered by name in rl/losses.py: ppo_clip, reinforce "
                                       "(ratio-free -A log p)")
+    behaviour: Literal["recompute", "sampler"] = _f(
+        "recompute", "the behaviour policy's log-probs (old_logp) the ratio is taken against: recompute = the "
+                     "experience stage scores the rollout's tokens again with the weights that sampled them; sampler = "
+                     "the sampler's own log-probs, kept with the trajectory (no forward pass; with a bfloat16 KV cache "
+                     "they differ by experience/logprob_gap_mean)")
     clip_eps_low: float = _f(0.2, "PPO ratio clip, lower side: the ratio is clipped below at 1 - this")
     clip_eps_high: float = _f(0.28, "PPO ratio clip, upper side: the ratio is clipped above at 1 + this "
                                     "(0.28 > 0.2: DAPO's clip-higher)")
@@ -113,6 +118,7 @@ class LossConfig:
              f"{', '.join(sorted(ESTIMATORS))}")
         need(self.policy_loss in POLICY_LOSSES, "policy_loss", f"not a registered policy loss; registered: "
              f"{', '.join(sorted(POLICY_LOSSES))}")
+        need(self.behaviour in ("recompute", "sampler"), "behaviour", "must be recompute or sampler")
         need(0.0 <= self.clip_eps_low < 1.0, "clip_eps_low", "must be in [0, 1)")
         need(self.clip_eps_high >= 0.0, "clip_eps_high", "must be >= 0")
         need(self.dual_clip is None or self.dual_clip > 1.0, "dual_clip", "must be > 1 or none")

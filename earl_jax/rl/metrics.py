@@ -139,6 +139,7 @@ def iteration_record(step: int, traj, times: Mapping[str, float], exp_metrics: M
         "train/entropy": train_metrics.get("entropy", 0.0), "train/grad_norm": train_metrics["grad_norm"],
         "train/clip_frac": train_metrics.get("clip_frac", 0.0), "train/skipped": train_metrics["skipped"],
         "train/filtered_frac": float(exp_metrics.get("filtered_frac", 0.0)),
+        **{f"experience/{k}": float(v) for k, v in exp_metrics.items() if k != "filtered_frac"},
         "train/no_signal_iters": no_signal,
         "dispatch/bytes": dispatch_bytes,
     }

@@ -23,7 +23,7 @@ def build_policy(cfg) -> tuple[StagePlanner, Any, Any, Any, tuple[int, ...] | No
     remat = remat_mode(cfg.planner.remat)
     coarse = geometric_cache_buckets(cfg.rollout.cache_growth) if cfg.rollout.cache_growth else None
     planner = StagePlanner.from_config(cfg.planner, model_cfg, cfg.batch_size, remat=remat != "none",
-                                       cache_buckets=coarse)
+                                       cache_buckets=coarse, kv_cache_bytes=4 if cfg.rollout.cache_dtype == "float32" else 2)
     train = planner.stage_run("train")
     model, loaded_tokenizer = load_model(cfg.model, model_cfg, train.mesh, train.rules, cfg.run.seed)
     model.remat = remat == "full"  # a static attribute: part of the graphdef the stages merge

@@ -139,7 +139,7 @@ class RolloutStage:
         """The sampler of a rollout mesh, kept with its compiled programs."""
         if key not in self.samplers:
             self.samplers[key] = Sampler(self.graphdef, self.model_cfg, mesh=mesh, cache_buckets=self.cache_buckets,
-                                         rules=rules, max_len=self.max_context,
+                                         rules=rules, max_len=self.max_context, cache_dtype=self.cfg.cache_dtype,
                                          decode_impl=self.cfg.decode_impl if mesh.devices.size == 1 else "xla")
         sampler = self.samplers[key]
         if compile_ahead_now(self.cfg.compile_ahead, self.rollouts_done, jax.default_backend()):

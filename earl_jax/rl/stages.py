@@ -106,14 +106,19 @@ def _choice_kw(choices: Int[Array, "n t"] | None, choice_tokens: tuple[int, ...]
 
 def advantage_step(old_logp: Float[Array, "n t"], ref_logp: Float[Array, "n t"], tokens: Int[Array, "n t"],
                    loss_mask: Bool[Array, "n t"], rewards: Float[Array, "n t"], group_ids: Int[Array, " n"],
-                   choices: Int[Array, "n t"] | None = None, *,
+                   choices: Int[Array, "n t"] | None = None, sampler_logp: Float[Array, "n t"] | None = None, *,
                    num_groups: int, loss_cfg: LossConfig) -> tuple[ExperienceBatch, dict[str, Array]]:
     """Rewards -> advantages over the whole batch (groups span micro-batches); for a grouped estimator, constant
-    groups masked out if `loss_cfg.filter_constant_groups`."""
+    groups masked out if `loss_cfg.filter_constant_groups`. `sampler_logp` (the rollout's own log-probs): the
+    largest and mean gap to `old_logp` over the scored tokens are reported (0 when the loss takes them as old)."""
     old_logp, ref_logp = jax.lax.stop_gradient(old_logp), jax.lax.stop_gradient(ref_logp)
     adv = compute_advantages(rewards, loss_mask, group_ids, num_groups, loss_cfg, old_logp=old_logp,
                              ref_logp=ref_logp)
     metrics = {}
+    if sampler_logp is not None:
+        gap = jnp.where(loss_mask, jnp.abs(old_logp - sampler_logp), 0.0)
+        metrics["logprob_gap_max"] = jnp.max(gap)
+        metrics["logprob_gap_mean"] = jnp.sum(gap) / jnp.maximum(jnp.sum(loss_mask), 1)
     mask = loss_mask
     if ESTIMATORS[loss_cfg.estimator].grouped:
         keep = group_filter(rewards, loss_mask, group_ids, num_groups)

@@ -49,6 +49,10 @@ def check_job(cfg) -> None:
         raise ConfigError(f"--env.prompt-style: {env.prompt_style!r} is not one of {', '.join(PROMPT_STYLES)}")
     if env.agent_player not in (None, 0, 1):
         raise ConfigError(f"--env.agent-player: must be 0, 1 or none (got {env.agent_player!r})")
+    if cfg.loss.behaviour == "sampler" and cfg.rollout.temperature != 1.0:
+        # the train stage scores at temperature 1: a tempered sampler's log-probs are another policy's
+        raise ConfigError(f"--loss.behaviour sampler: the sampler's log-probs are at --rollout.temperature "
+                          f"{cfg.rollout.temperature}, the trainer's at 1.0; use --loss.behaviour recompute")
     if env.task:
         _check_task_job(cfg)
     else:

@@ -43,6 +43,9 @@ class RolloutConfig:
         "auto", "the decode step: auto = on one GPU from 2048 cached positions, Pallas attention and the Pallas "
                 "matmuls a per-op benchmark measured faster (1.6x XLA at 16K contexts), else XLA; xla = XLA always; "
                 "pallas = every Pallas kernel, one device (earl_jax/kernels/)")
+    cache_dtype: Literal["bfloat16", "float32"] = _f(
+        "bfloat16", "the KV cache's dtype: float32 makes the sampler's log-probs equal the trainer's to ~1e-6 "
+                    "(tests/test_token_exact.py) at twice the cache memory")
     split_processes: bool = _f(True, "in a multi-process job whose rollout mesh holds a whole model per process, each "
                                      "process plays only its share of the games (rollout/process_split.py)")
 

@@ -1,0 +1,114 @@
+"""Token-exact trajectories: what the sampler produced is what the trainer scores, for every kind of episode.
+
+Three kinds (a constrained Connect Four game, a free-text multi-turn task, a task whose answers call a tool): the
+experience stage's recomputed log-probs of the sampled tokens equal the sampler's within 1e-6 with a float32 KV cache,
+`--loss.behaviour sampler` trains on the sampler's own, and the masks keep environment and tool tokens out of the loss.
+"""
+
+from __future__ import annotations
+
+import gymnasium
+import jax
+import numpy as np
+import pytest
+
+from earl_jax.rl.experience import batch_arrays
+from earl_jax.rl.packing import scored_spans
+from earl_jax.rl.trainer import Trainer
+from earl_jax.tasks.tools import Tool, ToolCall, ToolUse, register_call_parser
+
+from jobs import job, with_fields
+
+BASE = dict(rollout__groups=4, rollout__group_size=2, run__steps=1, sft__steps=0, planner__devices=1,
+            eval__games=4, run__checkpoint_every=0, rollout__max_context=256, rollout__cache_dtype="float32",
+            run__progress=False, run__wandb_mode="disabled")
+KINDS = {
+    "game": dict(env__game="connect_four", rollout__constrain_moves=True, env__opponent="random"),
+    "text_task": dict(env__task="earl_jax/GuessNumber-v0", rollout__max_turn_tokens=6),
+    "tool_task": dict(env__task="test_token_exact:make_echo_task", rollout__max_turn_tokens=5),
+}
+
+
+@register_call_parser("token_exact_test")
+def _every_answer_without_a_digit_is_a_call(answer: str) -> ToolCall | None:
+    """Random weights rarely write a call: here every answer without a digit calls `echo`, so tools run mid-episode."""
+    return None if any(c.isdigit() for c in answer) else ToolCall("echo", answer)
+
+
+class _Count(gymnasium.Env):
+    """Answer the number shown (after up to three tool calls)."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.n = int(self.np_random.integers(10))
+        return f"n {self.n}\n> ", {}
+
+    def step(self, answer: str):
+        right = answer.strip().startswith(str(self.n))
+        return "", float(right), True, False, {"success": right}
+
+
+def make_echo_task(split: str = "train") -> gymnasium.Env:
+    return ToolUse(_Count(), [Tool("echo", lambda args: f"{len(args)} chars")], parser="token_exact_test",
+                   max_calls=3)
+
+
+def _trainer(tmp_path, kind: str, **fields) -> Trainer:
+    return Trainer(with_fields(job(), **{**BASE, **KINDS[kind], "run__run_dir": str(tmp_path), **fields}), log=False)
+
+
+def _rollout_and_experience(trainer: Trainer):
+    """One training rollout and its experience batch, the batch's rows put back in the rollout's order."""
+    seeds, group_ids, rng = trainer.rollout_inputs()
+    env = trainer.matchmaker.train_env(0)
+    traj, _ = trainer.play(env, seeds, group_ids, rng, trainer.sampling)
+    arrays = batch_arrays(traj, trainer.moves is not None)
+    trainer._observe(arrays, traj.stats.turn_context_len_mean, traj.num_games)
+    spans = scored_spans(traj.loss_mask)
+    batch, metrics, arranged = trainer.planner.run("experience", lambda run: trainer._experience(run, arrays, spans,
+                                                                                                 None))
+    width = traj.tokens.shape[1]
+    old = np.empty(np.shape(batch.old_logp), np.float32)
+    old[arranged] = np.asarray(batch.old_logp)
+    tokens = np.empty(np.shape(batch.tokens), np.int32)
+    tokens[arranged] = np.asarray(batch.tokens)
+    return traj, old[:, :width], tokens[:, :width], {k: float(v) for k, v in metrics.items()}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_trainer_scores_the_sampled_tokens_as_the_sampler_did(tmp_path, kind):
+    trainer = _trainer(tmp_path, kind)
+    traj, old, tokens, metrics = _rollout_and_experience(trainer)
+    mask = traj.loss_mask
+    assert mask.sum() > traj.num_games  # several scored tokens per episode: more than one turn or token each
+    np.testing.assert_array_equal(tokens, traj.tokens)  # the trained tokens are the sampled ones, never re-encoded
+    gap = np.abs(old[mask] - traj.logprobs[mask])
+    assert gap.max() <= 1e-6, f"{kind}: largest gap {gap.max():.3g} nats with a float32 cache"
+    assert metrics["logprob_gap_max"] == pytest.approx(gap.max(), abs=1e-7)
+    assert (traj.logprobs[mask] < 0).all() and (traj.logprobs[~mask] == 0).all()
+    if kind == "tool_task":  # tool results came back mid-episode, and the loss mask left them out
+        env_tokens = ~mask & (np.arange(mask.shape[1]) < traj.lengths[:, None])
+        assert (traj.num_turns >= 2).any() and env_tokens.sum() > 0
+        assert trainer.task.train_log.drain("task")["task/tool_calls"] > 0
+
+
+def test_a_bfloat16_cache_keeps_the_gap_small_and_reports_it(tmp_path):
+    trainer = _trainer(tmp_path, "text_task", rollout__cache_dtype="bfloat16")
+    traj, old, _, metrics = _rollout_and_experience(trainer)
+    gap = np.abs(old[traj.loss_mask] - traj.logprobs[traj.loss_mask])
+    print(f"bfloat16 KV cache: sampler vs trainer log-probs, max {gap.max():.3g}, mean {gap.mean():.3g} nats")
+    assert 1e-6 < gap.max() < 0.05  # the cache's rounding shows, and stays small
+    assert metrics["logprob_gap_mean"] == pytest.approx(gap.mean(), rel=1e-3)
+
+
+def test_the_loss_can_take_the_samplers_log_probs_as_the_behaviour_policy(tmp_path):
+    trainer = _trainer(tmp_path, "text_task", loss__behaviour="sampler")
+    traj, old, _, metrics = _rollout_and_experience(trainer)
+    np.testing.assert_array_equal(old[traj.loss_mask], traj.logprobs[traj.loss_mask])  # taken, not recomputed
+    assert "logprob_gap_max" not in metrics
+    record = trainer.iteration()
+    assert np.isfinite(record["train/loss"]) and record["train/grad_norm"] > 0
+    with pytest.raises(Exception, match="--rollout.temperature"):
+        from earl_jax.rl.validate import check_job
+        check_job(with_fields(job(), **{**BASE, **KINDS["text_task"], "loss__behaviour": "sampler",
+                                        "rollout__temperature": 0.7}))
