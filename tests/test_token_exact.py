@@ -3,18 +3,28 @@
 Three kinds (a constrained Connect Four game, a free-text multi-turn task, a task whose answers call a tool): the
 experience stage's recomputed log-probs of the sampled tokens equal the sampler's within 1e-6 with a float32 KV cache,
 `--loss.behaviour sampler` trains on the sampler's own, and the masks keep environment and tool tokens out of the loss.
+A scripted policy's episodes of both task kinds equal, token for token and mask bit for mask bit, the episode built
+by hand from the tokenizer.
 """
 
 from __future__ import annotations
+
+import re
 
 import gymnasium
 import jax
 import numpy as np
 import pytest
 
+from earl_jax.envs import EnvConfig
+from earl_jax.envs.vector import make_vector_env
+from earl_jax.models.tokenizer import game_tokenizer, special_ids
 from earl_jax.rl.experience import batch_arrays
 from earl_jax.rl.packing import scored_spans
 from earl_jax.rl.trainer import Trainer
+from earl_jax.rollout.agent_loop import PlayConfig, ScriptedPolicy, Trajectories, play_games
+from earl_jax.tasks import task_env_factory
+from earl_jax.tasks.guess_number import GuessNumber
 from earl_jax.tasks.tools import Tool, ToolCall, ToolUse, register_call_parser
 
 from jobs import job, with_fields
@@ -112,3 +122,99 @@ def test_the_loss_can_take_the_samplers_log_probs_as_the_behaviour_policy(tmp_pa
         from earl_jax.rl.validate import check_job
         check_job(with_fields(job(), **{**BASE, **KINDS["text_task"], "loss__behaviour": "sampler",
                                         "rollout__temperature": 0.7}))
+
+
+# ---- masks: a scripted episode against the one built by hand -------------------------------------------------------
+TOK = game_tokenizer()
+IDS = special_ids(TOK)
+BUDGET = 3  # tokens per answer: a 4-character answer is cut (no end token), "23" + <eos> fits
+
+
+def _enc(text: str) -> list[int]:
+    return TOK.encode(text, add_special_tokens=False).ids
+
+
+def _scripted(spec: str, args: str, seeds: list[int], answer) -> Trajectories:
+    """The trainer's task envs played by `ScriptedPolicy(answer)` through the agent loop."""
+    env = make_vector_env(EnvConfig(), len(seeds), task_env_factory(spec, args, split="train"))
+    policy = ScriptedPolicy(answer, TOK, IDS.eos_id)
+    return play_games(policy, env, TOK, PlayConfig(max_turn_tokens=BUDGET, max_context=256), jax.random.key(0),
+                      seeds, bos_id=IDS.bos_id)
+
+
+def _by_hand(parts: list[tuple[list[int], bool, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tokens, loss mask, rewards) of an episode from its (ids, the model's?, reward at its last id) pieces."""
+    tokens, mask, rewards = [IDS.bos_id], [False], [0.0]
+    for ids, model, reward in parts:
+        tokens += ids
+        mask += [model] * len(ids)
+        rewards += [0.0] * (len(ids) - 1) + [reward]
+    return np.array(tokens), np.array(mask), np.array(rewards, np.float32)
+
+
+def _assert_rows_equal(traj, expected: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+    for row, (tokens, mask, rewards) in enumerate(expected):
+        n = int(traj.lengths[row])
+        assert n == len(tokens), f"row {row}: {n} tokens, by hand {len(tokens)}"
+        np.testing.assert_array_equal(traj.tokens[row, :n], tokens, err_msg=f"row {row}: tokens")
+        np.testing.assert_array_equal(traj.loss_mask[row, :n], mask, err_msg=f"row {row}: loss mask")
+        np.testing.assert_allclose(traj.rewards[row, :n], rewards, err_msg=f"row {row}: rewards")
+        assert not traj.loss_mask[row, n:].any() and not traj.tokens[row, n:].any()  # nothing past the end
+
+
+def test_a_scripted_text_task_episode_is_the_one_built_by_hand():
+    """GuessNumber over shifted ranges (the range tells the script its episode): an answer cut at the budget (no
+    end token, an invalid answer), a wrong guess, the secret."""
+    ranges, seeds = {}, []
+    for seed in range(64):  # three episodes with three different ranges
+        game = GuessNumber(offsets=4)
+        obs, _ = game.reset(seed=seed)
+        if game.lo not in ranges:
+            ranges[game.lo] = (obs, game.secret)
+            seeds.append(seed)
+        if len(seeds) == 3:
+            break
+    wrong = {lo: lo if secret != lo else lo + 1 for lo, (_, secret) in ranges.items()}
+
+    def answer(context: str) -> str:
+        lo = int(re.match(r"guess (\d+)-", context).group(1))
+        turn = context.count("> ") - 1
+        return ["what", str(wrong[lo]), str(ranges[lo][1])][turn]
+
+    traj = _scripted("earl_jax/GuessNumber-v0", '{"offsets": 4}', seeds, answer)
+    expected = []
+    for lo, (first, secret) in ranges.items():
+        feedback = "higher" if wrong[lo] < secret else "lower"
+        expected.append(_by_hand([
+            (_enc(first), False, 0.0),
+            (_enc("wha"), True, -0.1),  # cut at 3 tokens: no <eos>, and no number
+            (_enc("a number\n> "), False, 0.0),
+            (_enc(str(wrong[lo])) + [IDS.eos_id], True, 0.0),
+            (_enc(f"{feedback}\n> "), False, 0.0),
+            (_enc(str(secret)) + [IDS.eos_id], True, 1.0)]))  # the last observation ("") adds nothing
+    _assert_rows_equal(traj, expected)
+    assert traj.winners == ["agent"] * 3 and list(traj.num_turns) == [3] * 3
+
+
+def test_a_scripted_tool_task_episode_is_the_one_built_by_hand():
+    """Two tool calls (one cut at the budget), each result an environment turn, then the answer."""
+    seeds = [0, 1, 2]
+
+    def answer(context: str) -> str:
+        n = re.match(r"n (\d+)", context).group(1)
+        return ["wxyz", "ab", n][context.count("> ") - 1]
+
+    traj = _scripted("test_token_exact:make_echo_task", "{}", seeds, answer)
+    expected = []
+    for seed in seeds:
+        first, _ = _Count().reset(seed=seed)
+        n = first.split()[1]
+        expected.append(_by_hand([
+            (_enc(first), False, 0.0),
+            (_enc("wxy"), True, 0.0),  # cut at 3 tokens: the call `echo wxy`
+            (_enc("= 3 chars\n> "), False, 0.0),
+            (_enc("ab") + [IDS.eos_id], True, 0.0),
+            (_enc("= 2 chars\n> "), False, 0.0),
+            (_enc(n) + [IDS.eos_id], True, 1.0)]))
+    _assert_rows_equal(traj, expected)
+    assert traj.winners == ["agent"] * 3
