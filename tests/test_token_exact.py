@@ -4,7 +4,8 @@ Three kinds (a constrained Connect Four game, a free-text multi-turn task, a tas
 experience stage's recomputed log-probs of the sampled tokens equal the sampler's within 1e-6 with a float32 KV cache,
 `--loss.behaviour sampler` trains on the sampler's own, and the masks keep environment and tool tokens out of the loss.
 A scripted policy's episodes of both task kinds equal, token for token and mask bit for mask bit, the episode built
-by hand from the tokenizer.
+by hand from the tokenizer. With a BPE tokenizer whose merges span an answer and the next observation, the trained
+tokens are the sampled ones and each observation encoded alone: never the whole text re-encoded.
 """
 
 from __future__ import annotations
@@ -13,19 +14,25 @@ import re
 
 import gymnasium
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
+from tokenizers import Tokenizer, decoders, models, trainers
 
 from earl_jax.envs import EnvConfig
 from earl_jax.envs.vector import make_vector_env
-from earl_jax.models.tokenizer import game_tokenizer, special_ids
+from earl_jax.models.config import get_config
+from earl_jax.models.loader import save_pretrained
+from earl_jax.models.qwen2 import Qwen2
+from earl_jax.models.tokenizer import GAME_SPECIALS, game_tokenizer, special_ids
 from earl_jax.rl.experience import batch_arrays
 from earl_jax.rl.packing import scored_spans
 from earl_jax.rl.trainer import Trainer
 from earl_jax.rollout.agent_loop import PlayConfig, ScriptedPolicy, Trajectories, play_games
 from earl_jax.tasks import task_env_factory
 from earl_jax.tasks.guess_number import GuessNumber
-from earl_jax.tasks.tools import Tool, ToolCall, ToolUse, register_call_parser
+from earl_jax.tasks.tools import CHARSET, Tool, ToolCall, ToolUse, register_call_parser
 
 from jobs import job, with_fields
 
@@ -218,3 +225,67 @@ def test_a_scripted_tool_task_episode_is_the_one_built_by_hand():
             (_enc(n) + [IDS.eos_id], True, 1.0)]))
     _assert_rows_equal(traj, expected)
     assert traj.winners == ["agent"] * 3
+
+
+# ---- BPE: merges across the answer / observation boundary, and the history never re-encoded ------------------------
+def _bpe() -> Tokenizer:
+    """A BPE trained here on GuessNumber-like episodes, with no pre-tokenizer: merges run across what will be an
+    answer and the observation after it ("6higher\\n> " is one token, "16" + "higher\\n> " alone are three)."""
+    rng = np.random.default_rng(0)
+    episodes = ["guess 0-31\n> " + "".join(f"{rng.integers(32)}{rng.choice(['higher', 'lower', 'a number'])}\n> "
+                                           for _ in range(4)) for _ in range(300)]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.decoder = decoders.Fuse()
+    tok.train_from_iterator(episodes, trainers.BpeTrainer(vocab_size=160, special_tokens=list(GAME_SPECIALS),
+                                                          initial_alphabet=list(CHARSET), show_progress=False))
+    return tok
+
+
+@pytest.fixture(scope="module")
+def bpe_checkpoint(tmp_path_factory):
+    """A Hugging Face folder: random tiny weights over the BPE's vocabulary, and the BPE as its tokenizer.json."""
+    tok = _bpe()
+    cfg = get_config("tiny", vocab_size=tok.get_vocab_size())
+    folder = tmp_path_factory.mktemp("bpe") / "tiny-bpe"
+    save_pretrained(Qwen2(cfg, rngs=nnx.Rngs(0), dtype=jnp.float32), folder, tok)
+    return folder
+
+
+def _runs(mask: np.ndarray) -> list[tuple[int, int, bool]]:
+    """(start, end, value) of each run of equal mask values."""
+    edges = [0, *(np.flatnonzero(np.diff(mask.astype(np.int8))) + 1).tolist(), len(mask)]
+    return [(a, b, bool(mask[a])) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def test_a_bpe_history_is_the_sampled_tokens_and_each_observation_encoded_alone(tmp_path, bpe_checkpoint):
+    tok = _bpe()
+    assert tok.encode("16higher\n> ").ids != tok.encode("16").ids + tok.encode("higher\n> ").ids  # the drift exists
+    trainer = _trainer(tmp_path, "text_task", model__hf_checkpoint=str(bpe_checkpoint))
+    assert trainer.tokenizer.to_str() == tok.to_str() and not trainer.codec.fast  # the checkpoint's BPE, as is
+    traj, _, trained, _ = _rollout_and_experience(trainer)
+    np.testing.assert_array_equal(trained, traj.tokens)  # the experience batch trains the rollout's tokens
+    seeds, _, _ = trainer.rollout_inputs()
+    bos, eos = special_ids(tok).bos_id, special_ids(tok).eos_id
+    retokenized = boundary_drift = 0
+    for row in range(traj.num_games):
+        n = int(traj.lengths[row])
+        ids, mask = traj.tokens[row, :n], traj.loss_mask[row, :n]
+        assert ids[0] == bos and not mask[0]
+        game = GuessNumber(split="train")  # replayed on the answers the model gave: the observations it returned
+        obs, _ = game.reset(seed=int(seeds[row]))
+        expected = [bos]
+        for start, end, model in _runs(mask[1:]):
+            if model:  # the model's sampled ids, as they are; the task read their text
+                answer = tok.decode(ids[1 + start:1 + end].tolist(), skip_special_tokens=True)
+                expected += ids[1 + start:1 + end].tolist()
+                obs = game.step(answer)[0]
+                # an answer cut without its end token, then the observation: encoded together they would merge
+                boundary_drift += bool(obs) and ids[end] != eos and \
+                    tok.encode(answer + obs).ids != tok.encode(answer).ids + tok.encode(obs).ids
+            else:
+                expected += tok.encode(obs).ids  # the observation encoded alone
+        np.testing.assert_array_equal(ids, expected, err_msg=f"row {row}")
+        retokenized += tok.encode(tok.decode(ids.tolist(), skip_special_tokens=False)).ids != ids.tolist()
+    print(f"BPE: {retokenized}/{traj.num_games} episodes re-encode differently, {boundary_drift} answer/observation "
+          "boundaries merge")
+    assert retokenized > 0 and boundary_drift > 0  # re-encoding the decoded history would train other tokens
