@@ -38,6 +38,10 @@ class EnvConfig:
                          "earl_jax/Arithmetic-v0) or module:factory (earl_jax/tasks/protocol.py says what it returns); "
                          "empty: the game")
     task_args: str = _f("{}", "the task factory's keyword arguments, a JSON object, e.g. '{\"high\": 32}'")
+    chat_template: Literal["auto", "on", "off"] = _f(
+        "auto", "a text task's turns through the --model.hf-checkpoint's chat template (observations as user turns, "
+                "answers as assistant turns; earl_jax/tasks/chat.py): auto = when it has one, on = it must, off = plain "
+                "text")
     game: str = _f("connect_four", "OpenSpiel game: connect_four, tic_tac_toe (batched: envs/games/), or any "
                                    "two-player turn-based game string, e.g. breakthrough(rows=6)")
     opponent: str = _f("random", "opponent: random, mcts:N, solver, alphabeta:D (Connect Four); the job also takes "
@@ -67,6 +71,7 @@ class EnvConfig:
 
         parse_task_args(self.task_args)  # its ValueError names the field
         need(self.prompt_style in PROMPT_STYLES, "prompt_style", f"must be one of {', '.join(PROMPT_STYLES)}")
+        need(self.chat_template in ("auto", "on", "off"), "chat_template", "must be auto, on or off")
         need(self.agent_player in (0, 1, None), "agent_player", "must be 0, 1 or none")
         need(self.max_retries >= 0, "max_retries", "must be >= 0")
         need(self.blunder_penalty >= 0, "blunder_penalty", "must be >= 0")

@@ -49,6 +49,7 @@ from earl_jax.rl.weights import WeightMover
 from earl_jax.rollout.compile_ahead import CompileAhead
 from earl_jax.rollout.moves import MoveTokens
 from earl_jax.tasks import TaskEnvs
+from earl_jax.tasks.chat import task_chat
 from earl_jax.rollout.sampler import DEFAULT_CACHE_BUCKETS, SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,12 @@ class Trainer:
         self.stopped_by: str | None = None  # the signal that ended run(), if one did
         self.sampling = cfg.rollout.sampling
         # who the agent plays (the opponent or the curriculum's rung, league snapshots), and the batched games
-        # a text task (--env.task): its train split trains, its held-out split is evaluated
-        self.task = TaskEnvs(cfg.env.task, cfg.env.task_args) if cfg.env.task and env_factory is None else None
+        # a text task (--env.task): its train split trains, its held-out split is evaluated; its turns go through the
+        # checkpoint's chat template when it has one (--env.chat-template)
+        self.task = (TaskEnvs(cfg.env.task, cfg.env.task_args,
+                              task_chat(cfg.env.chat_template, cfg.model.hf_checkpoint,
+                                        self.tokenizer.id_to_token(self.ids.eos_id)))
+                     if cfg.env.task and env_factory is None else None)
         self.env_factory = env_factory = self.task.train_factory if self.task else env_factory
         self.matchmaker = Matchmaker(cfg.curriculum, cfg.env, groups=cfg.rollout.groups,
                                      group_size=cfg.rollout.group_size, seed=cfg.run.seed,

@@ -62,6 +62,26 @@ def check_job(cfg) -> None:
     except (CheckpointError, ValueError) as e:
         msg = str(e).split("\n")[0]
         raise ConfigError(msg if msg.startswith("--") else f"--model.name: {msg}") from None
+    _check_chat(cfg)
+
+
+def _check_chat(cfg) -> None:
+    """--env.chat-template: a task's template loads and is prefix-stable; a game has none to render."""
+    from earl_jax.models.tokenizer import game_tokenizer, load_tokenizer, special_ids
+    from earl_jax.tasks.chat import task_chat
+
+    env, folder = cfg.env, cfg.model.hf_checkpoint
+    if not env.task:
+        if env.chat_template == "on":
+            raise ConfigError("--env.chat-template on: chat templates render a text task's turns (--env.task); a "
+                              "game's text is --env.prompt-style")
+        return
+    try:
+        tokenizer = load_tokenizer(folder) if folder else game_tokenizer()
+        task_chat(env.chat_template, folder, tokenizer.id_to_token(special_ids(tokenizer).eos_id))
+    except ValueError as e:
+        msg = str(e).splitlines()[0]
+        raise ConfigError(msg if msg.startswith("--") else f"--env.chat-template {env.chat_template}: {msg}") from None
 
 
 def _check_task_job(cfg) -> None:

@@ -183,8 +183,9 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
                      else codec.padded_answers_to_moves(out.tokens[slots], out.counts[slots]))
             step = env.step(games, moves=moves)
         else:
+            kw = {"stopped": out.stopped[slots]} if getattr(env, "takes_stopped", False) else {}
             step = env.step(games, codec.decode([row[:c] for row, c in zip(out.tokens[slots].tolist(),
-                                                                           out.counts[slots].tolist())]))
+                                                                           out.counts[slots].tolist())]), **kw)
         ep.add_rewards(games, last, step.reward)  # the turn's reward at its last choice
         if getattr(step, "blunder", None) is not None:
             ep.judged += int(np.sum(step.blunder >= 0))

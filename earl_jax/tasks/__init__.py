@@ -4,7 +4,8 @@ A job plays a task by `--env.task ID` (a registered Gymnasium id, e.g. `earl_jax
 `--env.task module:factory` (any importable callable returning the env), with keyword arguments from
 `--env.task-args` as JSON. The protocol a task meets is in `protocol.py`; tools in `tools.py`; the shipped tasks are
 `guess_number.py` (feedback over turns) and `arithmetic.py` (a calculator tool). Evaluation plays the held-out split:
-a factory that takes `split` gets `split="test"` there and `split="train"` in training.
+a factory that takes `split` gets `split="test"` there and `split="train"` in training. With a checkpoint's chat
+template (`chat.py`, `--env.chat-template`) the turns are rendered through it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import inspect
 from typing import Any, Callable
 
 from earl_jax.envs.config import parse_task_args
+from earl_jax.tasks.chat import ChatTemplate
 from earl_jax.tasks.protocol import TaskEnv, TaskLog
 
 __all__ = ["TaskEnv", "TaskEnvs", "TaskLog", "check_task", "load_task", "task_env_factory"]
@@ -55,16 +57,16 @@ def _takes(factory: Callable[..., Any], name: str) -> bool:
     return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
 
 
-def task_env_factory(spec: str, args_text: str, *, split: str, log: TaskLog | None = None
-                     ) -> Callable[[Any], TaskEnv]:
+def task_env_factory(spec: str, args_text: str, *, split: str, log: TaskLog | None = None,
+                     chat: ChatTemplate | None = None) -> Callable[[Any], TaskEnv]:
     """`env_factory(env_config) -> TaskEnv` for the trainer: one task episode per game row. `split` ("train" or
-    "test") is passed where the factory takes it."""
+    "test") is passed where the factory takes it; `chat`: the template the turns are rendered through."""
     factory, args = load_task(spec), parse_task_args(args_text)
     if _takes(factory, "split") and "split" not in args:
         args = {**args, "split": split}
 
     def make(_env_cfg=None) -> TaskEnv:
-        return TaskEnv(factory(**args), spec, log)
+        return TaskEnv(factory(**args), spec, log, chat)
 
     return make
 
@@ -79,9 +81,10 @@ def check_task(spec: str, args_text: str) -> None:
 
 
 class TaskEnvs:
-    """A job's task envs: training episodes from the "train" split, evaluation from "test", each with its log."""
+    """A job's task envs: training episodes from the "train" split, evaluation from "test", each with its log, both
+    rendered through `chat` when given."""
 
-    def __init__(self, spec: str, args_text: str):
+    def __init__(self, spec: str, args_text: str, chat: ChatTemplate | None = None):
         self.train_log, self.eval_log = TaskLog(), TaskLog()
-        self.train_factory = task_env_factory(spec, args_text, split="train", log=self.train_log)
-        self.eval_factory = task_env_factory(spec, args_text, split="test", log=self.eval_log)
+        self.train_factory = task_env_factory(spec, args_text, split="train", log=self.train_log, chat=chat)
+        self.eval_factory = task_env_factory(spec, args_text, split="test", log=self.eval_log, chat=chat)

@@ -15,6 +15,7 @@ Tools are a wrapper over a task (`earl_jax.tasks.tools.ToolUse`).
 `TaskEnv` puts one episode behind the per-game interface the agent loop steps (`PerGameVectorEnv`): a success is
 recorded as the agent's win, a forfeit as the opponent's, any other end as a draw (the rollout's outcome codes), and
 each finished episode's record (success, score, turns, tool calls) goes to the `TaskLog` the job reports from.
+With a chat template (`earl_jax/tasks/chat.py`) the observations it returns are the template's render of the turns.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import dataclasses
 from typing import Any, Callable
 
 import numpy as np
+
+from earl_jax.tasks.chat import ChatConversation, ChatTemplate
 
 
 @dataclasses.dataclass
@@ -45,10 +48,12 @@ class TaskEnv:
 
     is_task = True
     num_actions = None  # free text: answers are any text, not move ids
+    takes_stopped = True  # step(answer, stopped): a chat template closes a budget-cut answer's turn itself
 
-    def __init__(self, env: Any, name: str, log: TaskLog | None = None):
-        self.env, self.name, self.log = env, name, log
+    def __init__(self, env: Any, name: str, log: TaskLog | None = None, chat: ChatTemplate | None = None):
+        self.env, self.name, self.log, self.chat = env, name, log, chat
         self._return, self._turns = 0.0, 0
+        self._conversation: ChatConversation | None = None
 
     def reset(self, seed: int | None = None, options: dict | None = None):
         out = self.env.reset(seed=seed)
@@ -56,9 +61,13 @@ class TaskEnv:
             raise TypeError(f"task {self.name}: reset must return (observation: str, info: dict), got {_kind(out)}")
         self._return, self._turns = 0.0, 0
         obs, info = out
+        if self.chat is not None:
+            self._conversation = self.chat.conversation()
+            obs = self._conversation.start(obs)
         return obs, {k: v for k, v in info.items() if k != "winner"}  # a winner at reset would end the episode
 
-    def step(self, answer: str):
+    def step(self, answer: str, stopped: bool = True):
+        """The task's step; `stopped`: the answer ended on the stop token (what SFT demonstrations do)."""
         out = self.env.step(answer)
         if not (isinstance(out, tuple) and len(out) == 5 and isinstance(out[0], str) and isinstance(out[4], dict)):
             raise TypeError(f"task {self.name}: step must return (observation: str, reward, terminated, truncated, "
@@ -80,6 +89,8 @@ class TaskEnv:
                     "tool_failures": float(info.get("tool_failures", 0))})
         else:
             info.pop("winner", None)
+            if self._conversation is not None:  # a final observation is never appended: not rendered
+                obs = self._conversation.turn(answer, stopped, obs)
         return obs, float(reward), bool(terminated), bool(truncated), info
 
     def expert_answer(self) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from jaxtyping import Int
+from jaxtyping import Bool, Int
 
 from earl_jax.envs.games import game_names
 from earl_jax.envs.openspiel_env import EnvConfig, OpenSpielTextEnv
@@ -31,6 +31,8 @@ class PerGameVectorEnv:
         self.live = np.zeros(self.num_games, bool)
         # Moves stand for their decimal text only where the env reads answers with parse_action.
         self.accepts_moves = all(isinstance(e, OpenSpielTextEnv) for e in self.envs)
+        # envs that want to know whether each answer ended on the stop token (tasks: a chat template's turn end)
+        self.takes_stopped = all(getattr(e, "takes_stopped", False) for e in self.envs)
 
     def reset(self, seeds: Sequence[int | None], rows: Sequence[int] | None = None,
               histories: Sequence[Sequence[int]] | None = None) -> VectorStep:
@@ -48,7 +50,8 @@ class PerGameVectorEnv:
         return _step(rows, obs, np.zeros(len(rows)), terminated, np.zeros(len(rows), bool), infos)
 
     def step(self, rows: Sequence[int], answers: Sequence[str] | None = None, *,
-             moves: Int[np.ndarray, " r"] | None = None) -> VectorStep:
+             moves: Int[np.ndarray, " r"] | None = None, stopped: Bool[np.ndarray, " r"] | None = None) -> VectorStep:
+        """`stopped` (envs that take it): whether each answer ended on the stop token."""
         rows = check_rows(rows, self.num_games, self.live, True)
         answers, moves = check_answers(rows, answers, moves)
         if moves is not None:
@@ -56,8 +59,9 @@ class PerGameVectorEnv:
                 raise ValueError("these envs read their own answer texts: step(rows, answers=...)")
             answers = [str(m) if m >= 0 else "" for m in moves.tolist()]  # parse_action(str(m)) == m; "" is no move
         obs, reward, terminated, truncated, infos = [], [], [], [], []
-        for i, answer in zip(rows.tolist(), answers):
-            o, r, term, trunc, info = self.envs[i].step(answer)
+        kw = [{} for _ in answers] if stopped is None else [{"stopped": bool(s)} for s in np.asarray(stopped).tolist()]
+        for i, answer, k in zip(rows.tolist(), answers, kw):
+            o, r, term, trunc, info = self.envs[i].step(answer, **k)
             obs.append(o), reward.append(r), terminated.append(term), truncated.append(trunc), infos.append(info)
         terminated, truncated = np.array(terminated, bool), np.array(truncated, bool)
         self.live[rows] = ~(terminated | truncated)
