@@ -40,8 +40,8 @@ class EnvConfig:
     task_args: str = _f("{}", "the task factory's keyword arguments, a JSON object, e.g. '{\"high\": 32}'")
     chat_template: Literal["auto", "on", "off"] = _f(
         "auto", "a text task's turns through the --model.hf-checkpoint's chat template (observations as user turns, "
-                "answers as assistant turns; earl_jax/tasks/chat.py): auto = when it has one, on = it must, off = plain "
-                "text")
+                "answers as assistant turns; earl_jax/tasks/chat.py): auto = when it has one, on = it must, "
+                "off = plain text")
     game: str = _f("connect_four", "OpenSpiel game: connect_four, tic_tac_toe (batched: envs/games/), or any "
                                    "two-player turn-based game string, e.g. breakthrough(rows=6)")
     opponent: str = _f("random", "opponent: random, mcts:N, solver, alphabeta:D (Connect Four); the job also takes "
