@@ -16,7 +16,8 @@ ENV_IDS = {
 _ENTRY = "earl_jax.envs.openspiel_env:OpenSpielTextEnv"
 # The shipped text tasks (earl_jax/tasks/): gymnasium.make(id, **kwargs) gives the task itself.
 TASK_IDS = {"earl_jax/GuessNumber-v0": "earl_jax.tasks.guess_number:make_guess_number",
-            "earl_jax/Arithmetic-v0": "earl_jax.tasks.arithmetic:make_arithmetic"}
+            "earl_jax/Arithmetic-v0": "earl_jax.tasks.arithmetic:make_arithmetic",
+            "earl_jax/ShowDigit-v0": "earl_jax.tasks.show_digit:make_show_digit"}
 
 
 def _register_gymnasium_ids() -> None:

@@ -1,0 +1,138 @@
+"""The free-text learning probe: `earl_jax/ShowDigit-v0` from random weights, no warm-up, candidates x seeds.
+
+Each run is the stock job (`experiments/train.py`), 300 iterations of 128 one-turn episodes, no SFT stage (its
+demonstrations would show the answer); runs go side by side, two CPU cores each. The summary (the mean training
+return over the last 10 iterations, per run and per candidate with the spread) goes to OUT/summary.json, the curves
+to OUT/curves.png; docs/learning.md "Free text from random weights" quotes them.
+
+    python experiments/show_digit_probe.py OUT --candidates grpo,mixed --seeds 11,12 --parallel 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = ["--env.task", "earl_jax/ShowDigit-v0", "--env.task-args", "{}", "--sft.steps", "0",
+        "--rollout.groups", "32", "--rollout.group-size", "4", "--rollout.max-turns", "1", "--run.steps", "300",
+        "--eval.every", "0", "--eval.games", "32", "--run.resume", "auto", "--run.wandb-mode", "disabled", "--run.progress", "false"]
+MIXED = ["--loss.between-group-weight", "1.0", "--loss.filter-constant-groups", "false"]
+CANDIDATES = {
+    "grpo": [],  # the library default: GRPO, constant groups filtered
+    "grpo_nofilter": ["--loss.filter-constant-groups", "false"],
+    "mixed": MIXED,  # GRPO plus the between-group term: a constant group still has a batch baseline
+    "mixed_half": ["--loss.between-group-weight", "0.5", "--loss.filter-constant-groups", "false"],
+    "mixed_lr5e-4": MIXED + ["--optim.learning-rate", "5e-4"],
+    "mixed_lr2e-3": MIXED + ["--optim.learning-rate", "2e-3"],
+    "mixed_g16x8": MIXED + ["--rollout.groups", "16", "--rollout.group-size", "8"],
+    "dr_grpo_mixed": MIXED + ["--loss.estimator", "dr_grpo"],
+    "rloo_mixed": MIXED + ["--loss.estimator", "rloo"],
+    "reinforce_pp": ["--loss.estimator", "reinforce_pp"],
+    "reinforce_pp_lr2e-3": ["--loss.estimator", "reinforce_pp", "--optim.learning-rate", "2e-3"],
+    "mixed_entropy": MIXED + ["--loss.entropy-coef", "0.01", "--loss.entropy-floor", "2.0"],
+}
+
+
+def run_one(out: Path, name: str, seed: int, hidden: bool, cores: str) -> subprocess.Popen:
+    tag = f"{name}{'_hidden' if hidden else ''}_s{seed}"
+    args = [*BASE, *CANDIDATES[name], "--run.seed", str(seed), "--run.run-dir", str(out / tag)]
+    if hidden:
+        args[args.index("{}")] = '{"hidden": true}'
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
+    log = open(out / f"{tag}.log", "w")
+    return subprocess.Popen(["taskset", "-c", cores, sys.executable, str(ROOT / "experiments/train.py"), *args],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def returns(run_dir: Path) -> list[float]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r["episode/return_mean"] for r in rows if "episode/return_mean" in r]
+
+
+def summarize(out: Path) -> dict:
+    import numpy as np
+
+    runs = {}
+    for d in sorted(p for p in out.iterdir() if p.is_dir()):
+        r = returns(d)
+        if r:
+            runs[d.name] = {"iterations": len(r), "last10_return": float(np.mean(r[-10:])), "curve": r}
+    by_cand: dict[str, list[float]] = {}
+    for tag, v in runs.items():
+        by_cand.setdefault(tag.rsplit("_s", 1)[0], []).append(v["last10_return"])
+    cands = {c: {"mean": float(np.mean(v)), "std": float(np.std(v)), "seeds": len(v), "values": v}
+             for c, v in by_cand.items()}
+    return {"script": "experiments/show_digit_probe.py", "job": " ".join(BASE), "candidates": cands,
+            "runs": {k: {kk: vv for kk, vv in v.items() if kk != "curve"} for k, v in runs.items()},
+            "curves": {k: v["curve"] for k, v in runs.items()}}
+
+
+def plot(summary: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colors = {}
+    for tag, curve in sorted(summary["curves"].items()):
+        cand = tag.rsplit("_s", 1)[0]
+        smooth = np.convolve(curve, np.ones(10) / 10, mode="valid")
+        line, = ax.plot(smooth, color=colors.get(cand), lw=1, label=None if cand in colors else cand)
+        colors[cand] = line.get_color()
+    ax.axhline(0.5, color="gray", ls=":", lw=1)
+    ax.set(xlabel="iteration", ylabel="training return (10-iteration mean)", title="ShowDigit, free text, random init")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", type=Path)
+    p.add_argument("--candidates", default="grpo,mixed", help=f"comma list of: {', '.join(CANDIDATES)}")
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--hidden", action="store_true", help="also run each candidate with the digit hidden (the control)")
+    p.add_argument("--parallel", type=int, default=max(1, (os.cpu_count() or 2) // 2), help="runs at a time")
+    p.add_argument("--summarize-only", action="store_true")
+    a = p.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    unknown = set(a.candidates.split(",")) - set(CANDIDATES)
+    if unknown:
+        p.error(f"--candidates: unknown {', '.join(sorted(unknown))}; known: {', '.join(CANDIDATES)}")
+    jobs = [(c, int(s), h) for c in a.candidates.split(",") for s in a.seeds.split(",")
+            for h in ((False, True) if a.hidden else (False,))]
+    jobs = [j for j in jobs if len(returns(a.out / f"{j[0]}{'_hidden' if j[2] else ''}_s{j[1]}")) < 300]
+    running: dict[int, tuple] = {}
+    t0 = time.time()
+    while (jobs or running) and not a.summarize_only:
+        for slot in range(a.parallel):
+            if slot not in running and jobs:
+                job = jobs.pop(0)
+                running[slot] = (job, run_one(a.out, *job, cores=f"{2 * slot},{2 * slot + 1}"))
+        time.sleep(5)
+        for slot, (job, proc) in list(running.items()):
+            if proc.poll() is not None:
+                del running[slot]
+                print(f"{time.time() - t0:6.0f}s {job}: exit {proc.returncode}, "
+                      f"{len(returns(a.out / (job[0] + ('_hidden' if job[2] else '') + f'_s{job[1]}')))} iterations",
+                      flush=True)
+    summary = summarize(a.out)
+    (a.out / "summary.json").write_text(json.dumps(summary, indent=1))
+    plot(summary, a.out / "curves.png")
+    for c, v in sorted(summary["candidates"].items()):
+        print(f"{c:24s} last-10 return {v['mean']:+.3f} +- {v['std']:.3f} over {v['seeds']} seeds {v['values']}")
+
+
+if __name__ == "__main__":
+    main()
