@@ -50,6 +50,12 @@ def run_one(out: Path, name: str, seed: int, hidden: bool, cores: str) -> subpro
                             stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
+def _cores(slot: int) -> str:
+    """Two cores per run; runs share them when there are fewer cores than 2 x --parallel."""
+    n = os.cpu_count() or 1
+    return ",".join(sorted({str((2 * slot) % n), str((2 * slot + 1) % n)}))
+
+
 def returns(run_dir: Path) -> list[float]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
@@ -119,7 +125,7 @@ def main() -> None:
         for slot in range(a.parallel):
             if slot not in running and jobs:
                 job = jobs.pop(0)
-                running[slot] = (job, run_one(a.out, *job, cores=f"{2 * slot},{2 * slot + 1}"))
+                running[slot] = (job, run_one(a.out, *job, cores=_cores(slot)))
         time.sleep(5)
         for slot, (job, proc) in list(running.items()):
             if proc.poll() is not None:

@@ -89,3 +89,32 @@ def test_compiled_programs_stay_bounded(model):
         counts.append(sampler.compile_count)
     # batch buckets 16, 8, 4, 2, 1 x a few length buckets; the later rollouts add (almost) nothing
     assert counts[-1] <= 60 and counts[-1] - counts[2] <= 6, counts
+
+
+
+@pytest.mark.parametrize("kind", ["text_task", "tool_task"])
+def test_the_job_pipelines_a_task_rollout_without_changing_an_episode(tmp_path, kind):
+    """--rollout.pipeline-groups 2: the job's rollout stage decodes two groups in turn while the host steps the
+    other's episodes (task steps, tool calls); every episode is the one a single group plays."""
+    from test_token_exact import BASE, KINDS
+
+    from earl_jax.rl.trainer import Trainer
+    from jobs import job
+
+    runs = []
+    for k in (1, 2):
+        trainer = Trainer(job(**BASE, **KINDS[kind], rollout__max_turns=4, rollout__pipeline_groups=k,
+                              run__run_dir=str(tmp_path / f"k{k}")), log=False)
+        seeds, group_ids, rng = trainer.rollout_inputs()
+        traj, _ = trainer.play(trainer.matchmaker.train_env(0), seeds, group_ids, rng, trainer.sampling)
+        assert trainer.rollout.pipeline_groups == k
+        runs.append(traj)
+    assert runs[0].num_games == 8 and runs[0].loss_mask.sum() > 8
+    _same(*runs)
+
+
+def test_pipeline_groups_must_divide_the_batch():
+    from earl_jax.rollout.config import RolloutConfig
+
+    with pytest.raises(ValueError, match="pipeline_groups: must divide the batch"):
+        RolloutConfig(groups=3, group_size=3, pipeline_groups=2)

@@ -78,6 +78,7 @@ class RolloutStage:
         self.cache_buckets, self.max_context = cache_buckets, max_context
         self.samplers: dict[Any, Sampler] = {}  # per rollout mesh (or process block of one)
         self.rollouts_done = 0  # training rollouts finished (accelerators compile ahead and compact after the first)
+        self.pipeline_groups = 1  # the last rollout's pipeline groups (--rollout.pipeline-groups where it applied)
         self.decode_groups = 1  # the last rollout's decode groups (processes, when the games were split)
         self._league_device: tuple[Any, Any] | None = None  # (snapshot step, rollout mesh), weights there
 
@@ -97,10 +98,14 @@ class RolloutStage:
         at = self._placement(run, params, len(seeds), split)
         games, sampler, min_batch, params = at.games, at.sampler, at.min_batch, at.params
         backend = jax.default_backend()
-        policy = SamplerPolicy(sampler, params, sampling, stops, turn_tokens, moves=self.moves)
+        k = self._pipeline_groups(len(range(len(seeds))[games]), min_batch, at.split or league is not None)
+        # an accelerator's decode loop holds the thread that launched it: a group must decode from a worker thread
+        policies = [SamplerPolicy(sampler, params, sampling, stops, turn_tokens, moves=self.moves,
+                                  background=k > 1 and backend != "cpu") for _ in range(k)]
         compact = compact_now(self.cfg.compact_finished, self.rollouts_done, backend)
         play_cfg = PlayConfig(turn_tokens, self.cfg.max_turns, self.max_context, constrain_moves=self.cfg.constrain_moves,
-                              compact=compact, pipeline_groups=1, min_batch=min_batch)
+                              compact=compact, pipeline_groups=k, min_batch=min_batch)
+        self.pipeline_groups = k
         self.decode_groups = jax.process_count() if at.split else 1
         if league is not None:
             league_games, snap_step, snap = league
@@ -111,7 +116,7 @@ class RolloutStage:
                        league_games)
         ids = np.asarray(np.arange(len(seeds)) if group_ids is None else group_ids)[games]
         try:
-            traj = play_games([policy], RowView(env, games) if at.split else env, self.tokenizer, play_cfg, rng,
+            traj = play_games(policies, RowView(env, games) if at.split else env, self.tokenizer, play_cfg, rng,
                               list(seeds)[games], ids, bos_id=self.ids.bos_id, codec=self.codec,
                               game_offset=games.start, interrupt=interrupt)
         finally:
@@ -123,6 +128,15 @@ class RolloutStage:
         if at.split:  # the token columns stay on their process: the experience stage places them from there
             traj = gather_trajectories(traj)
         return traj
+
+    def _pipeline_groups(self, n_games: int, min_batch: int, shared: bool) -> int:
+        """--rollout.pipeline-groups for a batch it splits into whole decode batches; 1 for a batch it does not
+        (an evaluation's, say), a process-split rollout (one fetch order on every process) or a league's games
+        (the frozen opponent decodes on the same sampler). `rollout/pipeline_groups` records what ran."""
+        k = self.cfg.pipeline_groups
+        if k == 1 or shared or jax.process_count() > 1 or n_games % k or (n_games // k) % min_batch:
+            return 1
+        return k
 
     def _placement(self, run: StageRun, params: Any, n_games: int, split: bool) -> Placement:
         """With `split`, this process's block of the mesh and share of the games when the rollout can be split by

@@ -219,6 +219,7 @@ class Trainer:
                                    num_devices=len(self.planner.devices), epochs=self.cfg.optim.ppo_epochs,
                                    decode_groups=self.rollout.decode_groups, no_signal=no_signal,
                                    dispatch_bytes=self.weights.bytes_moved_since(mark)),
+                "rollout/pipeline_groups": self.rollout.pipeline_groups,
                 **self._compile_metrics(compiles), **self.planner.ran_log_dict(), **device_memory(),
                 **self.matchmaker.metrics(), **opponent_metrics(traj, self.matchmaker.mix_games(), league, self.env),
                 **(self.task.train_log.drain("task") if self.task else {})}

@@ -46,6 +46,9 @@ class RolloutConfig:
     cache_dtype: Literal["bfloat16", "float32"] = _f(
         "bfloat16", "the KV cache's dtype: float32 makes the sampler's log-probs equal the trainer's to ~1e-6 "
                     "(tests/test_token_exact.py) at twice the cache memory")
+    pipeline_groups: int = _f(1, "the batch decodes as this many groups that take turns on the device, so the host "
+                                 "steps one group's games (tools, task steps, tokenization) while another decodes; "
+                                 "same games as 1 (each game samples by its own key); one process, no league")
     split_processes: bool = _f(True, "in a multi-process job whose rollout mesh holds a whole model per process, each "
                                      "process plays only its share of the games (rollout/process_split.py)")
 
@@ -60,6 +63,9 @@ class RolloutConfig:
         need(self.temperature > 0, "temperature", "must be > 0")
         need(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         need(self.max_context > self.max_turn_tokens, "max_context", "must exceed max_turn_tokens")
+        need(self.pipeline_groups > 0, "pipeline_groups", "must be positive")
+        need(self.groups * self.group_size % self.pipeline_groups == 0, "pipeline_groups",
+             f"must divide the batch (groups x group_size = {self.groups * self.group_size} games)")
         need(self.cache_growth == 0 or self.cache_growth >= 1.5, "cache_growth", "must be 0 (default buckets) or >= 1.5")
         try:
             schedule = parse_schedule(self.turn_tokens_schedule)
