@@ -35,6 +35,9 @@ CANDIDATES = {
     "rloo_mixed": MIXED + ["--loss.estimator", "rloo"],
     "reinforce_pp": ["--loss.estimator", "reinforce_pp"],
     "reinforce_pp_lr2e-3": ["--loss.estimator", "reinforce_pp", "--optim.learning-rate", "2e-3"],
+    "mixed_kl0.05": MIXED + ["--loss.kl-coef", "0.05"],  # KL to the initial weights keeps the first token spread
+    "mixed_kl0.2": MIXED + ["--loss.kl-coef", "0.2"],
+    "grpo_kl0.1": ["--loss.kl-coef", "0.1"],
     "mixed_entropy": MIXED + ["--loss.entropy-coef", "0.01", "--loss.entropy-floor", "2.0"],
 }
 

@@ -95,22 +95,24 @@ def test_compiled_programs_stay_bounded(model):
 @pytest.mark.parametrize("kind", ["text_task", "tool_task"])
 def test_the_job_pipelines_a_task_rollout_without_changing_an_episode(tmp_path, kind):
     """--rollout.pipeline-groups 2: the job's rollout stage decodes two groups in turn while the host steps the
-    other's episodes (task steps, tool calls); every episode is the one a single group plays."""
+    other's episodes (task steps, tool calls); --env.step-workers 4 steps the episodes on four threads: every
+    episode is the one a single group, stepped one by one, plays."""
     from test_token_exact import BASE, KINDS
 
     from earl_jax.rl.trainer import Trainer
     from jobs import job
 
     runs = []
-    for k in (1, 2):
+    for k, workers in ((1, 1), (2, 1), (2, 4)):
         trainer = Trainer(job(**BASE, **KINDS[kind], rollout__max_turns=4, rollout__pipeline_groups=k,
-                              run__run_dir=str(tmp_path / f"k{k}")), log=False)
+                              env__step_workers=workers, run__run_dir=str(tmp_path / f"k{k}w{workers}")), log=False)
         seeds, group_ids, rng = trainer.rollout_inputs()
         traj, _ = trainer.play(trainer.matchmaker.train_env(0), seeds, group_ids, rng, trainer.sampling)
         assert trainer.rollout.pipeline_groups == k
         runs.append(traj)
     assert runs[0].num_games == 8 and runs[0].loss_mask.sum() > 8
-    _same(*runs)
+    _same(runs[0], runs[1])
+    _same(runs[0], runs[2])
 
 
 def test_pipeline_groups_must_divide_the_batch():

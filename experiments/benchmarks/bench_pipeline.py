@@ -1,4 +1,4 @@
-"""Host work overlapping decode: a task rollout with --rollout.pipeline-groups 1 against 2 (and 4), same games.
+"""Host work overlapping decode: a task rollout with --rollout.pipeline-groups 1, 2, 4 and --env.step-workers 1, N.
 
 The job's own rollout stage (Trainer.play) on the calculator task, every answer read as a tool call (random weights
 rarely write one), the tiny model with a float32 cache (so the games can be compared): each setting
@@ -6,7 +6,7 @@ plays the same seeds `--rounds` times after a warm-up rollout (its compiles), th
 host's share (rollout/env_frac) are reported, and each setting's games are checked equal to the first's.
 `--tool-ms` adds that many milliseconds of host time to every tool call (a slow tool: a search, a sandbox).
 
-    python experiments/benchmarks/bench_pipeline.py --games 512 --tool-ms 0 1 --out experiments/results/X.json
+    python experiments/benchmarks/bench_pipeline.py --games 512 --tool-ms 0 1 --workers 1 16 --out experiments/results/X.json
 """
 
 from __future__ import annotations
@@ -43,13 +43,13 @@ def make_slow_arithmetic(**kw):
                    max_calls=3)
 
 
-def rollout(k: int, games: int, rounds: int, run_dir: Path):
+def rollout(k: int, games: int, rounds: int, run_dir: Path, workers: int = 1):
     from earl_jax.rl.trainer import Trainer
     from jobs import job
 
     cfg = job(env__task="bench_pipeline:make_slow_arithmetic", env__task_args='{"digits": 3}', sft__steps=0,
               rollout__groups=games // 8, rollout__group_size=8, rollout__max_turn_tokens=16, rollout__max_turns=4,
-              rollout__max_context=256, rollout__pipeline_groups=k,
+              rollout__max_context=256, rollout__pipeline_groups=k, env__step_workers=workers,
               rollout__cache_dtype="float32", run__run_dir=str(run_dir), run__steps=1,
               eval__games=8, run__checkpoint_every=0, run__progress=False, run__wandb_mode="disabled")
     trainer = Trainer(cfg, log=False)
@@ -70,6 +70,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--games", type=int, default=128)
     p.add_argument("--groups", type=int, nargs="+", default=[1, 2, 4], help="--rollout.pipeline-groups settings")
+    p.add_argument("--workers", type=int, nargs="+", default=[1], help="--env.step-workers settings")
     p.add_argument("--tool-ms", type=float, nargs="+", default=[0.0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", type=Path)
@@ -81,16 +82,16 @@ def main() -> None:
     for ms in a.tool_ms:
         TOOL_MS = ms
         first = None
-        for k in a.groups:
+        for k, w in [(k, w) for w in a.workers for k in a.groups]:
             with tempfile.TemporaryDirectory() as d:
-                secs, host, traj = rollout(k, a.games, a.rounds, Path(d))
+                secs, host, traj = rollout(k, a.games, a.rounds, Path(d), w)
             if first is None:
                 first = traj
             same = bool(np.array_equal(first.tokens, traj.tokens) and np.array_equal(first.loss_mask, traj.loss_mask))
-            rows.append({"tool_ms": ms, "pipeline_groups": k, "rollout_s": secs, "host_frac": host, "same_games": same})
-            print(f"tool {ms:4.1f} ms, pipeline groups {k}: rollout {secs:.3f} s, host {host:.2f}, same games {same}",
+            rows.append({"tool_ms": ms, "pipeline_groups": k, "step_workers": w, "rollout_s": secs, "host_frac": host, "same_games": same})
+            print(f"tool {ms:4.1f} ms, pipeline groups {k}, step workers {w}: rollout {secs:.3f} s, host {host:.2f}, same games {same}",
                   flush=True)
-        one = next(r["rollout_s"] for r in rows if r["tool_ms"] == ms and r["pipeline_groups"] == a.groups[0])
+        one = next(r["rollout_s"] for r in rows if r["tool_ms"] == ms)  # the first setting of this tool time
         for r in rows:
             if r["tool_ms"] == ms:
                 r["speedup_vs_first"] = one / r["rollout_s"]
