@@ -38,6 +38,8 @@ CANDIDATES = {
     "mixed_kl0.05": MIXED + ["--loss.kl-coef", "0.05"],  # KL to the initial weights keeps the first token spread
     "mixed_kl0.2": MIXED + ["--loss.kl-coef", "0.2"],
     "grpo_kl0.1": ["--loss.kl-coef", "0.1"],
+    "mixed_mb4": MIXED + ["--optim.ppo-mini-batches", "4"],  # four optimizer steps an iteration, each on 8 groups
+    "mixed_ep2": MIXED + ["--optim.ppo-epochs", "2"],
     "mixed_entropy": MIXED + ["--loss.entropy-coef", "0.01", "--loss.entropy-floor", "2.0"],
 }
 

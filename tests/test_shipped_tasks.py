@@ -106,3 +106,19 @@ def test_guess_number_offsets_range():
         lo, top = map(int, obs.removeprefix("guess ").removesuffix("\n> ").split("-"))
         assert top - lo == 15 and lo <= env.unwrapped.secret <= top
         assert play_expert(env, seed)[2]["success"]
+
+
+def test_guess_number_with_offsets_holds_out_whole_ranges():
+    """With shifted ranges the held-out split is by range: a test episode's range never occurs in training, and in
+    it any secret can be the answer (by secret, RL learned to skip the held-out secrets)."""
+    def ranges(split):
+        env = make_guess_number(high=16, offsets=16, split=split)
+        seen = {}
+        for seed in range(400):
+            obs, _ = env.reset(seed=seed)
+            seen.setdefault(obs, set()).add(env.unwrapped.secret)
+        return seen
+
+    train, test = ranges("train"), ranges("test")
+    assert train and test and not set(train) & set(test)
+    assert max(len(secrets) for secrets in test.values()) == 16  # every secret of a held-out range occurs

@@ -121,7 +121,8 @@ def format_warmup(trainer) -> dict[str, float]:
     def batches():
         width = None
         for i in range(cfg.sft.steps):
-            seeds = [10_000_000 + i * games + j for j in range(games)]
+            # episodes follow --run.seed (a task's expert plays the seed's problems; seed 0 keeps its historic ones)
+            seeds = [(10_000_000 + cfg.run.seed * 1_000_003 + i * games + j) % 2**31 for j in range(games)]
             tokens, mask, lengths = random_legal_games(
                 env, trainer.tokenizer, seeds, rng, eos_id=trainer.ids.eos_id, bos_id=trainer.ids.bos_id,
                 max_context=cfg.rollout.max_context, max_turns=cfg.rollout.max_turns, codec=trainer.codec)
