@@ -13,7 +13,7 @@ and a base policy built from expert games (experiments/pretrain.py).
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from typing import Iterable, Literal
 
 import jax
 import numpy as np
@@ -33,12 +33,17 @@ class SftConfig:
     steps: int = _f(20, "supervised steps on uniformly random legal moves before RL (0: off); teaches the answer "
                         "format only; skipped with constrained moves, whose answers have no format")
     games: int = _f(8, "games per step (0: the RL batch)")
+    answers: Literal["expert", "format"] = _f(
+        "expert", "a text task's supervised answers: expert = its expert_answer() demonstrations; format = answers "
+                  "drawn from its action_space (action_space.sample()): the answer's format, never the answer")
     learning_rate: float = _f(3e-3, "AdamW peak learning rate of the supervised steps")
 
     def __post_init__(self):
         for name in ("steps", "games"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)!r})")
+        if self.answers not in ("expert", "format"):
+            raise ValueError(f"answers: must be expert or format (got {self.answers!r})")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate: must be > 0 (got {self.learning_rate!r})")
 

@@ -243,7 +243,8 @@ class Trainer:
                 if self.step == 0:  # the curves start from the untrained (or format-warmed) policy
                     warm = {}
                     if cfg.sft.steps and not cfg.rollout.constrain_moves:  # constrained moves: no format to learn
-                        what = "the task's expert demonstrations" if self.task else "random legal games"
+                        what = (f"the task's {'format answers' if cfg.sft.answers == 'format' else 'expert demonstrations'}"
+                                if self.task else "random legal games")
                         session.beat(f"format warm-up ({what})")
                         with phase(f"format warm-up: {cfg.sft.steps} supervised steps on {what}"):
                             warm = {f"warmup/{k}": v for k, v in self.format_warmup().items()}

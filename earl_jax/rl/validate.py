@@ -107,6 +107,8 @@ def _check_task_job(cfg) -> None:
 def _check_game_job(cfg) -> None:
     from earl_jax.rl.curriculum import parse_ladder
 
+    if cfg.sft.answers != "expert":
+        raise ConfigError("--sft.answers: a text task's choice; a game's warm-up always plays random legal moves")
     env = cfg.env
     game = _load_game(env.game)
     if env.opponent != "curriculum":

@@ -28,12 +28,14 @@ def _legal_moves(step) -> list[list[int]]:
 def random_legal_games(env: Any, tokenizer: tokenizers.Tokenizer, seeds: Sequence[int], rng: np.random.Generator, *,
                        eos_id: int, bos_id: int | None, max_context: int, max_turns: int = 64,
                        codec: ObservationCodec | None = None,
-                       choose: Callable[[Any, np.ndarray, list[list[int]]], np.ndarray] | None = None
+                       choose: Callable[[Any, np.ndarray, list[list[int]]], np.ndarray] | None = None,
+                       task_answers: str = "expert"
                        ) -> tuple[Int[np.ndarray, "n t"], Bool[np.ndarray, "n t"], Int[np.ndarray, " n"]]:
     """One game per row of the vector env `env`: token ids (right-padded with 0), a mask on the answers, and
     each game's length. `choose(env, rows, legal)`: the moves of games `rows` (default: uniform among `legal`;
     experiments/benchmarks/ttt_imitation_check.py passes the solver's). A text task's rows answer with their
-    expert's texts (`expert_answer()`), its demonstrations."""
+    expert's texts (`expert_answer()`, its demonstrations), or with `task_answers="format"` answers drawn from its
+    action_space (`format_answer()`: the format, not the answer)."""
     codec = codec or ObservationCodec(tokenizer)
     per_game = getattr(env, "envs", ())
     expert = bool(per_game) and all(getattr(e, "is_task", False) for e in per_game)
@@ -50,7 +52,8 @@ def random_legal_games(env: Any, tokenizer: tokenizers.Tokenizer, seeds: Sequenc
         if not len(rows):
             break
         if expert:  # a text task: its expert's answers (the demonstrations of its SFT stage)
-            texts = [env.envs[i].expert_answer() for i in rows.tolist()]
+            answer = "format_answer" if task_answers == "format" else "expert_answer"
+            texts = [getattr(env.envs[i], answer)() for i in rows.tolist()]
             moves = np.zeros(len(rows), np.int64)
         else:
             legal = _legal_moves(step) if len(step.rows) == len(rows) else None
@@ -125,7 +128,8 @@ def format_warmup(trainer) -> dict[str, float]:
             seeds = [(10_000_000 + cfg.run.seed * 1_000_003 + i * games + j) % 2**31 for j in range(games)]
             tokens, mask, lengths = random_legal_games(
                 env, trainer.tokenizer, seeds, rng, eos_id=trainer.ids.eos_id, bos_id=trainer.ids.bos_id,
-                max_context=cfg.rollout.max_context, max_turns=cfg.rollout.max_turns, codec=trainer.codec)
+                max_context=cfg.rollout.max_context, max_turns=cfg.rollout.max_turns, codec=trainer.codec,
+                task_answers=cfg.sft.answers)
             if width is None:  # one shape for every step: one compile of each program
                 width = batch_width(int(np.percentile(lengths, 95)))
             yield {"tokens": pad_cols(tokens[:, :width], width), "loss_mask": pad_cols(mask[:, :width], width),

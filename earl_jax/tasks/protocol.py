@@ -60,6 +60,8 @@ class TaskEnv:
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], str) and isinstance(out[1], dict)):
             raise TypeError(f"task {self.name}: reset must return (observation: str, info: dict), got {_kind(out)}")
         self._return, self._turns = 0.0, 0
+        if seed is not None and hasattr(getattr(self.env, "action_space", None), "seed"):
+            self.env.action_space.seed(seed)  # format answers (--sft.answers format) follow the episode's seed
         obs, info = out
         if self.chat is not None:
             self._conversation = self.chat.conversation()
@@ -92,6 +94,16 @@ class TaskEnv:
             if self._conversation is not None:  # a final observation is never appended: not rendered
                 obs = self._conversation.turn(answer, stopped, obs)
         return obs, float(reward), bool(terminated), bool(truncated), info
+
+    def format_answer(self) -> str:
+        """An answer drawn from the task's `action_space` (seeded by the episode's reset): the format SFT answers."""
+        space = getattr(self.env, "action_space", None)
+        sample = getattr(space, "sample", None)
+        answer = sample() if sample is not None else None
+        if not isinstance(answer, str):
+            raise ValueError(f"task {self.name}: --sft.answers format draws answers from a text action_space "
+                             f"(gymnasium.spaces.Text); it has {type(space).__name__}")
+        return answer
 
     def expert_answer(self) -> str:
         fn = getattr(self.env, "expert_answer", None)

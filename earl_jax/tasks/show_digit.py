@@ -6,7 +6,10 @@ printed as `?` while the reward still depends on it: the control that shows a le
 the observation (a constant answer succeeds 1 time in `choices`). It is the free-text twin of `tests/probe.py`'s
 `ShowDigitEnv`, runnable from the stock command line:
 
-    python experiments/train.py --env.task earl_jax/ShowDigit-v0 --sft.steps 0
+    python experiments/train.py --env.task earl_jax/ShowDigit-v0 --sft.answers format
+
+`--sft.answers format` warms the format up on uniformly random digits (the action_space), which never show the
+answer; the default (expert) SFT would.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ class ShowDigit(gymnasium.Env):
             raise ValueError(f"choices: 2..10 (got {choices})")
         self.choices, self.hidden = choices, hidden
         self.observation_space = gymnasium.spaces.Text(max_length=8, min_length=0, charset=CHARSET)
-        self.action_space = gymnasium.spaces.Text(max_length=16, min_length=0, charset=CHARSET)
+        # the answer's format: --sft.answers format imitates draws from it (uniform digits, never the one shown)
+        self.action_space = gymnasium.spaces.Text(max_length=1, min_length=1, charset="0123456789")
         self.digit = 0
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
