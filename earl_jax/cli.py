@@ -254,7 +254,7 @@ def _show(v: Any) -> str:
 
 
 def _argv_value(argv: Sequence[str], flag: str) -> str | None:
-    """The value of `flag` in argv (`--flag V` or `--flag=V`), the last one given."""
+    """The value of `flag` in argv (`--FLAG V` or `--FLAG=V`), the last one given."""
     value = None
     for i, a in enumerate(argv):
         if a == flag and i + 1 < len(argv):

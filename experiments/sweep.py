@@ -5,7 +5,7 @@
     python experiments/sweep.py launch/sweep_learning.yaml --trials 4 \
         --launcher "python launch/local.py -n 2 --cpu-devices 4 --"      # each trial as 2 processes
 
-Each trial runs `python <program> --run-dir <out>/<trial> --flag=value ...` as a subprocess (one after
+Each trial runs `python <program> --run-dir <out>/<trial> --NAME=VALUE ...` as a subprocess (one after
 another), so every trial has its own run folder (config.json, metrics.jsonl, checkpoints/). The sweep
 folder gets trials.jsonl (parameters, status, wall time, final metrics per trial) and summary.csv,
 and a table sorted by the YAML's metric is printed. Finished trials are skipped when the sweep is
@@ -139,7 +139,7 @@ def trial_name(index: int, params: dict[str, Any]) -> str:
 
 def trial_command(program: str, params: dict[str, Any], run_dir: str | Path, extra: Sequence[str] = (),
                   launcher: Sequence[str] = (), python: str = sys.executable) -> list[str]:
-    """The trial's command line: flags as `--name=value` (names with underscores become dashes)."""
+    """The trial's command line: flags as `--NAME=VALUE` (names with underscores become dashes)."""
     flags = [f"--{name.replace('_', '-')}={_flag_value(v)}" for name, v in params.items()]
     return [*launcher, python, program, f"--run-dir={run_dir}", *flags, *extra]
 

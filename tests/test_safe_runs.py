@@ -87,12 +87,15 @@ def _flags(tmp_path: Path, name: str) -> list[str]:
         "old flag name": ["--groups", "4"],
         "missing config file": ["--config", "/nonexistent.toml"],
         "bad ladder rung": ["--opponent", "curriculum", "--curriculum.ladder", "random,alphabeta:0"],
+        "moves of two tokens": ["--game", "dots_and_boxes", "--opponent", "random", "--hf-checkpoint", "",
+                                "--rollout.constrain-moves", "true"],  # once refused only after the model was made
     }[name]
 
 
 BAD = ("groups 0", "learning rate nan", "unknown preset", "unknown game", "unknown opponent", "unknown eval opponent",
        "unknown model", "thresholds garbage", "edges garbage", "missing HF folder", "malformed HF folder",
-       "run dir is a file", "resume an empty folder", "old flag name", "missing config file", "bad ladder rung")
+       "run dir is a file", "resume an empty folder", "old flag name", "missing config file", "bad ladder rung",
+       "moves of two tokens")
 
 
 @pytest.mark.parametrize("name", BAD)

@@ -53,15 +53,33 @@ def check_job(cfg) -> None:
         # the train stage scores at temperature 1: a tempered sampler's log-probs are another policy's
         raise ConfigError(f"--loss.behaviour sampler: the sampler's log-probs are at --rollout.temperature "
                           f"{cfg.rollout.temperature}, the trainer's at 1.0; use --loss.behaviour recompute")
+    game = None
     if env.task:
         _check_task_job(cfg)
     else:
-        _check_game_job(cfg)
+        game = _check_game_job(cfg)
     try:
         check_spec(cfg.model)
     except (CheckpointError, ValueError) as e:
         msg = str(e).split("\n")[0]
         raise ConfigError(msg if msg.startswith("--") else f"--model.name: {msg}") from None
+    if game is not None and cfg.rollout.constrain_moves:
+        _check_moves(cfg, game)
+
+
+def _check_moves(cfg, game) -> None:
+    """Constrained moves need one token per action in the model's tokenizer: checked here, not after the model loads."""
+    from earl_jax.models.tokenizer import game_tokenizer, load_tokenizer, special_ids
+    from earl_jax.rollout.moves import MoveTokens
+
+    folder = cfg.model.hf_checkpoint
+    try:
+        tokenizer = load_tokenizer(folder) if folder else game_tokenizer()  # as the trainer: the checkpoint's, or ours
+        MoveTokens.build(tokenizer, game.num_distinct_actions(), special_ids(tokenizer).eos_id)
+    except ValueError as e:  # MoveTokens' message names the flag, the game's actions and why
+        msg = str(e).splitlines()[0]
+        raise ConfigError(f"{msg} (--env.game {cfg.env.game})" if msg.startswith("--")
+                          else f"--model.hf-checkpoint {folder}: {msg}") from None
 
 
 def _check_task_job(cfg) -> None:
@@ -84,7 +102,7 @@ def _check_task_job(cfg) -> None:
                               "no opponents)")
 
 
-def _check_game_job(cfg) -> None:
+def _check_game_job(cfg):
     from earl_jax.rl.curriculum import parse_ladder
 
     env = cfg.env
@@ -100,6 +118,7 @@ def _check_game_job(cfg) -> None:
                 parse_ladder(text, env.game)
             except ValueError as e:
                 raise ConfigError(f"{flag}: {e} (got {text!r})") from None
+    return game
 
 
 def check_run_dir(cfg) -> None:
