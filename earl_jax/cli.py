@@ -38,9 +38,10 @@ class ConfigError(ValueError):
     """Bad input in a config: the message is one line that names the flag (or file), the value and what is accepted."""
 
 
-def field_help(default: Any, help: str, *, path: bool = False, **kw) -> Any:
-    """A dataclass field whose help text the CLI shows; `path`: a file or folder, which a config file gives relative
-    to itself (a preset names the base it starts from wherever the command runs)."""
+def field_help(default: Any, help: str | Callable[[], str], *, path: bool = False, **kw) -> Any:
+    """A dataclass field whose help text the CLI shows (a function: the text when it is shown, e.g. a registry's
+    names); `path`: a file or folder, which a config file gives relative to itself (a preset names the base it
+    starts from wherever the command runs)."""
     return dataclasses.field(default=default, metadata={"help": help, "path": path}, **kw)
 
 
@@ -127,7 +128,8 @@ def fields_of(cfg: Any, prefix: Path_ = (), section_help: str = "") -> list[Fiel
             doc = (type(value).__doc__ or "").strip().split("\n")[0]
             out += fields_of(value, prefix + (f.name,), doc)
         elif f.init:
-            out.append(Field(prefix + (f.name,), hints[f.name], f.metadata.get("help", ""), section_help,
+            help_ = f.metadata.get("help", "")
+            out.append(Field(prefix + (f.name,), hints[f.name], help_() if callable(help_) else help_, section_help,
                              f.metadata.get("path", False)))
     return out
 
