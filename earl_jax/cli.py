@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import json
 import re
 import sys
 import tomllib
@@ -90,17 +91,37 @@ def converter(tp: Any) -> Callable[[str], Any]:
     raise TypeError(f"unsupported config field type {tp!r}")
 
 
-def _from_file_value(tp: Any, value: Any, where: str) -> Any:
-    """A TOML value as field type `tp`: lists become tuples, strings parse as on the command line."""
-    if isinstance(value, str) and tp is not str and typing.get_origin(tp) is not typing.Literal:
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _from_file_value(tp: Any, value: Any) -> Any:
+    """A TOML value as field type `tp`: strings parse as on the command line, lists become tuples. A value of another
+    type is refused, naming the type expected (`steps = 2.5`, `groups = true`, `learning_rate = [1e-3]`)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if isinstance(value, str) and tp is not str and origin is not typing.Literal:
         return converter(tp)(value)
-    if isinstance(value, list):
-        return tuple(value)
+    if origin in (typing.Union, types.UnionType):
+        return _from_file_value(next(a for a in args if a is not type(None)), value)
+    if origin is typing.Literal:
+        if isinstance(value, bool) and str(value).lower() in args:  # `resume = true` means the setting "true"
+            return str(value).lower()
+        if value not in args:
+            raise ValueError(f"{_toml(value)} is not one of {', '.join(map(str, args))}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, list):
+            raise ValueError(f"expected a list (or a comma-separated string), got {_toml(value)}")
+        return tuple(_from_file_value(args[0], v) for v in value) if args else tuple(value)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if typing.get_origin(tp) is typing.Literal and value not in typing.get_args(tp):
-        raise ValueError(f"{value!r} is not one of {', '.join(map(str, typing.get_args(tp)))}")
+    if tp in _KINDS and not (isinstance(value, tp) and (tp is bool or not isinstance(value, bool))):
+        raise ValueError(f"expected {_KINDS[tp]}, got {_toml(value)}")
     return value
+
+
+def _toml(value: Any) -> str:
+    """A value as the TOML file wrote it (true, [0.001], "text")."""
+    return json.dumps(value, default=str)
 
 
 # ------------------------------------------------------------------------------------------------ the fields
@@ -200,7 +221,7 @@ def read_toml(path: Path | str, cfg: Any) -> dict[Path_, Any]:
                 raise ConfigError(f"config file {path}: unknown key {'.'.join(p)}{hint}")
             else:
                 try:
-                    out[p] = _from_file_value(fields[p].type, v, str(path))
+                    out[p] = _from_file_value(fields[p].type, v)
                     if fields[p].is_path and isinstance(out[p], str) and out[p] and not Path(out[p]).is_absolute():
                         out[p] = str((path.parent / out[p]).resolve())  # relative to the file that names it
                 except ValueError as e:
