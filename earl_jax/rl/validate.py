@@ -13,14 +13,27 @@ from typing import Mapping
 from earl_jax.cli import ConfigError
 from earl_jax.errors import CheckpointError
 
-GAME_EXAMPLES = "connect_four, tic_tac_toe, or any two-player OpenSpiel game such as breakthrough or hex"
+def check_game_name(cfg) -> None:
+    """A game job's --env.game is a game OpenSpiel knows: said first, before a base made for another game is blamed."""
+    import difflib
+
+    import pyspiel
+
+    from earl_jax.envs.games import game_names
+
+    name = cfg.env.game.split("(")[0].strip()
+    known = pyspiel.registered_names()
+    if cfg.env.task or name in known:
+        return
+    near = difflib.get_close_matches(name, known, n=3)  # load_game would print all ~120 names
+    hint = f"did you mean {' or '.join(near)}? " if near else ""
+    raise ConfigError(f"--env.game: unknown game {cfg.env.game!r} ({hint}batched here: {', '.join(game_names())}; "
+                      "or any two-player OpenSpiel game such as breakthrough or hex)")
 
 
 def _load_game(name: str):
     import pyspiel
 
-    if name.split("(")[0].strip() not in pyspiel.registered_names():  # load_game would print all ~120 names first
-        raise ConfigError(f"--env.game: {name!r} is not an OpenSpiel game ({GAME_EXAMPLES})")
     try:
         game = pyspiel.load_game(name)
     except Exception as e:  # pyspiel.SpielError is not a ValueError: e.g. a parameter the game does not take
@@ -106,6 +119,7 @@ def _check_game_job(cfg):
     from earl_jax.rl.curriculum import parse_ladder
 
     env = cfg.env
+    check_game_name(cfg)
     game = _load_game(env.game)
     if env.opponent != "curriculum":
         _opponent("--env.opponent", env.opponent, game, env.game)
@@ -122,15 +136,35 @@ def _check_game_job(cfg):
 
 
 def check_run_dir(cfg) -> None:
-    """The run folder: not a file; with a plain --resume, one that holds a checkpoint (nothing is created)."""
+    """The run folder: not a file, one this process can write; with a plain --resume, one that holds a checkpoint
+    (nothing is created)."""
     run_dir = Path(cfg.run.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run.run-dir: {run_dir} is a file, not a folder")
+    _check_writable(run_dir)
     if cfg.run.resume == "true":
         ckpt = run_dir / "checkpoints"
         if not ckpt.is_dir() or not any(p.name.isdigit() for p in ckpt.iterdir()):
             raise ConfigError(f"--resume: {run_dir} holds no checkpoint to resume (--resume auto starts a run there "
                               "when it has none)")
+
+
+def _check_writable(run_dir: Path) -> None:
+    """The run folder, or the nearest folder above it that exists (where it would be made), takes a file: one is made
+    and gone at once (os.access says yes to root), so a run that could not write checkpoints fails here, not after the
+    model is built."""
+    import tempfile
+
+    here = run_dir.absolute()
+    while not here.exists():
+        here = here.parent
+    if not here.is_dir():
+        raise ConfigError(f"--run.run-dir: {run_dir} is under {here}, a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=here):
+            pass
+    except OSError as e:
+        raise ConfigError(f"--run.run-dir: {run_dir} cannot be written ({here}: {e.strerror})") from None
 
 
 def apply_base(cfg, typed: Mapping[tuple[str, ...], object]):
