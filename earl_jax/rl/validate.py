@@ -13,8 +13,11 @@ from typing import Mapping
 from earl_jax.cli import ConfigError
 from earl_jax.errors import CheckpointError
 
+
 def check_game_name(cfg) -> None:
     """A game job's --env.game is a game OpenSpiel knows: said first, before a base made for another game is blamed."""
+    if cfg.env.task:
+        return
     import difflib
 
     import pyspiel
@@ -23,7 +26,7 @@ def check_game_name(cfg) -> None:
 
     name = cfg.env.game.split("(")[0].strip()
     known = pyspiel.registered_names()
-    if cfg.env.task or name in known:
+    if name in known:
         return
     near = difflib.get_close_matches(name, known, n=3)  # load_game would print all ~120 names
     hint = f"did you mean {' or '.join(near)}? " if near else ""
