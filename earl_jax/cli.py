@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import json
 import re
 import sys
 import tomllib
@@ -38,9 +39,10 @@ class ConfigError(ValueError):
     """Bad input in a config: the message is one line that names the flag (or file), the value and what is accepted."""
 
 
-def field_help(default: Any, help: str, *, path: bool = False, **kw) -> Any:
-    """A dataclass field whose help text the CLI shows; `path`: a file or folder, which a config file gives relative
-    to itself (a preset names the base it starts from wherever the command runs)."""
+def field_help(default: Any, help: str | Callable[[], str], *, path: bool = False, **kw) -> Any:
+    """A dataclass field whose help text the CLI shows (a function: the text when it is shown, e.g. a registry's
+    names); `path`: a file or folder, which a config file gives relative to itself (a preset names the base it
+    starts from wherever the command runs)."""
     return dataclasses.field(default=default, metadata={"help": help, "path": path}, **kw)
 
 
@@ -89,17 +91,37 @@ def converter(tp: Any) -> Callable[[str], Any]:
     raise TypeError(f"unsupported config field type {tp!r}")
 
 
-def _from_file_value(tp: Any, value: Any, where: str) -> Any:
-    """A TOML value as field type `tp`: lists become tuples, strings parse as on the command line."""
-    if isinstance(value, str) and tp is not str and typing.get_origin(tp) is not typing.Literal:
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _from_file_value(tp: Any, value: Any) -> Any:
+    """A TOML value as field type `tp`: strings parse as on the command line, lists become tuples. A value of another
+    type is refused, naming the type expected (`steps = 2.5`, `groups = true`, `learning_rate = [1e-3]`)."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if isinstance(value, str) and tp is not str and origin is not typing.Literal:
         return converter(tp)(value)
-    if isinstance(value, list):
-        return tuple(value)
+    if origin in (typing.Union, types.UnionType):
+        return _from_file_value(next(a for a in args if a is not type(None)), value)
+    if origin is typing.Literal:
+        if isinstance(value, bool) and str(value).lower() in args:  # `resume = true` means the setting "true"
+            return str(value).lower()
+        if value not in args:
+            raise ValueError(f"{_toml(value)} is not one of {', '.join(map(str, args))}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, list):
+            raise ValueError(f"expected a list (or a comma-separated string), got {_toml(value)}")
+        return tuple(_from_file_value(args[0], v) for v in value) if args else tuple(value)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
-    if typing.get_origin(tp) is typing.Literal and value not in typing.get_args(tp):
-        raise ValueError(f"{value!r} is not one of {', '.join(map(str, typing.get_args(tp)))}")
+    if tp in _KINDS and not (isinstance(value, tp) and (tp is bool or not isinstance(value, bool))):
+        raise ValueError(f"expected {_KINDS[tp]}, got {_toml(value)}")
     return value
+
+
+def _toml(value: Any) -> str:
+    """A value as the TOML file wrote it (true, [0.001], "text")."""
+    return json.dumps(value, default=str)
 
 
 # ------------------------------------------------------------------------------------------------ the fields
@@ -127,7 +149,8 @@ def fields_of(cfg: Any, prefix: Path_ = (), section_help: str = "") -> list[Fiel
             doc = (type(value).__doc__ or "").strip().split("\n")[0]
             out += fields_of(value, prefix + (f.name,), doc)
         elif f.init:
-            out.append(Field(prefix + (f.name,), hints[f.name], f.metadata.get("help", ""), section_help,
+            help_ = f.metadata.get("help", "")
+            out.append(Field(prefix + (f.name,), hints[f.name], help_() if callable(help_) else help_, section_help,
                              f.metadata.get("path", False)))
     return out
 
@@ -198,7 +221,7 @@ def read_toml(path: Path | str, cfg: Any) -> dict[Path_, Any]:
                 raise ConfigError(f"config file {path}: unknown key {'.'.join(p)}{hint}")
             else:
                 try:
-                    out[p] = _from_file_value(fields[p].type, v, str(path))
+                    out[p] = _from_file_value(fields[p].type, v)
                     if fields[p].is_path and isinstance(out[p], str) and out[p] and not Path(out[p]).is_absolute():
                         out[p] = str((path.parent / out[p]).resolve())  # relative to the file that names it
                 except ValueError as e:
@@ -254,7 +277,7 @@ def _show(v: Any) -> str:
 
 
 def _argv_value(argv: Sequence[str], flag: str) -> str | None:
-    """The value of `flag` in argv (`--flag V` or `--flag=V`), the last one given."""
+    """The value of `flag` in argv (`--FLAG V` or `--FLAG=V`), the last one given."""
     value = None
     for i, a in enumerate(argv):
         if a == flag and i + 1 < len(argv):

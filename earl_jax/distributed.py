@@ -7,7 +7,7 @@ numpy batch is the same everywhere and each process only supplies the shards of 
 
 Where the coordinator, process count and process id come from, first match per field:
 
-1. arguments (the `--coordinator`, `--num-processes`, `--process-id` flags);
+1. arguments (the job's `--dist.coordinator`, `--dist.num-processes`, `--dist.process-id` flags);
 2. EARL_COORDINATOR (host:port), EARL_NUM_PROCESSES, EARL_PROCESS_ID (what launch/local.py sets);
 3. SLURM (inside `srun`): SLURM_NTASKS, SLURM_PROCID, coordinator = first node of the step:port;
 4. EARL_DISTRIBUTED=auto, or a multi-host TPU VM (TPU_WORKER_HOSTNAMES lists several hosts):
@@ -94,8 +94,8 @@ def resolve(coordinator: str | None = None, num_processes: int | None = None, pr
     n = values.get("num_processes")
     if n is not None and n > 1:
         if values.get("coordinator") is None or values.get("process_id") is None:
-            raise ValueError(f"{n} processes but no coordinator address or process id: set --coordinator HOST:PORT "
-                             "and --process-id (or EARL_COORDINATOR / EARL_PROCESS_ID)")
+            raise ValueError(f"{n} processes but no coordinator address or process id: set --dist.coordinator "
+                             "HOST:PORT and --dist.process-id (or EARL_COORDINATOR / EARL_PROCESS_ID)")
         if not 0 <= values["process_id"] < n:
             raise ValueError(f"process id {values['process_id']} is outside [0, {n})")
         addr = values["coordinator"]

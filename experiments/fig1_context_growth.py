@@ -4,13 +4,13 @@ configuration runs out of memory, while the selector's run goes on.
 Both runs are `experiments/connect4.py` with the same configuration and seed, each in its own process
 (an out-of-memory error ends that process only, and frees its device memory):
 
-* static   - `--selector-mode static`: the first iteration's layouts (mesh, micro-batch, log-prob chunk)
+* static   - `--planner.mode static`: the first iteration's layouts (mesh, micro-batch, log-prob chunk)
              for the whole run and no fallback, as a fixed configuration would run;
-* selector - `--selector-mode auto`: experience and train are planned for each batch's context from the
+* selector - `--planner.mode auto`: experience and train are planned for each batch's context from the
              memory model; an OOM halves the micro-batch, then gives up the mesh.
 
-What makes the context grow, stated plainly: a per-turn token-budget curriculum (`--turn-tokens-schedule`,
-a length curriculum like DeepScaleR's 8K -> 16K -> 24K) with fixed-length answers (`--stop-at-eos false`:
+What makes the context grow, stated plainly: a per-turn token-budget curriculum (`--rollout.turn-tokens-schedule`,
+a length curriculum like DeepScaleR's 8K -> 16K -> 24K) with fixed-length answers (`--rollout.stop-at-eos false`:
 every answer uses its whole budget, the move is the first number in it), so every game's context grows
 with the schedule. It is not a policy that learned to think longer; the memory story (activations grow
 with context, a static micro-batch does not shrink) is the same.

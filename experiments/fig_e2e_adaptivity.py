@@ -5,16 +5,16 @@ Runs, each a real `experiments/connect4.py` training job in its own process, one
 out-of-memory error ends that process only and frees its devices), each capped by a wall-time budget:
 
 * static_<mesh>  one per rollout layout of the model on the devices (4 GPUs: d4f1t1, d2f1t2, d1f1t4), via
-                 `--rollout-thresholds 0:<mesh> --selector-mode static`: the first plan for the whole run, so
+                 `--planner.rollout-thresholds 0:<mesh> --planner.mode static`: the first plan for the whole run, so
                  experience / train keep the layouts the selector plans before any batch, for the first
                  context bucket (up to 1K tokens on GPU), with no OOM fallback;
-* auto           `--selector-mode auto`: every stage planned for the context, OOM fallback. Its rollout
+* auto           `--planner.mode auto`: every stage planned for the context, OOM fallback. Its rollout
                  ranks layouts by a profile table (`--auto-table`): by default the rollout throughput the static
                  runs measured per phase (EARL's start-up profile, paid here by the static runs and not
                  charged to auto), or `none` (the memory model's heuristic), or a table from benchmarks/profile_selector.py.
 
-The context grows through the turn-token schedule (`--turn-tokens-schedule`, fixed-length answers
-`--stop-at-eos false`: every answer uses its whole budget), not through a policy that learned to think
+The context grows through the turn-token schedule (`--rollout.turn-tokens-schedule`, fixed-length
+answers `--rollout.stop-at-eos false`: every answer uses its whole budget), not through a policy that learned to think
 longer; the learning rate is 1e-6 so every run plays (nearly) the same games: a paired comparison of layouts.
 Two agent turns per game: each phase's games touch two KV-cache sizes, so each run compiles ~4 rollout
 programs per phase (four turns would need ~8; compiles, not decoding, dominate a short run).
@@ -180,13 +180,14 @@ def run_one(name: str, flags: list[str], run_dir: Path, budget_s: float, env: di
 
 
 def auto_table(result: dict, path: Path) -> Path:
-    """The static runs' rollout throughput per phase as a ProfileTable for the auto run (`--selector-table`)."""
+    """The static runs' rollout throughput per phase as a ProfileTable for the auto run (`--planner.table`)."""
     from earl_jax.models.config import get_config
     from earl_jax.parallel.profile import ProfileEntry, ProfileTable
     from earl_jax.parallel.selector import DEFAULT_BUCKET_EDGES, SMALL_BUCKET_EDGES
     from earl_jax.sharding.mesh import MeshShape
 
-    # the trainer's edges (StagePlanner.from_config): --selector-edges, else small ones for the tiny model
+    # the trainer's edges (StagePlanner.from_config): --planner.edges (flat here, --selector-edges), else small
+    # ones for the tiny model
     flags = result["flags"]
     edges = (tuple(int(v) for v in flags[flags.index("--selector-edges") + 1].split(","))
              if "--selector-edges" in flags else SMALL_BUCKET_EDGES if result["model"] == "tiny" else DEFAULT_BUCKET_EDGES)

@@ -5,9 +5,10 @@
     python experiments/sweep.py launch/sweep_learning.yaml --trials 4 \
         --launcher "python launch/local.py -n 2 --cpu-devices 4 --"      # each trial as 2 processes
 
-Each trial runs `python <program> --run-dir <out>/<trial> --flag=value ...` as a subprocess (one after
+Each trial runs `python <program> --run-dir <out>/<trial> --NAME=VALUE ...` as a subprocess (one after
 another), so every trial has its own run folder (config.json, metrics.jsonl, checkpoints/). The sweep
-folder gets trials.jsonl (parameters, status, wall time, final metrics per trial) and summary.csv,
+folder gets trials.jsonl (parameters, status, wall time, final metrics per trial; a failed trial's reason, the last
+error line of its log <trial>.log) and summary.csv,
 and a table sorted by the YAML's metric is printed. Finished trials are skipped when the sweep is
 run again (--rerun repeats them). Besides each metric's last value, the summary holds `time/*_mean` (over
 all iterations) and `throughput/*_tgs_mean`, `time/dispatch_share_mean` (over the iterations that compiled
@@ -29,6 +30,7 @@ import hashlib
 import itertools
 import json
 import math
+import re
 import shlex
 import subprocess
 import sys
@@ -139,7 +141,7 @@ def trial_name(index: int, params: dict[str, Any]) -> str:
 
 def trial_command(program: str, params: dict[str, Any], run_dir: str | Path, extra: Sequence[str] = (),
                   launcher: Sequence[str] = (), python: str = sys.executable) -> list[str]:
-    """The trial's command line: flags as `--name=value` (names with underscores become dashes)."""
+    """The trial's command line: flags as `--NAME=VALUE` (names with underscores become dashes)."""
     flags = [f"--{name.replace('_', '-')}={_flag_value(v)}" for name, v in params.items()]
     return [*launcher, python, program, f"--run-dir={run_dir}", *flags, *extra]
 
@@ -182,6 +184,20 @@ def steady_iterations(iterations: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# A log line that says why a run ended: the job's one-line error, a traceback's last line, a kill.
+ERROR_LINE = re.compile(r"^(\S+: error: |[\w.]*(Error|Exception|Interrupt)\b|Killed\b)")
+
+
+def failure_reason(log: Path, code: int | str) -> str:
+    """Why a trial failed, as its log says: the last line that reads as an error (`connect4: error: --env.game:
+    ...`, a traceback's `ValueError: ...`), else the log's last line."""
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.exists() else []
+    found = next((ln for ln in reversed(lines) if ERROR_LINE.match(ln)), None)
+    if code == "timeout":
+        return "ran past --timeout" + (f" (last error: {found})" if found else "")
+    return (found or (lines[-1] if lines else "no output"))[:400]
+
+
 def run_sweep(spec: dict[str, Any], out_dir: str | Path, params_list: list[dict[str, Any]], *,
               extra: Sequence[str] = (), launcher: Sequence[str] = (), rerun: bool = False,
               timeout: float | None = None, dry_run: bool = False, cwd: str | Path | None = None,
@@ -220,6 +236,9 @@ def run_sweep(spec: dict[str, Any], out_dir: str | Path, params_list: list[dict[
                 code = "timeout"
         row = {"trial": name, "status": "ok" if code == 0 else f"failed ({code})",
                "wall_s": round(time.perf_counter() - t0, 1), **params, **summarize(run_dir)}
+        if code != 0:  # the reason, from the trial's log (run_dir.log): summary.csv, trial.json and here
+            row["error"] = failure_reason(run_dir.with_suffix(".log"), code)
+            echo(f"[{i + 1}/{len(params_list)}] {name}: {row['status']}: {row['error']}")
         done.write_text(json.dumps(row, indent=1))
         with open(out / "trials.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
@@ -305,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     goal = (spec.get("metric") or {}).get("goal", "maximize")
     varying = [k for k, p in spec["parameters"].items() if not _is_fixed(p)]
     print_table(sort_rows(rows, metric, goal), varying, metric, f"sweep {args.sweep} -> {args.out}/summary.csv")
+    for r in rows:  # after the table, where it is read: each failed trial and why
+        if r.get("status") != "ok":
+            print(f"{r['trial']}: {r.get('status')}: {r.get('error', 'see its .log')}")
     return 0 if all(r.get("status") == "ok" for r in rows) else 1
 
 

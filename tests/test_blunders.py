@@ -1,4 +1,4 @@
-"""--blunder-penalty: move outcome classes against OpenSpiel, the env's reward, and the trainer's wiring."""
+"""--env.blunder-penalty: move outcome classes against OpenSpiel, the env's reward, and the trainer's wiring."""
 import numpy as np
 import pyspiel
 import pytest

@@ -99,7 +99,7 @@ def test_how_a_run_ended_is_read_from_its_output():
     fig = importlib.import_module("fig_e2e_adaptivity")
     static = ("Traceback ...\njaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory allocating\n\n"
               "During handling ...\nRuntimeError: train stage ran out of memory on the static layout d4f1t1 mb2 "
-              "chunk64 (--selector-mode static keeps the first plan; auto adapts it)\n")
+              "chunk64 (--planner.mode static keeps the first plan; auto adapts it)\n")
     assert fig.oom_stage(static) == "train" and fig.error_line(static).startswith("RuntimeError: train stage ran out")
     auto = ("earl_jax.parallel.selector.NoFeasibleLayoutError: rollout: out of memory on d1f1t4, and nothing else "
             "fits:\nno rollout layout ...\n")

@@ -141,6 +141,23 @@ def test_a_changed_spec_reaches_every_reader(forked):
         OpenSpielTextEnv(EnvConfig.connect_four(opponent="corner"))
 
 
+def test_the_opponent_help_says_which_games_refuse_the_solver(monkeypatch):
+    from earl_jax.cli import fields_of
+    from earl_jax.rl.config import JobConfig
+
+    def shown() -> str:  # --env.opponent's help, as the job's --help shows it
+        return next(f.help for f in fields_of(JobConfig()) if f.path == ("env", "opponent"))
+
+    solver = shown().split("solver", 1)[1].split(")")[0]
+    assert "connect_four refuses it" in solver and "tic_tac_toe" not in solver
+    with pytest.raises(ValueError, match="too large to solve"):  # what the help says is what the job does
+        make_opponent("solver", pyspiel.load_game("connect_four"))
+    make_opponent("solver", pyspiel.load_game("tic_tac_toe"))
+    base = get_game("tic_tac_toe")  # a fork's game that refuses it too: the help reads the registry
+    monkeypatch.setitem(games._REGISTRY, "tic_tac_toe", dataclasses.replace(base, refused_opponents={"solver": "no"}))
+    assert "connect_four, tic_tac_toe refuse it" in shown()
+
+
 def test_a_spec_the_batched_path_cannot_play_is_refused_when_built():
     base = get_game("tic_tac_toe")
     wide = dataclasses.replace(base.rules, num_actions=12)

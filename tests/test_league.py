@@ -84,7 +84,7 @@ def test_curriculum_climbs_one_rung_at_a_time_and_stays_at_the_top():
     resumed = Curriculum(("random", "alphabeta:1", "alphabeta:2"), promote_at=0.8)
     resumed.load_state_dict(c.state_dict())
     assert resumed.rung == 2 and resumed.promotions == c.promotions
-    with pytest.warns(UserWarning, match="curriculum changed"):
+    with pytest.warns(UserWarning, match="--curriculum.ladder changed"):
         other = Curriculum(("random", "alphabeta:2", "alphabeta:3"), promote_at=0.8)
         other.load_state_dict(c.state_dict())
     assert other.opponent == "alphabeta:2"

@@ -234,6 +234,18 @@ def test_jit_and_bf16_inputs():
     assert l_bf16.dtype == jnp.float32 and float(l_bf16) == pytest.approx(float(l_eager), abs=0.05)
 
 
+def test_a_loss_metric_named_as_one_of_the_stages_is_refused():
+    from earl_jax.rl.losses import POLICY_LOSSES, register_policy_loss
+
+    register_policy_loss("shadows_kl")(lambda logp, old, adv, mask, cfg: (-adv * logp, {"kl": logp}))
+    try:
+        with pytest.raises(ValueError, match="'shadows_kl': its metric.* kl would overwrite"):
+            policy_loss(jnp.asarray(LOGP), jnp.asarray(OLD), None, jnp.asarray(ADV), jnp.asarray(MASK), None,
+                        cfg=cfg(policy_loss="shadows_kl"))
+    finally:
+        POLICY_LOSSES.pop("shadows_kl")
+
+
 @pytest.mark.parametrize("kw,field", [
     ({"estimator": "ppo"}, "estimator"),  # GAE needs a critic: a fork that adds one registers an estimator
     ({"policy_loss": "a2c"}, "policy_loss"),

@@ -36,6 +36,16 @@ def test_move_tokens_are_one_token_per_action():
         MoveTokens.build(TOK, 40, EOS)
 
 
+@pytest.mark.parametrize("game, says", [("dots_and_boxes", "action 10 .* 2 tokens"), ("hex", "121 actions; at most 31")])
+def test_a_game_the_tokenizer_cannot_constrain_is_refused_before_setup(game, says):
+    from earl_jax.cli import ConfigError
+    from earl_jax.rl.validate import check_job
+
+    with pytest.raises(ConfigError, match=f"^--rollout.constrain-moves: .*{says}.*--env.game {game}"):
+        check_job(job(game=game, constrain_moves=True))
+    check_job(job(game="tic_tac_toe", constrain_moves=True))  # nine one-token moves: fine
+
+
 def test_bits_round_trip():
     legal = np.random.default_rng(0).random((50, 9)) < 0.5
     np.testing.assert_array_equal(np.asarray(bits_to_mask(jnp.asarray(legal_bits(legal)), 9)), legal)

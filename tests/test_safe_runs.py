@@ -64,6 +64,11 @@ def _flags(tmp_path: Path, name: str) -> list[str]:
     if name == "run dir is a file":
         run.write_text("not a folder")
         return ["--run-dir", str(run)]
+    if name == "run dir under a file":
+        run.write_text("not a folder")
+        return ["--run-dir", str(run / "inside")]
+    if name == "run dir not writable":  # /sys refuses a new file even to root (who passes os.access and chmod)
+        return ["--run-dir", "/sys/earl-jax-test/run"]
     if name == "resume an empty folder":
         run.mkdir()
         return ["--run-dir", str(run), "--resume"]
@@ -87,12 +92,15 @@ def _flags(tmp_path: Path, name: str) -> list[str]:
         "old flag name": ["--groups", "4"],
         "missing config file": ["--config", "/nonexistent.toml"],
         "bad ladder rung": ["--opponent", "curriculum", "--curriculum.ladder", "random,alphabeta:0"],
+        "moves of two tokens": ["--game", "dots_and_boxes", "--opponent", "random", "--hf-checkpoint", "",
+                                "--rollout.constrain-moves", "true"],  # once refused only after the model was made
     }[name]
 
 
 BAD = ("groups 0", "learning rate nan", "unknown preset", "unknown game", "unknown opponent", "unknown eval opponent",
        "unknown model", "thresholds garbage", "edges garbage", "missing HF folder", "malformed HF folder",
-       "run dir is a file", "resume an empty folder", "old flag name", "missing config file", "bad ladder rung")
+       "run dir is a file", "resume an empty folder", "old flag name", "missing config file", "bad ladder rung",
+       "moves of two tokens", "run dir under a file", "run dir not writable")
 
 
 @pytest.mark.parametrize("name", BAD)
@@ -104,6 +112,33 @@ def test_bad_input_is_one_line_before_anything_is_made(name, tmp_path, capfd):
     assert len(lines) == 1, lines
     assert lines[0].startswith("connect4: error: ") and len(lines[0]) < 400, lines
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no run folder, nothing else either
+
+
+def test_a_misspelt_game_is_named_unknown_before_the_base_is_blamed(tmp_path, capfd):
+    assert _main(["--run-dir", str(tmp_path / "run"), "--env.game", "conect_four"]) == 2
+    lines = _stderr_lines(capfd)
+    assert lines == ["connect4: error: --env.game: unknown game 'conect_four' (did you mean connect_four? batched "
+                     "here: connect_four, tic_tac_toe; or any two-player OpenSpiel game such as breakthrough or hex)"]
+
+
+def test_a_run_dir_that_cannot_be_written_is_one_line_before_setup(capfd):
+    assert _main(["--run-dir", "/sys/earl-jax-test/run"]) == 2
+    assert _stderr_lines(capfd) == ["connect4: error: --run.run-dir: /sys/earl-jax-test/run cannot be written (/sys: "
+                                    "Permission denied)"]
+
+
+def test_another_scripts_resume_is_refused_naming_both(tmp_path, capfd):
+    run = tmp_path / "run"
+    assert _main(["--run-dir", str(run), "--steps", "1", "--eval.every", "0", *SMALL]) == 0
+    assert json.loads((run / "config.json").read_text())["job"] == "connect4"
+    capfd.readouterr()
+    for script in ("tictactoe", "train"):
+        configs = ROOT / "experiments" / "configs" / script
+        assert job.main(["--run-dir", str(run), "--resume"], name=script, configs=configs) == 2
+        assert _stderr_lines(capfd) == [f"{script}: error: --resume: {run} is a run of connect4.py, not of "
+                                        f"{script}.py: resume it with experiments/connect4.py (or start a new "
+                                        "--run-dir)"]
+    assert _main(["--run-dir", str(run), "--resume", "--steps", "2", *SMALL]) == 0  # its own script resumes it
 
 
 def _interrupted_at(trainer: Trainer, step: int, sig: int) -> None:

@@ -105,7 +105,10 @@ def test_run_sweep_writes_one_folder_per_trial_and_a_summary(tmp_path, capsys):
         import json, sys
         from pathlib import Path
         args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--"))
-        if args["x"] == "bad":
+        if args["x"] == "bad":  # a traceback, the job's one-line error, then more output
+            print("Traceback (most recent call last):\\nValueError: not this one", file=sys.stderr)
+            print("fake_job: error: --x: 'bad' is not a number", file=sys.stderr)
+            print("fake_job: bye")
             sys.exit(3)
         run = Path(args["run-dir"]); run.mkdir(parents=True, exist_ok=True)
         rows = [{"step": 0, "eval/win_rate": 0.0},
@@ -122,13 +125,17 @@ def test_run_sweep_writes_one_folder_per_trial_and_a_summary(tmp_path, capsys):
     assert code == 1  # one trial failed: the sweep says so
     rows = list(csv.DictReader(open(out / "summary.csv")))
     assert [r["status"] for r in rows] == ["ok", "failed (3)", "ok"]
+    why = "fake_job: error: --x: 'bad' is not a number"  # the last error line of the trial's log
+    assert [r["error"] for r in rows] == ["", why, ""]
     ok = rows[0]
     assert float(ok["eval/win_rate"]) == 0.25 and float(ok["episode/return_mean"]) == 0.25
     assert float(ok["time/rollout_s_mean"]) == 3.0 and float(ok["time/train_s"]) == 3.0 and ok["final_step"] == "2"
     assert (out / rows[2]["trial"] / "metrics.jsonl").exists() and len((out / "trials.jsonl").read_text().splitlines()) == 3
     printed = capsys.readouterr().out
+    assert f"{rows[1]['trial']}: failed (3): {why}" in printed.splitlines()[1:]  # as it ran, and after the table
     printed = printed[printed.index("summary.csv"):]  # the table (the trial commands come before it)
     assert printed.index("0.75") < printed.index("0.25")  # sorted by the metric, best first
+    assert printed.strip().splitlines()[-1] == f"{rows[1]['trial']}: failed (3): {why}"
     # run again: finished trials are skipped, the failed one runs again
     sweep.main([str(yaml_path), "--out", str(out)])
     assert "done before, skipped" in capsys.readouterr().out

@@ -84,6 +84,36 @@ def test_ppo_mini_batches_make_that_many_updates_an_iteration(tmp_path):
         with_fields(cfg, ppo_mini_batches=3)
 
 
+@pytest.fixture
+def abs_reinforce():
+    """A fork's loss with a metric of its own, registered for one test (the registry is process-wide)."""
+    import jax.numpy as jnp
+
+    from earl_jax.rl.losses import POLICY_LOSSES, register_policy_loss
+
+    @register_policy_loss("abs_reinforce")
+    def abs_reinforce(logp, old_logp, advantages, loss_mask, cfg):
+        return -advantages * logp, {"adv_abs": jnp.abs(advantages)}
+
+    yield "abs_reinforce"
+    POLICY_LOSSES.pop("abs_reinforce")
+
+
+def test_a_registered_loss_logs_its_own_metrics_and_is_listed_in_the_help(tmp_path, abs_reinforce, capsys):
+    cfg = with_fields(SMALL, steps=1, eval_every=0, format_warmup_steps=0, checkpoint_every=0, eval_games=2,
+                      run_dir=str(tmp_path / "run"), loss__policy_loss=abs_reinforce)
+    Trainer(cfg).run()
+    record = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] == 1][0]
+    assert record["train/adv_abs"] > 0  # the loss's metric, by its name (advantages are nonzero on some token)
+    assert {"train/pg_loss", "train/approx_kl"} <= set(record)  # and policy_loss's own
+    assert "train/clip_frac" not in record  # no clip, no clip fraction (it once read 0.0)
+    with pytest.raises(SystemExit):
+        job_cli.parse_job(["--help"], CONFIGS / "connect4")
+    shown = " ".join(capsys.readouterr().out.split())  # the help's lines, unwrapped
+    assert "--loss.policy-loss TEXT policy loss by registered name (rl/losses.py): ppo_clip, reinforce, abs_reinforce " \
+           "(default: ppo_clip)" in shown
+
+
 def test_killed_and_resumed_run_is_bit_exact(tmp_path):
     cfg = with_fields(SMALL, steps=4, eval_every=0, format_warmup_steps=0)
     # the straight run collects garbage on a schedule (--run.gc-every): when Python collects changes nothing computed

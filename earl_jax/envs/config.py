@@ -25,9 +25,23 @@ def parse_task_args(text: str) -> dict:
     return args
 
 
-def _f(default, help: str):
-    """A field with the help text the command line shows (earl_jax/cli.py reads metadata["help"])."""
+def _f(default, help):
+    """A field with the help text the command line shows (earl_jax/cli.py reads metadata["help"]; a function: the
+    text when it is shown)."""
     return dataclasses.field(default=default, metadata={"help": help})
+
+
+def opponent_help() -> str:
+    """--env.opponent's help from the games' registry: which game adds which opponent, which refuses the solver."""
+    from earl_jax.envs.games import find_game, game_names
+
+    specs = {name: find_game(name) for name in game_names()}
+    refuse = [name for name, spec in specs.items() if "solver" in spec.refused_opponents]
+    own = [f"{kind}:N ({name} only)" for name, spec in specs.items() for kind in spec.opponents]
+    verb = "refuses" if len(refuse) == 1 else "refuse"
+    solver = "solver (exact play: small games" + (f"; {', '.join(refuse)} {verb} it)" if refuse else ")")
+    return (f"opponent: random, mcts:N, {solver}, {', '.join(own)}; the job also takes curriculum (the ladder of "
+            "--curriculum.ladder)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +61,7 @@ class EnvConfig:
                               "not share state")
     game: str = _f("connect_four", "OpenSpiel game: connect_four, tic_tac_toe (batched: envs/games/), or any "
                                    "two-player turn-based game string, e.g. breakthrough(rows=6)")
-    opponent: str = _f("random", "opponent: random, mcts:N, solver, alphabeta:D (Connect Four); the job also takes "
-                                 "curriculum (the ladder of --curriculum.ladder)")
+    opponent: str = _f("random", opponent_help)
     agent_player: int | None = _f(None, "0 = the agent moves first, 1 = second, none = drawn per game from its seed")
     prompt_style: Literal["compact", "minimal", "chat", "labeled"] = _f(
         "compact", "observation text: compact (board every turn), minimal (board once, then the opponent's replies: "

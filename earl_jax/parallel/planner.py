@@ -333,7 +333,7 @@ class StagePlanner:
             except Exception as e:
                 if is_oom_error(e):
                     raise RuntimeError(f"{stage} stage ran out of memory on the static layout {layout.describe()} "
-                                       "(--selector-mode static keeps the first plan; auto adapts it)") from e
+                                       "(--planner.mode static keeps the first plan; auto adapts it)") from e
                 raise
         else:
             result, plan = run_with_oom_fallback(stage, lambda lay: fn(self.stage_run(stage, lay)), self.current,

@@ -1,19 +1,20 @@
 """An opponent curriculum: a ladder of scripted opponents, climbed when the policy beats the current rung.
 
-    --opponent curriculum --curriculum "random,alphabeta:1,alphabeta:2,alphabeta:3" --promote-at 0.8
+    --env.opponent curriculum --curriculum.ladder "random,alphabeta:1,alphabeta:2,alphabeta:3" \\
+        --curriculum.promote-at 0.8
 
 Decisions:
 - Promotion reads the greedy evaluation against the current rung (the trainer adds the rung to every
   evaluation), not the sampled training games: the training win rate is lowered by exploration and would
   promote late and noisily. At or above the threshold moves one rung up; the last rung is kept for good.
-- A stalled rung is left too (`--promote-on-stall N`, off by default): after N evaluations in a row that did not
-  beat the rung's best evaluation by `STALL_DELTA`, if that best is at least `STALL_FLOOR` (a policy that loses
+- A stalled rung is left too (`--curriculum.promote-on-stall N`, off by default): after N evaluations in a row that
+  did not beat the rung's best evaluation by `STALL_DELTA`, if that best is at least `STALL_FLOOR` (a policy that loses
   most games to the rung would lose even more to the next: stuck is then better than promoted). On one GPU the
   preset sat at 0.77-0.78 against alphabeta:1 for ~300 iterations under the 0.8 bar, 91-98% of its games in
   constant groups (a near-deterministic policy against a deterministic opponent: no learning signal); the next
   rung, which it beats ~30% of the time, mixes wins and losses again (docs/learning.md).
-- A rung may also be given a budget (`--rung-max-iterations N`, off by default): the first evaluation at least N
-  iterations after the rung began moves up whatever the win rate. The stall rule waits for a best of 0.5, and how
+- A rung may also be given a budget (`--curriculum.rung-max-iterations N`, off by default): the first evaluation at
+  least N iterations after the rung began moves up whatever the win rate. The stall rule waits for a best of 0.5, and how
   long a run takes to get there varies: one GPU preset run reached it on alphabeta:1 at iteration 320 of its 451,
   left only ~70 iterations for alphabeta:2 and ended at 0.16 against it; the same seed with a budget of 180 left
   alphabeta:1 at 180 (winning 0.30 there) and ended at 0.56 against alphabeta:2 and 0.67 against alphabeta:1
@@ -148,5 +149,5 @@ class Curriculum:
             return
         opponent = saved[rung] if rung < len(saved) else None
         self.rung = self.ladder.index(opponent) if opponent in self.ladder else min(rung, len(self.ladder) - 1)
-        warnings.warn(f"resume: --curriculum changed from {','.join(saved)} to {','.join(self.ladder)}; "
+        warnings.warn(f"resume: --curriculum.ladder changed from {','.join(saved)} to {','.join(self.ladder)}; "
                       f"continuing at rung {self.rung + 1} ({self.opponent})", stacklevel=2)

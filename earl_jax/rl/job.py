@@ -52,10 +52,11 @@ FIXED_ON_RESUME = {("model", "name"): "the model's shape", ("model", "hf_checkpo
                    ("env", "game"): "the game", ("env", "task"): "the task", ("run", "seed"): "the seed"}
 
 
-def resume_config(parsed: Parsed[JobConfig]) -> tuple[JobConfig, list[str]]:
+def resume_config(parsed: Parsed[JobConfig], name: str | None = None) -> tuple[JobConfig, list[str]]:
     """The config to run and one line per change. `--resume` (or `--resume auto` on a folder with a checkpoint) takes
     the run's saved config.json and applies only what this command line set (flags, a preset, a config file); fields
-    in FIXED_ON_RESUME are refused. `--resume auto` on a folder without a checkpoint starts the run."""
+    in FIXED_ON_RESUME are refused, and so is a run that config.json says another script (`job`) started than
+    `name`. `--resume auto` on a folder without a checkpoint starts the run."""
     from earl_jax.cli import flag_of, get_path, replace_paths
     from earl_jax.rl.checkpoint import has_checkpoint
 
@@ -68,11 +69,16 @@ def resume_config(parsed: Parsed[JobConfig]) -> tuple[JobConfig, list[str]]:
         raise ConfigError(f"--resume: {saved_path} is missing: the run's config cannot be restored (start a new run, "
                           "or restore the file)")
     try:
-        saved = JobConfig.from_dict(json.loads(saved_path.read_text()))
+        data = json.loads(saved_path.read_text())
+        saved = JobConfig.from_dict(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"--resume: {saved_path} is not readable JSON ({e}); restore it or start a new run") from None
     except ConfigError as e:
         raise ConfigError(f"--resume: {saved_path}: {str(e).removeprefix('config.json: ')}") from None
+    started_by = data.get("job")  # runs written before it was kept have none
+    if name and started_by and started_by != name:
+        raise ConfigError(f"--resume: {run_dir} is a run of {started_by}.py, not of {name}.py: resume it with "
+                          f"experiments/{started_by}.py (or start a new --run-dir)")
     changes, lines = {("run", "resume"): cfg.run.resume}, []
     for path, value in parsed.typed.items():
         if path == ("run", "resume"):
@@ -123,12 +129,13 @@ def setup(argv: list[str], name: str, configs: Path, description: str):
     from earl_jax.compile_cache import enable_compile_cache
     from earl_jax.progress import show_progress_logs
     from earl_jax.rl.trainer import Trainer
-    from earl_jax.rl.validate import apply_base, check_job, check_run_dir
+    from earl_jax.rl.validate import apply_base, check_game_name, check_job, check_run_dir
 
     parsed = parse_job(argv, configs, prog=f"{name}.py", description=description)
     parsed = drop_preset_task_args(parsed)
     check_run_dir(parsed.config)
-    cfg, changes = resume_config(parsed)
+    cfg, changes = resume_config(parsed, name)
+    check_game_name(cfg)  # a misspelt game is that, not a base made for another game
     cfg = apply_base(cfg, parsed.typed)
     check_job(cfg)
     for line in changes:  # what this resume changes in the saved experiment
@@ -138,7 +145,7 @@ def setup(argv: list[str], name: str, configs: Path, description: str):
     show_progress_logs(distributed.is_main())  # model creation / loading / cache lines, process 0 only
     enable_compile_cache(cfg.run.compile_cache or None)  # before the first compile: restarts reuse the programs
     try:
-        return Trainer(cfg)
+        return Trainer(cfg, job=name)
     except ValueError as e:  # the planner refusing a layout for the model and batch, a game the rollout cannot play
         raise SetupError(str(e)) from e
 

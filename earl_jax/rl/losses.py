@@ -40,6 +40,10 @@ MAX_LOG_RATIO = 20.0
 # name -> fn(logp, old_logp, advantages, loss_mask, cfg) -> (per-token loss, {metric: per-token value}).
 PolicyLoss = Callable[..., tuple[Float[Array, "n t"], dict[str, Shaped[Array, "n t"]]]]
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
+# Metric names the train stage reports itself (policy_loss, the update, the iteration record's train/*): a loss's own
+# metric of one of these names would overwrite it, so it is refused.
+STAGE_METRICS = ("pg_loss", "kl", "entropy", "approx_kl", "loss", "grad_norm", "skipped", "filtered_frac",
+                 "no_signal_iters")
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
@@ -47,7 +51,8 @@ def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
 
     It gets float32 [n, t] arrays with 0 at masked-out positions (old_logp and advantages carry no gradient) and
     returns the per-token loss and per-token metrics; `policy_loss` aggregates the first by `cfg.aggregation`
-    and reports each metric's mean over the generated tokens.
+    and reports each metric's mean over the generated tokens (in metrics.jsonl as `train/<name>`; not one of
+    `STAGE_METRICS`).
     """
     def register(fn: PolicyLoss) -> PolicyLoss:
         if name in POLICY_LOSSES:
@@ -66,7 +71,7 @@ def estimator_is_grouped(name: str) -> bool:
     return ESTIMATORS[name].grouped
 
 
-def _f(default, help: str):
+def _f(default, help: str | Callable[[], str]):
     return field(default=default, metadata={"help": help})
 
 
@@ -77,10 +82,11 @@ class LossConfig:
     Frozen and hashable: the stages take it as a static jit argument.
     """
 
-    estimator: str = _f("grpo", "advantage estimator, registered by name in rl/advantages.py: grpo, dr_grpo "
-                                "(GRPO without the std division), rloo, reinforce_pp (REINFORCE++; no critic)")
-    policy_loss: str = _f("ppo_clip", "policy loss, registered by name in rl/losses.py: ppo_clip, reinforce "
-                                      "(ratio-free -A log p)")
+    # the help lists the registries when it is shown: the built-ins and a fork's own, registered at import
+    estimator: str = _f("grpo", lambda: f"advantage estimator by registered name (rl/advantages.py): "
+                                        f"{', '.join(ESTIMATORS)}")
+    policy_loss: str = _f("ppo_clip", lambda: f"policy loss by registered name (rl/losses.py): "
+                                              f"{', '.join(POLICY_LOSSES)}")
     behaviour: Literal["recompute", "sampler"] = _f(
         "recompute", "the behaviour policy's log-probs (old_logp) the ratio is taken against: recompute = the "
                      "experience stage scores the rollout's tokens again with the weights that sampled them; sampler = "
@@ -269,6 +275,10 @@ def policy_loss(
         return aggregate(jnp.asarray(x, jnp.float32), m, "token_mean")
 
     pg_tok, token_metrics = POLICY_LOSSES[cfg.policy_loss](logp, old_logp, advantages, m, cfg)
+    taken = sorted(set(token_metrics) & set(STAGE_METRICS))
+    if taken:
+        raise ValueError(f"policy loss {cfg.policy_loss!r}: its metric(s) {', '.join(taken)} would overwrite the "
+                         "train stage's own of that name; rename them")
     pg_loss = agg(pg_tok)
     loss = pg_loss
 

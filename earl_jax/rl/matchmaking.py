@@ -63,7 +63,8 @@ class Matchmaker:
 
     def train_env(self, step: int = 0):
         """The training batch's vector env for iteration `step`: rebuilt when the rung changed, its mixed groups
-        given this iteration's second opponent (--mix-opponent, or the rung --rehearsal-share replays)."""
+        given this iteration's second opponent (--curriculum.mix-opponent, or the rung --curriculum.rehearsal-share
+        replays)."""
         if self._env is None or self._env_opponent != self.opponent:
             self._env, self._env_opponent, self._second = self._build(self.opponent), self.opponent, None
         second = self.second_opponent(step)
@@ -79,8 +80,8 @@ class Matchmaker:
         return self._env
 
     def second_opponent(self, step: int) -> str | None:
-        """The opponent of this iteration's mixed groups: --mix-opponent, the rung --rehearsal-share replays
-        (the rungs below the current one in turn), or None."""
+        """The opponent of this iteration's mixed groups: --curriculum.mix-opponent, the rung
+        --curriculum.rehearsal-share replays (the rungs below the current one in turn), or None."""
         if self.cfg.mix_opponent:
             return self.cfg.mix_opponent
         if self.cfg.rehearsal_share and self.curriculum is not None and self.curriculum.rung > 0:

@@ -108,7 +108,8 @@ def iteration_record(step: int, traj, times: Mapping[str, float], exp_metrics: M
                      train_metrics: Mapping[str, float], *, turn_tokens: int, num_devices: int, epochs: int,
                      decode_groups: int, no_signal: int, dispatch_bytes: int) -> dict[str, Any]:
     """What one iteration did: outcomes, contexts, stage times, throughput (EARL's tokens per device per second) and
-    the train stage's loss terms. `times`: rollout, experience, train, dispatch and iteration seconds."""
+    every metric of the train stage (`train_metrics`: loss, grad_norm, skipped, and what `losses.policy_loss`
+    reports). `times`: rollout, experience, train, dispatch and iteration seconds."""
     s = traj.stats
     t_roll, t_exp, t_train, t_iter = (max(times[k], 1e-9) for k in ("rollout", "experience", "train", "iteration"))
     return {
@@ -135,9 +136,9 @@ def iteration_record(step: int, traj, times: Mapping[str, float], exp_metrics: M
         "throughput/train_tgs": s.tokens * epochs / t_train / num_devices,
         "throughput/iteration_tgs": s.tokens / t_iter / num_devices,
         "time/dispatch_share": times["dispatch"] / t_iter,
-        "train/loss": train_metrics["loss"], "train/kl": train_metrics.get("kl", 0.0),
-        "train/entropy": train_metrics.get("entropy", 0.0), "train/grad_norm": train_metrics["grad_norm"],
-        "train/clip_frac": train_metrics.get("clip_frac", 0.0), "train/skipped": train_metrics["skipped"],
+        # every metric of the train stage as train/<name>: the update's, policy_loss's and the registered loss's own
+        # (ppo_clip's clip_frac; a loss without a clip reports none)
+        **{f"train/{k}": v for k, v in train_metrics.items()},
         "train/filtered_frac": float(exp_metrics.get("filtered_frac", 0.0)),
         **{f"experience/{k}": float(v) for k, v in exp_metrics.items() if k != "filtered_frac"},
         "train/no_signal_iters": no_signal,

@@ -56,10 +56,12 @@ log = logging.getLogger(__name__)
 
 
 class Trainer:
-    def __init__(self, cfg: JobConfig, *, log: bool = True, env_factory: Callable | None = None):
+    def __init__(self, cfg: JobConfig, *, log: bool = True, env_factory: Callable | None = None,
+                 job: str | None = None):
         """`env_factory(env_config)` makes one game (default: the built-in batched games, else OpenSpiel); tests and
         research forks pass their own environments with the same reset/step interface. `log=False` (tests,
-        evaluate_run.py) writes nothing into the run folder."""
+        evaluate_run.py) writes nothing into the run folder. `job`: the script's name (connect4), kept in config.json
+        so that another script's --resume is refused (rl/job.py)."""
         self.cfg, self.run_dir, self.is_main = cfg, Path(cfg.run.run_dir), jax.process_index() == 0
         self.step = 0
         # the planner sizes every stage's layout from the model's shape; the model is made on the train layout
@@ -110,7 +112,7 @@ class Trainer:
             raise ValueError(f"--run.run-dir {self.run_dir} already holds checkpoints: pass --resume to continue it, "
                              "or choose a new --run-dir (refusing to overwrite a run)")
         # config.json, metrics.jsonl and wandb: written by process 0 only, and not at all with log=False
-        self.logger = MetricsLogger(self.run_dir, cfg.to_dict(), wandb_mode=cfg.run.wandb_mode,
+        self.logger = MetricsLogger(self.run_dir, {**({"job": job} if job else {}), **cfg.to_dict()}, wandb_mode=cfg.run.wandb_mode,
                                     project=cfg.run.wandb_project, resume_step=self.step if self.step else None,
                                     enabled=log and self.is_main, write_config=True)
 

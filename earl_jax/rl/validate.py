@@ -13,14 +13,30 @@ from typing import Mapping
 from earl_jax.cli import ConfigError
 from earl_jax.errors import CheckpointError
 
-GAME_EXAMPLES = "connect_four, tic_tac_toe, or any two-player OpenSpiel game such as breakthrough or hex"
+
+def check_game_name(cfg) -> None:
+    """A game job's --env.game is a game OpenSpiel knows: said first, before a base made for another game is blamed."""
+    if cfg.env.task:
+        return
+    import difflib
+
+    import pyspiel
+
+    from earl_jax.envs.games import game_names
+
+    name = cfg.env.game.split("(")[0].strip()
+    known = pyspiel.registered_names()
+    if name in known:
+        return
+    near = difflib.get_close_matches(name, known, n=3)  # load_game would print all ~120 names
+    hint = f"did you mean {' or '.join(near)}? " if near else ""
+    raise ConfigError(f"--env.game: unknown game {cfg.env.game!r} ({hint}batched here: {', '.join(game_names())}; "
+                      "or any two-player OpenSpiel game such as breakthrough or hex)")
 
 
 def _load_game(name: str):
     import pyspiel
 
-    if name.split("(")[0].strip() not in pyspiel.registered_names():  # load_game would print all ~120 names first
-        raise ConfigError(f"--env.game: {name!r} is not an OpenSpiel game ({GAME_EXAMPLES})")
     try:
         game = pyspiel.load_game(name)
     except Exception as e:  # pyspiel.SpielError is not a ValueError: e.g. a parameter the game does not take
@@ -53,16 +69,34 @@ def check_job(cfg) -> None:
         # the train stage scores at temperature 1: a tempered sampler's log-probs are another policy's
         raise ConfigError(f"--loss.behaviour sampler: the sampler's log-probs are at --rollout.temperature "
                           f"{cfg.rollout.temperature}, the trainer's at 1.0; use --loss.behaviour recompute")
+    game = None
     if env.task:
         _check_task_job(cfg)
     else:
-        _check_game_job(cfg)
+        game = _check_game_job(cfg)
     try:
         check_spec(cfg.model)
     except (CheckpointError, ValueError) as e:
         msg = str(e).split("\n")[0]
         raise ConfigError(msg if msg.startswith("--") else f"--model.name: {msg}") from None
+    if game is not None and cfg.rollout.constrain_moves:
+        _check_moves(cfg, game)
     _check_chat(cfg)
+
+
+def _check_moves(cfg, game) -> None:
+    """Constrained moves need one token per action in the model's tokenizer: checked here, not after the model loads."""
+    from earl_jax.models.tokenizer import game_tokenizer, load_tokenizer, special_ids
+    from earl_jax.rollout.moves import MoveTokens
+
+    folder = cfg.model.hf_checkpoint
+    try:
+        tokenizer = load_tokenizer(folder) if folder else game_tokenizer()  # as the trainer: the checkpoint's, or ours
+        MoveTokens.build(tokenizer, game.num_distinct_actions(), special_ids(tokenizer).eos_id)
+    except ValueError as e:  # MoveTokens' message names the flag, the game's actions and why
+        msg = str(e).splitlines()[0]
+        raise ConfigError(f"{msg} (--env.game {cfg.env.game})" if msg.startswith("--")
+                          else f"--model.hf-checkpoint {folder}: {msg}") from None
 
 
 def _check_chat(cfg) -> None:
@@ -104,12 +138,13 @@ def _check_task_job(cfg) -> None:
                               "no opponents)")
 
 
-def _check_game_job(cfg) -> None:
+def _check_game_job(cfg):
     from earl_jax.rl.curriculum import parse_ladder
 
     if cfg.sft.answers != "expert":
         raise ConfigError("--sft.answers: a text task's choice; a game's warm-up always plays random legal moves")
     env = cfg.env
+    check_game_name(cfg)
     game = _load_game(env.game)
     if env.opponent != "curriculum":
         _opponent("--env.opponent", env.opponent, game, env.game)
@@ -122,18 +157,39 @@ def _check_game_job(cfg) -> None:
                 parse_ladder(text, env.game)
             except ValueError as e:
                 raise ConfigError(f"{flag}: {e} (got {text!r})") from None
+    return game
 
 
 def check_run_dir(cfg) -> None:
-    """The run folder: not a file; with a plain --resume, one that holds a checkpoint (nothing is created)."""
+    """The run folder: not a file, one this process can write; with a plain --resume, one that holds a checkpoint
+    (nothing is created)."""
     run_dir = Path(cfg.run.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run.run-dir: {run_dir} is a file, not a folder")
+    _check_writable(run_dir)
     if cfg.run.resume == "true":
         ckpt = run_dir / "checkpoints"
         if not ckpt.is_dir() or not any(p.name.isdigit() for p in ckpt.iterdir()):
             raise ConfigError(f"--resume: {run_dir} holds no checkpoint to resume (--resume auto starts a run there "
                               "when it has none)")
+
+
+def _check_writable(run_dir: Path) -> None:
+    """The run folder, or the nearest folder above it that exists (where it would be made), takes a file: one is made
+    and gone at once (os.access says yes to root), so a run that could not write checkpoints fails here, not after the
+    model is built."""
+    import tempfile
+
+    here = run_dir.absolute()
+    while not here.exists():
+        here = here.parent
+    if not here.is_dir():
+        raise ConfigError(f"--run.run-dir: {run_dir} is under {here}, a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=here):
+            pass
+    except OSError as e:
+        raise ConfigError(f"--run.run-dir: {run_dir} cannot be written ({here}: {e.strerror})") from None
 
 
 def apply_base(cfg, typed: Mapping[tuple[str, ...], object]):

@@ -14,7 +14,8 @@ whose program is still compiling ahead waits for that compile (`wait`) instead o
 
 A wrong prediction costs only background CPU time; a failed ahead-of-time compile is counted (`failed`, with
 its error) and changes nothing else: the real call compiles (and raises) as it would have. On by default on
-accelerators only (`--compile-ahead auto`): on a 2-core CPU the compile threads take the cores the rollout runs on.
+accelerators only (`--rollout.compile-ahead auto`): on a 2-core CPU the compile threads take the cores the rollout
+runs on.
 """
 
 from __future__ import annotations

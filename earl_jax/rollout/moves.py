@@ -1,4 +1,4 @@
-"""Constrained moves (`--constrain-moves`): the policy picks each move among the tokens of the LEGAL moves.
+"""Constrained moves (`--rollout.constrain-moves`): the policy picks each move among the tokens of the LEGAL moves.
 
 A turn is then two tokens: the move's token, drawn from the model's next-token logits restricted to the legal
 moves' tokens (a masked softmax at the sampling temperature), and the stop token, appended without sampling.
@@ -42,18 +42,19 @@ class MoveTokens:
     @classmethod
     def build(cls, tokenizer: tokenizers.Tokenizer, num_actions: int, stop_id: int) -> "MoveTokens":
         if not 0 < num_actions <= MAX_ACTIONS:
-            raise ValueError(f"--constrain-moves: the game has {num_actions} actions; at most {MAX_ACTIONS} are "
-                             "supported (the legal set is a 31-bit mask): use free-text answers")
+            raise ValueError(f"--rollout.constrain-moves: the game has {num_actions} actions; at most {MAX_ACTIONS} "
+                             "are supported (the legal set is a 31-bit mask): use free-text answers")
         ids = []
         for a in range(num_actions):
             enc = tokenizer.encode(canonical_action_text(a), add_special_tokens=False).ids
             if len(enc) != 1:
-                raise ValueError(f"--constrain-moves: action {a} ({canonical_action_text(a)!r}) is {len(enc)} tokens "
-                                 "in this tokenizer; every move must be one token: use free-text answers")
+                raise ValueError(f"--rollout.constrain-moves: action {a} ({canonical_action_text(a)!r}) is "
+                                 f"{len(enc)} tokens in this tokenizer; every move must be one token: use free-text "
+                                 "answers")
             ids.append(int(enc[0]))
         if len(set(ids)) != len(ids) or stop_id in ids:
-            raise ValueError(f"--constrain-moves: the move tokens {ids} must be distinct and differ from the stop "
-                             f"token {stop_id}")
+            raise ValueError(f"--rollout.constrain-moves: the move tokens {ids} must be distinct and differ from the "
+                             f"stop token {stop_id}")
         return cls(tuple(ids), int(stop_id))
 
     @property

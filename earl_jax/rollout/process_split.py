@@ -20,7 +20,7 @@ compares them exactly).
 Measured (4 x H100, one process per GPU, tiny model, 2048 games): a
 process's own 512 games take ~0.16 s, but in the first ~15 iterations one process often runs 1-6 s and the
 others wait in the gather: it is compiling, for a batch size, cache length or width its games reach first
-(`time/compile_s`, `compile/slowest`), not collecting garbage (`--gc-every 1` left those iterations slow). In the
+(`time/compile_s`, `compile/slowest`), not collecting garbage (`--run.gc-every 1` left those iterations slow). In the
 iterations that compiled nothing the split rollout took 0.23 s against 0.36 s on one GPU (1.54x), a third of it
 the gather. With the token columns left on their process: 0.198 s against 0.325 s (1.64x), the whole
 iteration 1.48x one GPU's, against 1.11x / 1.18x with the columns all-gathered in the same command; the unsplit

@@ -4,7 +4,7 @@
     spec.rules.legal_mask(stones)        # array rules over a batch of boards (VectorTextEnv)
     spec.text                            # GameText: board layout, move noun, chat rules (envs/text.py)
     spec.batched_opponents["alphabeta"]  # the game's own opponents (random, mcts and solver are every game's)
-    spec.move_classes(me, opp, depth)    # outcome class of every move (--blunder-penalty)
+    spec.move_classes(me, opp, depth)    # outcome class of every move (--env.blunder-penalty)
     spec.ladder                          # the default curriculum ladder
 
 Every module of this folder is a game: the first read of the registry imports them all, and each calls
@@ -88,7 +88,7 @@ class GameSpec:
     text: GameText  # how its boards and moves read (envs/text.py); board_shape is the printed board's
     ladder: tuple[str, ...]  # the default curriculum, weakest first (rl/curriculum.py)
     # Outcome class (+1 wins by force, 0 open, -1 loses by force) of every move of the side to move (`me`), for
-    # --blunder-penalty (envs/vector/blunders.py); `depth`: plies a search may look ahead. None: no blunder check.
+    # --env.blunder-penalty (envs/vector/blunders.py); `depth`: plies a search may look ahead. None: no blunder check.
     move_classes: MoveClasses | None = None
     # Opponent kinds only this game has, by the kind of their spec ("alphabeta"):
     # per game over an OpenSpiel state, (spec, seed) -> an `envs.opponents.Opponent`, the reference ...

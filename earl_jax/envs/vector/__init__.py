@@ -9,7 +9,7 @@ Connect Four's vectorized full-width negamax and Tic-Tac-Toe's perfect-play tabl
 opponents, the blunder classes) is the game's GameSpec in envs/games/; this package is the same for every game.
 
     opponents.py      per-game seeded RNG streams, the batched opponents' base, random for any game
-    blunders.py       the outcome classes a move gives away (--blunder-penalty), from the game's spec
+    blunders.py       the outcome classes a move gives away (--env.blunder-penalty), from the game's spec
     render.py         board text and observation strings for a batch
     parser.py         parse_actions: parser.parse_action for a batch
     codec.py          ObservationCodec: observations -> token ids, answer ids -> moves

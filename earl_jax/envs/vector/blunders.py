@@ -1,4 +1,4 @@
-"""Which moves give away what the position held: the dense signal of `--blunder-penalty`.
+"""Which moves give away what the position held: the dense signal of `--env.blunder-penalty`.
 
 Against a weak opponent the game's outcome rarely punishes a bad move (random seldom takes the win left to it),
 so the outcome alone teaches blocking and finishing slowly. Here every legal move of the side to move gets an
