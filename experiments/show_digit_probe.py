@@ -40,6 +40,8 @@ CANDIDATES = {
     "grpo_kl0.1": ["--loss.kl-coef", "0.1"],
     "mixed_mb4": MIXED + ["--optim.ppo-mini-batches", "4"],  # four optimizer steps an iteration, each on 8 groups
     "mixed_ep2": MIXED + ["--optim.ppo-epochs", "2"],
+    "format": ["--sft.steps", "20", "--sft.answers", "format"],  # 20 SFT steps on random digits, then GRPO
+    "format_mixed": MIXED + ["--sft.steps", "20", "--sft.answers", "format"],
     "mixed_entropy": MIXED + ["--loss.entropy-coef", "0.01", "--loss.entropy-floor", "2.0"],
 }
 

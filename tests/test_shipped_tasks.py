@@ -122,3 +122,33 @@ def test_guess_number_with_offsets_holds_out_whole_ranges():
     train, test = ranges("train"), ranges("test")
     assert train and test and not set(train) & set(test)
     assert max(len(secrets) for secrets in test.values()) == 16  # every secret of a held-out range occurs
+
+
+def test_format_answers_are_the_action_space_never_the_expert():
+    """--sft.answers format: ShowDigit's SFT episodes answer one uniformly drawn digit (its action_space), the same
+    for a seed, independent of the digit shown; the expert's answer is the digit shown."""
+    import collections
+
+    from earl_jax.envs.vector.per_game import PerGameVectorEnv
+    from earl_jax.models.tokenizer import game_tokenizer, special_ids
+    from earl_jax.rl.warmup import random_legal_games
+    from earl_jax.tasks import task_env_factory
+
+    tok = game_tokenizer()
+    ids = special_ids(tok)
+    make = task_env_factory("earl_jax/ShowDigit-v0", "{}", split="train")
+
+    def episodes(answers: str, n: int = 200):
+        env = PerGameVectorEnv([make() for _ in range(n)])
+        tokens, mask, _ = random_legal_games(env, tok, list(range(n)), None, eos_id=ids.eos_id, bos_id=ids.bos_id,
+                                             max_context=32, max_turns=1, task_answers=answers)
+        shown = [tok.decode(row[~m & (row > 0)].tolist()).split()[-2] for row, m in zip(tokens, mask)]
+        said = [tok.decode([int(t) for t in row[m] if t != ids.eos_id]) for row, m in zip(tokens, mask)]
+        return shown, said
+
+    shown, said = episodes("expert")
+    assert said == shown
+    shown, said = episodes("format")
+    assert all(len(s) == 1 and s.isdigit() for s in said)
+    assert len(collections.Counter(said)) == 10 and sum(a == b for a, b in zip(shown, said)) < 50  # ~20 by chance
+    assert episodes("format") == (shown, said)  # seeded by the episodes' seeds
