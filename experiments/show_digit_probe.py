@@ -42,6 +42,7 @@ CANDIDATES = {
     "mixed_ep2": MIXED + ["--optim.ppo-epochs", "2"],
     "format": ["--sft.steps", "20", "--sft.answers", "format"],  # 20 SFT steps on random digits, then GRPO
     "format_mixed": MIXED + ["--sft.steps", "20", "--sft.answers", "format"],
+    "format50_mixed": MIXED + ["--sft.steps", "50", "--sft.games", "64", "--sft.answers", "format"],
     "mixed_entropy": MIXED + ["--loss.entropy-coef", "0.01", "--loss.entropy-floor", "2.0"],
 }
 
@@ -80,8 +81,9 @@ def summarize(out: Path) -> dict:
         if r:
             runs[d.name] = {"iterations": len(r), "last10_return": float(np.mean(r[-10:])), "curve": r}
     by_cand: dict[str, list[float]] = {}
-    for tag, v in runs.items():
-        by_cand.setdefault(tag.rsplit("_s", 1)[0], []).append(v["last10_return"])
+    for tag, v in runs.items():  # finished runs only: a cut one would mix an earlier iteration in
+        if v["iterations"] >= 300:
+            by_cand.setdefault(tag.rsplit("_s", 1)[0], []).append(v["last10_return"])
     cands = {c: {"mean": float(np.mean(v)), "std": float(np.std(v)), "seeds": len(v), "values": v}
              for c, v in by_cand.items()}
     return {"script": "experiments/show_digit_probe.py", "job": " ".join(BASE), "candidates": cands,
