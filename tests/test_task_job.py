@@ -125,3 +125,18 @@ def test_evaluate_run_plays_a_task_runs_held_out_split(tmp_path):
     row = result["opponents"]["held-out"]
     assert result["game"] == "my_task:make" and list(result["opponents"]) == ["held-out"]
     assert 0.0 <= row["success_rate"] <= 1.0 and row["turns"] == 1.0
+
+
+def test_task_metrics_count_only_the_policys_episodes(tmp_path):
+    """The SFT stage's demonstrations go through the task's envs too (all expert successes): the first iteration's
+    task/success_rate is the rollout's own, as episode/win_rate says."""
+    from earl_jax.rl.trainer import Trainer
+    from jobs import job
+
+    cfg = job(env__task="earl_jax/GuessNumber-v0", sft__steps=2, sft__games=16, groups=4, group_size=4,
+              max_turn_tokens=6, max_turns=6, max_context=256, devices=1, eval_games=4, eval_every=0,
+              checkpoint_every=0, steps=1, run_dir=str(tmp_path))
+    trainer = Trainer(cfg, log=False)
+    trainer.format_warmup()
+    record = trainer.iteration()
+    assert record["task/success_rate"] == pytest.approx(record["episode/win_rate"])

@@ -137,4 +137,7 @@ def format_warmup(trainer) -> dict[str, float]:
 
     optimizer = make_optimizer(cfg.sft.learning_rate, 5, max(cfg.sft.steps, 6), 0.0, cfg.optim.grad_clip)
     history = run_sft(trainer, batches(), steps=cfg.sft.steps, optimizer=optimizer)
+    task = getattr(trainer, "task", None)
+    if task is not None:  # the demonstrations are not RL's episodes: task/* counts only what the policy played
+        task.train_log.drain("sft")
     return history[-1] if history else {}
