@@ -24,11 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jax
 import numpy as np
 
-TOOL_MS = 0.0
-
-
-def make_slow_arithmetic(**kw):
-    """The shipped calculator task whose tool also sleeps TOOL_MS (module global: set by main)."""
+def make_slow_arithmetic(tool_ms: float = 0.0, **kw):
+    """The shipped calculator task whose tool also sleeps `tool_ms` (the job imports this module by name: an
+    argument, not a global of __main__)."""
     from earl_jax.tasks.arithmetic import Arithmetic, calculator
     from earl_jax.tasks.tools import CALL_PARSERS, Tool, ToolCall, ToolUse, register_call_parser
 
@@ -36,18 +34,18 @@ def make_slow_arithmetic(**kw):
         register_call_parser("bench_every_answer")(lambda answer: ToolCall("calc", answer))
 
     def slow(args: str) -> str:
-        time.sleep(TOOL_MS / 1000)
+        time.sleep(tool_ms / 1000)
         return calculator(args)
 
     return ToolUse(Arithmetic(**kw), [Tool("calc", slow, "integer + - * / // % ( )")], parser="bench_every_answer",
                    max_calls=3)
 
 
-def rollout(k: int, games: int, rounds: int, run_dir: Path, workers: int = 1):
+def rollout(k: int, games: int, rounds: int, run_dir: Path, workers: int = 1, tool_ms: float = 0.0):
     from earl_jax.rl.trainer import Trainer
     from jobs import job
 
-    cfg = job(env__task="bench_pipeline:make_slow_arithmetic", env__task_args='{"digits": 3}', sft__steps=0,
+    cfg = job(env__task="bench_pipeline:make_slow_arithmetic", env__task_args=json.dumps({"digits": 3, "tool_ms": tool_ms}), sft__steps=0,
               rollout__groups=games // 8, rollout__group_size=8, rollout__max_turn_tokens=16, rollout__max_turns=4,
               rollout__max_context=256, rollout__pipeline_groups=k, env__step_workers=workers,
               rollout__cache_dtype="float32", run__run_dir=str(run_dir), run__steps=1,
@@ -66,7 +64,6 @@ def rollout(k: int, games: int, rounds: int, run_dir: Path, workers: int = 1):
 
 
 def main() -> None:
-    global TOOL_MS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--games", type=int, default=128)
     p.add_argument("--groups", type=int, nargs="+", default=[1, 2, 4], help="--rollout.pipeline-groups settings")
@@ -80,11 +77,10 @@ def main() -> None:
 
     rows = []
     for ms in a.tool_ms:
-        TOOL_MS = ms
         first = None
         for k, w in [(k, w) for w in a.workers for k in a.groups]:
             with tempfile.TemporaryDirectory() as d:
-                secs, host, traj = rollout(k, a.games, a.rounds, Path(d), w)
+                secs, host, traj = rollout(k, a.games, a.rounds, Path(d), w, ms)
             if first is None:
                 first = traj
             same = bool(np.array_equal(first.tokens, traj.tokens) and np.array_equal(first.loss_mask, traj.loss_mask))
