@@ -36,9 +36,10 @@ class Progress:
     def update(self, step: int, record: Mapping[str, Any]) -> None:
         if not self.enabled:
             return
-        win = record.get("eval/win_rate")
+        what = "success" if "eval/success_rate" in record else "win"  # a task's held-out success, a game's wins
+        win = record.get(f"eval/{what}_rate")
         text = (f"return {record['episode/return_mean']:+.2f}  "
-                f"eval win {win if win is None else f'{win:.2f}'}  "
+                f"eval {what} {win if win is None else f'{win:.2f}'}  "
                 f"ctx {record['rollout/context_len_mean']:.0f}  loss {record['train/loss']:+.3f}  "
                 f"mesh {record.get('parallel/rollout_mesh', '')}")
         self._bar.update(self._task, completed=step, description=text)

@@ -145,8 +145,10 @@ class Session(contextlib.ExitStack):
         """The bar in a terminal; elsewhere (logs, CI) one plain line per iteration."""
         self.bar.update(step, record)
         if not self.bar.enabled:
-            log.info("iteration %d/%d: return %+.2f, win %.2f, context %.0f, %.2f s (rollout %.2f, experience %.2f, "
+            task = "task/success_rate" in record  # a task's episodes succeed; a game's are won
+            log.info("iteration %d/%d: return %+.2f, %s %.2f, context %.0f, %.2f s (rollout %.2f, experience %.2f, "
                      "train %.2f), meshes %s / %s / %s", step, self.total, record["episode/return_mean"],
-                     record["episode/win_rate"], record["rollout/context_len_mean"], record["time/iteration_s"],
+                     "success" if task else "win", record["task/success_rate" if task else "episode/win_rate"],
+                     record["rollout/context_len_mean"], record["time/iteration_s"],
                      record["time/rollout_s"], record["time/experience_s"], record["time/train_s"],
                      record["parallel/rollout_mesh"], record["parallel/experience_mesh"], record["parallel/train_mesh"])
