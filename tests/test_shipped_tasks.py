@@ -152,3 +152,21 @@ def test_format_answers_are_the_action_space_never_the_expert():
     assert all(len(s) == 1 and s.isdigit() for s in said)
     assert len(collections.Counter(said)) == 10 and sum(a == b for a, b in zip(shown, said)) < 50  # ~20 by chance
     assert episodes("format") == (shown, said)  # seeded by the episodes' seeds
+
+
+def test_show_digit_rewards_and_its_hidden_control():
+    from earl_jax.tasks.show_digit import make_show_digit
+
+    env = make_show_digit()
+    obs, _ = env.reset(seed=3)
+    digit = env.unwrapped.digit
+    assert obs == f"d {digit}\n> " and env.expert_answer() == str(digit)
+    assert env.step(f"{digit} it is")[1:3] == (1.0, True)
+    env.reset(seed=3)
+    _, reward, _, _, info = env.step(str((digit + 1) % 10))
+    assert (reward, info["success"], info["invalid"]) == (0.0, False, False)
+    env.reset(seed=3)
+    _, reward, _, _, info = env.step("no")
+    assert (reward, info["invalid"]) == (-1.0, True)
+    hidden = make_show_digit(hidden=True)
+    assert hidden.reset(seed=3)[0] == "d ?\n> " and hidden.unwrapped.digit == digit  # same draw, not shown
