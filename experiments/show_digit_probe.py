@@ -31,6 +31,7 @@ CANDIDATES = {
     "mixed_lr5e-4": MIXED + ["--optim.learning-rate", "5e-4"],
     "mixed_lr2e-3": MIXED + ["--optim.learning-rate", "2e-3"],
     "mixed_g16x8": MIXED + ["--rollout.groups", "16", "--rollout.group-size", "8"],
+    "mixed_g32x8": MIXED + ["--rollout.group-size", "8"],  # 256 episodes an iteration, 8 tries at each digit
     "mixed_g64x4": MIXED + ["--rollout.groups", "64"],  # 256 episodes an iteration
     "mixed_lr3e-3": MIXED + ["--optim.learning-rate", "3e-3"],
     "mixed_tokens2": MIXED + ["--rollout.max-turn-tokens", "2"],  # a digit and the end token
