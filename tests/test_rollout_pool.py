@@ -139,3 +139,33 @@ def test_slots_must_split_into_the_groups(model):
         PlayConfig(slots=-1)
     with pytest.raises(ValueError, match="pipeline groups"):
         _rollout(model, dataclasses.replace(BASE, slots=5), groups=2)
+
+
+@pytest.mark.parametrize("kind", ["game", "text_task"])
+def test_the_job_plays_the_same_rollout_with_a_pool(tmp_path, kind):
+    """--rollout.slots 3 (8 games): the job's rollout stage plays every episode the lock-step stage plays; with two
+    pipeline groups the slots round up to whole groups (4)."""
+    from test_rollout_pipeline import _same as same_job
+    from test_token_exact import BASE as JOB, KINDS
+
+    from earl_jax.rl.trainer import Trainer
+    from jobs import job
+
+    runs = []
+    for slots, k in ((0, 1), (3, 1), (3, 2)):
+        trainer = Trainer(job(**JOB, **KINDS[kind], rollout__max_turns=4, rollout__slots=slots,
+                              rollout__pipeline_groups=k, run__run_dir=str(tmp_path / f"s{slots}k{k}")), log=False)
+        seeds, group_ids, rng = trainer.rollout_inputs()
+        traj, _ = trainer.play(trainer.matchmaker.train_env(0), seeds, group_ids, rng, trainer.sampling)
+        runs.append(traj)
+    assert runs[0].num_games == 8 and runs[0].stats.pool_occupancy is None
+    assert runs[1].stats.pool_occupancy is not None and runs[1].stats.busy_rows == runs[0].stats.busy_rows
+    same_job(runs[0], runs[1])
+    same_job(runs[0], runs[2])
+
+
+def test_slots_must_not_be_negative_in_the_job_config():
+    from earl_jax.rollout.config import RolloutConfig
+
+    with pytest.raises(ValueError, match="slots"):
+        RolloutConfig(slots=-1)
