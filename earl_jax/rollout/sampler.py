@@ -279,7 +279,10 @@ class Sampler(CompilingAhead):
             return
         statics = (bucket(max(int(max_new_tokens), 1), self.length_buckets), tuple(int(t) for t in stop_tokens),
                    program_key(sampling), row_ids)
-        if self._generate_like is None or self._generate_like[0] != statics:
+        last = None if self._generate_like is None else self._generate_like[0]
+        if row_ids and last is not None and last[3] and last[:3] == statics[:3]:
+            statics = last  # row ids of the kind the last generate had ([b], or a pool's (turn, id) rows)
+        if last != statics:
             temperature, greedy = runtime_values(sampling)
             self._generate_like = (statics, jax.ShapeDtypeStruct((), jax.random.key(0).dtype), _spec(temperature),
                                    _spec(greedy))
