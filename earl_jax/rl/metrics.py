@@ -123,6 +123,9 @@ def iteration_record(step: int, traj, times: Mapping[str, float], exp_metrics: M
         "rollout/tokens": s.tokens, "rollout/generated_tokens": s.generated_tokens,
         "rollout/env_frac": s.env_s / max(s.rollout_s, 1e-9), "rollout/wait_frac": s.wait_s / max(s.rollout_s, 1e-9),
         "rollout/decode_rows": s.decode_rows, "rollout/groups": decode_groups,
+        # decode rows that held a game decoding (a pool of games, --rollout.slots: while games waited)
+        "rollout/occupancy": s.busy_rows / max(s.decode_rows, 1),
+        **({} if s.pool_occupancy is None else {"rollout/pool_occupancy": s.pool_occupancy}),
         "rollout/gather_frac": s.gather_s / max(s.rollout_s, 1e-9),
         "rollout/gather_wait_frac": s.gather_wait_s / max(s.rollout_s, 1e-9),
         # each process's own games (a rollout split by process; one process: the rollout itself)

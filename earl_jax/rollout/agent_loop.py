@@ -14,6 +14,12 @@ What keeps the host and the padding off the critical path:
   steps one group's games while the device decodes another's. Each game samples from its own key
   (fold_in(fold_in(rng, turn), game id)), so what a game plays does not depend on its group, its row,
   compaction or the schedule: `overlap=False` (each decode waited for at once) gives identical games.
+- a pool of games (`slots` S < N, continuous batching): only S games hold a decode row at a time. When a game
+  ends, its row is emptied in place (`reset_rows`: its length 0, nothing reallocated) and the next waiting game's
+  first observation is extended into it with the other rows' observations, so the decode batch stays full until
+  no game waits; then the tail compacts as above. Games start at different times, so each row draws from
+  fold_in(fold_in(rng, the game's own turn), game id) ((turn, id) row ids): the keys of the lock-step loop, and
+  the same games.
 
 The result is a `Trajectories` batch ready for the experience stage: token ids, a loss mask on generated
 tokens only, the sampler's log-probs, per-turn rewards at the last generated token of each turn, and the
@@ -47,10 +53,15 @@ class PlayConfig:
     compact: bool = True  # finished games leave the decode batch
     min_batch: int = 1  # decode batches are multiples of this (the rollout mesh's data shards)
     constrain_moves: bool = False  # the policy picks among the legal moves' tokens (rollout/moves.py)
+    # decode rows over all pipeline groups (a pool of games, continuous batching): 0, or >= the games, gives every game
+    # a row from the start; fewer: a finished game's row takes the next waiting game (module docstring)
+    slots: int = 0
 
     def __post_init__(self):
         if self.pipeline_groups < 1 or self.min_batch < 1:
             raise ValueError(f"PlayConfig: pipeline_groups and min_batch must be >= 1, got {self}")
+        if self.slots < 0:
+            raise ValueError(f"PlayConfig: slots must be >= 0, got {self.slots}")
 
 
 @dataclasses.dataclass
@@ -63,6 +74,7 @@ class _Group:
     turn: int = 0
     fetch: Callable[[], Decoded] | None = None
     budgets: np.ndarray | None = None
+    turns: np.ndarray | None = None  # a pool's decode: each slot's game's turn (the slot's key)
 
 
 @partial(jax.jit, static_argnums=1)
@@ -89,6 +101,10 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         raise ValueError(f"{n} seeds for an env of {env.num_games} games")
     if n % len(policies):
         raise ValueError(f"{n} games do not split into {len(policies)} pipeline groups")
+    pool = 0 < cfg.slots < n
+    if pool and (cfg.slots % len(policies) or (cfg.slots // len(policies)) % cfg.min_batch):
+        raise ValueError(f"slots={cfg.slots} do not split into {len(policies)} pipeline groups of a multiple of "
+                         f"min_batch={cfg.min_batch} rows")
     codec = codec or ObservationCodec(tokenizer)
     t_start = time.perf_counter()
     env_s = wait_s = 0.0
@@ -115,13 +131,29 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
     first_cache_len = min(cfg.max_context, prompt_tokens + cfg.max_turn_tokens)
     observation_tokens = 0  # widest later extend: with the prompt's, what the selector's rollout memory estimate needs
 
-    size = n // len(policies)
+    busy_rows = pool_rows = pool_busy = 0  # rows decoding a game; a pool's decode rows and busy rows while games wait
     groups = []
-    for k, pol in enumerate(policies):
-        games = np.arange(k * size, (k + 1) * size)
-        pol.reset(size, first_cache_len)
-        pol.extend(ids[games], counts[games])
-        groups.append(_Group(pol, games, first_batch=len(games)))
+    waiting: list[int] = []  # a pool's games without a row yet, as a stack (the next game last)
+    first_ids, first_counts = ids, counts  # every game's first observation (a pool extends it when the game starts)
+    if not pool:
+        size = n // len(policies)
+        for k, pol in enumerate(policies):
+            games = np.arange(k * size, (k + 1) * size)
+            pol.reset(size, first_cache_len)
+            pol.extend(ids[games], counts[games])
+            groups.append(_Group(pol, games, first_batch=len(games)))
+    else:  # each group's rows take the next waiting games (not those over at reset): the queue is shared
+        size = cfg.slots // len(policies)
+        waiting = np.flatnonzero(live)[::-1].tolist()
+        for pol in policies:
+            games = np.full(size, -1, np.int64)
+            take = [waiting.pop() for _ in range(min(size, len(waiting)))]
+            games[:len(take)] = take
+            new, new_counts = np.zeros((size, ids.shape[1]), np.int32), np.zeros(size, np.int64)
+            new[:len(take)], new_counts[:len(take)] = ids[take], counts[take]
+            pol.reset(size, first_cache_len)
+            pol.extend(new, new_counts)
+            groups.append(_Group(pol, games, first_batch=size))
 
     turn_keys: tuple[jax.Array, ...] = ()
 
@@ -135,11 +167,16 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
 
     def issue(g: _Group) -> None:
         """Start the group's next decode, or retire it when none of its games can go on."""
-        nonlocal decode_rows, wait_s
+        nonlocal decode_rows, wait_s, busy_rows, pool_rows, pool_busy
         slots = np.flatnonzero(g.games >= 0)
         games = g.games[slots]
         going = live[games]
-        if g.turn >= cfg.max_turns:
+        if pool:  # each game at its own turn (those at max_turns left their rows in `advance`)
+            turns = ep.turns[games]
+            ep.truncated[games[going & (turns >= cfg.max_turns)]] = True
+            live[games[turns >= cfg.max_turns]] = False
+            going &= turns < cfg.max_turns
+        elif g.turn >= cfg.max_turns:
             ep.truncated[games[going]] = True
             live[games] = False
             going[:] = False
@@ -153,15 +190,25 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
             return
         budgets = np.zeros(len(g.games), np.int32)
         budgets[slots[going]] = np.minimum(cfg.max_turn_tokens, room[going])
-        ep.turn_ctx[games[going], g.turn] = ep.length[games[going]]
         row_ids = np.where(g.games >= 0, g.games + game_offset, 0).astype(np.int32)
+        if pool:
+            ep.turn_ctx[games[going], turns[going]] = ep.length[games[going]]
+            g.turns = np.zeros(len(g.games), np.int32)
+            g.turns[slots] = turns
+            row_ids, key = np.stack([g.turns, row_ids], 1), rng  # (turn, id) rows: fold_in(fold_in(rng, turn), id)
+            if waiting:
+                pool_rows, pool_busy = pool_rows + len(g.games), pool_busy + int(going.sum())
+        else:
+            ep.turn_ctx[games[going], g.turn] = ep.length[games[going]]
+            key = turn_key(g.turn)
+        busy_rows += int(going.sum())
         g.budgets = budgets
         kw = {}
         if legal is not None:
             kw["legal"] = np.zeros((len(g.games), legal.shape[1]), bool)
             kw["legal"][slots[going]] = legal[games[going]]
         t0 = time.perf_counter()  # a GPU decode loop may hold the launching thread until it ends: that is waiting
-        g.fetch = g.policy.generate(budgets, turn_key(g.turn), row_ids, **kw)
+        g.fetch = g.policy.generate(budgets, key, row_ids, **kw)
         decode_rows += len(g.games)
         if not cfg.overlap:  # the reference schedule: nothing else runs while this group decodes
             g.fetch = _ready(g.fetch())
@@ -203,7 +250,9 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         ep.truncated[cont_games[no_room]] = True
         live[cont_games[no_room]] = False
         keep = ~no_room
-        if keep.any():
+        if pool:
+            _refill(g, cont_games[keep], cont_slots[keep], ids[keep], counts[keep])
+        elif keep.any():
             if not keep.all():  # the common case (room for every game) copies no rows
                 cont_games, cont_slots, ids, counts = cont_games[keep], cont_slots[keep], ids[keep], counts[keep]
             ep.append(cont_games, ids, counts, False)
@@ -213,8 +262,34 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
             new[cont_slots], new_counts[cont_slots] = ids, counts
             g.policy.extend(new, new_counts)
         g.turn += 1
-        if cfg.compact:
+        if cfg.compact and not (pool and waiting):  # a pool's rows are refilled while games wait
             _compact(g, live, cfg.min_batch)
+
+    def _refill(g: _Group, cont_games, cont_slots, obs, obs_counts) -> None:
+        """A pool's extend: the going games' observations (those at max_turns leave: truncated, as the lock-step
+        loop truncates them before their next decode), and the next waiting games' first observations in the rows
+        of games that ended (emptied in place)."""
+        nonlocal observation_tokens
+        if len(cont_games):
+            ep.append(cont_games, obs, obs_counts, False)
+            observation_tokens = max(observation_tokens, int(obs_counts.max()))
+        over = ep.turns[cont_games] >= cfg.max_turns
+        ep.truncated[cont_games[over]] = True
+        live[cont_games[over]] = False
+        cont_slots, obs, obs_counts = cont_slots[~over], obs[~over], obs_counts[~over]
+        free = np.flatnonzero((g.games < 0) | ~live[np.maximum(g.games, 0)])[:len(waiting)]
+        fresh = np.array([waiting.pop() for _ in range(len(free))], np.int64)
+        if len(free):
+            g.games[free] = fresh
+            g.policy.reset_rows(free)
+        if not len(cont_slots) and not len(free):
+            return
+        width = max(obs.shape[1] if len(cont_slots) else 0, first_ids.shape[1] if len(free) else 0)
+        new, new_counts = np.zeros((len(g.games), width), np.int32), np.zeros(len(g.games), np.int64)
+        new[cont_slots, :obs.shape[1]], new_counts[cont_slots] = obs, obs_counts
+        if len(free):
+            new[free, :first_ids.shape[1]], new_counts[free] = first_ids[fresh], first_counts[fresh]
+        g.policy.extend(new, new_counts)
 
     for g in groups:
         issue(g)
@@ -235,7 +310,8 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
     stats = RolloutStats(
         **episode_stats(ep.winner, ep.invalid, ep.length, ep.turn_ctx, ep.turns, ep.truncated, a["mask"]),
         env_s=env_s, wait_s=wait_s, rollout_s=time.perf_counter() - t_start, decode_rows=decode_rows, prompt_tokens=prompt_tokens,
-        first_cache_len=first_cache_len, observation_tokens=observation_tokens,
+        first_cache_len=first_cache_len, observation_tokens=observation_tokens, busy_rows=busy_rows,
+        pool_occupancy=pool_busy / pool_rows if pool_rows else None,
         blunder_rate=ep.blunders / ep.judged if ep.judged else None, judged=ep.judged)
     rewards = a["rewards"]
     return Trajectories(
@@ -336,6 +412,10 @@ class ScriptedPolicy:
             row.extend(toks)
             tokens[r, :len(toks)], counts[r], stopped[r] = toks, len(toks), toks[-1] == self.stop_id
         return _ready(Decoded(tokens, np.zeros(tokens.shape, np.float32), counts, stopped))
+
+    def reset_rows(self, rows) -> None:
+        for r in np.asarray(rows).tolist():
+            self.context[r] = []
 
     def take_rows(self, rows, batch: int) -> None:
         self.context = [self.context[r] for r in rows] + [[] for _ in range(batch - len(rows))]

@@ -49,6 +49,10 @@ class RolloutConfig:
     pipeline_groups: int = _f(1, "the batch decodes as this many groups that take turns on the device, so the host "
                                  "steps one group's games (tools, task steps, tokenization) while another decodes; "
                                  "same games as 1 (each game samples by its own key); one process, no league")
+    slots: int = _f(0, "continuous batching: decode rows a rollout's games share (each process's, when the games are "
+                       "split): a game that ends gives its row (emptied in place) to the next waiting game; same "
+                       "games as 0 (each game samples by its own turn and id); rounded up to whole decode batches of "
+                       "every pipeline group; 0 or >= the games: every game has a row from the start; no league")
     split_processes: bool = _f(True, "in a multi-process job whose rollout mesh holds a whole model per process, each "
                                      "process plays only its share of the games (rollout/process_split.py)")
 
@@ -66,6 +70,7 @@ class RolloutConfig:
         need(self.pipeline_groups > 0, "pipeline_groups", "must be positive")
         need(self.groups * self.group_size % self.pipeline_groups == 0, "pipeline_groups",
              f"must divide the batch (groups x group_size = {self.groups * self.group_size} games)")
+        need(self.slots >= 0, "slots", "must be >= 0 (0: off)")
         need(self.cache_growth == 0 or self.cache_growth >= 1.5, "cache_growth", "must be 0 (default buckets) or >= 1.5")
         try:
             schedule = parse_schedule(self.turn_tokens_schedule)

@@ -37,9 +37,14 @@ class Policy(Protocol):
 
     def generate(self, budgets: Int[np.ndarray, " b"], rng: jax.Array, row_ids: Int[np.ndarray, " b"],
                  legal: Bool[np.ndarray, "b a"] | None = None) -> Callable[[], Decoded]:
-        """Start decoding up to budgets[r] tokens per slot (slot r draws from fold_in(rng, row_ids[r]));
-        returns a function that waits for the answers. Nothing else is called on the policy before it.
+        """Start decoding up to budgets[r] tokens per slot (slot r draws from fold_in(rng, row_ids[r]); [b, 2] row
+        ids (turn, id): from fold_in(fold_in(rng, turn), id), `sampling.row_keys`); returns a function that waits
+        for the answers. Nothing else is called on the policy before it.
         `legal` (constrained moves only): each slot's legal moves; the answer is one of them."""
+        ...
+
+    def reset_rows(self, rows: Int[np.ndarray, " k"]) -> None:
+        """Empty slots `rows` in place (a pool of games: the next game's first observation is extended into them)."""
         ...
 
     def take_rows(self, rows: Int[np.ndarray, " k"], batch: int) -> None:
@@ -71,6 +76,8 @@ class RolloutStats:
     observation_tokens: int  # widest later extend (a turn's observation); 0 if none
     blunder_rate: float | None = None  # share of judged moves that gave an outcome away (env's blunder_penalty)
     judged: int = 0  # moves the env judged for blunders
+    busy_rows: int = 0  # decode-batch slots holding a game that decodes, summed over decodes (/ decode_rows: occupancy)
+    pool_occupancy: float | None = None  # a pool of games (PlayConfig.slots): busy / decode rows while games waited
     # a rollout split by process (rollout/process_split.py): the gather of the trajectories, the part of it spent
     # waiting for the slowest process, and each process's own time for its games
     gather_s: float = 0.0

@@ -28,6 +28,7 @@ import tokenizers
 from jaxtyping import Array, Bool, Float, Int
 
 from earl_jax.envs.parser import canonical_action_text
+from earl_jax.rollout.sampling import row_keys
 
 MAX_ACTIONS = 31  # the legal set is an int32 bitmask
 
@@ -81,13 +82,13 @@ def pick_moves(next_logits: Float[Array, "b v"], bits: Int[Array, " b"], rng: ja
                ) -> tuple[Int[Array, " b"], Float[Array, " b"]]:
     """One legal action per row and its log-prob under the masked, tempered softmax over the move tokens.
 
-    Row r draws from fold_in(rng, row_ids[r]) alone (as the sampler's rows do), so a game's move does not depend
+    Row r draws from fold_in(rng, row_ids[r]) alone (as the sampler's rows do; [b, 2] rows: `sampling.row_keys`), so a game's move does not depend
     on its batch. Rows with bits 0 (no legal move, or an empty slot) return action 0 and log-prob 0.
     Traced by `Sampler.pick_moves` (its mesh, its rows' sharding)."""
     sub = jnp.take(next_logits.astype(jnp.float32), jnp.asarray(token_ids), axis=-1) / temperature  # b a
     allowed = bits_to_mask(bits, len(token_ids))
     masked = _masked(sub, allowed)
-    keys = jax.vmap(lambda r: jax.random.fold_in(rng, r))(row_ids)
+    keys = row_keys(rng, row_ids)
     drawn = jax.vmap(jax.random.categorical)(keys, masked)
     action = jnp.where(greedy, jnp.argmax(masked, axis=-1), drawn).astype(jnp.int32)
     logp = jnp.take_along_axis(jax.nn.log_softmax(masked, axis=-1), action[:, None], axis=-1)[:, 0]

@@ -115,6 +115,11 @@ class SamplerPolicy:
 
         return fetch
 
+    def reset_rows(self, rows: np.ndarray) -> None:
+        self.state = self.sampler.reset_rows(self.state, rows)
+        self.lengths[rows] = 0
+        self._pending_n[rows] = 0  # a finished game's last constrained answer is not the new game's
+
     def take_rows(self, rows: np.ndarray, batch: int) -> None:
         self.state = self.sampler.take_rows(self.state, rows, batch)
         self.lengths = np.concatenate([self.lengths[rows], np.zeros(batch - len(rows), np.int64)])

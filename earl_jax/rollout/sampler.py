@@ -46,7 +46,7 @@ from earl_jax.rollout.compile_ahead import CompileAhead, spec_of as _spec
 from earl_jax.rollout.sampler_ahead import CompilingAhead
 from earl_jax.kernels.decode_attention import block_size
 from earl_jax.kernels.tuning import plan as decode_plan
-from earl_jax.rollout.sampling import SamplingConfig, program_key, runtime_values, sample_logits
+from earl_jax.rollout.sampling import SamplingConfig, program_key, row_keys, runtime_values, sample_logits
 
 PAD_TOKEN = 0
 # "auto" runs the XLA step below this many cached positions (one H200: faster at 384, 0.5B batch 32) and the Pallas
@@ -77,6 +77,11 @@ class Generation:
     logprobs: Float[Array, "b n"]  # log_softmax(logits / temperature) at each token; 0 past num_tokens
     num_tokens: Int[Array, "b"]  # generated tokens, the stop token included
     stopped: Bool[Array, "b"]  # True: ended on a stop token; False: budget (or cache) ran out
+
+
+@jax.jit
+def _zero_rows(lengths, reset):
+    return jnp.where(reset, 0, lengths)
 
 
 def cast_weights(params: nnx.State, dtype) -> nnx.State:
@@ -176,6 +181,15 @@ class Sampler(CompilingAhead):
         self._wait(("take", state.batch_size, state.max_len, batch))
         return self._take(state, idx, batch, valid)
 
+    def reset_rows(self, state: SamplerState, rows) -> SamplerState:
+        """Rows `rows` empty again, in place (their lengths 0; nothing reallocated): the next extend writes a new
+        game from position 0. What the old game left in the cache is never read: attention is masked by position
+        (slots <= the query's), and the new game overwrites every slot it reaches."""
+        reset = np.zeros(state.batch_size, bool)
+        reset[np.asarray(rows, np.int64)] = True
+        (reset,) = self._put_rows(reset)
+        return SamplerState(state.cache, _zero_rows(state.lengths, reset), state.next_logits)
+
     def extend(self, params: nnx.State, state: SamplerState, tokens, num_new) -> SamplerState:
         """Append row b's first num_new[b] tokens at positions lengths[b]...; rows with num_new == 0 are
         unchanged. Updates next_logits of the extended rows. Prefill == extend on an empty state.
@@ -212,7 +226,9 @@ class Sampler(CompilingAhead):
 
         With `row_ids` ([b] ints, e.g. game ids) row r draws its tokens from fold_in(rng, row_ids[r]) alone,
         so what a row samples does not depend on which rows share its batch, or where it sits in it
-        (compaction, pipelined halves); without, the batch draws from `rng` as a whole. Asynchronous: the
+        (compaction, pipelined halves); without, the batch draws from `rng` as a whole. [b, 2] row ids are
+        (turn, id) pairs: row r draws from fold_in(fold_in(rng, turn_r), id_r) (a pool of games at different
+        turns, `sampling.row_keys`). Asynchronous: the
         returned arrays are device arrays still being computed. `trim=False`: tokens and log-probs keep the
         program's bucketed width (columns past max_new_tokens are padding), so the caller slices on the host
         instead of two eager device ops."""
@@ -225,7 +241,8 @@ class Sampler(CompilingAhead):
         else:
             budget, row_ids = self._put_rows(budget, np.asarray(row_ids, np.int32))
         temperature, greedy = runtime_values(sampling)  # runtime values: greedy and sampled share programs
-        statics = (n_bucket, stop_tokens, program_key(sampling), row_ids is not None)
+        # 0: no ids; 1 (== True, as prepare_generate says): ids [b]; 2: (turn, id) rows [b, 2]
+        statics = (n_bucket, stop_tokens, program_key(sampling), 0 if row_ids is None else row_ids.ndim)
         b, s = state.batch_size, state.max_len
         self._wait(("generate", b, s) + statics)
         state, gen = self._generate(params, state, rng, budget, n_bucket, stop_tokens, program_key(sampling),
@@ -262,7 +279,10 @@ class Sampler(CompilingAhead):
             return
         statics = (bucket(max(int(max_new_tokens), 1), self.length_buckets), tuple(int(t) for t in stop_tokens),
                    program_key(sampling), row_ids)
-        if self._generate_like is None or self._generate_like[0] != statics:
+        last = None if self._generate_like is None else self._generate_like[0]
+        if row_ids and last is not None and last[3] and last[:3] == statics[:3]:
+            statics = last  # row ids of the kind the last generate had ([b], or a pool's (turn, id) rows)
+        if last != statics:
             temperature, greedy = runtime_values(sampling)
             self._generate_like = (statics, jax.ShapeDtypeStruct((), jax.random.key(0).dtype), _spec(temperature),
                                    _spec(greedy))
@@ -389,14 +409,14 @@ class Sampler(CompilingAhead):
                 impl = "pallas" if self.decode_impl.startswith("pallas") else "auto"
                 plan = decode_plan(self.cfg, b, s, impl, interpret=self.decode_impl.endswith("_interpret"))
             if row_ids is not None:  # each row's own stream: draw i of row r is fold_in(fold_in(rng, id_r), i)
-                row_keys = jax.vmap(lambda i: jax.random.fold_in(rng, i))(row_ids)
+                keys = row_keys(rng, row_ids)  # [b, 2] ids (turn, id): fold_in(fold_in(fold_in(rng, turn), id), i)
 
             def draw(rng, i):
                 """(the key(s) for draw i, the carried rng)."""
                 if row_ids is None:
                     rng, key = jax.random.split(rng)
                     return key, rng
-                return jax.vmap(lambda k: jax.random.fold_in(k, i))(row_keys), rng
+                return jax.vmap(lambda k: jax.random.fold_in(k, i))(keys), rng
 
             def hidden(tok, positions, cache):  # [b], [b] -> h [b, 1, d]
                 if plan is not None:

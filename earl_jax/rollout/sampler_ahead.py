@@ -109,6 +109,7 @@ class CompilingAhead:
         statics, rng, temperature, greedy = self._generate_like
         n_bucket, stop_tokens, pkey, with_ids = statics
         rows = self._rows_spec((b,), np.int32)
+        ids = None if not with_ids else rows if with_ids == 1 else self._rows_spec((b, 2), np.int32)  # (turn, id) rows
         weights = None
         if self.kernel_step(s):
             if self._weights_spec is None or self._weights_spec[0] is not p:  # traced once per weight specs
@@ -116,7 +117,7 @@ class CompilingAhead:
             weights = self._weights_spec[1]
         self.ahead.submit(("generate", b, s) + statics, lambda: self._generate.lower(
             p, self._state_spec(like, b, s), rng, rows, n_bucket, stop_tokens, pkey,
-            jax.ShapeDtypeStruct((), np.int32), rows if with_ids else None, temperature, greedy, weights).compile())
+            jax.ShapeDtypeStruct((), np.int32), ids, temperature, greedy, weights).compile())
 
     def _rows_spec(self, shape: tuple[int, ...], dtype) -> jax.ShapeDtypeStruct:
         """What `_put_rows` makes of a host array of this shape (uncommitted without a mesh: jnp.asarray)."""

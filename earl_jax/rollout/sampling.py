@@ -137,3 +137,12 @@ def sample_logits(rng: jax.Array, logits: Float[Array, "b v"], cfg: SamplingConf
     if lse is None:
         lse = jax.nn.logsumexp(scaled, axis=-1)
     return tokens, picked - lse
+
+
+def row_keys(rng: jax.Array, row_ids: Int[Array, "b"] | Int[Array, "b 2"]) -> jax.Array:
+    """Each row's own key: fold_in(rng, row_ids[r]) for ids [b]; for [b, 2] rows (turn, id), as a pool of games
+    whose rows are at different turns passes them, fold_in(fold_in(rng, turn_r), id_r): the same key the
+    lock-step loop's fold_in(turn key, id) gives, so what a game samples does not depend on when it started."""
+    if row_ids.ndim == 1:
+        return jax.vmap(lambda i: jax.random.fold_in(rng, i))(row_ids)
+    return jax.vmap(lambda t, i: jax.random.fold_in(jax.random.fold_in(rng, t), i))(row_ids[:, 0], row_ids[:, 1])
