@@ -45,12 +45,12 @@ if "--small" in sys.argv or os.environ.get("JAX_PLATFORMS", "") == "cpu":
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from earl_jax.models.config import get_config
-from earl_jax.rl.measure import RealMeasure, profile_rows
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel, candidate_meshes
-from earl_jax.sharding.mesh import MeshShape
-from earl_jax.parallel.profile import HUNG, ProfileTable, SyntheticThroughput, device_slug, run_profile
 from earl_jax.parallel.plan import ContextStats
+from earl_jax.parallel.profile import HUNG, ProfileTable, SyntheticThroughput, device_slug, run_profile
 from earl_jax.parallel.selector import NoFeasibleLayoutError, ParallelismSelector, SelectorConfig
+from earl_jax.rl.measure import RealMeasure, profile_rows
+from earl_jax.sharding.mesh import MeshShape
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -300,7 +300,6 @@ def plot_heatmap(result: dict, path: Path) -> Path:
 def _draw_pair(fig, axes, result: dict, scored_apart: bool = True) -> None:
     import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     ctxs, ress = result["contexts"], result["responses"]

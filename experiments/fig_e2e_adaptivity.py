@@ -72,9 +72,9 @@ sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
 sys.path.insert(0, str(ROOT / "experiments"))
 
 import adaptivity_summary  # noqa: E402
-from job_flags import component_flags  # noqa: E402
 from earl_jax.parallel.profile import SCRATCH_OOM  # noqa: E402
 from earl_jax.rl.config import parse_schedule  # noqa: E402
+from job_flags import component_flags  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory")  # and SCRATCH_OOM (run_one)

@@ -188,7 +188,6 @@ def test_bench_rollout_long_rows_start_decoding_at_the_prompt_length():
     """The long rows time decode from a cache of random keys/values at the prompt's length (not a prefill)."""
     mod = _load("bench_rollout")
     from earl_jax.rollout.sampler import Sampler
-    from earl_jax.rollout.sampling import SamplingConfig
     cfg = ModelConfig.tiny(vocab_size=64).replace(num_hidden_layers=2)
     graphdef, params = nnx.split(Qwen2(cfg, rngs=nnx.Rngs(0), dtype=jnp.float32))
     sampler = Sampler(graphdef, cfg, cache_dtype=jnp.float32)

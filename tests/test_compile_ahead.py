@@ -19,7 +19,6 @@ from earl_jax.rollout.agent_loop import COMPACT_FACTOR, COMPACT_LEVELS
 from earl_jax.rollout.compile_ahead import CompileAhead
 from earl_jax.rollout.sampler import Sampler
 from earl_jax.sharding.mesh import INFERENCE_RULES, MeshShape, make_mesh
-
 from jobs import job, with_fields
 
 CFG = ModelConfig.tiny(vocab_size=64).replace(num_attention_heads=8, num_key_value_heads=4, head_dim=16)

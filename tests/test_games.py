@@ -7,7 +7,6 @@ import random
 import numpy as np
 import pyspiel
 import pytest
-from test_vector_envs import replay
 
 from earl_jax.envs import EnvConfig, OpenSpielTextEnv, game_text, games, make_opponent
 from earl_jax.envs.games import OpponentSpec, get_game
@@ -15,6 +14,7 @@ from earl_jax.envs.vector import make_vector_env
 from earl_jax.envs.vector.env import VectorTextEnv
 from earl_jax.envs.vector.opponents import BatchedOpponent, make_vector_opponent
 from earl_jax.rl.curriculum import default_ladder, parse_ladder
+from test_vector_envs import replay
 
 NAMES = games.game_names()
 

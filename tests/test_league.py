@@ -18,7 +18,6 @@ from earl_jax.rl.league import League
 from earl_jax.rl.metrics import read_metrics
 from earl_jax.rl.trainer import Trainer
 from earl_jax.rl.validate import check_job
-
 from jobs import job, with_fields
 
 SMALL = job(groups=4, group_size=2, steps=2, eval_every=1, eval_games=4, format_warmup_steps=0, devices=2,

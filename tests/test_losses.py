@@ -8,8 +8,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from earl_jax.rl.losses import (POLICY_LOSSES, LossConfig, aggregate, estimator_is_grouped, kl_penalty, policy_loss,
-                                ppo_clip, reinforce)
+from earl_jax.rl.losses import (
+    POLICY_LOSSES,
+    LossConfig,
+    aggregate,
+    estimator_is_grouped,
+    kl_penalty,
+    policy_loss,
+    ppo_clip,
+    reinforce,
+)
 
 LN2 = math.log(2.0)
 

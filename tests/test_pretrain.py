@@ -13,7 +13,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
 import pretrain  # noqa: E402
-
 from earl_jax.models.export import read_base_info  # noqa: E402
 
 TINY = ["tictactoe", "--games", "96", "--sft-steps", "8", "--sft-games", "8", "--sft-lr", "1e-2", "--sft-warmup", "1",

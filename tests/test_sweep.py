@@ -14,7 +14,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
 import sweep  # noqa: E402
-
 from earl_jax.parallel.thresholds import parse_thresholds  # noqa: E402
 from earl_jax.rl.job import parse_job  # noqa: E402
 

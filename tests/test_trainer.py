@@ -15,7 +15,6 @@ from earl_jax.parallel.plan import ContextStats
 from earl_jax.rl import job as job_cli
 from earl_jax.rl.metrics import REQUIRED_METRICS, read_metrics
 from earl_jax.rl.trainer import Trainer
-
 from jobs import job, with_fields
 
 SMALL = job(groups=4, group_size=2, steps=3, eval_every=2, eval_games=8, format_warmup_steps=1, devices=2,

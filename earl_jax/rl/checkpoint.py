@@ -88,8 +88,9 @@ class Checkpointer:
             out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                                                      meta=ocp.args.JsonRestore()))
         except Exception as e:
+            detail = " ".join(str(e).split())[:300]
             raise CheckpointError(f"checkpoint {self.directory / str(step)} is unreadable or does not match "
-                                  f"this run's model/optimizer ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
+                                  f"this run's model/optimizer ({type(e).__name__}: {detail})") from e
         return step, out.state, dict(out.meta)
 
     def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]]:

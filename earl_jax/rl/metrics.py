@@ -202,7 +202,8 @@ def compile_metrics(compiles, programs: int, decode_programs: int, gc_pause_s: f
             "compile/ahead": compiles.ahead, "time/compile_ahead_s": compiles.ahead_s,
             "compile/ahead_failed": sum(len(a.failed) for a in aheads),
             # of the programs submitted so far, those a real call then asked for (the rest was a wrong guess)
-            "compile/ahead_submitted": sum(a.submitted for a in aheads), "compile/ahead_used": sum(len(a.used) for a in aheads),
+            "compile/ahead_submitted": sum(a.submitted for a in aheads),
+            "compile/ahead_used": sum(len(a.used) for a in aheads),
             "time/compile_ahead_waited_s": sum(a.waited_s for a in aheads)}
 
 

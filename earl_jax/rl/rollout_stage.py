@@ -103,8 +103,9 @@ class RolloutStage:
         policies = [SamplerPolicy(sampler, params, sampling, stops, turn_tokens, moves=self.moves,
                                   background=k > 1 and backend != "cpu") for _ in range(k)]
         compact = compact_now(self.cfg.compact_finished, self.rollouts_done, backend)
-        play_cfg = PlayConfig(turn_tokens, self.cfg.max_turns, self.max_context, constrain_moves=self.cfg.constrain_moves,
-                              compact=compact, pipeline_groups=k, min_batch=min_batch)
+        play_cfg = PlayConfig(turn_tokens, self.cfg.max_turns, self.max_context,
+                              constrain_moves=self.cfg.constrain_moves, compact=compact, pipeline_groups=k,
+                              min_batch=min_batch)
         self.pipeline_groups = k
         self.decode_groups = jax.process_count() if at.split else 1
         if league is not None:

@@ -28,9 +28,9 @@ from flax import nnx
 from earl_jax.compile_cache import count_compiles
 from earl_jax.envs.vector import ObservationCodec
 from earl_jax.models.tokenizer import special_ids
-from earl_jax.progress import phase
 from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.planner import StageRun
+from earl_jax.progress import phase
 from earl_jax.rl.checkpoint import Checkpointer, checkpoint_state
 from earl_jax.rl.config import JobConfig
 from earl_jax.rl.evaluation import Evaluator
@@ -39,8 +39,8 @@ from earl_jax.rl.game_seeds import rollout_inputs
 from earl_jax.rl.gc_control import GcClock
 from earl_jax.rl.matchmaking import Matchmaker
 from earl_jax.rl.metrics import CompileStats, MetricsLogger, NoSignal, device_memory, iteration_record, opponent_metrics
-from earl_jax.rl.policy_setup import build_policy
 from earl_jax.rl.packing import scored_spans
+from earl_jax.rl.policy_setup import build_policy
 from earl_jax.rl.rollout_stage import RolloutStage, stage_ahead_now, timed_weights
 from earl_jax.rl.session import Session, StopRun
 from earl_jax.rl.train import TrainState, train_stage
@@ -48,9 +48,9 @@ from earl_jax.rl.warmup import format_warmup
 from earl_jax.rl.weights import WeightMover
 from earl_jax.rollout.compile_ahead import CompileAhead
 from earl_jax.rollout.moves import MoveTokens
+from earl_jax.rollout.sampler import DEFAULT_CACHE_BUCKETS, SamplingConfig
 from earl_jax.tasks import TaskEnvs
 from earl_jax.tasks.chat import task_chat
-from earl_jax.rollout.sampler import DEFAULT_CACHE_BUCKETS, SamplingConfig
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +112,10 @@ class Trainer:
             raise ValueError(f"--run.run-dir {self.run_dir} already holds checkpoints: pass --resume to continue it, "
                              "or choose a new --run-dir (refusing to overwrite a run)")
         # config.json, metrics.jsonl and wandb: written by process 0 only, and not at all with log=False
-        self.logger = MetricsLogger(self.run_dir, {**({"job": job} if job else {}), **cfg.to_dict()}, wandb_mode=cfg.run.wandb_mode,
-                                    project=cfg.run.wandb_project, resume_step=self.step if self.step else None,
-                                    enabled=log and self.is_main, write_config=True)
+        self.logger = MetricsLogger(self.run_dir, {**({"job": job} if job else {}), **cfg.to_dict()},
+                                    wandb_mode=cfg.run.wandb_mode, project=cfg.run.wandb_project,
+                                    resume_step=self.step if self.step else None, enabled=log and self.is_main,
+                                    write_config=True)
 
     @property
     def params(self) -> Any:
@@ -245,8 +246,8 @@ class Trainer:
                 if self.step == 0:  # the curves start from the untrained (or format-warmed) policy
                     warm = {}
                     if cfg.sft.steps and not cfg.rollout.constrain_moves:  # constrained moves: no format to learn
-                        what = (f"the task's {'format answers' if cfg.sft.answers == 'format' else 'expert demonstrations'}"
-                                if self.task else "random legal games")
+                        shown = "format answers" if cfg.sft.answers == "format" else "expert demonstrations"
+                        what = f"the task's {shown}" if self.task else "random legal games"
                         session.beat(f"format warm-up ({what})")
                         with phase(f"format warm-up: {cfg.sft.steps} supervised steps on {what}"):
                             warm = {f"warmup/{k}": v for k, v in self.format_warmup().items()}

@@ -31,8 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
 RESULTS = ROOT / "experiments" / "results"
 
-from experiments.sweep import steady_iterations  # noqa: E402
 from experiments.job_flags import for_tree  # noqa: E402
+from experiments.sweep import steady_iterations  # noqa: E402
+
 BASELINE = ROOT / ".baseline"
 
 COMMON = ["--format-warmup-steps", "0", "--eval-every", "0", "--eval-games", "8", "--checkpoint-every", "0",

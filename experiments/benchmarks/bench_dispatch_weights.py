@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -32,8 +31,8 @@ import numpy as np  # noqa: E402
 
 from earl_jax.models.config import ModelConfig, get_config  # noqa: E402
 from earl_jax.parallel.dispatch import Dispatcher  # noqa: E402
-from timing import fresh_copy, median_ms  # noqa: E402
 from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, logical_sharding, make_mesh  # noqa: E402
+from timing import fresh_copy, median_ms  # noqa: E402
 
 
 def param_specs(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
@@ -95,7 +94,7 @@ def main(argv=None) -> dict:
         r = {"move": name, "route": route, "leaves": len(keys), "MiB": total / 2**20, "compiles": compiles}
         for m, route_name in (("centralized", "centralized"), ("device_put", "device_put"), ("earl", "auto")):
             r[f"{m}_ms"] = median_ms(lambda w: dispatcher(w, dst, route=route_name), repeats,
-                                     setup=lambda: fresh_copy(params))
+                                     setup=lambda: fresh_copy(params))  # noqa: F821 (`del`-ed below, after the last call)
         r["x_vs_centralized"] = r["centralized_ms"] / r["earl_ms"]
         r["x_vs_device_put"] = r["device_put_ms"] / r["earl_ms"]
         r["effective_GBps"] = total / r["earl_ms"] / 1e6

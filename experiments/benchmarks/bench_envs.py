@@ -41,8 +41,8 @@ import pyspiel
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a clone: no install needed
 
 from earl_jax.envs import EnvConfig, OpenSpielTextEnv, connect_four_search, make_opponent, parse_action  # noqa: E402
-from earl_jax.envs.vector import ObservationCodec, make_vector_env, parse_actions  # noqa: E402
 from earl_jax.envs.games import connect_four as vector_c4  # noqa: E402
+from earl_jax.envs.vector import ObservationCodec, make_vector_env, parse_actions  # noqa: E402
 from earl_jax.models.tokenizer import game_tokenizer  # noqa: E402
 
 

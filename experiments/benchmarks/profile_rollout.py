@@ -14,8 +14,8 @@ Writes experiments/results/profile_rollout_<device>.json (and prints the tables)
 from __future__ import annotations
 
 import argparse
-import cProfile
 import collections
+import cProfile
 import io
 import json
 import pstats

@@ -30,9 +30,9 @@ if "--small" in sys.argv:  # 8 fake CPU devices: the flags must precede jax's st
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 from earl_jax.models.config import get_config  # noqa: E402
-from earl_jax.rl.measure import RealMeasure, profile_rows  # noqa: E402
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel  # noqa: E402
 from earl_jax.parallel.profile import ProfileTable  # noqa: E402
+from earl_jax.rl.measure import RealMeasure, profile_rows  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
 

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments" / "benchmarks"))  # summarize_steady.py beside it
 
 from summarize_steady import per_iteration_bars  # noqa: E402
+
 KEYS = ("time/iteration_s", "time/rollout_s", "time/compile_s", "compile/lowered", "compile/ahead",
         "compile/ahead_submitted", "compile/ahead_used", "compile/slowest")
 
