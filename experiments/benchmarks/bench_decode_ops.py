@@ -190,7 +190,8 @@ def sweep_attention(model: str, batch: int, s: int, context: int, quick: bool, p
     pos = jnp.full((batch,), context, jnp.int32)
 
     def fresh():  # random caches, made on the device (15 GB at 7B x 16K)
-        return [LayerCache(draw(jax.random.key(2 * i), (batch, kv, s, h)), draw(jax.random.key(2 * i + 1), (batch, kv, s, h)))
+        return [LayerCache(draw(jax.random.key(2 * i), (batch, kv, s, h)),
+                           draw(jax.random.key(2 * i + 1), (batch, kv, s, h)))
                 for i in range(layers)]
 
     def program(cand):

@@ -6,7 +6,8 @@ plays the same seeds `--rounds` times after a warm-up rollout (its compiles), th
 host's share (rollout/env_frac) are reported, and each setting's games are checked equal to the first's.
 `--tool-ms` adds that many milliseconds of host time to every tool call (a slow tool: a search, a sandbox).
 
-    python experiments/benchmarks/bench_pipeline.py --games 512 --tool-ms 0 1 --workers 1 16 --out experiments/results/X.json
+    python experiments/benchmarks/bench_pipeline.py --games 512 --tool-ms 0 1 --workers 1 16 \
+        --out experiments/results/X.json
 """
 
 from __future__ import annotations
@@ -88,9 +89,10 @@ def main() -> None:
             if first is None:
                 first = traj
             same = bool(np.array_equal(first.tokens, traj.tokens) and np.array_equal(first.loss_mask, traj.loss_mask))
-            rows.append({"tool_ms": ms, "pipeline_groups": k, "step_workers": w, "rollout_s": secs, "host_frac": host, "same_games": same})
-            print(f"tool {ms:4.1f} ms, pipeline groups {k}, step workers {w}: rollout {secs:.3f} s, host {host:.2f}, same games {same}",
-                  flush=True)
+            rows.append({"tool_ms": ms, "pipeline_groups": k, "step_workers": w, "rollout_s": secs, "host_frac": host,
+                         "same_games": same})
+            print(f"tool {ms:4.1f} ms, pipeline groups {k}, step workers {w}: rollout {secs:.3f} s, host {host:.2f}, "
+                  f"same games {same}", flush=True)
         one = next(r["rollout_s"] for r in rows if r["tool_ms"] == ms)  # the first setting of this tool time
         for r in rows:
             if r["tool_ms"] == ms:
