@@ -141,7 +141,8 @@ def run(args) -> dict:
             del out
             r = {"context": ctx_label, "T": ctx, "case": case, "route": route, "responses": n_resp,
                  "MiB_total": total / 2**20, "MiB_per_worker": total / n_exp / 2**20,
-                 "crossing_MiB": sum(crossing_bytes(v.shape, v.dtype.itemsize, src, dst) for v in batch.values()) / 2**20}
+                 "crossing_MiB": sum(crossing_bytes(v.shape, v.dtype.itemsize, src, dst)
+                                     for v in batch.values()) / 2**20}
             for m in METHODS:
                 r[f"{m}_ms"] = median_ms(moves[m], args.repeats, setup=lambda: fresh_copy(batch))  # noqa: F821 (`del`-ed below)
             r["x_vs_centralized"] = r["centralized_ms"] / r["earl_ms"]
