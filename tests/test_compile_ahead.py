@@ -63,7 +63,8 @@ def _rollout(sampler: Sampler, params, check_ahead: bool):
     return outs + more + last, programs
 
 
-@pytest.mark.parametrize("mesh_shape", [None, "d1f1t2"])  # no mesh, and one that splits the model (data-only: plan tests)
+# no mesh, and one that splits the model (data-only: plan tests)
+@pytest.mark.parametrize("mesh_shape", [None, "d1f1t2"])
 def test_predicted_programs_are_compiled_before_the_calls_and_change_nothing(mesh_shape):
     if mesh_shape is None:
         model = Qwen2(CFG, rngs=nnx.Rngs(0), dtype=jnp.float32)

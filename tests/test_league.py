@@ -190,7 +190,8 @@ def test_mixed_opponents_reach_the_training_env_as_whole_groups(tmp_path):
     assert trainer.env.second_opponent_games.tolist() == mixed.tolist()  # still assigned after the rollout
     assert Trainer(with_fields(cfg, mix_opponent="", run_dir=str(tmp_path / "plain")),
                    log=False).env.second_opponent_games.sum() == 0
-    with pytest.raises(ValueError, match="--curriculum.mix-opponent 'mcts:5'"):  # no batched mcts: refused before compiling
+    # no batched mcts: refused before compiling
+    with pytest.raises(ValueError, match="--curriculum.mix-opponent 'mcts:5'"):
         Trainer(with_fields(cfg, mix_opponent="mcts:5", run_dir=str(tmp_path / "mcts")), log=False)
 
 

@@ -35,7 +35,8 @@ def test_move_tokens_are_one_token_per_action():
         MoveTokens.build(TOK, 40, EOS)
 
 
-@pytest.mark.parametrize("game, says", [("dots_and_boxes", "action 10 .* 2 tokens"), ("hex", "121 actions; at most 31")])
+@pytest.mark.parametrize("game, says", [("dots_and_boxes", "action 10 .* 2 tokens"),
+                                        ("hex", "121 actions; at most 31")])
 def test_a_game_the_tokenizer_cannot_constrain_is_refused_before_setup(game, says):
     from earl_jax.cli import ConfigError
     from earl_jax.rl.validate import check_job
