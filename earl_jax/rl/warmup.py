@@ -16,6 +16,7 @@ import tokenizers
 from jaxtyping import Bool, Int
 
 from earl_jax.envs.vector import ObservationCodec
+from earl_jax.progress import phase
 from earl_jax.rollout.agent_loop import _Episodes
 
 
@@ -138,3 +139,20 @@ def format_warmup(trainer) -> dict[str, float]:
     optimizer = make_optimizer(cfg.sft.learning_rate, 5, max(cfg.sft.steps, 6), 0.0, cfg.optim.grad_clip)
     history = run_sft(trainer, batches(), steps=cfg.sft.steps, optimizer=optimizer)
     return history[-1] if history else {}
+
+
+def start_of_run(trainer, session) -> dict[str, Any]:
+    """Step 0 of a run (`Trainer.run`): the format warm-up (free-text moves: constrained moves have no format to
+    learn), then the first evaluation, logged as step 0. Returns the evaluation's metrics (carried into the records
+    until the next one)."""
+    cfg, warm = trainer.cfg, {}
+    if cfg.sft.steps and not cfg.rollout.constrain_moves:
+        shown = "format answers" if cfg.sft.answers == "format" else "expert demonstrations"
+        what = f"the task's {shown}" if trainer.task else "random legal games"
+        session.beat(f"format warm-up ({what})")
+        with phase(f"format warm-up: {cfg.sft.steps} supervised steps on {what}"):
+            warm = {f"warmup/{k}": v for k, v in trainer.format_warmup().items()}
+        warm.update(trainer.planner.sft_log_dict())
+    last_eval = trainer.evaluate.logged(trainer.step, session.bar.status)
+    trainer.logger.log({"step": 0, **warm, **last_eval, "eval/fresh": True})
+    return last_eval
