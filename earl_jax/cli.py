@@ -62,7 +62,8 @@ def _parse_bool(s: str) -> bool:
 
 
 def converter(tp: Any) -> Callable[[str], Any]:
-    """Text -> value of type `tp` (int, float, str, bool, Literal, Optional, tuple); ValueError says what is accepted."""
+    """Text -> value of type `tp` (int, float, str, bool, Literal, Optional, tuple); ValueError says what is
+    accepted."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         conv = converter(next(a for a in args if a is not type(None)))
@@ -330,7 +331,8 @@ def parse(argv: Sequence[str] | None, base: T, *, presets: Mapping[str, Preset] 
     if presets:
         top.add_argument("--preset", choices=sorted(presets), metavar="NAME",
                          help=f"start from a preset: {', '.join(sorted(presets))}")
-    top.add_argument("--config", metavar="FILE", help="a TOML config file (sections as the flags' paths), over the preset")
+    top.add_argument("--config", metavar="FILE",
+                     help="a TOML config file (sections as the flags' paths), over the preset")
     if extra:
         extra(top)
     by_path = {f.path: f for f in fields}
@@ -380,7 +382,8 @@ def parse(argv: Sequence[str] | None, base: T, *, presets: Mapping[str, Preset] 
             raise
         except ValueError as e:
             raise ConfigError(f"--preset {preset_name}: {e}") from None
-        typed.update({f.path: get_path(cfg, f.path) for f in fields if get_path(cfg, f.path) != get_path(shown, f.path)})
+        typed.update({f.path: get_path(cfg, f.path) for f in fields
+                      if get_path(cfg, f.path) != get_path(shown, f.path)})
     cfg = replace_paths(cfg, flags)
     typed.update(flags)
     return Parsed(cfg, typed, preset_name)

@@ -13,7 +13,8 @@ Definitions (each one stated because a short run makes it matter):
 * Whole run: auto against each static run over the iterations both finished, in two versions: compile-free
   iterations only (the one to judge layouts by: closer to a long run's throughput), and every iteration
   (compiles included: what the short run cost; with a persistent compile cache this depends on the order of
-  the runs, since a later run loads the programs an earlier one compiled on the same mesh). The best single static plan is the eligible static run auto gains least against;
+  the runs, since a later run loads the programs an earlier one compiled on the same mesh). The best single static
+  plan is the eligible static run auto gains least against;
   static runs that died (out of memory, error) are not eligible: they cannot run the whole schedule.
 * Compile-excluded ("net") throughput: every iteration of the phase (or run), each with the foreground seconds the
   trainer spent tracing, lowering and compiling or loading programs (`time/trace_s` + `time/lower_s` +
@@ -140,7 +141,8 @@ def whole_run(result: dict[str, Any]) -> dict[str, Any]:
             entry[label] = {"auto_tgs": a, "static_tgs": b,
                             "auto_gain_pct": None if not (a and b) else round((a / b - 1) * 100, 2)}
         a, b = _net_rate([auto_by_step[s][0] for s in common], n_dev), _net_rate([mine[s][0] for s in common], n_dev)
-        entry["net"] = {"auto_tgs": a, "static_tgs": b, "auto_gain_pct": None if not (a and b) else round((a / b - 1) * 100, 2)}
+        gain = None if not (a and b) else round((a / b - 1) * 100, 2)
+        entry["net"] = {"auto_tgs": a, "static_tgs": b, "auto_gain_pct": gain}
         out["vs_static"][name] = entry
     for label in ("all", "compile_free", "net"):
         gains = {n: e[label]["auto_gain_pct"] for n, e in out["vs_static"].items()
@@ -160,7 +162,8 @@ def dispatch_share(trace: list[dict[str, Any]]) -> dict[str, Any]:
     if not total:
         return {}
     share = sum(r.get("time/dispatch_s") or 0.0 for r in trace) / total
-    return {"share": round(share, 5), "max_iteration_share": round(max(r.get("time/dispatch_share") or 0.0 for r in trace), 5),
+    return {"share": round(share, 5),
+            "max_iteration_share": round(max(r.get("time/dispatch_share") or 0.0 for r in trace), 5),
             "target_met": share <= DISPATCH_TARGET}
 
 

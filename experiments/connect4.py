@@ -2,8 +2,8 @@
 
     python experiments/connect4.py                          # embedded default: CPU, tiny model, random opponent
     python experiments/connect4.py --help                   # every field, grouped by component
-    python experiments/connect4.py --preset gpu             # one GPU, 15 minutes (experiments/configs/connect4/gpu.toml)
-    python experiments/connect4.py --preset pod             # GPUs: the largest model that fits them (earl_jax/rl/pod.py)
+    python experiments/connect4.py --preset gpu             # one GPU, 15 minutes (configs/connect4/gpu.toml)
+    python experiments/connect4.py --preset pod             # GPUs: the largest model that fits them (rl/pod.py)
     python experiments/connect4.py --preset qwen0.5b --model.hf-checkpoint /path/to/Qwen2.5-0.5B-Instruct
     python experiments/connect4.py --config my.toml --rollout.temperature 0.7
 

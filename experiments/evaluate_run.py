@@ -5,7 +5,8 @@
 
 A base folder made by experiments/pretrain.py (with earl_base.json) is evaluated as its game's default job would
 start from it (step 0; nothing is written into the folder). Each run's own config.json rebuilds the model, tokenizer
-and game (runs written before the component configs load too); its checkpoint gives the weights (and the curriculum's rung, which is evaluated too). Games use the
+and game (runs written before the component configs load too); its checkpoint gives the weights (and the
+curriculum's rung, which is evaluated too). Games use the
 trainer's fixed evaluation seeds, so runs are compared on the same openings. Prints a table per run and, for
 several runs, the mean and the spread (sample standard deviation, min, max) per opponent; writes
 <run-dir>/evaluation.json per run (and --out, the summary, for several).
@@ -81,10 +82,12 @@ def evaluate_run(run_dir: Path, opponents: tuple[str, ...], games: int) -> dict:
         rows[name]["seconds"] = time.perf_counter() - t0
         if cfg.env.task:
             print(f"{run_dir.name:>12} {name:>14}: success {rows[name]['success_rate']:.3f}  score "
-                  f"{rows[name]['score']:.3f}  turns {rows[name]['turns']:.2f}  tool calls {rows[name]['tool_calls']:.2f}"
+                  f"{rows[name]['score']:.3f}  turns {rows[name]['turns']:.2f}  "
+                  f"tool calls {rows[name]['tool_calls']:.2f}"
                   f"  failures {rows[name]['tool_failures']:.2f}  ({rows[name]['seconds']:.0f} s)", flush=True)
         else:
-            print(f"{run_dir.name:>12} {name:>14}: win {rows[name]['win_rate']:.3f}  draw {rows[name]['draw_rate']:.3f}  "
+            print(f"{run_dir.name:>12} {name:>14}: win {rows[name]['win_rate']:.3f}  "
+                  f"draw {rows[name]['draw_rate']:.3f}  "
                   f"loss {rows[name]['loss_rate']:.3f}  invalid {rows[name]['invalid_rate']:.3f}  "
                   f"({rows[name]['seconds']:.0f} s)", flush=True)
     return {"run_dir": str(run_dir), "step": trainer.step, "game": cfg.env.task or cfg.env.game, "games": games,

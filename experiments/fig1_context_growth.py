@@ -40,15 +40,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
 
 from earl_jax.parallel.profile import device_slug  # noqa: E402
-from experiments.job_flags import component_flags  # noqa: E402
 from earl_jax.rl.metrics import read_metrics  # noqa: E402
+from experiments.job_flags import component_flags  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory")
 
 COMMON = ["--game", "connect_four", "--format-warmup-steps", "0", "--eval-every", "0", "--checkpoint-every", "0",
           "--keep-checkpoints", "1", "--wandb-mode", "disabled", "--progress", "false",
-          "--micro-batch-tokens", str(1 << 30)]  # only the selector sizes micro-batches (the static run keeps its first)
+          # only the selector sizes micro-batches (the static run keeps its first)
+          "--micro-batch-tokens", str(1 << 30)]
 SETTINGS = {
     # learning rate 1e-6: the policy stays near its initialization, so both runs play (almost) the same games
     # and their contexts match: a paired comparison of the two layouts, not of two learning curves.
@@ -151,7 +152,8 @@ def main(argv=None) -> dict:
     p.add_argument("--sequential", action="store_true", help="run the two one after the other (default: at once)")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--name", default=None)
-    p.add_argument("--keep-runs", type=Path, default=None, help="keep the two run folders here (default: a temp folder)")
+    p.add_argument("--keep-runs", type=Path, default=None,
+                   help="keep the two run folders here (default: a temp folder)")
     p.add_argument("--replot", type=Path, default=None, help="only redraw the PNG of a saved result JSON")
     p.add_argument("extra", nargs="*", help="more connect4.py flags for both runs (after --)")
     if argv is not None and "--replot" in argv:  # no run: --gpu/--small not needed

@@ -45,12 +45,12 @@ if "--small" in sys.argv or os.environ.get("JAX_PLATFORMS", "") == "cpu":
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from earl_jax.models.config import get_config
-from earl_jax.rl.measure import RealMeasure, profile_rows
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel, candidate_meshes
-from earl_jax.sharding.mesh import MeshShape
-from earl_jax.parallel.profile import HUNG, ProfileTable, SyntheticThroughput, device_slug, run_profile
 from earl_jax.parallel.plan import ContextStats
+from earl_jax.parallel.profile import HUNG, ProfileTable, SyntheticThroughput, device_slug, run_profile
 from earl_jax.parallel.selector import NoFeasibleLayoutError, ParallelismSelector, SelectorConfig
+from earl_jax.rl.measure import RealMeasure, profile_rows
+from earl_jax.sharding.mesh import MeshShape
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -79,7 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--responses", type=_ints, default=_ints("8,16,32,64,128"))
     p.add_argument("--devices", type=int, default=None, help="device count (default: jax.device_count(); 8 synthetic)")
     p.add_argument("--device-kind", default=None, help="name in the title / table (default: the device's kind)")
-    p.add_argument("--memory-gib", type=float, default=None, help="per-device budget (default: the device's; 80 synthetic)")
+    p.add_argument("--memory-gib", type=float, default=None,
+                   help="per-device budget (default: the device's; 80 synthetic)")
     p.add_argument("--safety", type=float, default=0.9)
     p.add_argument("--table", type=Path, default=None, help="use this profile table instead of measuring")
     p.add_argument("--save-table", type=Path, default=None, help="save the measured profile table here")
@@ -206,7 +207,8 @@ def _noisy(measure, noise: float, seed: int):
     return m
 
 
-def best_tgs(table: ProfileTable, stage: str, ctx: int, n: int, tensor: int | None = None) -> tuple[float | None, MeshShape | None]:
+def best_tgs(table: ProfileTable, stage: str, ctx: int, n: int,
+             tensor: int | None = None) -> tuple[float | None, MeshShape | None]:
     best = (None, None)
     for m in table.meshes(stage):
         if tensor is not None and m.tensor != tensor:
@@ -300,7 +302,6 @@ def plot_heatmap(result: dict, path: Path) -> Path:
 def _draw_pair(fig, axes, result: dict, scored_apart: bool = True) -> None:
     import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     ctxs, ress = result["contexts"], result["responses"]
@@ -332,8 +333,8 @@ def _draw_pair(fig, axes, result: dict, scored_apart: bool = True) -> None:
             sel = c.get("selector_tensor")
             txt += f"\nsel TP{sel}" if sel else "\nsel: none fits"
             axes[0].text(j, i, txt, ha="center", va="center", fontsize=8)
-    im2 = axes[1].imshow(np.ma.masked_invalid(gap), cmap="Oranges", vmin=0, vmax=max(3.0, float(np.nanmax(gap)) if np.isfinite(gap).any() else 3.0),
-                         aspect="auto")
+    vmax = max(3.0, float(np.nanmax(gap)) if np.isfinite(gap).any() else 3.0)
+    im2 = axes[1].imshow(np.ma.masked_invalid(gap), cmap="Oranges", vmin=0, vmax=vmax, aspect="auto")
     fig.colorbar(im2, ax=axes[1], label="selector gap to best %")
     for i, ctx in enumerate(rows):
         for j, n in enumerate(ress):
@@ -343,8 +344,10 @@ def _draw_pair(fig, axes, result: dict, scored_apart: bool = True) -> None:
                 ("static no fit" if "infeasible" in (c.get("status_a"), c.get("status_b")) else "static OOM")
                 if c["static_tgs"] is None else "" if vs is None else f"vs static {vs:+.1f}")
             axes[1].text(j, i, txt, ha="center", va="center", fontsize=8)
-    for ax, t in zip(axes, (f"{result['stage']}:\nSpeedup% TP{a} -> TP{b}", f"selector: gap % to best per cell;\ngain % vs best static ({result['summary']['static_mesh']})"
-        + ("" if scored_apart else "\n(no second measurement: gap 0 by construction)"))):
+    titles = (f"{result['stage']}:\nSpeedup% TP{a} -> TP{b}",
+              f"selector: gap % to best per cell;\ngain % vs best static ({result['summary']['static_mesh']})"
+              + ("" if scored_apart else "\n(no second measurement: gap 0 by construction)"))
+    for ax, t in zip(axes, titles):
         ax.set_xticks(range(len(ress)), [str(n) for n in ress])
         ax.set_yticks(range(len(rows)), [_label(c) for c in rows])
         ax.set_xlabel("number of responses")

@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -38,10 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments/timing.py
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jaxtyping import Array, Bool, Float, Int  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+from jaxtyping import Array, Bool, Float, Int  # noqa: E402
 
 from earl_jax.parallel.dispatch import Dispatcher  # noqa: E402
 from timing import fresh_copy, median_ms  # noqa: E402
@@ -143,9 +141,10 @@ def run(args) -> dict:
             del out
             r = {"context": ctx_label, "T": ctx, "case": case, "route": route, "responses": n_resp,
                  "MiB_total": total / 2**20, "MiB_per_worker": total / n_exp / 2**20,
-                 "crossing_MiB": sum(crossing_bytes(v.shape, v.dtype.itemsize, src, dst) for v in batch.values()) / 2**20}
+                 "crossing_MiB": sum(crossing_bytes(v.shape, v.dtype.itemsize, src, dst)
+                                     for v in batch.values()) / 2**20}
             for m in METHODS:
-                r[f"{m}_ms"] = median_ms(moves[m], args.repeats, setup=lambda: fresh_copy(batch))
+                r[f"{m}_ms"] = median_ms(moves[m], args.repeats, setup=lambda: fresh_copy(batch))  # noqa: F821 (`del`-ed below)
             r["x_vs_centralized"] = r["centralized_ms"] / r["earl_ms"]
             r["x_vs_device_put"] = r["device_put_ms"] / r["earl_ms"]
             r["effective_GBps"] = total / r["earl_ms"] / 1e6            # batch bytes per second

@@ -11,7 +11,8 @@ out-of-memory error ends that process only and frees its devices), each capped b
 * auto           `--planner.mode auto`: every stage planned for the context, OOM fallback. Its rollout
                  ranks layouts by a profile table (`--auto-table`): by default the rollout throughput the static
                  runs measured per phase (EARL's start-up profile, paid here by the static runs and not
-                 charged to auto), or `none` (the memory model's heuristic), or a table from benchmarks/profile_selector.py.
+                 charged to auto), or `none` (the memory model's heuristic), or a table from
+                 benchmarks/profile_selector.py.
 
 The context grows through the turn-token schedule (`--rollout.turn-tokens-schedule`, fixed-length
 answers `--rollout.stop-at-eos false`: every answer uses its whole budget), not through a policy that learned to think
@@ -72,9 +73,9 @@ sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
 sys.path.insert(0, str(ROOT / "experiments"))
 
 import adaptivity_summary  # noqa: E402
-from job_flags import component_flags  # noqa: E402
 from earl_jax.parallel.profile import SCRATCH_OOM  # noqa: E402
 from earl_jax.rl.config import parse_schedule  # noqa: E402
+from job_flags import component_flags  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory")  # and SCRATCH_OOM (run_one)
@@ -173,7 +174,8 @@ def run_one(name: str, flags: list[str], run_dir: Path, budget_s: float, env: di
     budgets = [t for s, t in schedule if failed is not None and s <= failed - 1]
     err = error_line(out) if status != "finished" else None
     return {"status": status, "returncode": rc, "seconds": round(time.perf_counter() - t0, 1), "command": cmd[1:],
-            "iterations": len(trace), "failed_iteration": failed, "failed_turn_tokens": budgets[-1] if budgets else None,
+            "iterations": len(trace), "failed_iteration": failed,
+            "failed_turn_tokens": budgets[-1] if budgets else None,
             "oom_stage": oom_stage(out) if status == "out_of_memory" else None,
             "error_line": err[:400] if err else None,
             "tail": out.splitlines()[-40:] if status in adaptivity_summary.DIED else [], "trace": trace}
@@ -190,7 +192,8 @@ def auto_table(result: dict, path: Path) -> Path:
     # ones for the tiny model
     flags = result["flags"]
     edges = (tuple(int(v) for v in flags[flags.index("--selector-edges") + 1].split(","))
-             if "--selector-edges" in flags else SMALL_BUCKET_EDGES if result["model"] == "tiny" else DEFAULT_BUCKET_EDGES)
+             if "--selector-edges" in flags
+             else SMALL_BUCKET_EDGES if result["model"] == "tiny" else DEFAULT_BUCKET_EDGES)
     rows = adaptivity_summary.auto_profile_rows(result, edges)
     if not rows:
         raise SystemExit("the auto run's table comes from the static runs' rollouts, and none has a finished "
@@ -288,17 +291,19 @@ def summary_line(s: dict) -> str:
         return ""
     def phase_gain(r: dict) -> str:
         net = r.get("auto_vs_best_static_net_pct")
-        return f"{r['turn_tokens']}:{r['auto_vs_best_static_pct']:+.1f}%" + ("" if net is None else f" (net {net:+.1f}%)")
+        return (f"{r['turn_tokens']}:{r['auto_vs_best_static_pct']:+.1f}%"
+                + ("" if net is None else f" (net {net:+.1f}%)"))
 
     phases = " ".join(phase_gain(r) for r in s.get("phases", []) if r.get("auto_vs_best_static_pct") is not None)
     w = s.get("whole_run", {})
     gain = w.get("auto_gain_vs_best_static_compile_free_pct")
     net = w.get("auto_gain_vs_best_static_net_pct")
     share = s.get("dispatch", {}).get("share")
+    oom = sorted(s.get("oom", {}).get("out_of_memory", {})) or "none"
     return (f"auto vs best static per phase (tok/turn:gain) {phases or '-'}\nwhole run (compile-free) "
             f"{'-' if gain is None else f'{gain:+.1f}%'} vs {w.get('best_static_compile_free')}, compile-excluded "
             f"{'-' if net is None else f'{net:+.1f}%'} vs {w.get('best_static_net')}; dispatch share "
-            f"{'-' if share is None else f'{share:.2%}'}; OOM: {sorted(s.get('oom', {}).get('out_of_memory', {})) or 'none'}")
+            f"{'-' if share is None else f'{share:.2%}'}; OOM: {oom}")
 
 
 def write(result: dict, json_path: Path) -> None:
@@ -322,7 +327,8 @@ def print_summary(result: dict) -> None:
               f"({row.get('best_static_net')}): {row.get('auto_vs_best_static_net_pct')}%")
     w = s["whole_run"]
     for label in ("compile_free", "all", "net"):
-        print(f"whole run ({label.replace('_', '-')} iterations): best static {w.get(f'best_static_{label}')}, auto gain "
+        print(f"whole run ({label.replace('_', '-')} iterations): best static {w.get(f'best_static_{label}')}, "
+              f"auto gain "
               f"{w.get(f'auto_gain_vs_best_static_{label}_pct')}%")
     print(f"dispatch share (auto): {s['dispatch'].get('share')}; out of memory: {s['oom']['out_of_memory']}")
     for name, run in result["runs"].items():
@@ -359,7 +365,8 @@ def parse_args(argv):
     p.add_argument("--auto-table", default="from-static",
                    help="the auto run's rollout profile: from-static, none (memory-model heuristic), or a JSON path")
     p.add_argument("--budget-s", type=float, default=None, help="wall-time budget per run (default: the setting's)")
-    p.add_argument("--schedule", default=None, help="turn-token schedule ITER:TOKENS,... (trim; default: the setting's)")
+    p.add_argument("--schedule", default=None,
+                   help="turn-token schedule ITER:TOKENS,... (trim; default: the setting's)")
     p.add_argument("--steps", type=int, default=None, help="iterations per run (trim)")
     p.add_argument("--model", default=None, help="model preset (trim, e.g. qwen2.5-1.5b)")
     p.add_argument("--mem-fraction", type=float, default=None, help="GPU: XLA_PYTHON_CLIENT_MEM_FRACTION of each run")

@@ -38,8 +38,15 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from earl_jax.rl.expert_games import (ExpertGames, ExpertSpec, concat_games, dedup_games, expert_games,  # noqa: E402
-                                      split_games, unseen_turns)
+from earl_jax.rl.expert_games import (  # noqa: E402
+    ExpertGames,
+    ExpertSpec,
+    concat_games,
+    dedup_games,
+    expert_games,
+    split_games,
+    unseen_turns,
+)
 
 GAMES = {"connect4": ("connect_four", ("random", "alphabeta:1", "alphabeta:2", "alphabeta:3")),
          "tictactoe": ("tic_tac_toe", ("random", "solver"))}

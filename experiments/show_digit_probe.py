@@ -21,7 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ["--env.task", "earl_jax/ShowDigit-v0", "--env.task-args", "{}", "--sft.steps", "0",
         "--rollout.groups", "32", "--rollout.group-size", "4", "--rollout.max-turns", "1", "--run.steps", "300",
-        "--eval.every", "0", "--eval.games", "32", "--run.resume", "auto", "--run.wandb-mode", "disabled", "--run.progress", "false"]
+        "--eval.every", "0", "--eval.games", "32", "--run.resume", "auto", "--run.wandb-mode", "disabled",
+        "--run.progress", "false"]
 MIXED = ["--loss.between-group-weight", "1.0", "--loss.filter-constant-groups", "false"]
 CANDIDATES = {
     "grpo": [],  # the library default: GRPO, constant groups filtered

@@ -36,9 +36,8 @@ def main(case: str, run_dir: str, out: str) -> None:
     import numpy as np
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from golden_configs import golden_config
-
     from earl_jax.rl.trainer import Trainer
+    from golden_configs import golden_config
 
     trainer = Trainer(golden_config(case, run_dir), log=False)
     history = trainer.run()

@@ -121,10 +121,10 @@ def oom_fallback(out_prefix: str) -> None:
     from earl_jax.distributed import global_to_host, host_to_global
     from earl_jax.models.config import get_config
     from earl_jax.parallel.memory import GiB, MemoryConfig
-    from earl_jax.sharding.mesh import make_mesh
     from earl_jax.parallel.plan import ContextStats
     from earl_jax.parallel.planner import run_with_oom_fallback
     from earl_jax.parallel.selector import SMALL_BUCKET_EDGES, ParallelismSelector, SelectorConfig
+    from earl_jax.sharding.mesh import make_mesh
 
     me = jax.process_index()
     host = np.arange(256 * 4, dtype=np.float32).reshape(256, 4)

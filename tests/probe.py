@@ -36,13 +36,15 @@ class ShowDigitEnv:
     def reset(self, seed=None, options=None):
         self.digit = int(np.random.default_rng(seed).integers(self.choices))
         self.turn = 0
-        return (self._show() if self.reveal_turn == 0 else "say\n> "), {"digit": self.digit, "legal_actions": self.legal}
+        info = {"digit": self.digit, "legal_actions": self.legal}
+        return (self._show() if self.reveal_turn == 0 else "say\n> "), info
 
     def step(self, text):
         move = parse_action(text)
         self.turn += 1
         if self.turn <= self.reveal_turn:  # an earlier turn: any answer is fine, the game goes on
-            return (self._show() if self.turn == self.reveal_turn else "say\n> "), 0.0, False, False, {"legal_actions": self.legal}
+            shown = self._show() if self.turn == self.reveal_turn else "say\n> "
+            return shown, 0.0, False, False, {"legal_actions": self.legal}
         if move is None:
             winner = "opponent"
         else:

@@ -16,8 +16,17 @@ from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
 from earl_jax.rl.losses import LossConfig
-from earl_jax.rl.stages import (ExperienceBatch, advantage_step, apply_step, micro_batch, micro_grad, micro_logprobs,
-                                put_micro, take_micro, zero_acc)
+from earl_jax.rl.stages import (
+    ExperienceBatch,
+    advantage_step,
+    apply_step,
+    micro_batch,
+    micro_grad,
+    micro_logprobs,
+    put_micro,
+    take_micro,
+    zero_acc,
+)
 
 
 def experience_stage(params: nnx.State, ref_params: nnx.State | None, tokens: Int[Array, "n t"],

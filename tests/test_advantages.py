@@ -7,9 +7,22 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from earl_jax.rl.advantages import (between_group_advantages, compute_advantages, discount_by_turn, discounted_returns,
-                                    group_filter, grpo_advantages, later_turns, masked_mean, masked_sum, masked_var,
-                                    masked_whiten, reinforce_pp_advantages, rloo_advantages, sequence_returns)
+from earl_jax.rl.advantages import (
+    between_group_advantages,
+    compute_advantages,
+    discount_by_turn,
+    discounted_returns,
+    group_filter,
+    grpo_advantages,
+    later_turns,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    sequence_returns,
+)
 from earl_jax.rl.losses import LossConfig
 
 # Five games in two groups, not contiguous: ids [0, 1, 0, 1, 1]. T = 6, two turns each:

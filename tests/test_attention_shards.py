@@ -3,7 +3,6 @@ must give the same result as the unsplit computation (checked on CPU with XLA's 
 place, 8 fake devices)."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

@@ -66,7 +66,8 @@ def test_the_default_starts_from_the_shipped_base_and_what_it_was_not_made_for_f
     assert Path(apply_base(parsed.config, parsed.typed).model.hf_checkpoint) == shipped.resolve()
     gpu = _parsed(["--preset", "gpu"])  # the GPU preset starts from the base too (in its minimal prompts)
     assert Path(apply_base(gpu.config, gpu.typed).model.hf_checkpoint) == shipped.resolve()
-    for flags in (["--model", "small"], ["--preset", "gpu", "--env.prompt-style", "compact"], ["--model.hf-checkpoint", ""],
+    for flags in (["--model", "small"], ["--preset", "gpu", "--env.prompt-style", "compact"],
+                  ["--model.hf-checkpoint", ""],
                   ["--rollout.constrain-moves", "false"], ["--preset", "earl"]):  # what the base was not made for
         parsed = _parsed(flags)
         assert not apply_base(parsed.config, parsed.typed).model.hf_checkpoint, flags

@@ -2,12 +2,12 @@
 import numpy as np
 import pyspiel
 import pytest
-from jobs import job
 
 from earl_jax.envs import connect_four_search as c4_ref
 from earl_jax.envs.openspiel_env import EnvConfig
 from earl_jax.envs.vector import blunders, make_vector_env
 from earl_jax.envs.vector.env import VectorTextEnv
+from jobs import job
 
 
 def _random_states(game: str, count: int, seed: int):

@@ -9,7 +9,6 @@ from earl_jax.parallel.planner import StagePlanner
 from earl_jax.rl.experience import WidthBudget
 from earl_jax.rl.packing import length_order
 from earl_jax.rollout.compile_ahead import CompileAhead
-
 from jobs import job
 
 

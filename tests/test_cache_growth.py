@@ -10,7 +10,6 @@ from earl_jax.parallel.memory import MemoryConfig, MemoryModel
 from earl_jax.rl.trainer import Trainer
 from earl_jax.rollout.sampler import DEFAULT_CACHE_BUCKETS, geometric_cache_buckets
 from earl_jax.sharding.mesh import MeshShape
-
 from jobs import job, with_fields
 
 # Games of at most 5 agent turns: contexts pass 256 tokens (default buckets 128, 256, 384, ...; coarse: 512 alone)

@@ -19,7 +19,6 @@ from earl_jax.rollout.agent_loop import COMPACT_FACTOR, COMPACT_LEVELS
 from earl_jax.rollout.compile_ahead import CompileAhead
 from earl_jax.rollout.sampler import Sampler
 from earl_jax.sharding.mesh import INFERENCE_RULES, MeshShape, make_mesh
-
 from jobs import job, with_fields
 
 CFG = ModelConfig.tiny(vocab_size=64).replace(num_attention_heads=8, num_key_value_heads=4, head_dim=16)
@@ -64,7 +63,8 @@ def _rollout(sampler: Sampler, params, check_ahead: bool):
     return outs + more + last, programs
 
 
-@pytest.mark.parametrize("mesh_shape", [None, "d1f1t2"])  # no mesh, and one that splits the model (data-only: plan tests)
+# no mesh, and one that splits the model (data-only: plan tests)
+@pytest.mark.parametrize("mesh_shape", [None, "d1f1t2"])
 def test_predicted_programs_are_compiled_before_the_calls_and_change_nothing(mesh_shape):
     if mesh_shape is None:
         model = Qwen2(CFG, rngs=nnx.Rngs(0), dtype=jnp.float32)

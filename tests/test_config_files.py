@@ -37,7 +37,8 @@ def test_a_value_of_the_wrong_type_is_refused_naming_the_key_and_the_type(tmp_pa
 
 
 def test_values_of_the_field_types_read_as_the_flags_would(tmp_path):
-    got = _read(tmp_path, "[run]\nsteps = 3\nresume = true\n[optim]\nlearning_rate = 1\n[env]\nagent_player = \"none\"\n"
+    got = _read(tmp_path, "[run]\nsteps = 3\nresume = true\n[optim]\nlearning_rate = 1\n[env]\n"
+                          "agent_player = \"none\"\n"
                           "[eval]\nopponents = [\"random\", \"alphabeta:1\"]\n[planner]\nedges = \"512,2048\"")
     assert got == {("run", "steps"): 3, ("run", "resume"): "true", ("optim", "learning_rate"): 1.0,
                    ("env", "agent_player"): None, ("eval", "opponents"): ("random", "alphabeta:1"),

@@ -238,8 +238,10 @@ def test_host_input_is_put_once():
 
 # ---- stage moves round-trip exactly --------------------------------------------------------------------
 
-@pytest.mark.parametrize("train,rollout", [(MeshShape(1, 8, 1), MeshShape(2, 1, 4)), (MeshShape(2, 2, 2), MeshShape(1, 1, 8)),
-                                           (MeshShape(2, 4, 1), MeshShape(4, 1, 2)), (MeshShape(1, 2, 4), MeshShape(8, 1, 1))])
+@pytest.mark.parametrize("train,rollout", [(MeshShape(1, 8, 1), MeshShape(2, 1, 4)),
+                                           (MeshShape(2, 2, 2), MeshShape(1, 1, 8)),
+                                           (MeshShape(2, 4, 1), MeshShape(4, 1, 2)),
+                                           (MeshShape(1, 2, 4), MeshShape(8, 1, 1))])
 def test_weights_train_to_rollout_and_back(train, rollout):
     host = host_weights()
     w = jax.device_put(host, weight_shardings(train, "train"))
@@ -369,8 +371,10 @@ def _stage_moves():
 
 def test_no_full_rematerialization_on_stage_layouts(capfd):
     # control: the direct jit of a train -> rollout weight move does print the warning on this XLA
-    src, dst = weight_shardings(MeshShape(1, 8, 1), "train")["up"], weight_shardings(MeshShape(2, 1, 4), "rollout")["up"]
-    jax.jit(lambda v: v + 0, out_shardings=dst).lower(jax.ShapeDtypeStruct((32, 64), np.float32, sharding=src)).compile()
+    src, dst = (weight_shardings(MeshShape(1, 8, 1), "train")["up"],
+                weight_shardings(MeshShape(2, 1, 4), "rollout")["up"])
+    jax.jit(lambda v: v + 0, out_shardings=dst).lower(
+        jax.ShapeDtypeStruct((32, 64), np.float32, sharding=src)).compile()
     control = capfd.readouterr().err
     wh, bh = host_weights(), host_batch()
     d = Dispatcher()
@@ -389,7 +393,8 @@ def test_no_full_rematerialization_on_stage_layouts(capfd):
 def test_hlo_check_flags_the_direct_move_and_not_the_dispatcher():
     from earl_jax.parallel.layout import rematerialized
 
-    src, dst = weight_shardings(MeshShape(1, 8, 1), "train")["up"], weight_shardings(MeshShape(2, 1, 4), "rollout")["up"]
+    src, dst = (weight_shardings(MeshShape(1, 8, 1), "train")["up"],
+                weight_shardings(MeshShape(2, 1, 4), "rollout")["up"])
     x = jax.ShapeDtypeStruct((32, 64), np.float32, sharding=src)
     direct = jax.jit(lambda v: v + 0, out_shardings=dst).lower(x).compile().as_text()
     assert rematerialized(direct, [(32, 64)], [src], [dst]) == [0]

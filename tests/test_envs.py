@@ -9,19 +9,18 @@ import gymnasium
 import numpy as np
 import pyspiel
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import earl_jax.envs as envs
 from earl_jax.envs import (
     EnvConfig,
     OpenSpielTextEnv,
     canonical_action_text,
+    connect_four_search,
     make_opponent,
     observation_alphabet,
     parse_action,
 )
-from earl_jax.envs import connect_four_search
 
 GAMES = ("connect_four", "tic_tac_toe")
 

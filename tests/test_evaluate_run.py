@@ -13,7 +13,6 @@ import pytest
 
 from earl_jax.cli import ConfigError
 from earl_jax.rl.trainer import Trainer
-
 from jobs import job, with_fields
 
 ROOT = Path(__file__).resolve().parents[1]

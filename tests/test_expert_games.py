@@ -13,8 +13,15 @@ from earl_jax.envs.games import tic_tac_toe
 from earl_jax.envs.vector import VectorTextEnv
 from earl_jax.envs.vector.opponents import BatchedOpponent
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
-from earl_jax.rl.expert_games import (ExpertGames, ExpertSpec, concat_games, dedup_games, expert_games, split_games,
-                                      unseen_turns)
+from earl_jax.rl.expert_games import (
+    ExpertGames,
+    ExpertSpec,
+    concat_games,
+    dedup_games,
+    expert_games,
+    split_games,
+    unseen_turns,
+)
 from earl_jax.rollout.agent_loop import Decoded, PlayConfig, play_games
 from earl_jax.rollout.moves import MoveTokens, legal_bits
 

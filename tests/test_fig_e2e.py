@@ -20,7 +20,8 @@ def _rec(step, turn_tokens, tokens, iteration_s, programs, mesh="d4f1t1", gen=No
     return {"step": step, "rollout/turn_tokens": turn_tokens, "rollout/tokens": tokens,
             "rollout/generated_tokens": gen if gen is not None else tokens // 2, "time/iteration_s": iteration_s,
             "time/rollout_s": rollout_s if rollout_s is not None else iteration_s / 2, "time/dispatch_s": dispatch_s,
-            "time/dispatch_share": dispatch_s / iteration_s, "compile/programs": programs, "parallel/rollout_mesh": mesh,
+            "time/dispatch_share": dispatch_s / iteration_s, "compile/programs": programs,
+            "parallel/rollout_mesh": mesh,
             "rollout/context_len_max": int(2 * ctx), "rollout/turn_context_len_mean": ctx}
 
 
@@ -51,7 +52,8 @@ def test_phases_compare_compile_free_iterations_with_the_best_static_run():
     assert first["runs"]["static_a"]["iteration_tgs"] == 100 and first["runs"]["static_b"]["iteration_tgs"] == 200
     assert first["best_static"] == "static_b" and first["auto_vs_best_static_pct"] == 0 and first["within_target"]
     # phase 2: static_b compiled in its only iteration there: all of them count, and the row says so
-    assert second["runs"]["static_b"]["compile_free"] is False and second["runs"]["static_b"]["iteration_tgs"] == 2000 / 30 / 2
+    assert second["runs"]["static_b"]["compile_free"] is False
+    assert second["runs"]["static_b"]["iteration_tgs"] == 2000 / 30 / 2
     assert second["best_static"] == "static_a" and second["runs"]["auto"]["iteration_tgs"] == 2000 / 4 / 2
     assert second["auto_vs_best_static_pct"] == 0
 
@@ -90,7 +92,8 @@ def test_the_auto_table_holds_each_static_layout_per_phase_at_one_context():
     ok = {(r["mesh"], r["context_len"]): r["tgs"] for r in rows if r["status"] == "ok"}
     assert ok[("d2f1t1", 128)] == 200 / 1.0 / 2  # generated tokens / rollout s / devices, compile-free iteration 2
     one = summary.auto_profile_rows(res, bucket_edges=(1024,))  # both phases in one bucket: the later one stays
-    assert {(r["mesh"], r["status"], r["phase_context"]) for r in one} == {("d2f1t1", "ok", 167), ("d1f1t2", "oom", 167)}
+    assert ({(r["mesh"], r["status"], r["phase_context"]) for r in one}
+            == {("d2f1t1", "ok", 167), ("d1f1t2", "oom", 167)})
 
 
 def test_how_a_run_ended_is_read_from_its_output():
@@ -132,7 +135,8 @@ def test_small_figure_runs_merge_into_one_json_and_refuse_other_settings(tmp_pat
     assert res["summary"]["phases"][0]["best_static"] == "static_d4f1t1"
     assert res["summary"]["phases"][0]["auto_vs_best_static_net_pct"] is not None  # compile times were kept
     saved = json.loads((tmp_path / "fig_e2e_adaptivity_tiny_cpu_custom.json").read_text())
-    assert set(saved["runs"]) == {"static_d4f1t1", "auto"} and (tmp_path / "fig_e2e_adaptivity_tiny_cpu_custom.png").stat().st_size
+    assert set(saved["runs"]) == {"static_d4f1t1", "auto"}
+    assert (tmp_path / "fig_e2e_adaptivity_tiny_cpu_custom.png").stat().st_size
     with pytest.raises(SystemExit, match="exists with other"):  # one figure, one setting
         fig.main(["--small", "--steps", "3", "--schedule", "0:40,1:60", "--out", str(tmp_path), "--runs", "auto"])
     with pytest.raises(SystemExit, match="unknown"):
@@ -160,7 +164,8 @@ def test_a_rerun_keeps_the_run_it_replaces_and_the_plot_marks_micro_batch_switch
     notes = []
 
     orig = matplotlib.axes.Axes.annotate
-    monkeypatch.setattr(matplotlib.axes.Axes, "annotate", lambda self, text, *a, **k: notes.append(text) or orig(self, text, *a, **k))
+    monkeypatch.setattr(matplotlib.axes.Axes, "annotate",
+                        lambda self, text, *a, **k: notes.append(text) or orig(self, text, *a, **k))
     res.update(model="tiny", device="2 x cpu", context_range="-", summary={})
     fig.plot(res, tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size

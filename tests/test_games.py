@@ -7,7 +7,6 @@ import random
 import numpy as np
 import pyspiel
 import pytest
-from test_vector_envs import replay
 
 from earl_jax.envs import EnvConfig, OpenSpielTextEnv, game_text, games, make_opponent
 from earl_jax.envs.games import OpponentSpec, get_game
@@ -15,6 +14,7 @@ from earl_jax.envs.vector import make_vector_env
 from earl_jax.envs.vector.env import VectorTextEnv
 from earl_jax.envs.vector.opponents import BatchedOpponent, make_vector_opponent
 from earl_jax.rl.curriculum import default_ladder, parse_ladder
+from test_vector_envs import replay
 
 NAMES = games.game_names()
 
@@ -161,7 +161,8 @@ def test_the_opponent_help_says_which_games_refuse_the_solver(monkeypatch):
 def test_a_spec_the_batched_path_cannot_play_is_refused_when_built():
     base = get_game("tic_tac_toe")
     wide = dataclasses.replace(base.rules, num_actions=12)
-    with pytest.raises(ValueError, match="'tic_tac_toe': text.num_actions \\(9\\) must equal rules.num_actions \\(12\\)"):
+    with pytest.raises(ValueError,
+                       match="'tic_tac_toe': text.num_actions \\(9\\) must equal rules.num_actions \\(12\\)"):
         dataclasses.replace(base, rules=wide)
     with pytest.raises(ValueError, match="rules.num_actions must be 1 .. 10"):
         dataclasses.replace(base, rules=wide, text=dataclasses.replace(base.text, num_actions=12))

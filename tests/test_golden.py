@@ -2,7 +2,8 @@
 
 Reproducible across x86 hosts and thread counts: each case runs in its own process with XLA's CPU kernels pinned
 (tests/golden_run.py says which flags and why). Recorded from the code before a refactor
-(`EARL_RECORD_GOLDEN=1 python -m pytest tests/test_golden.py`); a change that alters behaviour on purpose re-records them and says so in its commit. What is compared: returns, win rates,
+(`EARL_RECORD_GOLDEN=1 python -m pytest tests/test_golden.py`); a change that alters behaviour on purpose re-records
+them and says so in its commit. What is compared: returns, win rates,
 losses, KL, entropy, gradient norms, context lengths, the layouts chosen, evaluation rates, and a digest of the final
 weights; not wall times, compile counts or memory figures, nor metrics added since the recording.
 """

@@ -130,7 +130,8 @@ def test_the_check_sees_lazy_imports_and_refuses_an_upward_one(tmp_path):
     """The checker itself: an import inside a function is an edge, and rollout -> rl is caught."""
     fake = {"earl_jax.rollout.x": tmp_path / "x.py", "earl_jax.rl.y": tmp_path / "y.py"}
     fake["earl_jax.rollout.x"].write_text("def f():\n    from earl_jax.rl import y\n")
-    fake["earl_jax.rl.y"].write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import earl_jax.rollout.x\n")
+    fake["earl_jax.rl.y"].write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                     "    import earl_jax.rollout.x\n")
     graph = imports(fake)
     assert graph == {"earl_jax.rollout.x": {"earl_jax.rl.y": 2}, "earl_jax.rl.y": {}}
     assert floor_of("earl_jax.rl.y") > floor_of("earl_jax.rollout.x")

@@ -18,7 +18,6 @@ from earl_jax.rl.league import League
 from earl_jax.rl.metrics import read_metrics
 from earl_jax.rl.trainer import Trainer
 from earl_jax.rl.validate import check_job
-
 from jobs import job, with_fields
 
 SMALL = job(groups=4, group_size=2, steps=2, eval_every=1, eval_games=4, format_warmup_steps=0, devices=2,
@@ -191,7 +190,8 @@ def test_mixed_opponents_reach_the_training_env_as_whole_groups(tmp_path):
     assert trainer.env.second_opponent_games.tolist() == mixed.tolist()  # still assigned after the rollout
     assert Trainer(with_fields(cfg, mix_opponent="", run_dir=str(tmp_path / "plain")),
                    log=False).env.second_opponent_games.sum() == 0
-    with pytest.raises(ValueError, match="--curriculum.mix-opponent 'mcts:5'"):  # no batched mcts: refused before compiling
+    # no batched mcts: refused before compiling
+    with pytest.raises(ValueError, match="--curriculum.mix-opponent 'mcts:5'"):
         Trainer(with_fields(cfg, mix_opponent="mcts:5", run_dir=str(tmp_path / "mcts")), log=False)
 
 

@@ -8,14 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from probe import ShowDigitEnv
 
 from earl_jax.rl.experience import batch_arrays
 from earl_jax.rl.packing import scored_spans
 from earl_jax.rl.trainer import Trainer
 from earl_jax.rollout.sampler import Sampler
-
 from jobs import job, with_fields
+from probe import ShowDigitEnv
 
 TINY = job(groups=4, group_size=4, steps=1, format_warmup_steps=0, devices=1, eval_games=8, checkpoint_every=0,
            max_context=512, micro_batch_tokens=8192)

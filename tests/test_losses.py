@@ -8,8 +8,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from earl_jax.rl.losses import (POLICY_LOSSES, LossConfig, aggregate, estimator_is_grouped, kl_penalty, policy_loss,
-                                ppo_clip, reinforce)
+from earl_jax.rl.losses import (
+    POLICY_LOSSES,
+    LossConfig,
+    aggregate,
+    estimator_is_grouped,
+    kl_penalty,
+    policy_loss,
+    ppo_clip,
+    reinforce,
+)
 
 LN2 = math.log(2.0)
 
@@ -127,7 +135,8 @@ def test_kl_estimators_by_hand():
         kl_penalty(logp, ref, "k2")
 
 
-@pytest.mark.parametrize("estimator,expected_kl", [("k1", (LN2 - LN2 + 0.0) / 3), ("k3", (0.19314718 + 0.30685282) / 3)])
+@pytest.mark.parametrize("estimator,expected_kl",
+                         [("k1", (LN2 - LN2 + 0.0) / 3), ("k3", (0.19314718 + 0.30685282) / 3)])
 def test_kl_term_in_loss(estimator, expected_kl):
     old = jnp.zeros((1, 3))
     logp = jnp.array([[LN2, -LN2, 0.0]])
@@ -230,7 +239,8 @@ def test_jit_and_bf16_inputs():
     assert set(m_jit) == {"pg_loss", "kl", "entropy", "clip_frac", "dual_clip_frac", "approx_kl", "ratio_mean"}
     assert set(policy_loss(*map(jnp.asarray, args), cfg=cfg(policy_loss="reinforce"))[1]) == {
         "pg_loss", "kl", "entropy", "approx_kl"}  # no ratio, no clip: no clip metrics
-    l_bf16, _ = jitted(*(jnp.asarray(a, jnp.bfloat16) if a.dtype == np.float32 else jnp.asarray(a) for a in args), cfg=c)
+    l_bf16, _ = jitted(*(jnp.asarray(a, jnp.bfloat16) if a.dtype == np.float32 else jnp.asarray(a) for a in args),
+                       cfg=c)
     assert l_bf16.dtype == jnp.float32 and float(l_bf16) == pytest.approx(float(l_eager), abs=0.05)
 
 

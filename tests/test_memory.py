@@ -8,8 +8,16 @@ from hypothesis import example, given, settings, strategies as st
 
 from earl_jax.models.attention import extend_query_block
 from earl_jax.models.config import PRESETS, get_config
-from earl_jax.parallel.memory import (GiB, MemoryConfig, MemoryModel, candidate_meshes, device_memory_budget,
-                                      param_groups, params_per_device, valid_tensor_degree)
+from earl_jax.parallel.memory import (
+    GiB,
+    MemoryConfig,
+    MemoryModel,
+    candidate_meshes,
+    device_memory_budget,
+    param_groups,
+    params_per_device,
+    valid_tensor_degree,
+)
 from earl_jax.sharding.mesh import MeshShape
 
 H100 = 80 * GiB

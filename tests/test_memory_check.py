@@ -14,9 +14,8 @@ from earl_jax.parallel import memory_check
 from earl_jax.parallel.memory_check import GIB, ProgramMemoryError, check_fits, program_bytes
 from earl_jax.parallel.profile import is_oom_error
 from earl_jax.rl.trainer import Trainer
-from tests.test_trainer import SMALL
-
 from jobs import with_fields
+from tests.test_trainer import SMALL
 
 
 def _fake_compiled(temp: int, out: int, alias: int = 0):

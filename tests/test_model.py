@@ -130,7 +130,8 @@ def test_blocked_causal_attention_equals_full_attention_and_its_gradient():
 @pytest.mark.parametrize("remat", [False, True])
 def test_layers_are_traced_once_and_compute_what_a_plain_loop_does(monkeypatch, remat):
     """The decoder layers run as one nested program traced once for all layers of the same shapes; the logits and
-    gradients equal those of calling each layer in a Python loop (to float rounding), under a mesh's sharding names too."""
+    gradients equal those of calling each layer in a Python loop (to float rounding), under a mesh's sharding names
+    too."""
     from earl_jax.models import qwen2
 
     model = _model(CFG.replace(num_hidden_layers=4), remat=remat)
@@ -152,6 +153,7 @@ def test_layers_are_traced_once_and_compute_what_a_plain_loop_does(monkeypatch, 
     with use_mesh_rules(mesh, TRAIN_RULES):
         plain = jax.jit(jax.value_and_grad(loss))(params)
     assert len(traced) == 5
-    for a, b in zip(jax.tree.leaves(nested), jax.tree.leaves(plain)):  # float rounding: XLA may fuse the two differently
+    # float rounding: XLA may fuse the two differently
+    for a, b in zip(jax.tree.leaves(nested), jax.tree.leaves(plain)):
         b = np.asarray(b)
         np.testing.assert_allclose(np.asarray(a), b, rtol=1e-4, atol=1e-5 * max(1.0, float(np.abs(b).max())))

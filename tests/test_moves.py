@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from probe import ShowDigitEnv
 
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
 from earl_jax.rl.experience import batch_arrays
@@ -18,8 +17,8 @@ from earl_jax.rollout.agent_loop import PlayConfig, play_games
 from earl_jax.rollout.moves import MoveTokens, bits_to_mask, choice_logprobs, legal_bits, pick_moves
 from earl_jax.rollout.policy import SamplerPolicy, _prepend
 from earl_jax.rollout.sampler import Sampler
-
 from jobs import job, with_fields
+from probe import ShowDigitEnv
 
 TOK = game_tokenizer()
 EOS = special_ids(TOK).eos_id
@@ -36,7 +35,8 @@ def test_move_tokens_are_one_token_per_action():
         MoveTokens.build(TOK, 40, EOS)
 
 
-@pytest.mark.parametrize("game, says", [("dots_and_boxes", "action 10 .* 2 tokens"), ("hex", "121 actions; at most 31")])
+@pytest.mark.parametrize("game, says", [("dots_and_boxes", "action 10 .* 2 tokens"),
+                                        ("hex", "121 actions; at most 31")])
 def test_a_game_the_tokenizer_cannot_constrain_is_refused_before_setup(game, says):
     from earl_jax.cli import ConfigError
     from earl_jax.rl.validate import check_job

@@ -10,16 +10,25 @@ import optax
 import pytest
 from flax import nnx
 
+import reference_stages
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import init_sharded
 from earl_jax.parallel.plan import StageLayout
 from earl_jax.parallel.planner import ProgramCache, StageRun
 from earl_jax.rl.losses import LossConfig
-from earl_jax.rl.packing import (MIN_SPLIT_ROWS, WIDTH_BUCKETS, grouped_logprobs, grouped_update, length_order,
-                                 length_split, limit_new_widths, micro_batch_widths, mini_batch_rows, rearrange)
+from earl_jax.rl.packing import (
+    MIN_SPLIT_ROWS,
+    WIDTH_BUCKETS,
+    grouped_logprobs,
+    grouped_update,
+    length_order,
+    length_split,
+    limit_new_widths,
+    micro_batch_widths,
+    mini_batch_rows,
+    rearrange,
+)
 from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, make_mesh
-
-import reference_stages
 
 CFG = ModelConfig.tiny(vocab_size=32).replace(num_hidden_layers=2, hidden_size=64, intermediate_size=128)
 N, T = 16, 256

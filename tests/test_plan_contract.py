@@ -19,18 +19,16 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import init_sharded
+from earl_jax.parallel.dispatch import Dispatcher
 from earl_jax.parallel.plan import StageLayout, StagePlan
 from earl_jax.parallel.planner import ProgramCache, StageRun
-from earl_jax.parallel.dispatch import Dispatcher
-from earl_jax.rl import stages
-from earl_jax.rl import trainer as trainer_mod
+from earl_jax.rl import stages, trainer as trainer_mod
 from earl_jax.rl.experience import WidthBudget, experience_stage
 from earl_jax.rl.losses import LossConfig
 from earl_jax.rl.packing import scored_spans
 from earl_jax.rl.train import train_stage
 from earl_jax.rl.trainer import Trainer
 from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, make_mesh, state_shardings
-
 from jobs import job, with_fields
 
 M = MeshShape.parse

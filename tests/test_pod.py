@@ -15,7 +15,6 @@ from earl_jax.rl.checkpoint import Checkpointer
 from earl_jax.rl.job import parse_job
 from earl_jax.rl.pod import POD_MODELS, PodTooSmallError, pod_preset, train_fit
 from earl_jax.rl.trainer import Trainer
-
 from jobs import job, with_fields
 
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"

@@ -13,7 +13,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
 import pretrain  # noqa: E402
-
 from earl_jax.models.export import read_base_info  # noqa: E402
 
 TINY = ["tictactoe", "--games", "96", "--sft-steps", "8", "--sft-games", "8", "--sft-lr", "1e-2", "--sft-warmup", "1",
@@ -71,7 +70,8 @@ def test_a_build_from_saved_games_adds_their_mirror_images_and_learns_best_sets(
     data, before = result["data"], first["data"]
     assert (data["unique"], data["held_out"]) == (before["unique"], before["held_out"])  # the same split
     assert before["train"] < data["train"] <= 2 * before["train"]  # the mirror images, less any already there
-    assert len(result["sft"]["loss"]) == 8 and all(0 <= v < 3 for v in result["sft"]["loss"])  # exact: test_expert_replay
+    # exact: test_expert_replay
+    assert len(result["sft"]["loss"]) == 8 and all(0 <= v < 3 for v in result["sft"]["loss"])
     with pytest.raises(SystemExit, match="do not replay as connect_four"):  # Tic-Tac-Toe games for Connect Four
         pretrain.main(["connect4", "--games-from", str(out / "games.npz"), "--devices", "1", "--out",
                        str(tmp_path / "c4"), "--results", str(tmp_path)])

@@ -21,7 +21,6 @@ from earl_jax.rl.trainer import Trainer
 from earl_jax.rollout import process_split
 from earl_jax.rollout.agent_loop import Trajectories
 from earl_jax.sharding.mesh import MeshShape
-
 from jobs import job, with_fields
 
 M = MeshShape.parse

@@ -14,9 +14,9 @@ import pytest
 
 from earl_jax.models.config import get_config
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel
+from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.profile import HUNG, HUNG_EXIT, OK, ProfileTable, run_profile
 from earl_jax.parallel.selector import ParallelismSelector, SelectorConfig
-from earl_jax.parallel.plan import ContextStats
 from earl_jax.sharding.mesh import MeshShape
 
 ROOT = Path(__file__).resolve().parents[1]

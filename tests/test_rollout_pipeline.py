@@ -97,10 +97,9 @@ def test_the_job_pipelines_a_task_rollout_without_changing_an_episode(tmp_path, 
     """--rollout.pipeline-groups 2: the job's rollout stage decodes two groups in turn while the host steps the
     other's episodes (task steps, tool calls); --env.step-workers 4 steps the episodes on four threads: every
     episode is the one a single group, stepped one by one, plays."""
-    from test_token_exact import BASE, KINDS
-
     from earl_jax.rl.trainer import Trainer
     from jobs import job
+    from test_token_exact import BASE, KINDS
 
     runs = []
     for k, workers in ((1, 1), (2, 1), (2, 4)):

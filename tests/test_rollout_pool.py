@@ -145,11 +145,10 @@ def test_slots_must_split_into_the_groups(model):
 def test_the_job_plays_the_same_rollout_with_a_pool(tmp_path, kind):
     """--rollout.slots 3 (8 games): the job's rollout stage plays every episode the lock-step stage plays; with two
     pipeline groups the slots round up to whole groups (4)."""
-    from test_rollout_pipeline import _same as same_job
-    from test_token_exact import BASE as JOB, KINDS
-
     from earl_jax.rl.trainer import Trainer
     from jobs import job
+    from test_rollout_pipeline import _same as same_job
+    from test_token_exact import BASE as JOB, KINDS
 
     runs = []
     for slots, k in ((0, 1), (3, 1), (3, 2)):

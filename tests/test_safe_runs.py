@@ -18,7 +18,6 @@ from earl_jax.rl import job
 from earl_jax.rl.metrics import read_metrics
 from earl_jax.rl.session import Session
 from earl_jax.rl.trainer import Trainer
-
 from jobs import job as job_config, with_fields
 
 ROOT = Path(__file__).resolve().parents[1]

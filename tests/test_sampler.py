@@ -10,9 +10,9 @@ from flax import nnx
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import init_sharded
 from earl_jax.models.qwen2 import Qwen2
-from earl_jax.sharding.mesh import INFERENCE_RULES, MeshShape, make_mesh
 from earl_jax.rollout.sampler import Sampler
 from earl_jax.rollout.sampling import SamplingConfig, program_key, runtime_values, sample_logits
+from earl_jax.sharding.mesh import INFERENCE_RULES, MeshShape, make_mesh
 
 CFG = ModelConfig.tiny(vocab_size=64).replace(num_attention_heads=8, num_key_value_heads=4, head_dim=16)
 GREEDY = SamplingConfig(greedy=True)

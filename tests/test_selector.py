@@ -11,13 +11,30 @@ from hypothesis import given, settings, strategies as st
 from earl_jax import distributed
 from earl_jax.models.config import get_config
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel, candidate_meshes
-from earl_jax.sharding.mesh import RL_STAGES as STAGES, MeshShape, make_mesh  # the stages plan() plans
-from earl_jax.parallel.profile import (INFEASIBLE, OK, OOM, ProfileEntry, ProfileTable, ProfileTableMismatch,
-                                       SyntheticThroughput, is_oom_error, run_profile)
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
 from earl_jax.parallel.planner import OtherProcessFailedError, OtherProcessOOMError, run_with_oom_fallback
-from earl_jax.parallel.selector import (SMALL_BUCKET_EDGES, HysteresisLevel, NoFeasibleLayoutError, ParallelismSelector,
-                                        SelectorConfig)
+from earl_jax.parallel.profile import (
+    INFEASIBLE,
+    OK,
+    OOM,
+    ProfileTable,
+    ProfileTableMismatch,
+    SyntheticThroughput,
+    is_oom_error,
+    run_profile,
+)
+from earl_jax.parallel.selector import (
+    SMALL_BUCKET_EDGES,
+    HysteresisLevel,
+    NoFeasibleLayoutError,
+    ParallelismSelector,
+    SelectorConfig,
+)
+from earl_jax.sharding.mesh import (
+    RL_STAGES as STAGES,  # the stages plan() plans
+    MeshShape,
+    make_mesh,
+)
 
 H100 = 80 * GiB
 ROOT = Path(__file__).resolve().parents[1]

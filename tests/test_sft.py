@@ -11,7 +11,6 @@ from earl_jax.rl.sft import run_sft
 from earl_jax.rl.trainer import Trainer
 from earl_jax.rl.warmup import random_legal_games
 from earl_jax.sharding.mesh import MeshShape
-
 from jobs import job
 
 

@@ -14,7 +14,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
 import sweep  # noqa: E402
-
 from earl_jax.parallel.thresholds import parse_thresholds  # noqa: E402
 from earl_jax.rl.job import parse_job  # noqa: E402
 
@@ -130,7 +129,8 @@ def test_run_sweep_writes_one_folder_per_trial_and_a_summary(tmp_path, capsys):
     ok = rows[0]
     assert float(ok["eval/win_rate"]) == 0.25 and float(ok["episode/return_mean"]) == 0.25
     assert float(ok["time/rollout_s_mean"]) == 3.0 and float(ok["time/train_s"]) == 3.0 and ok["final_step"] == "2"
-    assert (out / rows[2]["trial"] / "metrics.jsonl").exists() and len((out / "trials.jsonl").read_text().splitlines()) == 3
+    assert (out / rows[2]["trial"] / "metrics.jsonl").exists()
+    assert len((out / "trials.jsonl").read_text().splitlines()) == 3
     printed = capsys.readouterr().out
     assert f"{rows[1]['trial']}: failed (3): {why}" in printed.splitlines()[1:]  # as it ran, and after the table
     printed = printed[printed.index("summary.csv"):]  # the table (the trial commands come before it)

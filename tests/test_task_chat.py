@@ -24,7 +24,6 @@ from earl_jax.rl.validate import check_job
 from earl_jax.tasks.chat import ChatTemplate, ChatTemplateError, read_chat_template
 from earl_jax.tasks.guess_number import GuessNumber
 from earl_jax.tasks.tools import CHARSET
-
 from jobs import job, with_fields
 from test_token_exact import BASE, _rollout_and_experience, _runs
 

@@ -60,7 +60,8 @@ def test_the_fork_doc_task_trains_from_the_stock_command_line_and_resumes(tmp_pa
 ])
 def test_a_bad_task_input_is_one_line_before_setup(flags, says, tmp_path, capsys):
     run = tmp_path / "run"
-    code = main([*flags, "--run-dir", str(run), *QUIET], name="train", configs=ROOT / "experiments" / "configs" / "train")
+    code = main([*flags, "--run-dir", str(run), *QUIET], name="train",
+                configs=ROOT / "experiments" / "configs" / "train")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and says in err[0], err
     assert not run.exists()

@@ -33,7 +33,6 @@ from earl_jax.rollout.agent_loop import PlayConfig, ScriptedPolicy, Trajectories
 from earl_jax.tasks import task_env_factory
 from earl_jax.tasks.guess_number import GuessNumber
 from earl_jax.tasks.tools import CHARSET, Tool, ToolCall, ToolUse, register_call_parser
-
 from jobs import job, with_fields
 
 BASE = dict(rollout__groups=4, rollout__group_size=2, run__steps=1, sft__steps=0, planner__devices=1,

@@ -11,13 +11,18 @@ import random
 import numpy as np
 import pyspiel
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from test_envs import drawing, history_from_drawing  # the per-game tests' drawings, same conventions
+from hypothesis import HealthCheck, given, settings, strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from earl_jax.envs import (PROMPT_STYLES, EnvConfig, OpenSpielTextEnv, canonical_action_text, connect_four_search,
-                           parse_action)
+from earl_jax.envs import (
+    PROMPT_STYLES,
+    EnvConfig,
+    OpenSpielTextEnv,
+    canonical_action_text,
+    connect_four_search,
+    parse_action,
+)
+from earl_jax.envs.games import connect_four as c4, tic_tac_toe as ttt
 from earl_jax.envs.opponents import _solve, _solver_memo
 from earl_jax.envs.vector import (
     ObservationCodec,
@@ -26,11 +31,10 @@ from earl_jax.envs.vector import (
     make_vector_env,
     parse_actions,
 )
-from earl_jax.envs.games import connect_four as c4
-from earl_jax.envs.games import tic_tac_toe as ttt
 from earl_jax.envs.vector.opponents import StreamBank
 from earl_jax.envs.vector.parser import MoveCache
 from earl_jax.models.tokenizer import game_tokenizer
+from test_envs import drawing, history_from_drawing  # the per-game tests' drawings, same conventions
 
 OPPONENTS = {"connect_four": ("random", "alphabeta:1", "alphabeta:2"), "tic_tac_toe": ("random", "solver")}
 

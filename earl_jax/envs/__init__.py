@@ -37,8 +37,15 @@ if TYPE_CHECKING:
     from earl_jax.envs.openspiel_env import OpenSpielTextEnv
     from earl_jax.envs.opponents import Opponent, make_opponent
     from earl_jax.envs.parser import canonical_action_text, parse_action
-    from earl_jax.envs.text import (COMPACT_ALPHABET, PROMPT_STYLES, GameText, format_observation, game_text,
-                                    observation_alphabet, render_board)
+    from earl_jax.envs.text import (
+        COMPACT_ALPHABET,
+        PROMPT_STYLES,
+        GameText,
+        format_observation,
+        game_text,
+        observation_alphabet,
+        render_board,
+    )
 
 
 def __getattr__(name: str):

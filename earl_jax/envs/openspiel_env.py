@@ -15,7 +15,6 @@ import string
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 import pyspiel
 
 from earl_jax.envs.config import EnvConfig

@@ -44,7 +44,7 @@ def num_splits(b: int, kv: int, s: int, block: int, min_chunk: int = 1024, progr
     return max((d for d in range(1, max(want, 1) + 1) if (s // block) % d == 0), default=1)
 
 
-def inv_frequencies(h: int, theta: float) -> Float[Array, "h"]:
+def inv_frequencies(h: int, theta: float) -> Float[Array, " h"]:
     """RoPE's inverse frequency per column of a head (models/qwen2.rope's, both halves)."""
     inv = 1.0 / (theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
     return jnp.concatenate([inv, inv])
@@ -119,8 +119,8 @@ def _kernel(pos_ref, inv_ref, qkv_ref, k_ref, v_ref, *out_refs, n: int, kv: int,
         pl_ref[...] = l
 
 
-def decode_attention(qkv: Float[Array, "b heads h"], cache: LayerCache, positions: Int[Array, "b"],
-                     inv_freq: Float[Array, "h"], num_heads: int, *, splits: int | None = None,
+def decode_attention(qkv: Float[Array, "b heads h"], cache: LayerCache, positions: Int[Array, " b"],
+                     inv_freq: Float[Array, " h"], num_heads: int, *, splits: int | None = None,
                      block: int | None = None, warps: int = 4, stages: int = 2, interpret: bool = False
                      ) -> tuple[Float[Array, "b n h"], LayerCache]:
     """Attention of one new token per row: `qkv` holds the row's query heads, then its new keys, then its new
@@ -176,7 +176,7 @@ def decode_attention(qkv: Float[Array, "b heads h"], cache: LayerCache, position
     return o[:, :, :g].reshape(b, n, h).astype(qkv.dtype), LayerCache(k_cache, v_cache)
 
 
-def decode_attention_xla(qkv: Float[Array, "b heads h"], cache: LayerCache, positions: Int[Array, "b"],
+def decode_attention_xla(qkv: Float[Array, "b heads h"], cache: LayerCache, positions: Int[Array, " b"],
                          theta: float, num_heads: int) -> tuple[Float[Array, "b n h"], LayerCache]:
     """The same function through the model's own ops (models/qwen2: rope, cache write, cached attention)."""
     from earl_jax.models.qwen2 import cached_attention, rope

@@ -32,8 +32,8 @@ from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import abstract_model
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.models.tokenizer import load_tokenizer
-from earl_jax.sharding.mesh import INFERENCE_RULES, Rules, state_shardings
 from earl_jax.progress import mesh_str, params_str, phase, track
+from earl_jax.sharding.mesh import INFERENCE_RULES, Rules, state_shardings
 
 # (Hugging Face name, module path, layout "hf axes -> our axes"); {i} is the layer index.
 _L = "model.layers.{i}."

@@ -19,7 +19,8 @@ class PlannerConfig:
     edges: tuple[int, ...] = _f((), "context-length bucket edges (empty: 1K..32K, or 32..1K for the tiny model)")
     margin: float = _f(0.10, "hysteresis: pass a bucket edge by this fraction before switching layouts")
     ema: float = _f(0.5, "weight of the newest context length in the moving average")
-    rollout_thresholds: str = _f("", "direct rollout layouts, e.g. '0:d8f1t1,1024:d4f1t2' (context:mesh; empty: select)")
+    rollout_thresholds: str = _f("", "direct rollout layouts, e.g. '0:d8f1t1,1024:d4f1t2' "
+                                     "(context:mesh; empty: select)")
     experience_thresholds: str = _f("", "direct experience layouts, same format")
     train_thresholds: str = _f("", "direct train layouts, same format (meshes dAfBtC)")
     table: str | None = _f(None, "profile table JSON (experiments/benchmarks/profile_selector.py) to select by")

@@ -37,17 +37,24 @@ from earl_jax.compile_cache import count_compiles
 from earl_jax.models.config import ModelConfig
 from earl_jax.parallel import memory_check
 from earl_jax.parallel.config import PlannerConfig
-from earl_jax.parallel.fallback import (OtherProcessFailedError, OtherProcessOOMError,  # noqa: F401
-                                       run_with_oom_fallback)
+from earl_jax.parallel.fallback import OtherProcessFailedError, OtherProcessOOMError, run_with_oom_fallback  # noqa: F401
 from earl_jax.parallel.memory import MemoryConfig, candidate_meshes, mesh_problem
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
 from earl_jax.parallel.profile import ProfileTable, is_oom_error
+from earl_jax.parallel.selector import SMALL_BUCKET_EDGES, ParallelismSelector, SelectorConfig
 from earl_jax.parallel.thresholds import parse_thresholds
-from earl_jax.parallel.selector import (SMALL_BUCKET_EDGES, ParallelismSelector,
-                                        SelectorConfig)
 from earl_jax.sharding.context import use_mesh_rules
-from earl_jax.sharding.mesh import (RL_STAGES, STAGE_RULES, STAGES, MeshShape, Rules, batch_axes, logical_sharding, make_mesh,
-                                   state_shardings)
+from earl_jax.sharding.mesh import (
+    RL_STAGES,
+    STAGE_RULES,
+    STAGES,
+    MeshShape,
+    Rules,
+    batch_axes,
+    logical_sharding,
+    make_mesh,
+    state_shardings,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -120,7 +127,8 @@ class StageRun:
             if v.shape[0] % self.batch_shards:
                 raise ValueError(f"{self.stage}: {v.shape[0]} rows of {k!r} do not split over {self.batch_shards} "
                                  f"batch shards of mesh {self.layout.mesh}")
-        placed = distributed.hosts_to_global(list(arrays.values()), [self.row_sharding(v.ndim) for v in arrays.values()])
+        placed = distributed.hosts_to_global(list(arrays.values()),
+                                             [self.row_sharding(v.ndim) for v in arrays.values()])
         return dict(zip(arrays, placed))
 
     def process_rows(self, rows: int) -> slice | None:

@@ -51,7 +51,8 @@ Measure = Callable[[str, MeshShape, int, int], float]
 
 
 # XLA GPU reports scratch it cannot get outside its pool (e.g. NCCL's for an all-reduce) as INTERNAL, not as
-# RESOURCE_EXHAUSTED: "Failed to allocate Scratch 1 for all-reduce" (seen on 4 x H100 at a 32K context, mem fraction 0.92)
+# RESOURCE_EXHAUSTED: "Failed to allocate Scratch 1 for all-reduce" (seen on 4 x H100 at a 32K context,
+# mem fraction 0.92)
 SCRATCH_OOM = re.compile(r"Failed to allocate (Scratch|collective memory)")
 
 

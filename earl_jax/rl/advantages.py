@@ -213,7 +213,8 @@ def later_turns(loss_mask: TokenMask) -> Int[Array, "n t"]:
     return jnp.where(m, after, 0).astype(jnp.int32)
 
 
-def discount_by_turn(advantages: Float[Array, "n t"], loss_mask: TokenMask, turn_discount: float) -> Float[Array, "n t"]:
+def discount_by_turn(advantages: Float[Array, "n t"], loss_mask: TokenMask,
+                     turn_discount: float) -> Float[Array, "n t"]:
     """advantage x turn_discount ** (turns after this token's turn): a game's outcome credits its last moves most.
 
     A sequence-level advantage (GRPO, RLOO) credits every turn of a game equally, also turns that did not

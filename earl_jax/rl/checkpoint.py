@@ -39,6 +39,25 @@ def checkpoint_state(state, planner, seed: int) -> dict[str, Any]:
             "rng": host_to_global(jax.random.key_data(jax.random.key(seed)), NamedSharding(mesh, PartitionSpec()))}
 
 
+def save_trainer(trainer) -> None:
+    """A `Trainer`'s checkpoint at its step: weights, optimizer state, RNG; the planner's and matchmaker's state."""
+    t = trainer
+    t.checkpointer.save(t.step, checkpoint_state(t.state, t.planner, t.cfg.run.seed), {
+        "step": t.step, "planner": t.planner.state_dict(), "matchmaker": t.matchmaker.state_dict()})
+
+
+def restore_trainer(trainer) -> None:
+    """A `Trainer` back at its newest readable checkpoint (its train env: the curriculum's rung there)."""
+    t = trainer
+    step, state, meta = t.checkpointer.restore_latest(checkpoint_state(t.state, t.planner, t.cfg.run.seed))
+    t.state.params, t.state.opt_state, t.step = state["params"], state["opt_state"], step
+    t.planner.load_state_dict(meta.get("planner", {}))
+    t.matchmaker.load_state_dict(meta.get("matchmaker") or {})  # the curriculum's rung
+    t.env = t.matchmaker.train_env()
+    logging.getLogger("earl_jax.rl.trainer").info("resumed from step %d (checkpoint %s)", step,
+                                                  t.checkpointer.directory / str(step))
+
+
 def has_checkpoint(run_dir: str | Path) -> bool:
     """Whether a run folder holds a finished checkpoint (a numbered folder orbax committed)."""
     ckpt = Path(run_dir) / "checkpoints"
@@ -70,6 +89,17 @@ class Checkpointer:
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
         )
 
+    def resumes(self, resume: str, run_dir: Path) -> bool:
+        """Whether a run resumes (--run.resume true, or auto with a checkpoint here); ValueError for a fresh run
+        (--run.resume false) into a folder that already holds checkpoints: a run is never overwritten."""
+        latest = self.latest_step()
+        if resume == "true" or (resume == "auto" and latest is not None):
+            return True
+        if latest is not None:
+            raise ValueError(f"--run.run-dir {run_dir} already holds checkpoints: pass --resume to continue it, "
+                             "or choose a new --run-dir (refusing to overwrite a run)")
+        return False
+
     def latest_step(self) -> int | None:
         return None if self.manager is None else self.manager.latest_step()
 
@@ -88,8 +118,9 @@ class Checkpointer:
             out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                                                      meta=ocp.args.JsonRestore()))
         except Exception as e:
+            detail = " ".join(str(e).split())[:300]
             raise CheckpointError(f"checkpoint {self.directory / str(step)} is unreadable or does not match "
-                                  f"this run's model/optimizer ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
+                                  f"this run's model/optimizer ({type(e).__name__}: {detail})") from e
         return step, out.state, dict(out.meta)
 
     def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]]:

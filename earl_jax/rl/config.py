@@ -46,15 +46,16 @@ class RunConfig:
                  "override it); auto: resume when run_dir has a checkpoint, else start it")
     max_minutes: float = _f(0.0, "stop after this many minutes of wall time, with a checkpoint (0: no limit)")
     checkpoint_every: int = _f(25, "iterations between checkpoints (and one at the end)")
-    checkpoint_minutes: float = _f(10.0, "also a checkpoint when this many minutes passed since the last one, so a "
-                                         "kill -9 loses at most that much (0: off); SIGTERM and Ctrl-C always write one")
+    checkpoint_minutes: float = _f(10.0, "also a checkpoint when this many minutes passed since the last one, so "
+                                         "a kill -9 loses at most that much (0: off); SIGTERM and Ctrl-C always "
+                                         "write one")
     keep_checkpoints: int = _f(3, "checkpoints kept (0: none are written)")
     stall_minutes: float = _f(30.0, "end the process (exit 75; resume with --resume) when no iteration or evaluation "
                                     "finishes for this many minutes (earl_jax/watchdog.py); 0: off")
     gc_every: int = _f(0, "Python garbage collection: 0 = automatic; N > 0 = a full collection every N iterations on "
                           "every process at once (rl/gc_control.py)")
-    compile_cache: str = _f("", "persistent JAX compilation cache folder (\"\": $XDG_CACHE_HOME/earl_jax/jax_compile or "
-                                "$EARL_COMPILE_CACHE; \"off\": none)")
+    compile_cache: str = _f("", "persistent JAX compilation cache folder (\"\": "
+                                "$XDG_CACHE_HOME/earl_jax/jax_compile or $EARL_COMPILE_CACHE; \"off\": none)")
     wandb_mode: Literal["auto", "online", "offline", "disabled"] = _f(
         "auto", "auto = online with WANDB_API_KEY set, else offline")
     wandb_project: str = _f("earl-jax", "wandb project")
@@ -212,7 +213,8 @@ class JobConfig:
 
 # Flat RLConfig fields of earlier runs whose path is not (section, same name).
 LEGACY = {
-    "steps": ("run", "steps"), "learning_rate": ("optim", "learning_rate"), "game": ("env", "game"), "opponent": ("env", "opponent"), "agent_player": ("env", "agent_player"),
+    "steps": ("run", "steps"), "learning_rate": ("optim", "learning_rate"), "game": ("env", "game"),
+    "opponent": ("env", "opponent"), "agent_player": ("env", "agent_player"),
     "prompt_style": ("env", "prompt_style"), "invalid_retries": ("env", "max_retries"),
     "retry_reward": ("env", "retry_reward"), "win_reward": ("env", "win_reward"), "draw_reward": ("env", "draw_reward"),
     "loss_reward": ("env", "loss_reward"), "invalid_reward": ("env", "invalid_reward"),
@@ -221,7 +223,8 @@ LEGACY = {
     "curriculum": ("curriculum", "ladder"), "algorithm": ("loss", "estimator"),
     "rollout_cache_growth": ("rollout", "cache_growth"), "rollout_split_processes": ("rollout", "split_processes"),
     "selector_mode": ("planner", "mode"), "selector_edges": ("planner", "edges"),
-    "selector_margin": ("planner", "margin"), "selector_ema": ("planner", "ema"), "selector_table": ("planner", "table"),
+    "selector_margin": ("planner", "margin"), "selector_ema": ("planner", "ema"),
+    "selector_table": ("planner", "table"),
     "eval_every": ("eval", "every"), "eval_games": ("eval", "games"), "eval_opponents": ("eval", "opponents"),
     "format_warmup_steps": ("sft", "steps"), "format_warmup_games": ("sft", "games"),
 }

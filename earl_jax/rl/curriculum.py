@@ -14,8 +14,8 @@ Decisions:
   constant groups (a near-deterministic policy against a deterministic opponent: no learning signal); the next
   rung, which it beats ~30% of the time, mixes wins and losses again (docs/learning.md).
 - A rung may also be given a budget (`--curriculum.rung-max-iterations N`, off by default): the first evaluation at
-  least N iterations after the rung began moves up whatever the win rate. The stall rule waits for a best of 0.5, and how
-  long a run takes to get there varies: one GPU preset run reached it on alphabeta:1 at iteration 320 of its 451,
+  least N iterations after the rung began moves up whatever the win rate. The stall rule waits for a best of 0.5, and
+  how long a run takes to get there varies: one GPU preset run reached it on alphabeta:1 at iteration 320 of its 451,
   left only ~70 iterations for alphabeta:2 and ended at 0.16 against it; the same seed with a budget of 180 left
   alphabeta:1 at 180 (winning 0.30 there) and ended at 0.56 against alphabeta:2 and 0.67 against alphabeta:1
   (docs/learning.md). The budget bounds the time a lower rung can take from the last.

@@ -24,7 +24,8 @@ class Evaluator:
     def __init__(self, cfg, env_cfg, matchmaker, play: Play, env_factory=None, task_log=None):
         """`cfg`: EvalConfig; `env_cfg`: the job's EnvConfig (its opponent replaced per evaluation opponent);
         `task_log`: a text task's episode log (its held-out episodes are reported as eval/success_rate, ...)."""
-        self.cfg, self.env_cfg, self.matchmaker, self.play, self.env_factory = cfg, env_cfg, matchmaker, play, env_factory
+        self.cfg, self.env_cfg, self.matchmaker = cfg, env_cfg, matchmaker
+        self.play, self.env_factory = play, env_factory
         self.task_log = task_log
         self.envs: dict[str, Any] = {}  # one per evaluation opponent, made on first use
 

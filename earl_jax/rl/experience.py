@@ -21,8 +21,7 @@ from jaxtyping import Int
 
 from earl_jax.parallel.planner import StageRun
 from earl_jax.rl.losses import LossConfig
-from earl_jax.rl.packing import (batch_width, grouped_logprobs, length_order, length_split, limit_new_widths,
-                                 rearrange)
+from earl_jax.rl.packing import batch_width, grouped_logprobs, length_order, length_split, limit_new_widths, rearrange
 from earl_jax.rl.stages import ExperienceBatch, advantage_step
 from earl_jax.rollout.agent_loop import Trajectories
 from earl_jax.rollout.compile_ahead import CompileAhead

@@ -66,7 +66,8 @@ class _Script(BatchedOpponent):
 def replay_games(games: ExpertGames, env_cfg, tokenizer: tokenizers.Tokenizer, *, eos_id: int, bos_id: int | None,
                  constrained: bool, max_context: int = 2048, max_turns: int = 32, max_turn_tokens: int = 4,
                  mirror: bool = False) -> ExpertGames:
-    """`games` (finished ones) written again in `env_cfg`'s prompt style and these rollout limits; `mirror`: reflected."""
+    """`games` (finished ones) written again in `env_cfg`'s prompt style and these rollout limits; `mirror`:
+    reflected."""
     from earl_jax.envs.vector import VectorTextEnv
 
     if mirror and env_cfg.game not in MIRRORS:

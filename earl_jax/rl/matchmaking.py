@@ -118,7 +118,8 @@ class Matchmaker:
             return ModelOpponentEnv(env_cfg, self.batch_size)
         except ValueError as e:
             raise ValueError(f"--curriculum.league-size: self-play needs standard connect_four or tic_tac_toe with a "
-                             f"batched scripted opponent (random, alphabeta:D, solver), here {opponent!r}: {e}") from None
+                             f"batched scripted opponent (random, alphabeta:D, solver), here {opponent!r}: "
+                             f"{e}") from None
 
     def eval_opponents(self) -> tuple[str, ...]:
         """--eval.opponents, and the current rung when it is not among them."""

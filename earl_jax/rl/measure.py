@@ -32,7 +32,6 @@ from earl_jax.rl.experience import WidthBudget
 from earl_jax.rl.losses import LossConfig
 from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, logical_sharding, make_mesh
 
-
 LOSS = LossConfig(filter_constant_groups=False)  # GRPO and PPO-clip, the job's default loss
 
 
@@ -143,7 +142,7 @@ class RealMeasure:
 
         seconds = self._timed(once)
         self._models[("train", layout.mesh)] = (run.mesh, graphdef, state[0])
-        del state
+        state.clear()  # its weights (not `del`: `once` still closes over the list)
         return num_responses * context_len / seconds / layout.mesh.size
 
     def experience(self, layout: StageLayout, context_len: int, num_responses: int) -> float:
@@ -202,7 +201,7 @@ class RealMeasure:
             return gen.tokens
 
         seconds = self._timed(once)
-        del holder
+        holder.clear()  # its sampler state (not `del`: `once` still closes over the list)
         return num_responses * steps / seconds / layout.mesh.size
 
 

@@ -205,7 +205,8 @@ def compile_metrics(compiles, programs: int, decode_programs: int, gc_pause_s: f
             "compile/ahead": compiles.ahead, "time/compile_ahead_s": compiles.ahead_s,
             "compile/ahead_failed": sum(len(a.failed) for a in aheads),
             # of the programs submitted so far, those a real call then asked for (the rest was a wrong guess)
-            "compile/ahead_submitted": sum(a.submitted for a in aheads), "compile/ahead_used": sum(len(a.used) for a in aheads),
+            "compile/ahead_submitted": sum(a.submitted for a in aheads),
+            "compile/ahead_used": sum(len(a.used) for a in aheads),
             "time/compile_ahead_waited_s": sum(a.waited_s for a in aheads)}
 
 
@@ -241,3 +242,22 @@ def device_memory() -> dict[str, float]:
         if vals:
             out[f"memory/{name}"] = max(vals) / 2**30
     return out
+
+
+def trainer_record(trainer, traj, times: dict[str, float], exp_metrics: dict[str, Any], train_metrics: dict[str, Any],
+                   compiles, league, *, no_signal, dispatch_bytes: int) -> dict[str, Any]:
+    """A `Trainer.iteration`'s record: `iteration_record`, then the rollout's pipeline, the compiles (and those
+    compiled ahead), the layouts that ran, device memory, the opponents played and a text task's episode log."""
+    t, cfg = trainer, trainer.cfg
+    record = iteration_record(t.step, traj, times, exp_metrics, train_metrics,
+                              turn_tokens=cfg.rollout.turn_tokens(t.step - 1), num_devices=len(t.planner.devices),
+                              epochs=cfg.optim.ppo_epochs, decode_groups=t.rollout.decode_groups,
+                              no_signal=no_signal, dispatch_bytes=dispatch_bytes)
+    aheads = [sp.ahead for sp in t.rollout.samplers.values() if sp.ahead is not None]
+    aheads += [t.widths.ahead] if t.widths.ahead is not None else []
+    compile_metrics = t._compile_stats(compiles, len(t.planner.programs), t.rollout.compile_count, t._gc.take(),
+                                       aheads)
+    return {**record, "rollout/pipeline_groups": t.rollout.pipeline_groups, **compile_metrics,
+            **t.planner.ran_log_dict(), **device_memory(), **t.matchmaker.metrics(),
+            **opponent_metrics(traj, t.matchmaker.mix_games(), league, t.env),
+            **(t.task.train_log.drain("task") if t.task else {})}

@@ -31,17 +31,17 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 from jaxtyping import Int
 
 from earl_jax.parallel.planner import MicroBatches, StageRun
 from earl_jax.rl import stages
 from earl_jax.rl.losses import LossConfig
-from earl_jax.rollout.compile_ahead import CompileAhead, spec_of
 from earl_jax.rollout.buckets import DEFAULT_LENGTH_BUCKETS, bucket, scored_spans  # noqa: F401 (re-exported)
+from earl_jax.rollout.compile_ahead import CompileAhead, spec_of
 from earl_jax.sharding.context import constrain
 
 # the narrowest experience / train width: short games (probes, the first turns) are not padded to 64 tokens
@@ -65,8 +65,9 @@ def mini_batch_rows(n: int, count: int, shards: int) -> list[Int[np.ndarray, " m
     """The rows of each of `count` PPO mini-batches of an n-row batch: contiguous equal slices, so whole GRPO groups
     when `count` divides the groups (games are laid out group after group); each must split over the batch shards."""
     if n % count or (n // count) % shards:
-        raise ValueError(f"--optim.ppo-mini-batches {count}: {n} rows do not make {count} mini-batches of whole batch shards "
-                         f"({shards} here); use a count that divides the games into multiples of {shards}")
+        raise ValueError(f"--optim.ppo-mini-batches {count}: {n} rows do not make {count} mini-batches of whole "
+                         f"batch shards ({shards} here); use a count that divides the games into multiples of "
+                         f"{shards}")
     return list(np.arange(n).reshape(count, n // count))
 
 

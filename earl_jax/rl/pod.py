@@ -20,8 +20,8 @@ Decisions (each one a guess to revisit with measurements, not a tuned setting):
   per device cost little time each.
 * Prompts: compact (the board every turn, ~80 tokens) for a random-init model, answers of up to 8 tokens
   ending at EOS, context 4096, learning rate 1e-4 (the tiny model's 1e-3 scaled down for a larger model; not
-  tuned), the format warm-up of the base preset; chat (English) for a pretrained checkpoint, answers of up to 128 tokens,
-  context 8192, a small learning rate with a KL term and no format warm-up (the qwen0.5b preset's choices).
+  tuned), the format warm-up of the base preset; chat (English) for a pretrained checkpoint, answers of up to 128
+  tokens, context 8192, a small learning rate with a KL term and no format warm-up (the qwen0.5b preset's choices).
 * bfloat16 compute (float32 master weights in training).
 
 Bad input says so before anything compiles: a machine too small for the smallest preset (or for the given
@@ -34,9 +34,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Mapping
 
+from earl_jax.cli import replace_paths
 from earl_jax.models.config import ModelConfig, get_config
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel, candidate_meshes
-from earl_jax.cli import replace_paths
 from earl_jax.rl.config import JobConfig
 from earl_jax.sharding.mesh import MeshShape
 
@@ -47,8 +47,8 @@ GAMES_PER_DEVICE = 16
 GROUP_SIZE = 8
 # rollout_cache_growth 4: the cold first iteration on 4 H100s was 122 s of decode compiles (one program per batch x
 # cache size as games grow); KV sizes 512, 2048, 8192 compile 16 sampler programs for the first evaluation and
-# iteration of this job where the default sizes compile 33 (experiments/benchmarks/count_decode_programs.py), at up to 4x
-# padded decode attention.
+# iteration of this job where the default sizes compile 33 (experiments/benchmarks/count_decode_programs.py), at up
+# to 4x padded decode attention.
 # Free-text answers (constrain_moves off): the pod job is EARL's setting, whose contexts grow with the answers.
 RANDOM_INIT = {("env", "prompt_style"): "compact", ("rollout", "max_turn_tokens"): 8, ("rollout", "max_context"): 4096,
                ("rollout", "cache_growth"): 4.0, ("optim", "learning_rate"): 1e-4, ("loss", "kl_coef"): 0.0,

@@ -22,8 +22,9 @@ def build_policy(cfg) -> tuple[StagePlanner, Any, Any, Any, tuple[int, ...] | No
     model_cfg, tokenizer = model_config(cfg.model)
     remat = remat_mode(cfg.planner.remat)
     coarse = geometric_cache_buckets(cfg.rollout.cache_growth) if cfg.rollout.cache_growth else None
+    kv_cache_bytes = 4 if cfg.rollout.cache_dtype == "float32" else 2
     planner = StagePlanner.from_config(cfg.planner, model_cfg, cfg.batch_size, remat=remat != "none",
-                                       cache_buckets=coarse, kv_cache_bytes=4 if cfg.rollout.cache_dtype == "float32" else 2)
+                                       cache_buckets=coarse, kv_cache_bytes=kv_cache_bytes)
     train = planner.stage_run("train")
     model, loaded_tokenizer = load_model(cfg.model, model_cfg, train.mesh, train.rules, cfg.run.seed)
     model.remat = remat == "full"  # a static attribute: part of the graphdef the stages merge

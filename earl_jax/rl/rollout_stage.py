@@ -105,8 +105,9 @@ class RolloutStage:
         compact = compact_now(self.cfg.compact_finished, self.rollouts_done, backend)
         unit = k * min_batch  # a pool's rows: whole decode batches in every pipeline group
         slots = 0 if league is not None else -(-self.cfg.slots // unit) * unit  # a frozen opponent draws by its calls
-        play_cfg = PlayConfig(turn_tokens, self.cfg.max_turns, self.max_context, constrain_moves=self.cfg.constrain_moves,
-                              compact=compact, pipeline_groups=k, min_batch=min_batch, slots=slots)
+        play_cfg = PlayConfig(turn_tokens, self.cfg.max_turns, self.max_context,
+                              constrain_moves=self.cfg.constrain_moves, compact=compact, pipeline_groups=k,
+                              min_batch=min_batch, slots=slots)
         self.pipeline_groups = k
         self.decode_groups = jax.process_count() if at.split else 1
         if league is not None:

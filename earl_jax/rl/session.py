@@ -113,6 +113,15 @@ class Session(contextlib.ExitStack):
     def saved(self) -> None:
         self.last_checkpoint = time.perf_counter()
 
+    def stopped(self, stop: StopRun, step: int, saved: int, save: Callable[[], None], run_dir: Path) -> None:
+        """After a stop signal: the last finished iteration checkpointed (`save`) unless step `saved` is it, and one
+        line saying where to resume from."""
+        if step > saved:
+            save()
+        where = (f"checkpoint {run_dir / 'checkpoints' / str(step)}" if step else
+                 "no iteration had finished, nothing to resume")
+        log.warning("%s: stopped after iteration %d; %s", stop.signal_name, step, where)
+
     def beat(self, what: str) -> None:
         """A heartbeat for the watchdog (what the run is doing now) and the bar's status."""
         self.dog.beat(what)

@@ -15,7 +15,6 @@ experience.py, train.py, sft.py, evaluation.py); this file only wires them.
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -28,31 +27,28 @@ from flax import nnx
 from earl_jax.compile_cache import count_compiles
 from earl_jax.envs.vector import ObservationCodec
 from earl_jax.models.tokenizer import special_ids
-from earl_jax.progress import phase
 from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.planner import StageRun
-from earl_jax.rl.checkpoint import Checkpointer, checkpoint_state
+from earl_jax.rl.checkpoint import Checkpointer, restore_trainer, save_trainer
 from earl_jax.rl.config import JobConfig
 from earl_jax.rl.evaluation import Evaluator
 from earl_jax.rl.experience import WidthBudget, batch_arrays, experience_stage
 from earl_jax.rl.game_seeds import rollout_inputs
 from earl_jax.rl.gc_control import GcClock
 from earl_jax.rl.matchmaking import Matchmaker
-from earl_jax.rl.metrics import CompileStats, MetricsLogger, NoSignal, device_memory, iteration_record, opponent_metrics
-from earl_jax.rl.policy_setup import build_policy
+from earl_jax.rl.metrics import CompileStats, MetricsLogger, NoSignal, trainer_record
 from earl_jax.rl.packing import scored_spans
+from earl_jax.rl.policy_setup import build_policy
 from earl_jax.rl.rollout_stage import RolloutStage, stage_ahead_now, timed_weights
 from earl_jax.rl.session import Session, StopRun
 from earl_jax.rl.train import TrainState, train_stage
-from earl_jax.rl.warmup import format_warmup
+from earl_jax.rl.warmup import format_warmup, start_of_run
 from earl_jax.rl.weights import WeightMover
 from earl_jax.rollout.compile_ahead import CompileAhead
 from earl_jax.rollout.moves import MoveTokens
+from earl_jax.rollout.sampler import DEFAULT_CACHE_BUCKETS, SamplingConfig
 from earl_jax.tasks import TaskEnvs
 from earl_jax.tasks.chat import task_chat
-from earl_jax.rollout.sampler import DEFAULT_CACHE_BUCKETS, SamplingConfig
-
-log = logging.getLogger(__name__)
 
 
 class Trainer:
@@ -62,8 +58,7 @@ class Trainer:
         research forks pass their own environments with the same reset/step interface. `log=False` (tests,
         evaluate_run.py) writes nothing into the run folder. `job`: the script's name (connect4), kept in config.json
         so that another script's --resume is refused (rl/job.py)."""
-        self.cfg, self.run_dir, self.is_main = cfg, Path(cfg.run.run_dir), jax.process_index() == 0
-        self.step = 0
+        self.cfg, self.run_dir, self.is_main, self.step = cfg, Path(cfg.run.run_dir), jax.process_index() == 0, 0
         # the planner sizes every stage's layout from the model's shape; the model is made on the train layout
         self.planner, self.model_cfg, self.tokenizer, model, coarse = build_policy(cfg)
         self.ids = special_ids(self.tokenizer)
@@ -105,16 +100,13 @@ class Trainer:
                                   self.task.eval_factory if self.task else env_factory,
                                   task_log=self.task.eval_log if self.task else None)
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep=cfg.run.keep_checkpoints)
-        latest = self.checkpointer.latest_step()
-        if cfg.run.resume == "true" or (cfg.run.resume == "auto" and latest is not None):
+        if self.checkpointer.resumes(cfg.run.resume, self.run_dir):
             self.restore()
-        elif latest is not None:
-            raise ValueError(f"--run.run-dir {self.run_dir} already holds checkpoints: pass --resume to continue it, "
-                             "or choose a new --run-dir (refusing to overwrite a run)")
         # config.json, metrics.jsonl and wandb: written by process 0 only, and not at all with log=False
-        self.logger = MetricsLogger(self.run_dir, {**({"job": job} if job else {}), **cfg.to_dict()}, wandb_mode=cfg.run.wandb_mode,
-                                    project=cfg.run.wandb_project, resume_step=self.step if self.step else None,
-                                    enabled=log and self.is_main, write_config=True)
+        self.logger = MetricsLogger(self.run_dir, {**({"job": job} if job else {}), **cfg.to_dict()},
+                                    wandb_mode=cfg.run.wandb_mode, project=cfg.run.wandb_project,
+                                    resume_step=self.step if self.step else None, enabled=log and self.is_main,
+                                    write_config=True)
 
     @property
     def params(self) -> Any:
@@ -126,17 +118,10 @@ class Trainer:
 
     # ---------------------------------------------------------------- checkpoints
     def save(self) -> None:
-        self.checkpointer.save(self.step, checkpoint_state(self.state, self.planner, self.cfg.run.seed), {
-            "step": self.step, "planner": self.planner.state_dict(), "matchmaker": self.matchmaker.state_dict()})
+        save_trainer(self)
 
     def restore(self) -> None:
-        step, state, meta = self.checkpointer.restore_latest(checkpoint_state(self.state, self.planner,
-                                                                              self.cfg.run.seed))
-        self.state.params, self.state.opt_state, self.step = state["params"], state["opt_state"], step
-        self.planner.load_state_dict(meta.get("planner", {}))
-        self.matchmaker.load_state_dict(meta.get("matchmaker") or {})  # the curriculum's rung
-        self.env = self.matchmaker.train_env()
-        log.info("resumed from step %d (checkpoint %s)", step, self.checkpointer.directory / str(step))
+        restore_trainer(self)
 
     # ---------------------------------------------------------------- stages
     def play(self, env, seeds, group_ids, rng, sampling: SamplingConfig, *, league=None, training: bool = True):
@@ -216,21 +201,8 @@ class Trainer:
         no_signal = self._no_signal(self.step, train_metrics["grad_norm"], exp_metrics.get("filtered_frac", 0.0))
         times = {"rollout": s.rollout_s, "experience": t1 - t0, "train": t2 - t1, "iteration": t2 - t_start,
                  "dispatch": weights_s + train_metrics.pop("dispatch_s")}
-        return {**iteration_record(self.step, traj, times, exp_metrics, train_metrics,
-                                   turn_tokens=self.cfg.rollout.turn_tokens(self.step - 1),
-                                   num_devices=len(self.planner.devices), epochs=self.cfg.optim.ppo_epochs,
-                                   decode_groups=self.rollout.decode_groups, no_signal=no_signal,
-                                   dispatch_bytes=self.weights.bytes_moved_since(mark)),
-                "rollout/pipeline_groups": self.rollout.pipeline_groups,
-                **self._compile_metrics(compiles), **self.planner.ran_log_dict(), **device_memory(),
-                **self.matchmaker.metrics(), **opponent_metrics(traj, self.matchmaker.mix_games(), league, self.env),
-                **(self.task.train_log.drain("task") if self.task else {})}
-
-    def _compile_metrics(self, compiles) -> dict[str, Any]:
-        aheads = [sp.ahead for sp in self.rollout.samplers.values() if sp.ahead is not None]
-        aheads += [self.widths.ahead] if self.widths.ahead is not None else []
-        return self._compile_stats(compiles, len(self.planner.programs), self.rollout.compile_count, self._gc.take(),
-                                   aheads)
+        return trainer_record(self, traj, times, exp_metrics, train_metrics, compiles, league,
+                              no_signal=no_signal, dispatch_bytes=self.weights.bytes_moved_since(mark))
 
     def run(self, stop_after: int | None = None) -> list[dict[str, Any]]:
         """Train to --run.steps (or --run.max-minutes, or a stop signal: then `stopped_by` names it and the last
@@ -243,16 +215,7 @@ class Trainer:
             try:
                 session.beat("the start: format warm-up or the first evaluation")
                 if self.step == 0:  # the curves start from the untrained (or format-warmed) policy
-                    warm = {}
-                    if cfg.sft.steps and not cfg.rollout.constrain_moves:  # constrained moves: no format to learn
-                        what = (f"the task's {'format answers' if cfg.sft.answers == 'format' else 'expert demonstrations'}"
-                                if self.task else "random legal games")
-                        session.beat(f"format warm-up ({what})")
-                        with phase(f"format warm-up: {cfg.sft.steps} supervised steps on {what}"):
-                            warm = {f"warmup/{k}": v for k, v in self.format_warmup().items()}
-                        warm.update(self.planner.sft_log_dict())
-                    last_eval = self.evaluate.logged(self.step, session.bar.status)
-                    self.logger.log({"step": 0, **warm, **last_eval, "eval/fresh": True})
+                    last_eval = start_of_run(self, session)
                 while self.step < cfg.run.steps:
                     if stop_after is not None and len(history) >= stop_after:
                         return history
@@ -265,8 +228,8 @@ class Trainer:
                     if evaluated:
                         session.dog.beat(f"the evaluation after iteration {self.step}")
                         last_eval = self.evaluate.logged(self.step, session.bar.status)
-                    record.update(last_eval)  # carried between evaluations; eval/fresh marks a new one
-                    record.update({"eval/fresh": evaluated, "time/elapsed_s": session.elapsed_s})
+                    # the last evaluation, carried between evaluations; eval/fresh marks a new one
+                    record.update({**last_eval, "eval/fresh": evaluated, "time/elapsed_s": session.elapsed_s})
                     self.logger.log(record)
                     history.append(record)
                     session.show(self.step, record)
@@ -279,11 +242,7 @@ class Trainer:
                         break
             except StopRun as stop:
                 self.stopped_by = stop.signal_name
-                if self.step > saved:
-                    self.save()
-                where = (f"checkpoint {self.run_dir / 'checkpoints' / str(self.step)}" if self.step else
-                         "no iteration had finished, nothing to resume")
-                log.warning("%s: stopped after iteration %d; %s", stop.signal_name, self.step, where)
+                session.stopped(stop, self.step, saved, self.save, self.run_dir)
             finally:
                 self._session = None
         self.logger.close()

@@ -150,8 +150,9 @@ def _check_game_job(cfg):
         _opponent("--env.opponent", env.opponent, game, env.game)
     for name in cfg.eval.opponents:
         _opponent("--eval.opponents", name, game, env.game)
+    mix = cfg.curriculum.mix_opponent
     for flag, text, needed in (("--curriculum.ladder", cfg.curriculum.ladder, env.opponent == "curriculum"),
-                               ("--curriculum.mix-opponent", cfg.curriculum.mix_opponent, bool(cfg.curriculum.mix_opponent))):
+                               ("--curriculum.mix-opponent", mix, bool(mix))):
         if needed:
             try:
                 parse_ladder(text, env.game)

@@ -16,6 +16,7 @@ import tokenizers
 from jaxtyping import Bool, Int
 
 from earl_jax.envs.vector import ObservationCodec
+from earl_jax.progress import phase
 from earl_jax.rollout.agent_loop import _Episodes
 
 
@@ -141,3 +142,20 @@ def format_warmup(trainer) -> dict[str, float]:
     if task is not None:  # the demonstrations are not RL's episodes: task/* counts only what the policy played
         task.train_log.drain("sft")
     return history[-1] if history else {}
+
+
+def start_of_run(trainer, session) -> dict[str, Any]:
+    """Step 0 of a run (`Trainer.run`): the format warm-up (free-text moves: constrained moves have no format to
+    learn), then the first evaluation, logged as step 0. Returns the evaluation's metrics (carried into the records
+    until the next one)."""
+    cfg, warm = trainer.cfg, {}
+    if cfg.sft.steps and not cfg.rollout.constrain_moves:
+        shown = "format answers" if cfg.sft.answers == "format" else "expert demonstrations"
+        what = f"the task's {shown}" if trainer.task else "random legal games"
+        session.beat(f"format warm-up ({what})")
+        with phase(f"format warm-up: {cfg.sft.steps} supervised steps on {what}"):
+            warm = {f"warmup/{k}": v for k, v in trainer.format_warmup().items()}
+        warm.update(trainer.planner.sft_log_dict())
+    last_eval = trainer.evaluate.logged(trainer.step, session.bar.status)
+    trainer.logger.log({"step": 0, **warm, **last_eval, "eval/fresh": True})
+    return last_eval

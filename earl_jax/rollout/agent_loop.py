@@ -39,8 +39,7 @@ import tokenizers
 
 from earl_jax.envs.outcomes import NO_WINNER, WINNERS
 from earl_jax.envs.vector.codec import ObservationCodec
-from earl_jax.rollout.episodes import (Decoded, Policy, RolloutStats, Trajectories, _Episodes,  # noqa: F401
-                                       episode_stats)
+from earl_jax.rollout.episodes import Decoded, Policy, RolloutStats, Trajectories, _Episodes, episode_stats  # noqa: F401
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +118,8 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         ids, counts = np.concatenate([np.full((n, 1), bos_id, np.int32), ids], 1), counts + 1
     env_s += time.perf_counter() - t0
     if counts.max() + 1 > cfg.max_context:
-        raise ValueError(f"the first observation is {int(counts.max())} tokens: more than max_context={cfg.max_context}")
+        raise ValueError(f"the first observation is {int(counts.max())} tokens: "
+                         f"more than max_context={cfg.max_context}")
     ep = _Episodes(n, cfg.max_turns)
     ep.append(np.arange(n), ids, counts, False)
     _finish(ep, live, np.arange(n), first)  # games over at reset (possible only in odd games)
@@ -309,9 +309,9 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
     a = ep.arrays()
     stats = RolloutStats(
         **episode_stats(ep.winner, ep.invalid, ep.length, ep.turn_ctx, ep.turns, ep.truncated, a["mask"]),
-        env_s=env_s, wait_s=wait_s, rollout_s=time.perf_counter() - t_start, decode_rows=decode_rows, prompt_tokens=prompt_tokens,
-        first_cache_len=first_cache_len, observation_tokens=observation_tokens, busy_rows=busy_rows,
-        pool_occupancy=pool_busy / pool_rows if pool_rows else None,
+        env_s=env_s, wait_s=wait_s, rollout_s=time.perf_counter() - t_start, decode_rows=decode_rows,
+        prompt_tokens=prompt_tokens, first_cache_len=first_cache_len, observation_tokens=observation_tokens,
+        busy_rows=busy_rows, pool_occupancy=pool_busy / pool_rows if pool_rows else None,
         blunder_rate=ep.blunders / ep.judged if ep.judged else None, judged=ep.judged)
     rewards = a["rewards"]
     return Trajectories(

@@ -71,7 +71,8 @@ class RolloutConfig:
         need(self.groups * self.group_size % self.pipeline_groups == 0, "pipeline_groups",
              f"must divide the batch (groups x group_size = {self.groups * self.group_size} games)")
         need(self.slots >= 0, "slots", "must be >= 0 (0: off)")
-        need(self.cache_growth == 0 or self.cache_growth >= 1.5, "cache_growth", "must be 0 (default buckets) or >= 1.5")
+        need(self.cache_growth == 0 or self.cache_growth >= 1.5, "cache_growth",
+             "must be 0 (default buckets) or >= 1.5")
         try:
             schedule = parse_schedule(self.turn_tokens_schedule)
         except ValueError as e:

@@ -36,7 +36,7 @@ from earl_jax.models.qwen2 import Qwen2
 @dataclasses.dataclass
 class LayerWeights:
     qkv: Float[Array, "nqkv d"]  # rows: query heads, key heads, value heads (each h wide); input norm folded in
-    qkv_bias: Float[Array, "nqkv"] | None
+    qkv_bias: Float[Array, " nqkv"] | None
     out: Float[Array, "d nh"]
     gate_up: Float[Array, "f2 d"]  # gate rows then up rows; post-attention norm folded in
     down: Float[Array, "d f"]
@@ -47,7 +47,7 @@ class LayerWeights:
 class DecodeWeights:
     layers: tuple[LayerWeights, ...]
     embed: Float[Array, "v d"]  # token lookup, and the logits when tied
-    final_norm: Float[Array, "d"]
+    final_norm: Float[Array, " d"]
     lm_head: Float[Array, "d v"] | None  # untied models only ([K, N]: read as stored)
 
 
@@ -91,7 +91,7 @@ def _linear(launch: LinearConfig | None, plan: DecodePlan, x, w, **kw):
     return linear(x, w, config=launch, interpret=plan.interpret, **kw)
 
 
-def decode_hidden(w: DecodeWeights, cfg: ModelConfig, tokens: Int[Array, "b"], positions: Int[Array, "b"],
+def decode_hidden(w: DecodeWeights, cfg: ModelConfig, tokens: Int[Array, " b"], positions: Int[Array, " b"],
                   cache: KVCache, plan: DecodePlan) -> tuple[Float[Array, "b d"], KVCache]:
     """Final-norm hidden state after one token per row at `positions` (>= cache length: no write)."""
     n, kv, h = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.dim_per_head

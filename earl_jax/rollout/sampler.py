@@ -35,18 +35,23 @@ from jax.sharding import Mesh, NamedSharding
 from jaxtyping import Array, Bool, Float, Int
 
 from earl_jax.distributed import hosts_to_global
-from earl_jax.models.cache import KVCache, LayerCache, cache_shardings, init_cache
-from earl_jax.models.config import ModelConfig
-from earl_jax.sharding.context import use_mesh_rules
-from earl_jax.sharding.mesh import Rules, batch_axes, logical_sharding
-from earl_jax.rollout import decode_step, moves
-from earl_jax.rollout.buckets import (DEFAULT_CACHE_BUCKETS, DEFAULT_LENGTH_BUCKETS, PREFILL_CHUNK, bucket,  # noqa
-                                      geometric_cache_buckets)
-from earl_jax.rollout.compile_ahead import CompileAhead, spec_of as _spec
-from earl_jax.rollout.sampler_ahead import CompilingAhead
 from earl_jax.kernels.decode_attention import block_size
 from earl_jax.kernels.tuning import plan as decode_plan
+from earl_jax.models.cache import KVCache, LayerCache, cache_shardings, init_cache
+from earl_jax.models.config import ModelConfig
+from earl_jax.rollout import decode_step, moves
+from earl_jax.rollout.buckets import (  # noqa
+    DEFAULT_CACHE_BUCKETS,
+    DEFAULT_LENGTH_BUCKETS,
+    PREFILL_CHUNK,
+    bucket,
+    geometric_cache_buckets,
+)
+from earl_jax.rollout.compile_ahead import CompileAhead, spec_of as _spec
+from earl_jax.rollout.sampler_ahead import CompilingAhead
 from earl_jax.rollout.sampling import SamplingConfig, program_key, row_keys, runtime_values, sample_logits
+from earl_jax.sharding.context import use_mesh_rules
+from earl_jax.sharding.mesh import Rules, batch_axes, logical_sharding
 
 PAD_TOKEN = 0
 # "auto" runs the XLA step below this many cached positions (one H200: faster at 384, 0.5B batch 32) and the Pallas
@@ -58,7 +63,7 @@ AUTO_MIN_CACHE = 2048
 @dataclasses.dataclass
 class SamplerState:
     cache: KVCache
-    lengths: Int[Array, "b"]  # tokens in the cache per row
+    lengths: Int[Array, " b"]  # tokens in the cache per row
     next_logits: Float[Array, "b v"]  # float32 logits predicting each row's next token
 
     @property
@@ -75,8 +80,8 @@ class SamplerState:
 class Generation:
     tokens: Int[Array, "b n"]  # row r's tokens are tokens[r, :num_tokens[r]]; the rest is PAD_TOKEN
     logprobs: Float[Array, "b n"]  # log_softmax(logits / temperature) at each token; 0 past num_tokens
-    num_tokens: Int[Array, "b"]  # generated tokens, the stop token included
-    stopped: Bool[Array, "b"]  # True: ended on a stop token; False: budget (or cache) ran out
+    num_tokens: Int[Array, " b"]  # generated tokens, the stop token included
+    stopped: Bool[Array, " b"]  # True: ended on a stop token; False: budget (or cache) ran out
 
 
 @jax.jit
@@ -112,7 +117,8 @@ class Sampler(CompilingAhead):
         self.steps_per_check = steps_per_check  # decode steps per while_loop iteration (early-exit check)
         self.prefill_chunk = prefill_chunk  # an extend wider than this runs in chunks of positions (bounded memory)
         if decode_attention is not None:  # the switch's earlier name and values
-            decode_impl = {"step": "pallas", "step_interpret": "pallas_interpret"}.get(decode_attention, decode_attention)
+            renamed = {"step": "pallas", "step_interpret": "pallas_interpret"}
+            decode_impl = renamed.get(decode_attention, decode_attention)
         if decode_impl not in ("auto", "xla", "pallas", "pallas_interpret"):
             raise ValueError(f"Sampler: decode_impl must be auto, xla, pallas or pallas_interpret, got {decode_impl!r}")
         single = mesh is None or mesh.devices.size == 1

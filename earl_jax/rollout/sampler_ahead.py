@@ -22,9 +22,10 @@ class CompilingAhead:
         """Submit the compacted batches' programs that the shapes run so far call for, before the first rollout
         that compacts (on accelerators the first training rollout does not: trainer.compact_now). A batch b that
         decoded at cache length s with at most b / factor**k rows left would have been compacted there to
-        b / factor**k rows (agent_loop._compact: COMPACT_FACTOR, COMPACT_LEVELS): its take, generate, observation extends and the grow
-        between such cache lengths. Compiled in the background (during the experience and train stages), so the
-        next rollout finds them instead of waiting for them. Returns how many programs were submitted."""
+        b / factor**k rows (agent_loop._compact: COMPACT_FACTOR, COMPACT_LEVELS): its take, generate, observation
+        extends and the grow between such cache lengths. Compiled in the background (during the experience and
+        train stages), so the next rollout finds them instead of waiting for them. Returns how many programs were
+        submitted."""
         if self.ahead is None:
             raise RuntimeError("compile_compaction_ahead: compiling ahead is off (start_compiling_ahead first)")
         if self._like is None:
@@ -48,7 +49,8 @@ class CompilingAhead:
         return self.ahead.submitted - before
 
     def start_compiling_ahead(self) -> None:
-        """Turn compiling ahead on from now (e.g. after the first rollout, whose compiles it would only compete with)."""
+        """Turn compiling ahead on from now (e.g. after the first rollout, whose compiles it would only compete
+        with)."""
         if self.ahead is None:
             self.ahead = CompileAhead()
 

@@ -60,7 +60,7 @@ def _num_chunks(v: int, cap: int = 128) -> int:
     return c
 
 
-def _uniform_rows(rng: jax.Array, b: int) -> Float[Array, "b"]:
+def _uniform_rows(rng: jax.Array, b: int) -> Float[Array, " b"]:
     """One uniform per row: from one key, or from each row's own key (then a row's draw does not depend on
     which other rows share its batch)."""
     if rng.ndim == 0:
@@ -68,7 +68,7 @@ def _uniform_rows(rng: jax.Array, b: int) -> Float[Array, "b"]:
     return jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(rng)
 
 
-def _sample_inverse_cdf(rng: jax.Array, scaled: Float[Array, "b v"]) -> tuple[Int[Array, "b"], Float[Array, "b"]]:
+def _sample_inverse_cdf(rng: jax.Array, scaled: Float[Array, "b v"]) -> tuple[Int[Array, " b"], Float[Array, " b"]]:
     """Exact categorical draw by inverting the CDF, two passes over the logits (max; per-chunk sums of
     exp) plus work on one chunk per row; one uniform per row instead of a Gumbel per vocab entry, and the
     log-normalizer comes out of the same sums. Returns tokens and logsumexp."""
@@ -107,7 +107,7 @@ def runtime_values(cfg: SamplingConfig) -> tuple[np.float32, np.bool_]:
 
 def sample_logits(rng: jax.Array, logits: Float[Array, "b v"], cfg: SamplingConfig,
                   temperature: jax.Array | None = None, greedy: jax.Array | None = None
-                  ) -> tuple[Int[Array, "b"], Float[Array, "b"]]:
+                  ) -> tuple[Int[Array, " b"], Float[Array, " b"]]:
     """One token per row and its log-prob under log_softmax(logits / temperature) (untruncated). `rng` is one
     key for the batch, or a key per row ([b]). Given `temperature` and `greedy` (traced values, see
     `runtime_values`), they replace cfg's and both modes run in the same program: the draw is made and, when
@@ -139,7 +139,7 @@ def sample_logits(rng: jax.Array, logits: Float[Array, "b v"], cfg: SamplingConf
     return tokens, picked - lse
 
 
-def row_keys(rng: jax.Array, row_ids: Int[Array, "b"] | Int[Array, "b 2"]) -> jax.Array:
+def row_keys(rng: jax.Array, row_ids: Int[Array, " b"] | Int[Array, "b 2"]) -> jax.Array:
     """Each row's own key: fold_in(rng, row_ids[r]) for ids [b]; for [b, 2] rows (turn, id), as a pool of games
     whose rows are at different turns passes them, fold_in(fold_in(rng, turn_r), id_r): the same key the
     lock-step loop's fold_in(turn key, id) gives, so what a game samples does not depend on when it started."""

@@ -78,7 +78,8 @@ class GuessNumber(gymnasium.Env):
             self.low, feedback = max(self.low, guess + 1), "higher"
         else:
             self.top, feedback = min(self.top, guess - 1), "lower"
-        return ("" if last else f"{feedback}\n> "), 0.0, last, False, {"invalid_answer": False, **self._end(False, last)}
+        info = {"invalid_answer": False, **self._end(False, last)}
+        return ("" if last else f"{feedback}\n> "), 0.0, last, False, info
 
     def _end(self, success: bool, done: bool) -> dict:
         """The outcome keys of a final step's info (none before)."""

@@ -5,7 +5,7 @@ those submitted ahead (`compile/ahead`). Compile seconds are not comparable (the
 persistent cache); the counts are.
 
     git archive OLD | tar -x -C .baseline && python experiments/benchmarks/ab_stage_helpers_cpu.py --trees .baseline .
-    python experiments/benchmarks/ab_stage_helpers_cpu.py --summarize /tmp/h_base /tmp/h_new    # run folders already made
+    python experiments/benchmarks/ab_stage_helpers_cpu.py --summarize /tmp/h_base /tmp/h_new  # run folders already made
 """
 from __future__ import annotations
 

@@ -4,8 +4,9 @@ Each case is a real training job (`experiments/connect4.py`, a few iterations, n
 process, once with this checkout ("current") and once with the code before the change ("baseline": a
 checkout of commit 4fdd9ec at .baseline, `git worktree add --detach .baseline 4fdd9ec`; another commit there: name
 it in EARL_BASELINE_COMMIT, and `*_constrained` cases compare the default move mode). From the
-iterations from the third on that compiled nothing (`steady`) it takes the medians of: the rollout's wall time, games and generated
-tokens per second, the host's share of the rollout (env stepping, parsing, tokenizing), and the experience
+iterations from the third on that compiled nothing (`steady`) it takes the medians of: the rollout's wall time,
+games and generated tokens per second, the host's share of the rollout (env stepping, parsing, tokenizing), and the
+experience
 and train times. A reference for how fast batched game rules can go: pgx's Connect Four (pure JAX, `pip
 install pgx`) stepping uniformly random legal moves for the same number of games on the same device.
 
@@ -31,8 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
 RESULTS = ROOT / "experiments" / "results"
 
-from experiments.sweep import steady_iterations  # noqa: E402
 from experiments.job_flags import for_tree  # noqa: E402
+from experiments.sweep import steady_iterations  # noqa: E402
+
 BASELINE = ROOT / ".baseline"
 
 COMMON = ["--format-warmup-steps", "0", "--eval-every", "0", "--eval-games", "8", "--checkpoint-every", "0",
@@ -47,8 +49,9 @@ CASES = {
 # The default of connect4.py since constrained moves (one move token a turn, no decode loop): what users run now.
 for _name in ("gpu512", "gpu2048"):
     CASES["gpu"][f"{_name}_constrained"] = CASES["gpu"][_name] + ["--constrain-moves", "true"]
-# Variants of the current code only: on four GPUs as four processes of one job (launch/local.py, one GPU each): the rollout split by process
-# (each plays its 512 games: rollout/process_split.py), or one SPMD rollout in which every process steps all 2048.
+# Variants of the current code only: on four GPUs as four processes of one job (launch/local.py, one GPU each): the
+# rollout split by process (each plays its 512 games: rollout/process_split.py), or one SPMD rollout in which every
+# process steps all 2048.
 # 14 iterations: each process compiles the decode programs of its own games' shapes, some iterations later than others
 FOUR_PROC = CASES["gpu"]["gpu2048"][:-4] + ["--steps", "14", "--prompt-style", "compact"]
 CASES["gpu"]["gpu2048_4proc"] = FOUR_PROC + ["--rollout-split-processes", "true"]
@@ -83,7 +86,8 @@ def run_case(code: str, flags: list[str], timeout: float, env: dict, launch: lis
         cmd = [sys.executable, str(root / "experiments" / "connect4.py"),
                *for_tree([*COMMON, *code_flags(code), *flags, "--run-dir", f"{tmp}/run"], root)]
         if launch:
-            cmd = [sys.executable, str(root / "launch" / "local.py"), *launch, "--timeout", str(timeout - 5), "--", *cmd]
+            cmd = [sys.executable, str(root / "launch" / "local.py"), *launch, "--timeout", str(timeout - 5), "--",
+                   *cmd]
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
@@ -159,7 +163,8 @@ def pgx_reference(games: int, steps: int = 200) -> dict:
         state = step(state, actions)
         fresh = init(jax.random.split(k_init, games))
         done = state.terminated | state.truncated
-        return jax.tree.map(lambda a, b: jnp.where(done.reshape(done.shape + (1,) * (a.ndim - 1)), b, a), state, fresh), done
+        return jax.tree.map(lambda a, b: jnp.where(done.reshape(done.shape + (1,) * (a.ndim - 1)), b, a), state,
+                            fresh), done
 
     state = jax.jit(init)(jax.random.split(jax.random.key(0), games))
     state, done = turn(state, jax.random.key(1))
@@ -242,8 +247,10 @@ def _speedups(result: dict) -> None:
     for c in result["cases"].values():
         b, cur = c.get("baseline", {}), c.get("current", {})
         if "rollout_s" in b and "rollout_s" in cur:
-            c["speedup"] = {"rollout": b["rollout_s"] / cur["rollout_s"], "iteration": b["iteration_s"] / cur["iteration_s"],
-                            "experience": b["experience_s"] / cur["experience_s"], "train": b["train_s"] / cur["train_s"]}
+            c["speedup"] = {"rollout": b["rollout_s"] / cur["rollout_s"],
+                            "iteration": b["iteration_s"] / cur["iteration_s"],
+                            "experience": b["experience_s"] / cur["experience_s"],
+                            "train": b["train_s"] / cur["train_s"]}
             print("speedup", c["speedup"])
 
 

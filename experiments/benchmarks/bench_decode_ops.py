@@ -30,8 +30,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from earl_jax.kernels.decode_attention import (block_size, decode_attention, decode_attention_xla,  # noqa: E402
-                                               inv_frequencies, num_splits)
+from earl_jax.kernels.decode_attention import (  # noqa: E402
+    block_size,
+    decode_attention,
+    decode_attention_xla,
+    inv_frequencies,
+    num_splits,
+)
 from earl_jax.kernels.linear import LinearConfig, default_config, fit_smem, linear, linear_xla  # noqa: E402
 from earl_jax.kernels.tuning import op_shapes  # noqa: E402
 from earl_jax.models.cache import LayerCache  # noqa: E402
@@ -125,7 +130,7 @@ def sweep_linear(model: str, batch: int, quick: bool, pool, rng) -> list[dict]:
         cands = [None] + linear_candidates(batch, k, n, swiglu, quick)
         progs = {c: program(c) for c in cands}
         compiled = {}
-        futs = {pool.submit(lambda c=c: progs[c].lower(xs, ws, arrays).compile()): c for c in cands}
+        futs = {pool.submit(lambda c=c: progs[c].lower(xs, ws, arrays).compile()): c for c in cands}  # noqa: F821
         for f in concurrent.futures.as_completed(futs):
             c = futs[f]
             try:
@@ -141,11 +146,11 @@ def sweep_linear(model: str, batch: int, quick: bool, pool, rng) -> list[dict]:
             if ref is not None:
                 got = compiled[c](xs, ws, arrays)[0].astype(jnp.float32)
                 err = float(jnp.linalg.norm(got - ref) / jnp.linalg.norm(ref))
-            t = _timed_calls(lambda c=c: compiled[c](xs, ws, arrays))
+            t = _timed_calls(lambda c=c: compiled[c](xs, ws, arrays))  # noqa: F821 (`del`-ed below, after the last call)
             rows.append({"model": model, "batch": batch, "op": op, "K": k, "N": n, "config": _cfg(c),
                          "us": t / copies * 1e6, "GBps": wbytes / (t / copies) / 1e9, "rel_err": err})
         if None in compiled:
-            t = _timed_calls(lambda: compiled[None](xs, ws, arrays))
+            t = _timed_calls(lambda: compiled[None](xs, ws, arrays))  # noqa: F821 (`del`-ed below, after the last call)
             rows.append({"model": model, "batch": batch, "op": op, "K": k, "N": n, "config": "xla",
                          "us": t / copies * 1e6, "GBps": wbytes / (t / copies) / 1e9})
         best = min((r for r in rows if r.get("op") == op and r.get("batch") == batch and r.get("model") == model
@@ -185,7 +190,8 @@ def sweep_attention(model: str, batch: int, s: int, context: int, quick: bool, p
     pos = jnp.full((batch,), context, jnp.int32)
 
     def fresh():  # random caches, made on the device (15 GB at 7B x 16K)
-        return [LayerCache(draw(jax.random.key(2 * i), (batch, kv, s, h)), draw(jax.random.key(2 * i + 1), (batch, kv, s, h)))
+        return [LayerCache(draw(jax.random.key(2 * i), (batch, kv, s, h)),
+                           draw(jax.random.key(2 * i + 1), (batch, kv, s, h)))
                 for i in range(layers)]
 
     def program(cand):

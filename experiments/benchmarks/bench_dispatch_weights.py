@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
@@ -32,8 +31,8 @@ import numpy as np  # noqa: E402
 
 from earl_jax.models.config import ModelConfig, get_config  # noqa: E402
 from earl_jax.parallel.dispatch import Dispatcher  # noqa: E402
-from timing import fresh_copy, median_ms  # noqa: E402
 from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, logical_sharding, make_mesh  # noqa: E402
+from timing import fresh_copy, median_ms  # noqa: E402
 
 
 def param_specs(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
@@ -43,10 +42,13 @@ def param_specs(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str,
     out = {"embed": ((v, d), ("vocab", "embed")), "final_norm": ((d,), ("embed",))}
     for i in range(cfg.num_hidden_layers):
         p = f"layer{i:02d}/"
-        out |= {p + "q": ((d, nq, h), ("embed", "heads", "head_dim")), p + "k": ((d, nkv, h), ("embed", "kv_heads", "head_dim")),
-                p + "v": ((d, nkv, h), ("embed", "kv_heads", "head_dim")), p + "o": ((nq, h, d), ("heads", "head_dim", "embed")),
+        out |= {p + "q": ((d, nq, h), ("embed", "heads", "head_dim")),
+                p + "k": ((d, nkv, h), ("embed", "kv_heads", "head_dim")),
+                p + "v": ((d, nkv, h), ("embed", "kv_heads", "head_dim")),
+                p + "o": ((nq, h, d), ("heads", "head_dim", "embed")),
                 p + "gate": ((d, f), ("embed", "mlp")), p + "up": ((d, f), ("embed", "mlp")),
-                p + "down": ((f, d), ("mlp", "embed")), p + "norm1": ((d,), ("embed",)), p + "norm2": ((d,), ("embed",))}
+                p + "down": ((f, d), ("mlp", "embed")), p + "norm1": ((d,), ("embed",)),
+                p + "norm2": ((d,), ("embed",))}
     if not cfg.tie_word_embeddings:
         out["lm_head"] = ((d, v), ("embed", "vocab"))
     return out
@@ -72,8 +74,10 @@ def main(argv=None) -> dict:
     cfg = ModelConfig.tiny(vocab_size=256).replace(num_hidden_layers=4) if small else get_config(args.model)
     repeats = args.repeats or (3 if small else 10)
     specs = param_specs(cfg)
-    moves = {"fsdp->tp": (shardings(specs, MeshShape(1, n, 1), "train"), shardings(specs, MeshShape(1, 1, n), "rollout")),
-             "fsdp->dp": (shardings(specs, MeshShape(1, n, 1), "train"), shardings(specs, MeshShape(n, 1, 1), "rollout"))}
+    moves = {"fsdp->tp": (shardings(specs, MeshShape(1, n, 1), "train"),
+                          shardings(specs, MeshShape(1, 1, n), "rollout")),
+             "fsdp->dp": (shardings(specs, MeshShape(1, n, 1), "train"),
+                          shardings(specs, MeshShape(n, 1, 1), "rollout"))}
     if n >= 2:
         h = n // 2
         moves["half->half"] = (shardings(specs, MeshShape(1, h, 1), "train", devs[:h]),
@@ -90,12 +94,13 @@ def main(argv=None) -> dict:
         route = dispatcher.last.route
         compiles = dispatcher.last.compiled
         for k in keys[:3] + keys[-3:]:  # spot-check values and layouts (outside the timed loop)
-            assert np.array_equal(np.asarray(out[k]), np.asarray(params[k])) and out[k].sharding.is_equivalent_to(dst[k], out[k].ndim)
+            assert (np.array_equal(np.asarray(out[k]), np.asarray(params[k]))
+                    and out[k].sharding.is_equivalent_to(dst[k], out[k].ndim))
         del out
         r = {"move": name, "route": route, "leaves": len(keys), "MiB": total / 2**20, "compiles": compiles}
         for m, route_name in (("centralized", "centralized"), ("device_put", "device_put"), ("earl", "auto")):
             r[f"{m}_ms"] = median_ms(lambda w: dispatcher(w, dst, route=route_name), repeats,
-                                     setup=lambda: fresh_copy(params))
+                                     setup=lambda: fresh_copy(params))  # noqa: F821 (`del`-ed below, after the last call)
         r["x_vs_centralized"] = r["centralized_ms"] / r["earl_ms"]
         r["x_vs_device_put"] = r["device_put_ms"] / r["earl_ms"]
         r["effective_GBps"] = total / r["earl_ms"] / 1e6
@@ -111,8 +116,10 @@ def main(argv=None) -> dict:
 
     from rich.console import Console
     from rich.table import Table
-    t = Table(title=f"Weight dispatch train -> rollout, {cfg.name} bf16 ({n} x {res['device_kind']}, median of {repeats})")
-    for c in ("move", "route", "leaves", "MiB", "central ms", "device_put ms", "earl ms", "x central", "x device_put", "eff GB/s"):
+    t = Table(title=f"Weight dispatch train -> rollout, {cfg.name} bf16 ({n} x {res['device_kind']}, "
+                    f"median of {repeats})")
+    for c in ("move", "route", "leaves", "MiB", "central ms", "device_put ms", "earl ms", "x central", "x device_put",
+              "eff GB/s"):
         t.add_column(c, justify="right")
     for r in rows:
         t.add_row(r["move"], r["route"], str(r["leaves"]), f"{r['MiB']:.0f}", f"{r['centralized_ms']:.2f}",

@@ -41,8 +41,8 @@ import pyspiel
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a clone: no install needed
 
 from earl_jax.envs import EnvConfig, OpenSpielTextEnv, connect_four_search, make_opponent, parse_action  # noqa: E402
-from earl_jax.envs.vector import ObservationCodec, make_vector_env, parse_actions  # noqa: E402
 from earl_jax.envs.games import connect_four as vector_c4  # noqa: E402
+from earl_jax.envs.vector import ObservationCodec, make_vector_env, parse_actions  # noqa: E402
 from earl_jax.models.tokenizer import game_tokenizer  # noqa: E402
 
 
@@ -217,7 +217,8 @@ def main(argv=None):
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 512, 2048])
     ap.add_argument("--rounds", type=int, default=3, help="episodes (all games reset together) per measurement")
     ap.add_argument("--quick", action="store_true", help="compact style only, one round, no opponents")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "bench_envs.json"))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                  "results", "bench_envs.json"))
     args = ap.parse_args(argv)
     styles = ("compact",) if args.quick else ("compact", "chat")
     rounds = 1 if args.quick else args.rounds
@@ -246,7 +247,8 @@ def main(argv=None):
                 p, v, b = pair["per_game"], pair["vector"], pair["vector_strings"]
                 print(f"{game:13s} {style:8s} batch {batch:5d}: per turn (median) per-game "
                       f"{p['ms_per_turn_median']:7.2f} ms, vector {v['ms_per_turn_median']:6.2f} ms wall / "
-                      f"{v['cpu_ms_per_turn_median']:5.2f} ms cpu, x{p['ms_per_turn_median'] / v['ms_per_turn_median']:.0f}"
+                      f"{v['cpu_ms_per_turn_median']:5.2f} ms cpu, "
+                      f"x{p['ms_per_turn_median'] / v['ms_per_turn_median']:.0f}"
                       f" (with string observations {b['ms_per_turn_median']:6.2f} / {b['cpu_ms_per_turn_median']:5.2f})"
                       f"; reset {p['ms_per_reset_median']:.1f} vs {v['ms_per_reset_median']:.1f} ms", flush=True)
     # Resets as training does them (groups of 8 games share a seed) against evaluation (every game its own).
@@ -254,7 +256,8 @@ def main(argv=None):
     results["reset_512"] = [lockstep("connect_four", "compact", 512, "vector", rounds, group=g, seed=(1 + g) * 10**6)
                             for g in (1, 8)]
     for row in results["reset_512"]:
-        print(f"vector reset of 512 games, {512 // row['seed_group']} distinct seeds: {row['ms_per_reset_median']:.1f} ms")
+        print(f"vector reset of 512 games, {512 // row['seed_group']} distinct seeds: "
+              f"{row['ms_per_reset_median']:.1f} ms")
     results["alphabeta_512"] = alphabeta_depths(depths=(1, 2, 3) if args.quick else (1, 2, 3, 4))
     for row in results["alphabeta_512"]:
         print(f"alphabeta depth {row['depth']}, 512 positions: vector {row['vector_ms']:8.1f} ms, "

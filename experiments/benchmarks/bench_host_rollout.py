@@ -4,8 +4,9 @@ env's steps, parsing, tokenizing, the episode buffers. Median over --repeats rol
 `--moves constrained`: the policy answers like `SamplerPolicy` under `--constrain-moves` (the default of
 connect4.py): a uniformly drawn LEGAL move's token, the stop token, and the move itself where `Decoded` carries it.
 
-    python experiments/benchmarks/bench_host_rollout.py [--games 512 2048] [--repeats 9] [--moves constrained] [--out FILE]
-    python experiments/benchmarks/bench_host_rollout.py --trees OLD_CHECKOUT .    # the same in two checkouts, interleaved
+    python experiments/benchmarks/bench_host_rollout.py [--games 512 2048] [--repeats 9] [--moves constrained] \
+        [--out FILE]
+    python experiments/benchmarks/bench_host_rollout.py --trees OLD_CHECKOUT .  # the same in two checkouts, interleaved
 
 Writes experiments/results/bench_host_rollout_cpu.json by default (with --trees: appends to its `comparisons`).
 """
@@ -48,7 +49,8 @@ def measure(games: int, repeats: int, moves: str = "free") -> dict:
         def generate(self, budgets, rng, row_ids, legal=None):
             b = len(budgets)
             counts = np.where(budgets > 0, 2, 0).astype(np.int32)
-            if legal is not None:  # constrained: a legal move, as rollout/policy.py answers (its move if Decoded has it)
+            # constrained: a legal move, as rollout/policy.py answers (its move if Decoded has it)
+            if legal is not None:
                 action = (self.rng.random(legal.shape) * legal).argmax(1)
                 toks = np.stack([digits[action], np.full(b, eos, np.int32)], 1)
                 scored = np.zeros((b, 2), bool)
@@ -60,8 +62,8 @@ def measure(games: int, repeats: int, moves: str = "free") -> dict:
             return lambda: Decoded(toks, np.zeros((b, 2), np.float32), counts, budgets > 0)
 
     env = make_vector_env(EnvConfig(game="connect_four", opponent="random", prompt_style="compact"), games)
-    codec, cfg, key = ObservationCodec(tok), PlayConfig(max_turn_tokens=8, max_turns=32, max_context=4096,
-                                                                constrain_moves=moves == "constrained"), jax.random.key(0)
+    cfg = PlayConfig(max_turn_tokens=8, max_turns=32, max_context=4096, constrain_moves=moves == "constrained")
+    codec, key = ObservationCodec(tok), jax.random.key(0)
     seeds = np.repeat(np.arange(games // 8), 8)
     play_games(Instant(), env, tok, cfg, key, seeds, codec=codec)  # warm
     wall, env_s = [], []
@@ -94,8 +96,8 @@ def main(argv=None) -> dict:
         runs = []
         for r in range(args.rounds):
             for tree in args.trees:
-                cmd = [sys.executable, str(ROOT / "experiments" / "benchmarks" / "bench_host_rollout.py"), "--one", "--repeats",
-                       str(args.repeats), "--moves", args.moves, "--games", *map(str, args.games)]
+                cmd = [sys.executable, str(ROOT / "experiments" / "benchmarks" / "bench_host_rollout.py"), "--one",
+                       "--repeats", str(args.repeats), "--moves", args.moves, "--games", *map(str, args.games)]
                 out = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree.resolve())},
                                      capture_output=True, text=True, check=True).stdout
                 runs.append({"tree": str(tree), "round": r, "rows": json.loads(out.strip().splitlines()[-1])})

@@ -11,9 +11,10 @@ compile, run). `--abstract` only counts the programs a model would need (no devi
 Each case runs in a fresh subprocess (cold jax caches; the persistent compilation cache stays off unless
 --compile-cache names a folder), so cases do not warm each other.
 
-    python experiments/benchmarks/bench_init.py --model qwen2.5-0.5b --model qwen2.5-1.5b --model qwen2.5-7b --mesh d1f4t1 \
-        --repeats 2
-    python experiments/benchmarks/bench_init.py --model qwen2.5-0.5b --mesh d1f4t1 --impl legacy --timeout 300 --out legacy.json
+    python experiments/benchmarks/bench_init.py --model qwen2.5-0.5b --model qwen2.5-1.5b --model qwen2.5-7b \
+        --mesh d1f4t1 --repeats 2
+    python experiments/benchmarks/bench_init.py --model qwen2.5-0.5b --mesh d1f4t1 --impl legacy --timeout 300 \
+        --out legacy.json
     python experiments/benchmarks/bench_init.py --model qwen2.5-14b --model qwen2.5-72b --mesh d1f8t1 --abstract
     CPU (8 fake devices): add --cpu-devices 8
 

@@ -6,7 +6,8 @@ plays the same seeds `--rounds` times after a warm-up rollout (its compiles), th
 host's share (rollout/env_frac) are reported, and each setting's games are checked equal to the first's.
 `--tool-ms` adds that many milliseconds of host time to every tool call (a slow tool: a search, a sandbox).
 
-    python experiments/benchmarks/bench_pipeline.py --games 512 --tool-ms 0 1 --workers 1 16 --out experiments/results/X.json
+    python experiments/benchmarks/bench_pipeline.py --games 512 --tool-ms 0 1 --workers 1 16 \
+        --out experiments/results/X.json
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import jax
 import numpy as np
+
 
 def make_slow_arithmetic(tool_ms: float = 0.0, **kw):
     """The shipped calculator task whose tool also sleeps `tool_ms` (the job imports this module by name: an
@@ -45,7 +47,8 @@ def rollout(k: int, games: int, rounds: int, run_dir: Path, workers: int = 1, to
     from earl_jax.rl.trainer import Trainer
     from jobs import job
 
-    cfg = job(env__task="bench_pipeline:make_slow_arithmetic", env__task_args=json.dumps({"digits": 3, "tool_ms": tool_ms}), sft__steps=0,
+    cfg = job(env__task="bench_pipeline:make_slow_arithmetic",
+              env__task_args=json.dumps({"digits": 3, "tool_ms": tool_ms}), sft__steps=0,
               rollout__groups=games // 8, rollout__group_size=8, rollout__max_turn_tokens=16, rollout__max_turns=4,
               rollout__max_context=256, rollout__pipeline_groups=k, env__step_workers=workers,
               rollout__cache_dtype="float32", run__run_dir=str(run_dir), run__steps=1,
@@ -84,9 +87,10 @@ def main() -> None:
             if first is None:
                 first = traj
             same = bool(np.array_equal(first.tokens, traj.tokens) and np.array_equal(first.loss_mask, traj.loss_mask))
-            rows.append({"tool_ms": ms, "pipeline_groups": k, "step_workers": w, "rollout_s": secs, "host_frac": host, "same_games": same})
-            print(f"tool {ms:4.1f} ms, pipeline groups {k}, step workers {w}: rollout {secs:.3f} s, host {host:.2f}, same games {same}",
-                  flush=True)
+            rows.append({"tool_ms": ms, "pipeline_groups": k, "step_workers": w, "rollout_s": secs, "host_frac": host,
+                         "same_games": same})
+            print(f"tool {ms:4.1f} ms, pipeline groups {k}, step workers {w}: rollout {secs:.3f} s, host {host:.2f}, "
+                  f"same games {same}", flush=True)
         one = next(r["rollout_s"] for r in rows if r["tool_ms"] == ms)  # the first setting of this tool time
         for r in rows:
             if r["tool_ms"] == ms:

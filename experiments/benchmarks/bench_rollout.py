@@ -94,6 +94,7 @@ def jax_copy_GBps(gib: float, reps: int = 10) -> float:
 def tunix_worker(specs: list[tuple[str, str, int, int, int]]) -> None:
     """Child process: tunix's sampler on each (row, model, prompt, gen, batch); prints one JSON line per row."""
     import dataclasses
+
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -162,6 +163,7 @@ def run_tunix(names: list[str], rows: dict, timeout_s: float) -> dict:
 def make_params(cfg, dtype):
     import jax
     from flax import nnx
+
     from earl_jax.models.qwen2 import Qwen2
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=dtype)))
     params = jax.jit(lambda: nnx.state(Qwen2(cfg, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=dtype)))()
@@ -174,6 +176,7 @@ def random_state(sampler, cfg, batch: int, prompt: int, total: int, seed: int):
     to compile on the H200."""
     import jax
     import jax.numpy as jnp
+
     from earl_jax.models.cache import KVCache, LayerCache
     from earl_jax.rollout.sampler import SamplerState, bucket
 
@@ -201,6 +204,7 @@ def kernel_breakdown(trace_dir: str, steps: int, top: int = 25):
     """GPU kernel time by name from a jax.profiler trace, per decode step."""
     import glob
     from collections import defaultdict
+
     from jax.profiler import ProfileData
     files = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
     if not files:
@@ -224,8 +228,9 @@ def measure_row(name: str, spec, impls: list[str], runs: int, bw: float, profile
     import jax
     import jax.numpy as jnp
     import numpy as np
+
     from earl_jax.models.config import get_config
-    from earl_jax.rollout.sampler import Sampler, bucket, DEFAULT_CACHE_BUCKETS
+    from earl_jax.rollout.sampler import DEFAULT_CACHE_BUCKETS, Sampler, bucket
     from earl_jax.rollout.sampling import SamplingConfig
 
     model, prompt, gen, b = spec
@@ -244,10 +249,10 @@ def measure_row(name: str, spec, impls: list[str], runs: int, bw: float, profile
     filler = Sampler(graphdef, cfg, cache_dtype=dtype, decode_impl="xla")  # every impl's prefill: one program
 
     def prefill():
-        state = filler.init_state(b, prompt + gen)
+        state = filler.init_state(b, prompt + gen)  # noqa: F821 (`del`-ed below, after the last call)
         jax.block_until_ready(state)
         t = time.perf_counter()
-        state = filler.extend(params, state, prompts, np.full((b,), prompt))
+        state = filler.extend(params, state, prompts, np.full((b,), prompt))  # noqa: F821 (`del`-ed at the end)
         jax.block_until_ready(state)
         return state, time.perf_counter() - t
 
@@ -267,15 +272,15 @@ def measure_row(name: str, spec, impls: list[str], runs: int, bw: float, profile
 
             def start(seed):
                 if long:
-                    st = random_state(filler, cfg, b, prompt, prompt + gen, seed)
+                    st = random_state(filler, cfg, b, prompt, prompt + gen, seed)  # noqa: F821 (`del`-ed at the end)
                     jax.block_until_ready(st)
                     return st, float("nan")
                 return prefill()
 
             def decode(state, key):
                 t = time.perf_counter()
-                state, g = sampler.generate(params, state, key, max_new_tokens=gen, budget=gen, stop_tokens=(),
-                                            sampling=sampling)
+                state, g = sampler.generate(params, state, key, max_new_tokens=gen, budget=gen,  # noqa: F821 (`del`-ed)
+                                            stop_tokens=(), sampling=sampling)
                 jax.block_until_ready(g)
                 return g, time.perf_counter() - t
 
@@ -393,6 +398,7 @@ def main():
             tunix = {n: {"error": "tunix not importable (carry .whl_tunix)"} for n in names}
         print("tunix:", json.dumps(tunix)[:1500], flush=True)
     import jax
+
     from earl_jax.parallel.profile import device_slug
     dev = jax.devices()[0]
     jax_bw = jax_copy_GBps(0.25 if args.tiny else 2.0)

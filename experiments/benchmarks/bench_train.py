@@ -7,14 +7,16 @@ Reports tokens/s, MFU = (6 N tokens + causal attention flops) / time / peak (2 N
 forward-only experience stage; N = all parameters, the tied embedding counted once, as
 ../shared/bench/peer_train.py does), the peak memory (`memory_stats()["peak_bytes_in_use"]`) and the first call's
 extra seconds over a steady call (its compiles). The stages run one program per micro-batch shape, so there is no
-single XLA memory estimate (`xla_mem_estimate_bytes` stays empty). Peak dense bf16: 989 TFLOP/s for H100 SXM and H200 (from the device kind).
+single XLA memory estimate (`xla_mem_estimate_bytes` stays empty). Peak dense bf16: 989 TFLOP/s for H100 SXM and H200
+(from the device kind).
 
 Each case (shape x remat policy x micro-batches x log-prob chunk) runs in its own subprocess on GPU, so the
 peak memory is the case's own and an out-of-memory case does not end the run (`--isolate`). Cases start
 only while `--time-budget` seconds have not passed, so one device call stays bounded.
 
 Run (GPU, one device call, ~6-8 min):      python experiments/benchmarks/bench_train.py
-Only the train variants you name:          python experiments/benchmarks/bench_train.py --shapes 8x4096 --remat none,dots
+Only the train variants you name:          python experiments/benchmarks/bench_train.py --shapes 8x4096 \
+                                               --remat none,dots
 CPU smoke test (< 60 s):                   python experiments/benchmarks/bench_train.py --tiny
 Writes experiments/results/bench_train_<device>.json (and $OUT/ when set). The peer: ../shared/bench/peer_train.py.
 """
@@ -238,7 +240,8 @@ def print_table(results: list[dict], title: str) -> None:
     gib = lambda v: "-" if v is None else f"{v / 2**30:.1f}"  # noqa: E731
     for r in results:
         ok = r.get("status") == "ok"
-        tab.add_row(r["kind"] + (" +flags" if r.get("xla_flags") else ""), f"{r['B']}x{r['T']}", str(r["remat"]), str(r["micro_batches"]), str(r["chunk"]),
+        tab.add_row(r["kind"] + (" +flags" if r.get("xla_flags") else ""), f"{r['B']}x{r['T']}", str(r["remat"]),
+                    str(r["micro_batches"]), str(r["chunk"]),
                     r["status"], f"{r['step_s'] * 1e3:.1f}" if ok else "-", f"{r['tok_s']:,.0f}" if ok else "-",
                     f"{r['tflops']:.1f}" if ok else "-",
                     f"{r['mfu'] * 100:.1f}%" if ok and r.get("mfu") else "-",

@@ -1,7 +1,8 @@
 """How many sampler programs (init, grow, take, extend, generate) the first evaluation and the first RL iteration
 of the pod-shaped job compile, with the default KV cache sizes and with --rollout.cache-growth 4.
 
-    python experiments/benchmarks/count_decode_programs.py     # CPU, 4 fake devices, tiny model: counts do not depend on size
+    python experiments/benchmarks/count_decode_programs.py  # CPU, 4 fake devices, tiny model (counts do not depend on
+                                                            # size)
 
 Compact prompts, 8-token answers, max context 4096, 64 games: the pod preset's rollout shape. Writes
 experiments/results/count_decode_programs_cpu.json.
@@ -43,7 +44,8 @@ def count(growth: float) -> dict:
     try:
         cfg = JobConfig.from_dict({
             "env": {"game": "connect_four", "prompt_style": "compact"},
-            "rollout": {"max_turn_tokens": 8, "max_context": 4096, "groups": 8, "group_size": 8, "cache_growth": growth},
+            "rollout": {"max_turn_tokens": 8, "max_context": 4096, "groups": 8, "group_size": 8,
+                        "cache_growth": growth},
             "run": {"steps": 1, "checkpoint_every": 0, "progress": False, "wandb_mode": "disabled",
                     "run_dir": tempfile.mkdtemp()},
             "sft": {"steps": 0}, "eval": {"games": 16, "every": 0}, "planner": {"devices": 4}})
@@ -61,7 +63,8 @@ def count(growth: float) -> dict:
 def main() -> None:
     rows = [count(0.0), count(4.0)]
     for r in rows:
-        print(f"growth {r['rollout_cache_growth']}: evaluation {r['evaluation']}, first iteration {r['first_iteration']}")
+        print(f"growth {r['rollout_cache_growth']}: evaluation {r['evaluation']}, "
+              f"first iteration {r['first_iteration']}")
     path = ROOT / "experiments" / "results" / "count_decode_programs_cpu.json"
     path.write_text(json.dumps({"device": "cpu (4 fake devices)", "rows": rows}, indent=1))
     print("wrote", path)

@@ -1,9 +1,9 @@
 """Command to first finished RL iteration with an empty compile cache (`--compile-cache off`), for each value of one
 connect4.py flag (default --new-widths-per-iteration 0 / 1), interleaved `--repeats` times.
 
-    python experiments/benchmarks/first_iteration.py [--values 0 1] [--repeats 2]  # the README's main job on this machine
-    python experiments/benchmarks/first_iteration.py --gpu                          # 512 compact free-text games (issue 13's
-                                                                         # job), the settings side by side, one GPU each
+    python experiments/benchmarks/first_iteration.py [--values 0 1] [--repeats 2]  # the README's main job here
+    python experiments/benchmarks/first_iteration.py --gpu  # 512 compact free-text games (issue 13's job), the
+                                                            # settings side by side, one GPU each
     python experiments/benchmarks/first_iteration.py --gpu --flag compile-ahead --values false true
     python experiments/benchmarks/first_iteration.py --job pod-cpu --trees /tmp/old_checkout . --repeats 1 --out ...
         # the same flags in two checkouts: the pod preset's rollout shape, tiny model, 4 fake CPU devices
@@ -31,7 +31,8 @@ GPU_JOB = ["--groups", "64", "--group-size", "8", "--prompt-style", "compact", "
 # the pod preset's job shape (rl/pod.py RANDOM_INIT) with the tiny model on 4 fake CPU devices, in flags that
 # checkouts back to the pod preset's commit know (free text was their only mode; --constrain-moves added for later)
 POD_CPU_JOB = ["--groups", "8", "--group-size", "8", "--prompt-style", "compact", "--max-turn-tokens", "8",
-               "--max-context", "4096", "--rollout-cache-growth", "4", "--format-warmup-steps", "0", "--eval-games", "16",
+               "--max-context", "4096", "--rollout-cache-growth", "4", "--format-warmup-steps", "0",
+               "--eval-games", "16",
                "--devices", "4", "--checkpoint-every", "0"]
 LINE = re.compile(r"first RL iteration finished ([\d.]+) s after the command.*")
 
@@ -64,7 +65,8 @@ def main(argv=None) -> dict:
                                   "false", *flag, "--run-dir", f"{tmp}/run_{r}_{i}", *job], tree)]
                 env = {**os.environ, "PYTHONPATH": str(tree), **({"CUDA_VISIBLE_DEVICES": str(i)} if args.gpu else {}),
                        **({"XLA_FLAGS": "--xla_force_host_platform_device_count=4"} if args.job == "pod-cpu" else {})}
-                proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True)
                 jobs.append((k, cmd, proc))
                 if not args.gpu:  # one at a time on the CPU: they would share its cores
                     proc.wait(timeout=900)

@@ -60,7 +60,8 @@ def main(argv: list[str]) -> None:
         def loss(p):
             lp = logp(p, ds)
             entropy = -(jnp.exp(lp) * lp).sum(-1).mean()
-            return -(adv * jnp.take_along_axis(lp, a[:, None], 1)[:, 0]).mean() + floor_coef * jax.nn.relu(floor - entropy)
+            return (-(adv * jnp.take_along_axis(lp, a[:, None], 1)[:, 0]).mean()
+                    + floor_coef * jax.nn.relu(floor - entropy))
 
         updates, opt_state = opt.update(jax.grad(loss)(params), opt_state, params)
         return optax.apply_updates(params, updates), opt_state, r.mean()

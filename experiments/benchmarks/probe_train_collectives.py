@@ -2,8 +2,10 @@
 the collectives XLA put into one micro-batch step (`rl.stages.take_micro` + `micro_grad`, as rl/packing.py runs
 it) and the largest buffers it assigned.
 
-    python experiments/benchmarks/probe_train_collectives.py d1f1t1 4 16 2048 d2f1t1 4 32 2048   # pairs: mesh layers rows t
-    XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu python experiments/benchmarks/probe_train_collectives.py d4f1t1 2 8 512
+    python experiments/benchmarks/probe_train_collectives.py d1f1t1 4 16 2048 d2f1t1 4 32 2048  # pairs: mesh layers
+                                                                                                 # rows t
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu \
+        python experiments/benchmarks/probe_train_collectives.py d4f1t1 2 8 512
 
 Compile only (nothing runs), with the options the planner gives the train stage (`stage_compiler_options`;
 EARL_XLA_LHS=1 for XLA's defaults). Prints one JSON line per case: XLA's temp bytes, the collectives by kind and
@@ -106,9 +108,12 @@ def probe(mesh: str, layers: int, rows: int, t: int) -> dict:
         if m:
             collectives[f"{m.group(2)} {m.group(1)[:120]}"] += 1
     mem = compiled.memory_analysis()
-    return {"device": jax.devices()[0].device_kind, "mesh": mesh, "compiler_options": options, "layers": layers, "rows": rows, "t": t,
+    values = temp_values(before)
+    return {"device": jax.devices()[0].device_kind, "mesh": mesh, "compiler_options": options, "layers": layers,
+            "rows": rows, "t": t,
             "temp_gib": mem.temp_size_in_bytes / 2**30, "args_gib": mem.argument_size_in_bytes / 2**30,
-            "collectives": dict(collectives.most_common(20)), "largest_temp_values": (values := temp_values(before))[:15], "temp_values_by_shape": by_shape(values),
+            "collectives": dict(collectives.most_common(20)), "largest_temp_values": values[:15],
+            "temp_values_by_shape": by_shape(values),
             "temp_values": len(values)}
 
 

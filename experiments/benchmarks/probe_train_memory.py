@@ -3,7 +3,7 @@ runs it) against the memory model's estimate, per layer count, tokens and remat:
 (compile only, nothing runs).
 
     python experiments/benchmarks/probe_train_memory.py                 # this machine's first device, 2 and 4 layers
-    python experiments/benchmarks/probe_train_memory.py --full          # all 28 layers at 16 and 4 rows x 2048 (printed)
+    python experiments/benchmarks/probe_train_memory.py --full  # all 28 layers at 16 and 4 rows x 2048 (printed)
     python experiments/benchmarks/probe_train_memory.py --mesh d2f1t1 4 32 2048   # one case on a train mesh (printed);
     EARL_PER_SHARD_CUDNN=0 ...                                          # cuDNN attention left to XLA's partitioner
     JAX_PLATFORMS=cpu python experiments/benchmarks/probe_train_memory.py
@@ -91,7 +91,8 @@ def main() -> None:
         return
     full = "--full" in sys.argv  # the whole 28-layer model at the 4-GPU pod run's micro-batches
     cases = ([(28, 16, 2048, True), (28, 4, 2048, True)] if full else
-             [(layers, rows, t, remat) for layers in (2, 4) for rows, t in ((4, 512), (8, 1024)) for remat in (True, False)])
+             [(layers, rows, t, remat) for layers in (2, 4) for rows, t in ((4, 512), (8, 1024))
+              for remat in (True, False)])
     out = []
     for layers, rows, t, remat in cases:
         r = probe("qwen2.5-1.5b", layers, rows, t, remat)

@@ -6,7 +6,8 @@ program is compiled, then rolls out one more batch twice:
   2. with every Sampler call (extend, generate, take_rows, grow) made synchronous and timed, so the device
      time of each kind of call, and its count per rollout, are known.
 
-    python experiments/benchmarks/profile_rollout.py -- --groups 256 --group-size 8 --prompt-style compact --constrain-moves false
+    python experiments/benchmarks/profile_rollout.py -- --groups 256 --group-size 8 --prompt-style compact \
+        --constrain-moves false
 
 Writes experiments/results/profile_rollout_<device>.json (and prints the tables).
 """
@@ -14,8 +15,8 @@ Writes experiments/results/profile_rollout_<device>.json (and prints the tables)
 from __future__ import annotations
 
 import argparse
-import cProfile
 import collections
+import cProfile
 import io
 import json
 import pstats
@@ -51,7 +52,8 @@ def main(argv=None) -> dict:
     trainer = Trainer(cfg, log=False)
     for i in range(args.warm_iterations):
         r = trainer.iteration()
-        print(f"warm iteration {i + 1}: rollout {r['time/rollout_s']:.3f} s, programs {r['compile/programs']}", flush=True)
+        print(f"warm iteration {i + 1}: rollout {r['time/rollout_s']:.3f} s, programs {r['compile/programs']}",
+              flush=True)
 
     def rollout():
         seeds, group_ids, rng = trainer.rollout_inputs()

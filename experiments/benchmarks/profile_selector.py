@@ -27,12 +27,13 @@ sys.path.insert(0, str(ROOT))
 if "--small" in sys.argv:  # 8 fake CPU devices: the flags must precede jax's start-up
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + " --xla_force_host_platform_device_count=8").strip()
 
 from earl_jax.models.config import get_config  # noqa: E402
-from earl_jax.rl.measure import RealMeasure, profile_rows  # noqa: E402
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel  # noqa: E402
 from earl_jax.parallel.profile import ProfileTable  # noqa: E402
+from earl_jax.rl.measure import RealMeasure, profile_rows  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
 
@@ -58,9 +59,10 @@ def main(argv=None) -> ProfileTable:
     p.add_argument("--measure-repeats", type=int, default=2)
     p.add_argument("--time-budget", type=float, default=None, help="start no new context row after this many s")
     p.add_argument("--small", action="store_true", help="CPU: tiny model, 8 fake devices, contexts 64..256")
-    p.add_argument("--gpu", action="store_true", help="Qwen2.5-0.5B, contexts 1K,32K,8K (that order), responses 8,32,128, "
-                   "rollout, 420 s budget")
-    p.add_argument("--out", type=Path, default=None, help="table path (default experiments/results/profile_<model>_<dev>.json)")
+    p.add_argument("--gpu", action="store_true", help="Qwen2.5-0.5B, contexts 1K,32K,8K (that order), "
+                   "responses 8,32,128, rollout, 420 s budget")
+    p.add_argument("--out", type=Path, default=None,
+                   help="table path (default experiments/results/profile_<model>_<dev>.json)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
@@ -101,7 +103,8 @@ def main(argv=None) -> ProfileTable:
     ok = sum(e.status == "ok" for e in table.entries.values())
     print(f"wrote {out}: {len(table)} entries ({ok} measured) for {cfg.name} on {n_dev} x {kind}; "
           f"contexts cut by the time budget: {table.meta.get('contexts_cut')}")
-    for (stage, mesh, ctx, n), e in sorted(table.entries.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][3], str(kv[0][1]))):
+    for (stage, mesh, ctx, n), e in sorted(table.entries.items(),
+                                           key=lambda kv: (kv[0][0], kv[0][2], kv[0][3], str(kv[0][1]))):
         print(f"  {stage:10s} ctx {ctx:6d} n {n:4d} {str(mesh):10s} {e.status:10s} "
               + ("" if e.tgs is None else f"{e.tgs:12,.0f} tok/s/dev"))
     return table

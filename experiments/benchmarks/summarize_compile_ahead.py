@@ -3,7 +3,8 @@ compile-ahead --values false true, then run_on_device.sh steady) into
 experiments/results/compile_ahead_<device>.{json,png}: the cold first iterations, and per iteration of the 512-game
 job the rollout seconds and the programs compiled in the foreground, without and with compiling ahead.
 
-    python experiments/benchmarks/summarize_compile_ahead.py --first DIR_OF_CALL_1 --steady DIR_OF_CALL_2 --device nvidia_h100x2
+    python experiments/benchmarks/summarize_compile_ahead.py --first DIR_OF_CALL_1 --steady DIR_OF_CALL_2 \
+        --device nvidia_h100x2
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments" / "benchmarks"))  # summarize_steady.py beside it
 
 from summarize_steady import per_iteration_bars  # noqa: E402
+
 KEYS = ("time/iteration_s", "time/rollout_s", "time/compile_s", "compile/lowered", "compile/ahead",
         "compile/ahead_submitted", "compile/ahead_used", "compile/slowest")
 
@@ -38,7 +40,8 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     first = json.loads(next(args.first.glob("first_iteration_compile_ahead_*.json")).read_text())
     steady = {}
-    for mode, side in (("false", "a"), ("true", "b")):  # older results: steady_<mode>.jsonl; run_on_device.sh steady: <side>
+    # older results: steady_<mode>.jsonl; run_on_device.sh steady: <side>
+    for mode, side in (("false", "a"), ("true", "b")):
         path = args.steady / f"steady_{mode}.jsonl"
         path = path if path.exists() else args.steady / f"steady_{side}.jsonl"
         rows = [json.loads(l) for l in path.read_text().splitlines()]

@@ -74,12 +74,14 @@ def summarize(rows: list[dict], evaluation: dict | None, device: str) -> dict:
         },
         # the rollout once compiles have settled (the last 3/4 of the iterations): issue 13's 512-game numbers
         "rollout_steady_state": {k: statistics.median(r[k] for r in iters[len(iters) // 4:] if k in r)
-                                 for k in ("time/rollout_s", "rollout/env_frac", "time/iteration_s")} if iters else None,
+                                 for k in ("time/rollout_s", "rollout/env_frac", "time/iteration_s")}
+                                if iters else None,
         "curriculum": {"final_opponent": last.get("curriculum/opponent"), "final_rung": last.get("curriculum/rung"),
                        "promotions": promotions},
         "end_of_training": {
             "train/filtered_frac": last.get("train/filtered_frac"),
-            "train/filtered_frac_mean_last50": statistics.mean(r["train/filtered_frac"] for r in tail) if tail else None,
+            "train/filtered_frac_mean_last50": (statistics.mean(r["train/filtered_frac"] for r in tail)
+                                                if tail else None),
             "train/entropy": last.get("train/entropy"),
             "episode/win_rate": last.get("episode/win_rate"),
             "zero_grad_iterations": sum(1 for r in iters if r.get("train/grad_norm") == 0.0),

@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--what", required=True, help="what differs between the runs")
     p.add_argument("--device", default=None, help="default: OUT_DIR/device.txt")
     p.add_argument("--out", type=Path, required=True, help="path without suffix")
-    p.add_argument("--same-gpu", action="store_true", help="the runs shared GPU 0 (run_on_device.sh connect4 with SAME_GPU=1)")
+    p.add_argument("--same-gpu", action="store_true",
+                   help="the runs shared GPU 0 (run_on_device.sh connect4 with SAME_GPU=1)")
     p.add_argument("--where", default=None, help="how the runs were placed, for the title when not one call's "
                                                  "(e.g. resumed in separate calls)")
     p.add_argument("--reference", nargs=2, metavar=("RESULT_JSON", "LABEL"), default=None,

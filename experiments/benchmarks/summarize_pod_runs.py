@@ -1,7 +1,8 @@
 """Append pod start-up runs (logs + metrics.jsonl from `run_on_device.sh pod-first-iteration`)
 to a results JSON: per run the first-iteration line, iteration lines, first calls and per-iteration compile metrics.
 
-    python experiments/benchmarks/summarize_pod_runs.py RESULTS.json --setting "cold, this commit against .baseline" --device "4 x NVIDIA H100 80GB HBM3" \
+    python experiments/benchmarks/summarize_pod_runs.py RESULTS.json --setting "cold, this commit against .baseline" \
+        --device "4 x NVIDIA H100 80GB HBM3" \
         /work/.device/1/pod_base.log ...
 """
 

@@ -27,7 +27,8 @@ def load(run_dir: Path) -> dict:
                       "first_iteration_s": next((r.get("time/command_to_first_iteration_s") for r in iters), None)}
     text = (run_dir / "programs.txt").read_text()
     for phase in ("cold", "warm"):
-        m = re.search(rf"=== pod {phase}: rc=\d+ command to iteration (\d+): (\d+) s\nprogram lines in the log: (\d+)", text)
+        m = re.search(rf"=== pod {phase}: rc=\d+ command to iteration (\d+): (\d+) s\n"
+                      rf"program lines in the log: (\d+)", text)
         if m:
             out[phase].update(command_to_last_iteration_s=int(m.group(2)), last_iteration=int(m.group(1)),
                               program_log_lines=int(m.group(3)))
@@ -40,7 +41,8 @@ def main() -> None:
     p.add_argument("--device", required=True)
     p.add_argument("--out", type=Path, default=Path("experiments/results"))
     args = p.parse_args()
-    result = {"device": args.device, "script": "run_on_device.sh programs", "runs": {l: load(Path(d)) for l, d in args.run}}
+    result = {"device": args.device, "script": "run_on_device.sh programs",
+              "runs": {l: load(Path(d)) for l, d in args.run}}
     stem = args.out / f"pod_programs_{args.device}"
     stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
 

@@ -1,6 +1,8 @@
-"""Per-iteration seconds of two side-by-side runs of `run_on_device.sh steady` (A, B) -> experiments/results/<name>.{json,png}.
+"""Per-iteration seconds of two side-by-side runs of `run_on_device.sh steady` (A, B) ->
+experiments/results/<name>.{json,png}.
 
-    python experiments/benchmarks/summarize_steady.py DIR --name steady_packing_nvidia_h100x2 --a "label of A" --b "label of B"
+    python experiments/benchmarks/summarize_steady.py DIR --name steady_packing_nvidia_h100x2 --a "label of A" \
+        --b "label of B"
 """
 from __future__ import annotations
 
@@ -47,10 +49,12 @@ def main(argv=None) -> dict:
     total = {label: {"iteration_1_s": round(rows[0]["time/iteration_s"], 2),
                      "iterations_2_on_s": round(sum(r["time/iteration_s"] for r in rows[1:]), 2),
                      "rollout_2_on_s": round(sum(r["time/rollout_s"] for r in rows[1:]), 2),
-                     "experience_train_2_on_s": round(sum(r["time/experience_s"] + r["time/train_s"] for r in rows[1:]), 2)}
+                     "experience_train_2_on_s": round(sum(r["time/experience_s"] + r["time/train_s"]
+                                                          for r in rows[1:]), 2)}
              for label, rows in runs.items()}
-    result = {"device": args.device, "script": "experiments/benchmarks/run_on_device.sh steady", "job": "512 compact free-text games, "
-              "tiny model, empty compile cache", "totals": total, "iterations": runs}
+    result = {"device": args.device, "script": "experiments/benchmarks/run_on_device.sh steady",
+              "job": "512 compact free-text games, tiny model, empty compile cache", "totals": total,
+              "iterations": runs}
     out = ROOT / "experiments" / "results" / args.name
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     per_iteration_bars(out.with_suffix(".png"), {

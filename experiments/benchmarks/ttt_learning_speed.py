@@ -21,7 +21,8 @@ none), --logit-scale (output logits times this), --embed-mult (input embeddings 
 the tiny preset, e.g. num_hidden_layers=2,hidden_size=256), --init-scale (multiply the initial parameters of these
 names, e.g. o_nhd=0,down_fd=0), --b2/--eps/--warmup/--embed-lr-mult (Adam), --seed.
 
-    python experiments/benchmarks/ttt_learning_speed.py synthetic --task set --lr 3e-4 --steps 150 --log-every 5 --logit-scale 8
+    python experiments/benchmarks/ttt_learning_speed.py synthetic --task set --lr 3e-4 --steps 150 --log-every 5 \
+        --logit-scale 8
 """
 
 from __future__ import annotations
@@ -281,13 +282,16 @@ def main() -> None:
     opt = make_opt(args.lr, args.b2, args.eps, args.warmup, args.embed_lr_mult)
     log = train(trainer, batches, args.steps, args.lr, eos, args.embed_std, check, args.check_every, opt, init_scale,
                 args.log_every)
-    out = {"check": args.check, "lr": args.lr, "steps": args.steps, "single": args.single, "task": args.task, "position": args.position,
+    out = {"check": args.check, "lr": args.lr, "steps": args.steps, "single": args.single, "task": args.task,
+           "position": args.position,
            "untied": args.untied, "embed_std": args.embed_std,
            "batch": args.batch if args.check == "synthetic" else args.games}
     probe = {"seed": args.seed, "qk_norm": args.qk_norm, "attn_scale": args.attn_scale, "pos": args.pos,
-             "logit_scale": args.logit_scale, "embed_mult": args.embed_mult, "model": model, "init_scale": init_scale, "b2": args.b2, "eps": args.eps, "warmup": args.warmup,
+             "logit_scale": args.logit_scale, "embed_mult": args.embed_mult, "model": model,
+             "init_scale": init_scale, "b2": args.b2, "eps": args.eps, "warmup": args.warmup,
              "embed_lr_mult": args.embed_lr_mult}
-    defaults = {"seed": 0, "qk_norm": False, "attn_scale": 1.0, "pos": "rope", "logit_scale": 1.0, "embed_mult": 1.0, "model": {}, "init_scale": {},
+    defaults = {"seed": 0, "qk_norm": False, "attn_scale": 1.0, "pos": "rope", "logit_scale": 1.0, "embed_mult": 1.0,
+                "model": {}, "init_scale": {},
                 "b2": 0.999, "eps": 1e-8, "warmup": 0, "embed_lr_mult": 1.0}
     out.update({k: v for k, v in probe.items() if v != defaults[k]}, log=log)  # only what differs from the default
     if args.check == "turns" and not args.single:

@@ -53,7 +53,8 @@ class ObservationCodec:
             out[k] = enc
         return out
 
-    def encode_padded(self, texts: Sequence[str], pad_id: int = 0) -> tuple[Int[np.ndarray, "n t"], Int[np.ndarray, " n"]]:
+    def encode_padded(self, texts: Sequence[str],
+                      pad_id: int = 0) -> tuple[Int[np.ndarray, "n t"], Int[np.ndarray, " n"]]:
         """Right-padded ids (int32) and each row's length: no Python list per row. Texts that repeat (the first
         observations of a GRPO group's games) are encoded once."""
         distinct = dict.fromkeys(texts)
@@ -130,7 +131,8 @@ class ObservationCodec:
             return self._read_moves(ids)
         return self._moves(keys, lambda miss: self._read_moves([ids[k] for k in miss]))
 
-    def padded_answers_to_moves(self, ids: Int[np.ndarray, "n t"], counts: Int[np.ndarray, " n"]) -> Int[np.ndarray, " n"]:
+    def padded_answers_to_moves(self, ids: Int[np.ndarray, "n t"],
+                                counts: Int[np.ndarray, " n"]) -> Int[np.ndarray, " n"]:
         """`answers_to_moves` of the answers ids[k, :counts[k]], read as arrays (no Python object per answer)."""
         ids, counts = np.asarray(ids), np.asarray(counts)
         if not self.fast or ids.shape[1] > MAX_BATCHED_CHARS:

@@ -63,7 +63,8 @@ class VectorTextEnv:
         self.text = reference.text
         self.spec = spec_for(reference.game)
         if self.spec is None:
-            raise ValueError(f"VectorTextEnv plays standard {list(game_names())}, not {cfg.game!r}: use make_vector_env")
+            raise ValueError(f"VectorTextEnv plays standard {list(game_names())}, not {cfg.game!r}: "
+                             "use make_vector_env")
         if num_games < 1:
             raise ValueError(f"num_games must be >= 1, got {num_games}")
         self.num_games = n = num_games

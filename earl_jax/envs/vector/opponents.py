@@ -83,7 +83,8 @@ class StreamBank:
             if todo is not None and used.max() <= BLOCK - AHEAD:
                 # The few rows that draw again read their next AHEAD words at once and take the first below n
                 # (the words before it consumed as rejections, as CPython does): one pass instead of ~3 more.
-                draws = (self.words.reshape(-1)[(games * BLOCK + used)[:, None] + _AHEAD] >> sh[:, None]).astype(np.int64)
+                draws = (self.words.reshape(-1)[(games * BLOCK + used)[:, None] + _AHEAD]
+                         >> sh[:, None]).astype(np.int64)
                 accept = draws < below[:, None]
                 got, first = accept.any(1), accept.argmax(1)
                 self.used[games] = used + np.where(got, first + 1, AHEAD)
@@ -126,7 +127,7 @@ def kth_true(mask: Bool[np.ndarray, "r a"], k: Int[np.ndarray, " r"]) -> Int[np.
 
 
 @functools.cache
-def _set_tables(width: int) -> tuple[Int[np.ndarray, " w"], Int[np.ndarray, " s"], Int[np.ndarray, "s*w"]]:
+def _set_tables(width: int) -> tuple[Int[np.ndarray, " w"], Int[np.ndarray, " s"], Int[np.ndarray, " s*w"]]:
     """For sets of `width` items as bitmasks: (bit weights, each set's size, its k-th member at [set * width + k])."""
     codes = np.arange(1 << width)
     members = ((codes[:, None] >> np.arange(width)) & 1).astype(bool)

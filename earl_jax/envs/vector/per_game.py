@@ -101,5 +101,6 @@ def make_vector_env(config: EnvConfig, num_games: int,
         return VectorTextEnv(config, num_games)
     if config.blunder_penalty:
         raise ValueError(f"blunder_penalty needs the batched env (standard {' / '.join(game_names())} against random "
-                         f"or the game's batched opponents); {config.game!r} against {config.opponent!r} plays per game")
+                         f"or the game's batched opponents); {config.game!r} against {config.opponent!r} "
+                         "plays per game")
     return PerGameVectorEnv([reference] + [OpenSpielTextEnv(config) for _ in range(num_games - 1)])

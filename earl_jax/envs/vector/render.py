@@ -155,7 +155,8 @@ class BoardRenderer:
             out[:, a:a + b] = blocks
         else:
             board = out[:, a:a + b].reshape(n, self.rows, self.cols + 1)
-            board[:, :, :-1] = (cells + (agent_player.astype(np.uint8) * 3 + 1)[:, None]).reshape(n, self.rows, self.cols)
+            board[:, :, :-1] = (cells + (agent_player.astype(np.uint8) * 3 + 1)[:, None]).reshape(
+                n, self.rows, self.cols)
             board[:, :, -1] = ord("\n")
             out = np.frombuffer(out.tobytes().translate(_CODED_TABLE), np.uint8).reshape(out.shape)
         return out, moves_len.take(legal_code) + (a + b)
@@ -172,8 +173,9 @@ class BoardRenderer:
         observation (the games of a GRPO group start from the same position: one call for the group)."""
         # What an observation depends on, one byte row per game: distinct rows are rendered once.
         result_ids = {r: k for k, r in enumerate(dict.fromkeys(results))}
-        key = np.concatenate([cells, legal, np.stack([opponent_action + 1, agent_player,
-                                                      list(map(result_ids.__getitem__, results))], 1)], 1).astype(np.uint8)
+        result_column = list(map(result_ids.__getitem__, results))
+        key = np.concatenate([cells, legal, np.stack([opponent_action + 1, agent_player, result_column], 1)],
+                             1).astype(np.uint8)
         rows = np.ascontiguousarray(key).view(np.dtype((np.void, key.shape[1]))).reshape(-1)  # a row as one value
         _, first_of, where = np.unique(rows, return_index=True, return_inverse=True)
         boards = self.board_texts(cells[first_of], agent_player[first_of])
