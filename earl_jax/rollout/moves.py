@@ -83,7 +83,8 @@ def pick_moves(next_logits: Float[Array, "b v"], bits: Int[Array, " b"], rng: ja
     """One legal action per row and its log-prob under the masked, tempered softmax over the move tokens.
 
     Row r draws from fold_in(rng, row_ids[r]) alone (as the sampler's rows do; [b, 2] rows: `sampling.row_keys`),
-    so a game's move does not depend on its batch. Rows with bits 0 (no legal move, or an empty slot) return action 0 and log-prob 0.
+    so a game's move does not depend on its batch. Rows with bits 0 (no legal move, or an empty slot) return action 0
+    and log-prob 0.
     Traced by `Sampler.pick_moves` (its mesh, its rows' sharding)."""
     sub = jnp.take(next_logits.astype(jnp.float32), jnp.asarray(token_ids), axis=-1) / temperature  # b a
     allowed = bits_to_mask(bits, len(token_ids))
