@@ -79,6 +79,10 @@ def _quiet_closed_loop_errors() -> None:
 
     hook._earl_quiet = True
     sys.unraisablehook = hook
+    # the other reads' tasks that failed with the first one, collected later: "Task exception was never retrieved"
+    # and a traceback each, logged by asyncio when the GC finds them (timing-dependent, so it shows under load)
+    logging.getLogger("asyncio").addFilter(
+        lambda record: not str(record.msg).startswith("Task exception was never retrieved"))
 
 
 class Checkpointer:
