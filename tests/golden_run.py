@@ -2,12 +2,15 @@
 
     python tests/golden_run.py CASE RUN_DIR OUT.json
 
-Pinned because YNNPACK / XNNPACK pick their dot and reduce kernels by the CPU they find (the guard's grad_norm
-differed by an ulp between an Intel and an AMD host) and XLA's own kernels do not once the instruction set is capped:
-AVX2 and AVX-512 hosts then give the same bits (SSE4.2 does not), as do 1 and 2 threads, but not 16 (XLA splits
-reductions over its thread pool), so the process runs on at most two CPUs. Measured: two cores of the 16-core GPU
-host under jax 0.11.2 gave the fixtures' bits; its 16 threads an ulp off at iteration 2. The rest of the suite keeps
-XLA's default kernels: only this guard compares float bits across machines.
+Pinned so that the float bits do not depend on the host. By default XLA:CPU hands dots to YNNPACK, which picks its
+kernels by the CPU it finds; with it off, dots go to Eigen, whose contraction splits the summed dimension into blocks
+sized from the host's L1 data cache (32 KiB on AMD EPYC Zen 4: blocks of 200 for a 4000-long sum; 48 KiB on Sapphire
+Rapids: longer blocks), so a gradient's sum over tokens rounds differently per host, and Adam turns those ulps into
+weight differences of the order of the learning rate wherever a gradient is near zero. So: no YNNPACK / XNNPACK, no
+multi-threaded Eigen, and every dot through XLA's own tiled LLVM IR GEMM, which sums the contracted dimension in
+order; the instruction set capped at AVX2 (every AVX2 host has FMA) fixes the vector width of that code and of XLA's
+reductions. The process runs on at most two CPUs, as recorded (XLA sizes its thread pool from them). The rest of the
+suite keeps XLA's default kernels: only this guard compares float bits across machines.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import platform
 import sys
 from pathlib import Path
 
-PINNED = ["--xla_cpu_experimental_ynn_fusion_type=", "--xla_cpu_use_xnnpack=false"] + (
+PINNED = ["--xla_cpu_experimental_ynn_fusion_type=", "--xla_cpu_use_xnnpack=false", "--xla_cpu_multi_thread_eigen=false",
+          "--xla_backend_extra_options=xla_force_enable_experimental_llvm_ir_gemm"] + (
     ["--xla_cpu_max_isa=AVX2"] if platform.machine() in ("x86_64", "AMD64") else [])
 # Metric prefixes that describe what was learned and decided (not how long it took).
 KEPT = ("episode/", "eval", "train/", "rollout/context_len", "rollout/turn_context_len_mean", "rollout/tokens",
