@@ -23,6 +23,7 @@ BASE = ["--env.task", "earl_jax/ShowDigit-v0", "--env.task-args", "{}", "--sft.s
         "--rollout.groups", "32", "--rollout.group-size", "4", "--rollout.max-turns", "1", "--run.steps", "300",
         "--eval.every", "0", "--eval.games", "32", "--run.resume", "auto", "--run.wandb-mode", "disabled",
         "--run.progress", "false"]
+FORMAT = ["--sft.steps", "20", "--sft.answers", "format"]
 MIXED = ["--loss.between-group-weight", "1.0", "--loss.filter-constant-groups", "false"]
 CANDIDATES = {
     "grpo": [],  # the library default: GRPO, constant groups filtered
@@ -50,6 +51,15 @@ CANDIDATES = {
     "format_mixed": MIXED + ["--sft.steps", "20", "--sft.answers", "format"],
     "format50_mixed": MIXED + ["--sft.steps", "50", "--sft.games", "64", "--sft.answers", "format"],
     "mixed_entropy": MIXED + ["--loss.entropy-coef", "0.01", "--loss.entropy-floor", "2.0"],
+    # the format first (uniform digits), then the step size and the number of steps the reading needs
+    "format_mixed_lr2e-3": FORMAT + MIXED + ["--optim.learning-rate", "2e-3"],
+    "format_mixed_lr3e-3": FORMAT + MIXED + ["--optim.learning-rate", "3e-3"],
+    "format_mixed_mb4": FORMAT + MIXED + ["--optim.ppo-mini-batches", "4"],
+    "format_mixed_ep2": FORMAT + MIXED + ["--optim.ppo-epochs", "2"],
+    "format_mixed_entropy1": FORMAT + MIXED + ["--loss.entropy-coef", "0.01", "--loss.entropy-floor", "1.0"],
+    "format_rpp": FORMAT + ["--loss.estimator", "reinforce_pp"],
+    "format_rpp_mb4": FORMAT + ["--loss.estimator", "reinforce_pp", "--optim.ppo-mini-batches", "4"],
+    "format_mixed_g64x4": FORMAT + MIXED + ["--rollout.groups", "64"],
 }
 
 
@@ -64,10 +74,10 @@ def run_one(out: Path, name: str, seed: int, hidden: bool, cores: str) -> subpro
                             stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def _cores(slot: int) -> str:
-    """Two cores per run; runs share them when there are fewer cores than 2 x --parallel."""
+def _cores(slot: int, per_run: int = 2) -> str:
+    """`per_run` cores per run; runs share them when there are fewer cores than per_run x --parallel."""
     n = os.cpu_count() or 1
-    return ",".join(sorted({str((2 * slot) % n), str((2 * slot + 1) % n)}))
+    return ",".join(sorted({str((per_run * slot + i) % n) for i in range(per_run)}))
 
 
 def returns(run_dir: Path) -> list[float]:
@@ -125,6 +135,7 @@ def main() -> None:
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--hidden", action="store_true", help="also run each candidate with the digit hidden (the control)")
     p.add_argument("--parallel", type=int, default=max(1, (os.cpu_count() or 2) // 2), help="runs at a time")
+    p.add_argument("--cores-per-run", type=int, default=2)
     p.add_argument("--summarize-only", action="store_true")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -140,7 +151,7 @@ def main() -> None:
         for slot in range(a.parallel):
             if slot not in running and jobs:
                 job = jobs.pop(0)
-                running[slot] = (job, run_one(a.out, *job, cores=_cores(slot)))
+                running[slot] = (job, run_one(a.out, *job, cores=_cores(slot, a.cores_per_run)))
         time.sleep(5)
         for slot, (job, proc) in list(running.items()):
             if proc.poll() is not None:

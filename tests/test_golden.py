@@ -90,7 +90,8 @@ def test_first_iterations_match_the_recorded_values(case, tmp_path):
         path.write_text(json.dumps(got, indent=1) + "\n")
         pytest.skip(f"recorded {path.name}")
     want = json.loads(path.read_text())
-    if (want["jax"], want["devices"]) != (got["jax"], got["devices"]):
+    # EARL_GOLDEN_ANY_JAX=1 compares across jax versions (the fixtures have matched 0.10 and 0.11 so far)
+    if (want["jax"], want["devices"]) != (got["jax"], got["devices"]) and os.environ.get("EARL_GOLDEN_ANY_JAX") != "1":
         pytest.skip(f"recorded with jax {want['jax']} on {want['devices']} devices; this is jax {got['jax']} on "
                     f"{got['devices']}: float bits are only comparable on the same build")
     problems = _differences(got, want)
