@@ -25,7 +25,6 @@ import dataclasses
 import json
 import shlex
 import sys
-import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -102,9 +101,7 @@ def job_config(args, rest: list[str]):
     defaults = ["--eval.opponents", ",".join(opponents), "--run.wandb-mode", "disabled", "--run.progress", "false",
                 "--model.hf-checkpoint", ""]  # a base is built from random weights (the CPU defaults start from one)
     defaults += ["--eval.games", str(args.eval_games)] if args.eval_games else []
-    cfg = parse_job(defaults + rest, ROOT / "experiments" / "configs" / args.game).config
-    run = dataclasses.replace(cfg.run, run_dir=tempfile.mkdtemp(prefix="earl_pretrain_"))  # the trainer writes none
-    return dataclasses.replace(cfg, run=run)
+    return parse_job(defaults + rest, ROOT / "experiments" / "configs" / args.game).config
 
 
 def make_games(args, cfg, tokenizer, ids) -> tuple[ExpertGames, dict]:
@@ -182,15 +179,15 @@ class Accuracy:
     win or a block due (`tactics`), with chance, and the held-out loss (minus the log-probability of the expert's move
     among the legal moves)."""
 
-    def __init__(self, trainer, train: ExpertGames, held: ExpertGames, limit: int):
-        self.graphdef = trainer.graphdef
+    def __init__(self, policy, num_actions: int, train: ExpertGames, held: ExpertGames, limit: int):
+        self.graphdef = policy.graphdef
         self.held = held.take(np.arange(min(limit, len(held))))
         self.unseen = unseen_turns(train, self.held)
         rows, cols = self.held.expert_turns()
         self.rows, self.cols = rows, cols
         self.legal, self.best = self.held.legal[rows, cols], self.held.best[rows, cols]
         self.tactical = self.held.tactics[rows, cols] != 0
-        self.move_ids = jnp.asarray(move_token_ids(trainer.tokenizer, trainer.env.num_actions))
+        self.move_ids = jnp.asarray(move_token_ids(policy.tokenizer, num_actions))
         self.width = int(self.held.tokens.shape[1])
         graphdef, move_ids = self.graphdef, self.move_ids
 
@@ -229,7 +226,7 @@ def train_batches(train: ExpertGames, games_per_step: int, width: int, rng: np.r
                   transcript_steps: int = 0, tactics_steps: int = 0, best_set: bool = False):
     """Batches of `games_per_step` train games, each epoch in a fresh seeded order: the first `transcript_steps` with
     the whole transcript in the loss, the first `tactics_steps` only the tactical moves of the games that have one;
-    `on_step(i)` runs before step i (the current weights are the trainer's then)."""
+    `on_step(i)` runs before step i (the current weights are in the SFT stage's `TrainState` then)."""
     tactical = np.flatnonzero((train.tactics != 0).any(1))
     orders = {False: np.zeros(0, np.int64), True: np.zeros(0, np.int64)}
     i = 0
@@ -244,8 +241,9 @@ def train_batches(train: ExpertGames, games_per_step: int, width: int, rng: np.r
         i += 1
 
 
-def evaluation(trainer, opponents) -> dict[str, dict[str, float]]:
-    out = trainer.evaluate(tuple(opponents))
+def evaluation(evaluate, opponents) -> dict[str, dict[str, float]]:
+    """Win, draw and loss rates per opponent of `evaluate(opponents)` (an `Evaluator`)."""
+    out = evaluate(tuple(opponents))
     first = opponents[0]
     return {o: {k: out[f"{'eval' if o == first else 'eval_' + o}/{k}_rate"] for k in ("win", "draw", "loss")}
             for o in opponents}
@@ -254,11 +252,14 @@ def evaluation(trainer, opponents) -> dict[str, dict[str, float]]:
 def main(argv: list[str] | None = None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     args, rest = options(argv)
+    from earl_jax.envs.games import get_game
     from earl_jax.models.export import save_pretrained
     from earl_jax.progress import show_progress_logs
+    from earl_jax.rl.evaluation import policy_evaluator
     from earl_jax.rl.optim import make_optimizer
+    from earl_jax.rl.policy_setup import build_policy
     from earl_jax.rl.sft import run_sft
-    from earl_jax.rl.trainer import Trainer
+    from earl_jax.rl.train import TrainState
 
     show_progress_logs(True)
     cfg = job_config(args, rest)
@@ -267,11 +268,14 @@ def main(argv: list[str] | None = None) -> dict:
                          "tokens); free text learns the move played (--sft-target move)")
     game, opponents = GAMES[args.game]
     command = "python experiments/pretrain.py " + shlex.join(argv)
-    trainer = Trainer(cfg, log=False)
-    n_dev = len(trainer.planner.devices)
+    policy, params = build_policy(cfg)  # the model, its tokenizer and planner: no RL loop
+    num_actions = get_game(game).rules.num_actions
+    policy = policy.with_moves(num_actions) if cfg.rollout.constrain_moves else policy
+    state = TrainState(params, None)  # the weights the SFT steps update (they keep their own optimizer state)
+    n_dev = len(policy.planner.devices)
     if args.sft_games % n_dev:
         raise SystemExit(f"pretrain: --sft-games {args.sft_games} must be a multiple of the {n_dev} devices")
-    games, expert = make_games(args, cfg, trainer.tokenizer, trainer.ids)
+    games, expert = make_games(args, cfg, policy.tokenizer, policy.ids)
     print(f"pretrain: expert: {json.dumps(expert)}", flush=True)
     result: dict = {"command": command, "game": game, "device": _device(), "expert": expert}
     if args.expert_only:
@@ -281,13 +285,13 @@ def main(argv: list[str] | None = None) -> dict:
     if args.mirror:  # after the split: a held-out game's reflection would be a train game seen from the other side
         from earl_jax.rl.expert_replay import replay_games
 
-        mirrored = replay_games(train, cfg.env, trainer.tokenizer, eos_id=trainer.ids.eos_id,
-                                bos_id=trainer.ids.bos_id, mirror=True, **_limits(cfg))
+        mirrored = replay_games(train, cfg.env, policy.tokenizer, eos_id=policy.ids.eos_id,
+                                bos_id=policy.ids.bos_id, mirror=True, **_limits(cfg))
         train = dedup_games(concat_games([train, mirrored]))
     result["data"] = {"games": len(games), "unique": len(unique), "mirrored": args.mirror, "train": len(train),
                       "held_out": len(held),
                       "train_expert_moves": int((train.best != 0).sum())}
-    accuracy = Accuracy(trainer, train, held, args.accuracy_games)
+    accuracy = Accuracy(policy, num_actions, train, held, args.accuracy_games)
     width = -(-int(train.lengths.max()) // 32) * 32  # every game whole, one compiled shape, little padding
     curve, t0 = [], time.perf_counter()
     from tqdm import tqdm
@@ -298,7 +302,7 @@ def main(argv: list[str] | None = None) -> dict:
         bar.update(1 if i else 0)
         if i % args.accuracy_every == 0:
             curve.append({"step": i, "seconds": round(time.perf_counter() - t0, 1),
-                          **accuracy(trainer.state.params)})
+                          **accuracy(state.params)})
             bar.set_postfix(accuracy=f"{curve[-1]['accuracy']:.3f}")
             if bar.disable:  # a log, not a terminal
                 c = curve[-1]
@@ -311,17 +315,17 @@ def main(argv: list[str] | None = None) -> dict:
                             best_set=args.sft_target == "best")
     if args.sft_minutes > 0:  # a bounded call (a device lease) keeps a base rather than losing it to a timeout
         batches = _until(batches, t0 + 60 * args.sft_minutes)
-    history = run_sft(trainer, batches, steps=args.sft_steps, optimizer=optimizer)
+    history = run_sft(policy, state, batches, steps=args.sft_steps, optimizer=optimizer)
     bar.close()
     sft_s = time.perf_counter() - t0
     if args.dtype == "bfloat16":  # measure what ships
-        trainer.state.params = jax.tree.map(lambda p: p.astype(jnp.bfloat16).astype(p.dtype), trainer.state.params)
-    final = accuracy(trainer.state.params)
+        state.params = jax.tree.map(lambda p: p.astype(jnp.bfloat16).astype(p.dtype), state.params)
+    final = accuracy(state.params)
     curve.append({"step": len(history), "seconds": round(sft_s, 1), **final})
     t1 = time.perf_counter()
-    ev = evaluation(trainer, opponents) if args.eval_games else {}
+    ev = evaluation(policy_evaluator(cfg, policy, state), opponents) if args.eval_games else {}
     result.update({
-        "model": {"name": cfg.model.name, "params": trainer.model_cfg.num_params()},
+        "model": {"name": cfg.model.name, "params": policy.model_cfg.num_params()},
         "sft": {"steps": len(history), "steps_planned": args.sft_steps, "games_per_step": args.sft_games,
                 "lr": args.sft_lr, "width": width, "target": args.sft_target,
                 "transcript_steps": args.transcript_steps, "tactics_steps": args.tactics_steps,
@@ -334,7 +338,7 @@ def main(argv: list[str] | None = None) -> dict:
             "seed": cfg.run.seed, "model": result["model"], "expert": expert["spec"],
             "sft": {k: v for k, v in result["sft"].items() if k not in ("loss", "seconds")},
             "held_out_accuracy": final, "eval": {"greedy_games": cfg.eval.games, **ev} if ev else {}}
-    save_pretrained(trainer.graphdef, trainer.state.params, trainer.model_cfg, trainer.tokenizer, out, meta,
+    save_pretrained(policy.graphdef, state.params, policy.model_cfg, policy.tokenizer, out, meta,
                     dtype=args.dtype)
     result["base"] = {"folder": str(out), "bytes": sum(f.stat().st_size for f in Path(out).iterdir())}
     print(f"pretrain: held-out accuracy {final['accuracy']:.3f} (unseen {final['accuracy_unseen']:.3f}, tactical "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from earl_jax.parallel.planner import StagePlanner
-from earl_jax.rl.experience import WidthBudget
+from earl_jax.rl.experience import RolloutBatch, WidthBudget
 from earl_jax.rl.packing import length_order
 from earl_jax.rollout.compile_ahead import CompileAhead
 from jobs import job
@@ -54,10 +54,14 @@ def test_without_compiling_ahead_a_finer_split_and_a_new_width_each_batch_are_al
 def test_compiling_ahead_a_narrower_batch_is_padded_to_the_widest_so_far():
     """The whole-batch programs keep one shape and a micro-batch can run at a compiled width wider than its batch."""
     budget = WidthBudget(1, True, CompileAhead())
-    wide = {"tokens": np.ones((4, 1536), np.int32), "group_ids": np.arange(4)}
-    narrow = {"tokens": np.ones((4, 512), np.int32), "loss_mask": np.ones((4, 512), bool), "group_ids": np.arange(4)}
-    assert budget.pad_batch(wide)["tokens"].shape == (4, 1536)
-    padded = budget.pad_batch(narrow)
-    assert padded["tokens"].shape == padded["loss_mask"].shape == (4, 1536) and padded["group_ids"].shape == (4,)
-    assert not padded["loss_mask"][:, 512:].any() and not padded["tokens"][:, 512:].any()
-    assert WidthBudget(1, True, None).pad_batch(narrow)["tokens"].shape == (4, 512)  # CPU: as before
+
+    def batch(width: int) -> RolloutBatch:
+        ones = np.ones((4, width), np.int32)
+        return RolloutBatch(ones, ones == 1, ones.astype(np.float32), np.arange(4), choices=ones)
+
+    assert budget.pad_batch(batch(1536)).tokens.shape == (4, 1536)
+    padded = budget.pad_batch(batch(512)).check()
+    assert padded.tokens.shape == padded.loss_mask.shape == padded.choices.shape == (4, 1536)
+    assert padded.group_ids.shape == (4,) and padded.sampler_logp is None
+    assert not (padded.loss_mask[:, 512:].any() or padded.tokens[:, 512:].any() or padded.choices[:, 512:].any())
+    assert WidthBudget(1, True, None).pad_batch(batch(512)).tokens.shape == (4, 512)  # CPU: as before

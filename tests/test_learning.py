@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from earl_jax.rl.experience import batch_arrays
+from earl_jax.rl.experience import rollout_batch
 from earl_jax.rl.packing import scored_spans
 from earl_jax.rl.trainer import Trainer
 from earl_jax.rollout.sampler import Sampler
@@ -26,11 +26,11 @@ def _sampled_and_recomputed(trainer: Trainer) -> tuple[np.ndarray, np.ndarray, n
     r = trainer.cfg.rollout
     traj, _ = trainer.play(trainer.env, list(range(r.batch_size)), np.repeat(np.arange(r.groups), r.group_size),
                            jax.random.key(1), trainer.sampling)
-    arrays = batch_arrays(traj, trainer.moves is not None)
-    trainer._observe(arrays, traj.stats.turn_context_len_mean, traj.num_games)
+    batch = rollout_batch(traj, trainer.policy.moves is not None)
+    trainer._observe(batch, traj.stats.turn_context_len_mean, traj.num_games)
     spans = scored_spans(traj.loss_mask) if traj.spans is None else traj.spans
-    batch, _, arranged = trainer.planner.run("experience",
-                                             lambda run: trainer._experience(run, arrays, spans, traj.local_rows))
+    out = trainer.policy.planner.run("experience", lambda run: trainer._experience(run, batch, spans, traj.local_rows))
+    batch, arranged = out.batch, out.arranged
     old = np.empty(np.shape(batch.old_logp), np.float32)
     old[arranged] = np.asarray(batch.old_logp)  # the stage arranges rows by length
     return traj.logprobs, old[:, :traj.tokens.shape[1]], traj.loss_mask
@@ -56,8 +56,9 @@ def test_train_pass_scores_exactly_the_sampled_tokens(tmp_path, env_factory, ext
     shifted = np.abs(sampled[:, 1:] - old[:, :-1])[mask[:, 1:]]
     assert shifted.mean() > 0.1, shifted.mean()  # the comparison can tell a position apart
 
-    run = trainer.planner.stage_run("rollout")
-    trainer.rollout.samplers[run.layout.mesh] = Sampler(trainer.graphdef, trainer.model_cfg, mesh=run.mesh,
+    run = trainer.policy.planner.stage_run("rollout")
+    policy = trainer.policy
+    trainer.rollout.samplers[run.layout.mesh] = Sampler(policy.graphdef, policy.model_cfg, mesh=run.mesh,
                                                         rules=run.rules, cache_dtype=jnp.float32)
     sampled, old, mask = _sampled_and_recomputed(trainer)
     np.testing.assert_allclose(sampled[mask], old[mask], atol=1e-5, rtol=0)

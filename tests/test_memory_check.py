@@ -78,7 +78,7 @@ def test_xla_sizes_count_temporaries_and_outputs_less_donated_reuse():
 def test_the_planner_checks_first_calls_and_falls_back_without_compiling_twice(tmp_path, monkeypatch):
     cfg = with_fields(SMALL, devices=8, steps=1, eval_every=0, format_warmup_steps=0, run_dir=str(tmp_path / "run"))
     trainer = Trainer(cfg, log=False)
-    first = trainer.planner.current.experience.mesh
+    first = trainer.policy.planner.current.experience.mesh
     checked, refusing = [], [False]
     monkeypatch.setattr(memory_check, "free_bytes", lambda devices: 0 if refusing[0] else 64 * GIB)
     real = memory_check.check_fits
@@ -93,12 +93,12 @@ def test_the_planner_checks_first_calls_and_falls_back_without_compiling_twice(t
     refused = [w for w in checked if w.startswith("experience/") and f" on {first}" in w]
     assert len(refused) == 1  # the first experience program on that mesh: refused, nothing after it ran there
     assert record["parallel/experience_mesh"] != str(first)
-    assert any(s == "experience" and m == first for s, m, _ in trainer.planner.selector.oom_marks)
+    assert any(s == "experience" and m == first for s, m, _ in trainer.policy.planner.selector.oom_marks)
     assert any(w.startswith("train/") for w in checked) and np.isfinite(record["train/loss"])
 
     # a checked first call lowers and compiles once: the call finds the executable the check compiled
     refusing[0] = False
     probe = jnp.arange(8.0)
     with count_compiles() as c:
-        trainer.planner.run("train", lambda r: r.jit("probe_twice", lambda a: a * 2)(probe))
+        trainer.policy.planner.run("train", lambda r: r.jit("probe_twice", lambda a: a * 2)(probe))
     assert c.lowered == 1, vars(c)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
-from earl_jax.rl.experience import batch_arrays
+from earl_jax.rl.experience import rollout_batch
 from earl_jax.rl.packing import scored_spans
 from earl_jax.rl.trainer import Trainer
 from earl_jax.rollout.agent_loop import PlayConfig, play_games
@@ -114,11 +115,11 @@ def _rollout_and_experience(trainer: Trainer, seeds):
     r = trainer.cfg.rollout
     traj, _ = trainer.play(trainer.env, seeds, np.repeat(np.arange(r.groups), r.group_size), jax.random.key(1),
                            trainer.sampling)
-    arrays = batch_arrays(traj, trainer.moves is not None)
-    trainer._observe(arrays, traj.stats.turn_context_len_mean, traj.num_games)
+    batch = rollout_batch(traj, trainer.policy.moves is not None)
+    trainer._observe(batch, traj.stats.turn_context_len_mean, traj.num_games)
     spans = scored_spans(traj.loss_mask) if traj.spans is None else traj.spans
-    batch, _, arranged = trainer.planner.run("experience",
-                                             lambda run: trainer._experience(run, arrays, spans, traj.local_rows))
+    out = trainer.policy.planner.run("experience", lambda run: trainer._experience(run, batch, spans, traj.local_rows))
+    batch, arranged = out.batch, out.arranged
     old = np.empty(np.shape(batch.old_logp), np.float32)
     old[arranged] = np.asarray(batch.old_logp)
     return traj, old[:, :traj.tokens.shape[1]]
@@ -131,19 +132,20 @@ def test_connect_four_turns_are_a_legal_move_then_the_stop_token(tmp_path):
     vocabulary's log-prob of the same token differs by nats, so a stage that ignored the mask would fail)."""
     trainer = Trainer(with_fields(TINY, run_dir=str(tmp_path)), log=False)
     trainer.sampler_cache_dtype = jnp.float32
-    run = trainer.planner.stage_run("rollout")
-    trainer.rollout.samplers[run.layout.mesh] = Sampler(trainer.graphdef, trainer.model_cfg, mesh=run.mesh,
+    run = trainer.policy.planner.stage_run("rollout")
+    policy = trainer.policy
+    trainer.rollout.samplers[run.layout.mesh] = Sampler(policy.graphdef, policy.model_cfg, mesh=run.mesh,
                                                         rules=run.rules, cache_dtype=jnp.float32)
     traj, old = _rollout_and_experience(trainer, list(range(16)))
     mask, choices, tokens = traj.loss_mask, traj.choices, traj.tokens
-    move_ids = set(trainer.moves.token_ids)
+    move_ids = set(trainer.policy.moves.token_ids)
     assert not traj.invalid.any() and traj.stats.invalid_rate == 0.0
     assert ((choices != 0) == mask).all()  # every scored token is a constrained move, and only those
     rows, cols = np.nonzero(mask)
     assert set(tokens[rows, cols].tolist()) <= move_ids
     assert all(tokens[r, c + 1] == EOS for r, c in zip(rows, cols) if c + 1 < traj.lengths[r])
     assert mask.sum(1).tolist() == traj.num_turns.tolist()  # one scored token per turn
-    action = np.array([trainer.moves.token_ids.index(t) for t in tokens[rows, cols]])
+    action = np.array([trainer.policy.moves.token_ids.index(t) for t in tokens[rows, cols]])
     assert (choices[rows, cols] >> action & 1).all()  # the move was legal when it was drawn
     np.testing.assert_array_equal(traj.rewards[~mask], 0.0)  # rewards only on move tokens
     np.testing.assert_allclose(traj.rewards.sum(1), traj.returns)
@@ -151,7 +153,7 @@ def test_connect_four_turns_are_a_legal_move_then_the_stop_token(tmp_path):
     assert (traj.logprobs[mask] > -np.log(7) * 3).all()  # restricted to <= 7 moves, not ~100 tokens
 
     # The full-vocabulary scoring of the same tokens is far from the sampled log-probs.
-    trainer.choice_tokens = ()
+    trainer.policy = dataclasses.replace(trainer.policy, moves=None)
     _, plain = _rollout_and_experience(trainer, list(range(16)))
     assert np.abs(plain[mask] - traj.logprobs[mask]).mean() > 0.5
 
@@ -180,7 +182,7 @@ def test_the_env_plays_the_move_the_policy_drew_without_parsing_it(tmp_path, mon
     traj, _ = trainer.play(trainer.env, list(range(16)), None, jax.random.key(3), trainer.sampling)
     for row in range(16):
         tokens = traj.tokens[row][traj.loss_mask[row]].tolist()
-        assert played[row] == [trainer.moves.token_ids.index(t) for t in tokens]
+        assert played[row] == [trainer.policy.moves.token_ids.index(t) for t in tokens]
 
 
 def test_same_seeds_same_games_whatever_the_schedule(tmp_path):
@@ -190,15 +192,15 @@ def test_same_seeds_same_games_whatever_the_schedule(tmp_path):
     trainer = Trainer(with_fields(TINY, run_dir=str(tmp_path)), log=False)
     seeds, rng = list(range(100, 116)), jax.random.key(7)
     base, _ = trainer.play(trainer.env, seeds, None, rng, trainer.sampling)
-    run, r = trainer.planner.stage_run("rollout"), trainer.cfg.rollout
+    run, r = trainer.policy.planner.stage_run("rollout"), trainer.cfg.rollout
     (sampler,) = trainer.rollout.samplers.values()
-    params = trainer.weights.for_stage(run, trainer.state.params)
-    policies = [SamplerPolicy(sampler, params, trainer.sampling, (trainer.ids.eos_id,), r.turn_tokens(0),
-                              moves=trainer.moves) for _ in range(2)]
+    params = trainer.policy.weights.for_stage(run, trainer.state.params)
+    policies = [SamplerPolicy(sampler, params, trainer.sampling, (trainer.policy.ids.eos_id,), r.turn_tokens(0),
+                              moves=trainer.policy.moves) for _ in range(2)]
     play = PlayConfig(r.turn_tokens(0), r.max_turns, r.max_context, pipeline_groups=2, overlap=False, compact=False,
                       min_batch=run.batch_shards, constrain_moves=True)
-    other = play_games(policies, trainer.env, trainer.tokenizer, play, rng, seeds, np.arange(len(seeds)),
-                       bos_id=trainer.ids.bos_id, codec=trainer.codec)
+    other = play_games(policies, trainer.env, trainer.policy.tokenizer, play, rng, seeds, np.arange(len(seeds)),
+                       bos_id=trainer.policy.ids.bos_id, codec=trainer.policy.codec)
     assert base.stats.decode_rows < len(seeds) * max(base.num_turns)  # the CPU's "auto" compacted the first
     np.testing.assert_array_equal(base.tokens, other.tokens)
     np.testing.assert_array_equal(base.choices, other.choices)

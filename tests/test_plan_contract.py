@@ -23,7 +23,7 @@ from earl_jax.parallel.dispatch import Dispatcher
 from earl_jax.parallel.plan import StageLayout, StagePlan
 from earl_jax.parallel.planner import ProgramCache, StageRun
 from earl_jax.rl import stages, trainer as trainer_mod
-from earl_jax.rl.experience import WidthBudget, experience_stage
+from earl_jax.rl.experience import ExperienceResult, RolloutBatch, WidthBudget, experience_stage
 from earl_jax.rl.losses import LossConfig
 from earl_jax.rl.packing import scored_spans
 from earl_jax.rl.train import train_stage
@@ -105,7 +105,7 @@ def test_each_stage_receives_what_the_plan_says(tmp_path, monkeypatch):
     spy = Spy(monkeypatch)
     n = SMALL.batch_size
     for rollout, experience, train in PLANS:
-        trainer.planner.current = StagePlan(rollout, experience, train, context_bucket=128)
+        trainer.policy.planner.current = StagePlan(rollout, experience, train, context_bucket=128)
         spy.traced.clear()
         spy.inputs.clear()
         spy.layouts.clear()
@@ -193,17 +193,17 @@ def test_micro_batched_stages_equal_one_batch_on_every_mesh(stage, mesh):
         assert micro.count == (1 if mb == per_shard else per_shard)
         widths = WidthBudget(0, False, None)  # the plan's split as it is (no finer length split)
         if stage == "experience":
-            arrays = {"tokens": tokens, "loss_mask": mask, "rewards": rewards, "group_ids": groups}
-            batch, _, perm = experience_stage(run, p, None, arrays, spans, widths, graphdef=graphdef,
-                                              loss=LossConfig(filter_constant_groups=False), num_groups=n // 2)
-            back = np.argsort(perm)  # rows in their original order
+            out = experience_stage(run, p, None, RolloutBatch(tokens, mask, rewards, groups), spans, widths,
+                                   graphdef=graphdef, loss=LossConfig(filter_constant_groups=False), num_groups=n // 2)
+            batch, back = out.batch, np.argsort(out.arranged)  # rows in their original order
             outs.append((np.asarray(batch.old_logp)[back], np.asarray(batch.advantages)[back]))
         else:
             opt = optax.sgd(0.1)  # linear in the gradient: compares the accumulated gradient itself
             batch = stages.ExperienceBatch(*run.put_rows({"tokens": tokens, "mask": mask, "a": old_logp, "b": old_logp,
                                                           "adv": rewards.sum(1, keepdims=True) * mask}).values())
-            new, _, metrics = train_stage(run, p, opt.init(p), batch, spans, np.arange(n), widths, Dispatcher(),
-                                          graphdef=graphdef, loss=LossConfig(), optimizer=opt, epochs=1, mini_batches=1)
+            experience = ExperienceResult(batch, {}, np.arange(n), spans)  # rows in their own order
+            new, _, metrics = train_stage(run, p, opt.init(p), experience, widths, Dispatcher(), graphdef=graphdef,
+                                          loss=LossConfig(), optimizer=opt, epochs=1, mini_batches=1)
             outs.append(([np.asarray(v) for v in jax.tree.leaves(new)], metrics["loss"]))
     if stage == "experience":
         np.testing.assert_allclose(outs[1][0], outs[0][0], rtol=1e-5, atol=1e-5)

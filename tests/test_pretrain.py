@@ -21,9 +21,16 @@ TINY = ["tictactoe", "--games", "96", "--sft-steps", "8", "--sft-games", "8", "-
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
+    from earl_jax.rl.trainer import Trainer
+
+    def no_trainer(*args, **kwargs):
+        raise AssertionError("a base's build constructed an RL Trainer")
+
     out = tmp_path_factory.mktemp("pretrain")
-    result = pretrain.main(TINY + ["--eval-games", "8", "--out", str(out / "base"), "--results", str(out),
-                                   "--games-cache", str(out / "games.npz")])
+    with pytest.MonkeyPatch.context() as mp:  # the build runs its SFT and evaluation from a Policy alone
+        mp.setattr(Trainer, "__init__", no_trainer)
+        result = pretrain.main(TINY + ["--eval-games", "8", "--out", str(out / "base"), "--results", str(out),
+                                       "--games-cache", str(out / "games.npz")])
     return out, result
 
 
@@ -51,9 +58,9 @@ def test_the_job_loads_the_base_and_plays_the_games_the_build_reported(build):
                      "random,solver", "--devices", "1", "--run-dir", str(out / "run"), "--run.wandb-mode", "disabled"],
                     ROOT / "experiments" / "configs" / "tictactoe").config
     trainer = Trainer(cfg, log=False)
-    assert trainer.model_cfg.num_params() == result["model"]["params"]
-    ev = pretrain.evaluation(trainer, ("random", "solver"))
-    assert ev == result["eval"]  # the same weights play the same greedy games
+    assert trainer.policy.model_cfg.num_params() == result["model"]["params"]
+    ev = pretrain.evaluation(trainer.evaluate, ("random", "solver"))
+    assert ev == result["eval"]  # the same weights play the same greedy games, in the build's evaluator and the job's
 
 
 def test_the_same_command_builds_the_same_base(build, tmp_path):

@@ -16,7 +16,7 @@ import pytest
 
 from earl_jax.parallel.plan import StageLayout, StagePlan
 from earl_jax.rl import rollout_stage
-from earl_jax.rl.experience import batch_arrays
+from earl_jax.rl.experience import rollout_batch
 from earl_jax.rl.trainer import Trainer
 from earl_jax.rollout import process_split
 from earl_jax.rollout.agent_loop import Trajectories
@@ -44,11 +44,11 @@ def _join(parts: list[Trajectories]) -> dict:
 def test_halves_played_apart_are_the_games_of_the_whole_batch_and_gather_back(tmp_path, monkeypatch):
     trainer = Trainer(with_fields(CFG, run_dir=str(tmp_path / "run")), log=False)
     other = StageLayout(M("d2f1t1"), 2, 64)
-    trainer.planner.current = StagePlan(StageLayout(M("d2f1t1")), other, other, context_bucket=128)
+    trainer.policy.planner.current = StagePlan(StageLayout(M("d2f1t1")), other, other, context_bucket=128)
     seeds, groups, rng = list(range(8)), np.repeat(np.arange(4), 2), jax.random.key(5)
     whole, _ = trainer.play(trainer.env, seeds, groups, rng, trainer.sampling)
-    run = trainer.planner.stage_run("rollout")
-    params = trainer.weights.for_stage(run, trainer.state.params)
+    run = trainer.policy.planner.stage_run("rollout")
+    params = trainer.policy.weights.for_stage(run, trainer.state.params)
     assert process_split.process_block(run.mesh, params, 8) is None  # one process: no split
 
     halves = []
@@ -106,13 +106,13 @@ def test_columns_left_on_their_process_give_the_same_experience_batch(tmp_path):
     for k in COLS + ROWS:
         np.testing.assert_array_equal(getattr(part, k), getattr(whole, k), err_msg=k)
 
-    arrays = batch_arrays(part, trainer.moves is not None)
-    trainer._observe(arrays, part.stats.turn_context_len_mean, part.num_games)
-    run = trainer.planner.stage_run("experience")
+    batch = rollout_batch(part, trainer.policy.moves is not None)
+    trainer._observe(batch, part.stats.turn_context_len_mean, part.num_games)
+    run = trainer.policy.planner.stage_run("experience")
     assert run.process_rows(8) == slice(0, 8) and run.batch_shards > 1
-    placed = trainer._experience(run, arrays, part.spans, part.local_rows)
-    gathered = trainer._experience(run, arrays, part.spans, None)
-    np.testing.assert_array_equal(placed[2], gathered[2])  # the same arrangement
-    for a, b in zip(jax.tree.leaves(placed[0]), jax.tree.leaves(gathered[0])):
+    placed = trainer._experience(run, batch, part.spans, part.local_rows)
+    gathered = trainer._experience(run, batch, part.spans, None)
+    np.testing.assert_array_equal(placed.arranged, gathered.arranged)  # the same arrangement
+    for a, b in zip(jax.tree.leaves(placed.batch), jax.tree.leaves(gathered.batch)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         assert a.sharding == b.sharding

@@ -17,9 +17,10 @@ from jobs import job
 def _batches(trainer: Trainer, n: int, steps: int):
     """The same few random legal games every step: a loss that falls on them is the stage learning."""
     rng = np.random.default_rng(0)
-    tokens, mask, lengths = random_legal_games(trainer.env, trainer.tokenizer, list(range(n)), rng,
-                                               eos_id=trainer.ids.eos_id, bos_id=trainer.ids.bos_id, max_context=256,
-                                               max_turns=6, codec=trainer.codec)
+    policy = trainer.policy
+    tokens, mask, lengths = random_legal_games(trainer.env, policy.tokenizer, list(range(n)), rng,
+                                               eos_id=policy.ids.eos_id, bos_id=policy.ids.bos_id, max_context=256,
+                                               max_turns=6, codec=policy.codec)
     width = 256
     batch = {"tokens": np.pad(tokens, ((0, 0), (0, width - tokens.shape[1]))),
              "loss_mask": np.pad(mask, ((0, 0), (0, width - mask.shape[1]))), "lengths": lengths}
@@ -30,7 +31,7 @@ def test_sft_runs_on_the_layout_the_planner_chose_and_its_loss_falls(tmp_path):
     trainer = Trainer(job(groups=4, group_size=2, steps=1, devices=8, max_turns=6, max_context=256,
                           run_dir=str(tmp_path)), log=False)
     seen = []
-    run = trainer.planner.run
+    run = trainer.policy.planner.run
 
     def spy(stage, fn, **kw):
         def wrapped(r):
@@ -38,12 +39,13 @@ def test_sft_runs_on_the_layout_the_planner_chose_and_its_loss_falls(tmp_path):
             return fn(r)
         return run(stage, wrapped, **kw)
 
-    trainer.planner.run = spy
-    history = run_sft(trainer, _batches(trainer, 8, 6), steps=6, optimizer=make_optimizer(3e-3, 1, 6, 0.0, 1.0))
+    trainer.policy.planner.run = spy
+    history = run_sft(trainer.policy, trainer.state, _batches(trainer, 8, 6), steps=6,
+                      optimizer=make_optimizer(3e-3, 1, 6, 0.0, 1.0))
     assert [s for s, _ in seen] == ["sft"] * 6
-    planned = trainer.planner.current.sft
+    planned = trainer.policy.planner.current.sft
     assert isinstance(planned, StageLayout) and all(lay == planned for _, lay in seen)
-    assert trainer.planner.sft_log_dict()["parallel/sft_mesh"] == str(planned.mesh)
+    assert trainer.policy.planner.sft_log_dict()["parallel/sft_mesh"] == str(planned.mesh)
     losses = [h["sft_loss"] for h in history]
     assert losses[-1] < 0.8 * losses[0], losses
 
@@ -52,10 +54,12 @@ def test_sft_on_a_forced_mesh_reaches_the_stage(tmp_path):
     trainer = Trainer(job(groups=4, group_size=2, steps=1, devices=8, max_turns=6, max_context=256,
                           run_dir=str(tmp_path)), log=False)
     forced = StageLayout(MeshShape(2, 2, 2), 1, 64)
-    trainer.planner.plan_stage = lambda stage: setattr(trainer.planner, "current",  # noqa: E731
-                                                       trainer.planner.current.replace(sft=forced)) or forced
+    trainer.policy.planner.plan_stage = lambda stage: setattr(trainer.policy.planner, "current",  # noqa: E731
+                                                       trainer.policy.planner.current.replace(sft=forced)) or forced
     meshes = []
-    run = trainer.planner.run
-    trainer.planner.run = lambda stage, fn, **kw: run(stage, lambda r: (meshes.append(r.mesh.shape), fn(r))[1], **kw)
-    run_sft(trainer, _batches(trainer, 8, 1), steps=1, optimizer=make_optimizer(3e-3, 1, 2, 0.0, 1.0))
+    planner = trainer.policy.planner
+    run = planner.run
+    planner.run = lambda stage, fn, **kw: run(stage, lambda r: (meshes.append(r.mesh.shape), fn(r))[1], **kw)
+    run_sft(trainer.policy, trainer.state, _batches(trainer, 8, 1), steps=1,
+            optimizer=make_optimizer(3e-3, 1, 2, 0.0, 1.0))
     assert meshes == [{"data": 2, "fsdp": 2, "tensor": 2}]

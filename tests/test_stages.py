@@ -2,6 +2,9 @@
 forward pass; micro-batching equals one big batch; NaN never reaches the weights; an estimator and a loss registered by
 a fork run in the job's stages."""
 
+import dataclasses
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +18,7 @@ from earl_jax.parallel.dispatch import Dispatcher
 from earl_jax.parallel.plan import StageLayout
 from earl_jax.parallel.planner import ProgramCache, StageRun
 from earl_jax.rl.advantages import ESTIMATORS, register_estimator
-from earl_jax.rl.experience import WidthBudget, experience_stage
+from earl_jax.rl.experience import ExperienceResult, RolloutBatch, WidthBudget, experience_stage
 from earl_jax.rl.logprobs import token_logprobs
 from earl_jax.rl.losses import POLICY_LOSSES, LossConfig, register_policy_loss
 from earl_jax.rl.optim import make_optimizer
@@ -47,26 +50,26 @@ def _setup(n=N, t=16, seed=0):
     return graphdef, params, tokens, mask, rewards, group_ids
 
 
-def _batch():
-    """The experience stage's batch (rows in its arrangement), the rows' spans and that arrangement."""
+def _batch() -> tuple[Any, Any, ExperienceResult]:
+    """The experience stage's result: its batch (rows in its arrangement), that arrangement, the rows' spans."""
     graphdef, params, tokens, mask, rewards, gids = _setup()
-    spans = scored_spans(mask)
-    arrays = {"tokens": tokens, "loss_mask": mask, "rewards": rewards, "group_ids": gids}
-    batch, _, perm = experience_stage(_run("experience"), params, None, arrays, spans, WidthBudget(0, False, None),
-                                      graphdef=graphdef, loss=LossConfig(filter_constant_groups=False), num_groups=4)
-    return graphdef, params, batch, spans, perm
+    result = experience_stage(_run("experience"), params, None, RolloutBatch(tokens, mask, rewards, gids),
+                              scored_spans(mask), WidthBudget(0, False, None), graphdef=graphdef,
+                              loss=LossConfig(filter_constant_groups=False), num_groups=4)
+    return graphdef, params, result
 
 
-def _train(graphdef, params, batch, spans, perm, optimizer, rows_per_micro_batch):
+def _train(graphdef, params, experience: ExperienceResult, optimizer, rows_per_micro_batch):
     """rl/train.py's one update (one epoch, one mini-batch) on copies of the weights (it donates them)."""
     params = jax.tree.map(jnp.copy, params)
-    return train_stage(_run("train", rows_per_micro_batch, chunk=4), params, optimizer.init(params), batch, spans,
-                       perm, WidthBudget(0, False, None), Dispatcher(), graphdef=graphdef, loss=LossConfig(),
+    return train_stage(_run("train", rows_per_micro_batch, chunk=4), params, optimizer.init(params), experience,
+                       WidthBudget(0, False, None), Dispatcher(), graphdef=graphdef, loss=LossConfig(),
                        optimizer=optimizer, epochs=1, mini_batches=1)
 
 
 def test_experience_old_logp_equals_full_forward_logprobs():
-    graphdef, params, batch, _, perm = _batch()
+    graphdef, params, result = _batch()
+    batch, perm = result.batch, result.arranged
     tokens = np.asarray(batch.tokens)
     _, _, original, *_ = _setup()
     np.testing.assert_array_equal(tokens, original[perm])  # rows in the stage's arrangement
@@ -76,10 +79,25 @@ def test_experience_old_logp_equals_full_forward_logprobs():
     assert np.all(np.asarray(batch.advantages)[~np.asarray(batch.loss_mask)] == 0)
 
 
+def test_the_experience_stage_refuses_a_rollout_batch_that_breaks_its_annotations():
+    """A RolloutBatch's columns share one n and one t, each of its dtype kind: a column of another width or length, or
+    of another kind, is refused where the stage takes it, in one line naming the field."""
+    graphdef, params, tokens, mask, rewards, gids = _setup()
+    good = RolloutBatch(tokens, mask, rewards, gids, sampler_logp=-rewards ** 2, choices=tokens)
+    assert good.check() is good
+    bad = {"loss_mask": mask.astype(np.float32), "rewards": rewards[:, :-1], "group_ids": gids[:-1],
+           "sampler_logp": tokens, "choices": tokens[:, :-1]}
+    for field, value in bad.items():
+        with pytest.raises(TypeError, match=rf"^RolloutBatch\.{field} is not [^\n]*\(tokens int32\[8, 16\], [^\n]*\)$"):
+            experience_stage(_run("experience"), params, None, dataclasses.replace(good, **{field: value}),
+                             scored_spans(mask), WidthBudget(0, False, None), graphdef=graphdef, loss=LossConfig(),
+                             num_groups=4)
+
+
 def test_micro_batches_equal_one_batch():
-    graphdef, params, batch, spans, perm = _batch()
+    graphdef, params, result = _batch()
     opt = optax.sgd(0.1)  # linear in the gradient, so the comparison checks the accumulated gradient itself
-    outs = [_train(graphdef, params, batch, spans, perm, opt, rows) for rows in (N, N // 2, N // 4)]  # 1, 2, 4
+    outs = [_train(graphdef, params, result, opt, rows) for rows in (N, N // 2, N // 4)]  # 1, 2, 4
     for p, _, m in outs[1:]:
         assert m["loss"] == pytest.approx(outs[0][2]["loss"], rel=1e-5, abs=1e-6)
         for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(outs[0][0])):
@@ -89,12 +107,13 @@ def test_micro_batches_equal_one_batch():
 
 
 def test_non_finite_loss_skips_the_update():
-    graphdef, params, batch, spans, perm = _batch()
+    graphdef, params, result = _batch()
+    batch = result.batch
     bad = ExperienceBatch(batch.tokens, batch.loss_mask, batch.old_logp,
                           batch.ref_logp, batch.advantages.at[0, -1].set(jnp.nan))
     opt = make_optimizer(1e-2, 1, 10, 0.0, 1.0)
     state = opt.init(params)
-    new_params, new_state, m = _train(graphdef, params, bad, spans, perm, opt, N // 2)  # 2 micro-batches
+    new_params, new_state, m = _train(graphdef, params, dataclasses.replace(result, batch=bad), opt, N // 2)
     assert m["skipped"] == 1.0
     for a, b in zip(jax.tree.leaves((new_params, new_state)), jax.tree.leaves((params, state))):
         np.testing.assert_array_equal(a, b)

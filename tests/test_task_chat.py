@@ -115,9 +115,9 @@ def test_a_checkpoint_template_renders_every_turn_of_a_rollout(tmp_path, chatml)
     cfg = _job(tmp_path, chatml)
     check_job(cfg)
     trainer = Trainer(cfg, log=False)
-    tok = trainer.tokenizer
+    tok = trainer.policy.tokenizer
     end = tok.token_to_id(END)
-    assert trainer.ids.eos_id == end and trainer.ids.bos_id is None
+    assert trainer.policy.ids.eos_id == end and trainer.policy.ids.bos_id is None
     traj, _, trained, _ = _rollout_and_experience(trainer)
     np.testing.assert_array_equal(trained, traj.tokens)
     seeds, _, _ = trainer.rollout_inputs()

@@ -26,7 +26,7 @@ from earl_jax.models.config import get_config
 from earl_jax.models.loader import save_pretrained
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.models.tokenizer import GAME_SPECIALS, game_tokenizer, special_ids
-from earl_jax.rl.experience import batch_arrays
+from earl_jax.rl.experience import rollout_batch
 from earl_jax.rl.packing import scored_spans
 from earl_jax.rl.trainer import Trainer
 from earl_jax.rollout.agent_loop import PlayConfig, ScriptedPolicy, Trajectories, play_games
@@ -78,11 +78,11 @@ def _rollout_and_experience(trainer: Trainer):
     seeds, group_ids, rng = trainer.rollout_inputs()
     env = trainer.matchmaker.train_env(0)
     traj, _ = trainer.play(env, seeds, group_ids, rng, trainer.sampling)
-    arrays = batch_arrays(traj, trainer.moves is not None)
-    trainer._observe(arrays, traj.stats.turn_context_len_mean, traj.num_games)
+    batch = rollout_batch(traj, trainer.policy.moves is not None)
+    trainer._observe(batch, traj.stats.turn_context_len_mean, traj.num_games)
     spans = scored_spans(traj.loss_mask)
-    batch, metrics, arranged = trainer.planner.run("experience", lambda run: trainer._experience(run, arrays, spans,
-                                                                                                 None))
+    out = trainer.policy.planner.run("experience", lambda run: trainer._experience(run, batch, spans, None))
+    batch, metrics, arranged = out.batch, out.metrics, out.arranged
     width = traj.tokens.shape[1]
     old = np.empty(np.shape(batch.old_logp), np.float32)
     old[arranged] = np.asarray(batch.old_logp)
@@ -260,7 +260,8 @@ def test_a_bpe_history_is_the_sampled_tokens_and_each_observation_encoded_alone(
     tok = _bpe()
     assert tok.encode("16higher\n> ").ids != tok.encode("16").ids + tok.encode("higher\n> ").ids  # the drift exists
     trainer = _trainer(tmp_path, "text_task", model__hf_checkpoint=str(bpe_checkpoint))
-    assert trainer.tokenizer.to_str() == tok.to_str() and not trainer.codec.fast  # the checkpoint's BPE, as is
+    policy = trainer.policy
+    assert policy.tokenizer.to_str() == tok.to_str() and not policy.codec.fast  # the checkpoint's BPE, as is
     traj, _, trained, _ = _rollout_and_experience(trainer)
     np.testing.assert_array_equal(trained, traj.tokens)  # the experience batch trains the rollout's tokens
     seeds, _, _ = trainer.rollout_inputs()

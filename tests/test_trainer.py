@@ -177,7 +177,7 @@ def test_out_of_memory_in_a_stage_reruns_it_on_the_next_mesh(tmp_path, monkeypat
     cfg = with_fields(SMALL, devices=8, steps=1, eval_every=0, format_warmup_steps=0,
                       run_dir=str(tmp_path / "run"))
     trainer = Trainer(cfg, log=False)
-    first = trainer.planner.current.experience.mesh
+    first = trainer.policy.planner.current.experience.mesh
     real, seen = Trainer._experience, []
 
     def flaky(self, run, *args):
@@ -190,7 +190,7 @@ def test_out_of_memory_in_a_stage_reruns_it_on_the_next_mesh(tmp_path, monkeypat
     record = trainer.iteration()
     assert seen[0] == first and seen[1] != first  # the same batch, rerun on the next candidate
     assert record["parallel/experience_mesh"] == str(seen[1])
-    assert any(stage == "experience" and mesh == first for stage, mesh, _ in trainer.planner.selector.oom_marks)
+    assert any(stage == "experience" and mesh == first for stage, mesh, _ in trainer.policy.planner.selector.oom_marks)
     assert np.isfinite(record["train/loss"])
 
 
@@ -218,9 +218,9 @@ def test_static_mode_keeps_the_first_plan_and_names_the_stage_that_ran_out_of_me
     cfg = with_fields(SMALL, devices=8, steps=1, eval_every=0, format_warmup_steps=0, selector_mode="static",
                       run_dir=str(tmp_path / "run"))
     trainer = Trainer(cfg, log=False)
-    first = trainer.planner.current
-    trainer.planner.observe(ContextStats(200_000, 250_000, 8))  # a context the first plan was never made for
-    assert trainer.planner.plan() is first
+    first = trainer.policy.planner.current
+    trainer.policy.planner.observe(ContextStats(200_000, 250_000, 8))  # a context the first plan was never made for
+    assert trainer.policy.planner.plan() is first
 
     def out_of_memory(self, run, *args):
         raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 123 bytes")
@@ -228,7 +228,7 @@ def test_static_mode_keeps_the_first_plan_and_names_the_stage_that_ran_out_of_me
     monkeypatch.setattr(Trainer, "_experience", out_of_memory)
     with pytest.raises(RuntimeError, match="experience stage ran out of memory on the static layout d8f1t1"):
         trainer.iteration()
-    assert not trainer.planner.selector.oom_marks  # static: no fallback, nothing marked
+    assert not trainer.policy.planner.selector.oom_marks  # static: no fallback, nothing marked
 
 
 @pytest.mark.parametrize("script", ["connect4.py", "tictactoe.py"])

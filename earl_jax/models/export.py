@@ -1,6 +1,6 @@
 """A trained policy as a Hugging Face folder the loader reads back (`--model.hf-checkpoint DIR`), plus what it is.
 
-    save_pretrained(trainer.graphdef, trainer.state.params, trainer.model_cfg, trainer.tokenizer, "bases/connect4",
+    save_pretrained(policy.graphdef, state.params, policy.model_cfg, policy.tokenizer, "bases/connect4",
                     {"game": "connect_four", "prompt_style": "minimal", "move_mode": "constrained",
                      "command": "python experiments/pretrain.py ..."}, dtype="bfloat16")
 

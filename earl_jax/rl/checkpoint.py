@@ -42,16 +42,16 @@ def checkpoint_state(state, planner, seed: int) -> dict[str, Any]:
 def save_trainer(trainer) -> None:
     """A `Trainer`'s checkpoint at its step: weights, optimizer state, RNG; the planner's and matchmaker's state."""
     t = trainer
-    t.checkpointer.save(t.step, checkpoint_state(t.state, t.planner, t.cfg.run.seed), {
-        "step": t.step, "planner": t.planner.state_dict(), "matchmaker": t.matchmaker.state_dict()})
+    t.checkpointer.save(t.step, checkpoint_state(t.state, t.policy.planner, t.cfg.run.seed), {
+        "step": t.step, "planner": t.policy.planner.state_dict(), "matchmaker": t.matchmaker.state_dict()})
 
 
 def restore_trainer(trainer) -> None:
     """A `Trainer` back at its newest readable checkpoint (its train env: the curriculum's rung there)."""
     t = trainer
-    step, state, meta = t.checkpointer.restore_latest(checkpoint_state(t.state, t.planner, t.cfg.run.seed))
+    step, state, meta = t.checkpointer.restore_latest(checkpoint_state(t.state, t.policy.planner, t.cfg.run.seed))
     t.state.params, t.state.opt_state, t.step = state["params"], state["opt_state"], step
-    t.planner.load_state_dict(meta.get("planner", {}))
+    t.policy.planner.load_state_dict(meta.get("planner", {}))
     t.matchmaker.load_state_dict(meta.get("matchmaker") or {})  # the curriculum's rung
     t.env = t.matchmaker.train_env()
     logging.getLogger("earl_jax.rl.trainer").info("resumed from step %d (checkpoint %s)", step,

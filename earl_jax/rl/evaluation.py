@@ -13,6 +13,8 @@ import jax
 
 from earl_jax.envs.vector import make_vector_env
 from earl_jax.progress import phase
+from earl_jax.rl.policy_setup import Policy
+from earl_jax.rl.rollout_stage import RolloutStage
 from earl_jax.rollout.sampler import SamplingConfig
 
 EVAL_SEED = 20_000_000
@@ -23,6 +25,7 @@ Play = Callable[..., Any]
 class Evaluator:
     def __init__(self, cfg, env_cfg, matchmaker, play: Play, env_factory=None, task_log=None):
         """`cfg`: EvalConfig; `env_cfg`: the job's EnvConfig (its opponent replaced per evaluation opponent);
+        `matchmaker`: the RL loop's (the curriculum's rung is evaluated too), or None (only `cfg.opponents`);
         `task_log`: a text task's episode log (its held-out episodes are reported as eval/success_rate, ...)."""
         self.cfg, self.env_cfg, self.matchmaker = cfg, env_cfg, matchmaker
         self.play, self.env_factory = play, env_factory
@@ -35,7 +38,8 @@ class Evaluator:
         greedy = SamplingConfig(greedy=True)
         # none: only the curriculum's rung is played; a task plays its held-out split, reported as eval/
         first = "held-out" if self.task_log is not None else self.cfg.opponents[0] if self.cfg.opponents else None
-        for name in opponents or self.matchmaker.eval_opponents():
+        curriculum = self.matchmaker.curriculum if self.matchmaker else None
+        for name in opponents or (self.matchmaker.eval_opponents() if self.matchmaker else self.cfg.opponents):
             env = self.envs.get(name)
             if env is None:
                 eval_cfg = dataclasses.replace(self.env_cfg, opponent=name, blunder_penalty=0.0)
@@ -47,7 +51,7 @@ class Evaluator:
                 out[f"{prefix}/{k}"] = getattr(traj.stats, k)
             if self.task_log is not None:
                 out.update(self.task_log.drain(prefix))
-            if self.matchmaker.curriculum and name == self.matchmaker.curriculum.opponent:
+            if curriculum and name == curriculum.opponent:
                 out["curriculum/eval_win_rate"] = traj.stats.win_rate
         return out
 
@@ -62,3 +66,17 @@ class Evaluator:
         if "curriculum/eval_win_rate" in out:
             self.matchmaker.after_evaluation(out["curriculum/eval_win_rate"], step)
         return out
+
+
+def policy_evaluator(cfg, policy: Policy, state) -> Evaluator:
+    """Greedy games of `policy` outside the RL loop (a base's build, experiments/pretrain.py), with the weights
+    `state.params` holds when it plays, against the evaluation opponents of the JobConfig `cfg`: the trainer's
+    rollout stage on the planned rollout layout, without a curriculum."""
+    stage = RolloutStage(cfg.rollout, policy, cfg.rollout.max_context)
+
+    def play(env, seeds, group_ids, rng, sampling: SamplingConfig, *, training: bool = True):
+        return policy.planner.run("rollout", lambda run: stage(
+            run, policy.weights.for_stage(run, state.params), env, seeds, group_ids, rng, sampling,
+            turn_tokens=cfg.rollout.turn_tokens(0), training=training))
+
+    return Evaluator(cfg.eval, cfg.env, None, play)

@@ -4,7 +4,8 @@ The behaviour policy's log-probs are recomputed here (`--loss.behaviour recomput
 scores is then exactly its own numerics) or taken from the sampler (`sampler`: kept with the trajectory, no forward
 pass); recomputing, the gap to the sampler's is reported as `experience/logprob_gap_max` / `_mean`.
 
-    batch, metrics, arranged = experience_stage(run, params, ref_params, arrays, spans, widths, ...)
+    batch = rollout_batch(trajectories, constrained)                        # the rollout's hand-off: RolloutBatch
+    result = experience_stage(run, params, ref_params, batch, spans, widths, ...)   # the train's: ExperienceResult
 
 Rows are sorted by length and dealt over the batch shards (rl/packing.py), so each micro-batch holds similar lengths
 and runs at its own width bucket; the results equal the padded computation. The same function is what the trainer
@@ -13,11 +14,14 @@ runs and what the selector's profiler (rl/measure.py) times.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import typing
 from typing import Any
 
 import jax
 import numpy as np
-from jaxtyping import Int
+from jaxtyping import Array, Bool, Float, Int, jaxtyped
 
 from earl_jax.parallel.planner import StageRun
 from earl_jax.rl.losses import LossConfig
@@ -32,16 +36,74 @@ def pad_cols(x: np.ndarray, width: int) -> np.ndarray:
     return np.pad(x, ((0, 0), (0, width - x.shape[1])))
 
 
-def batch_arrays(traj: Trajectories, constrained: bool) -> dict[str, np.ndarray]:
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RolloutBatch:
+    """The rollout's hand-off to the experience stage, on the host: the rows it computes on (the batch's, or this
+    process's share of a split rollout), every [n, t] column right-padded to one width. `check` holds the fields to
+    their annotations (one n, one t), as `experience_stage` does on entry."""
+
+    tokens: Int[np.ndarray, "n t"]
+    loss_mask: Bool[np.ndarray, "n t"]  # the policy's answer tokens: the scored ones
+    rewards: Float[np.ndarray, "n t"]  # each reward at the token that earned it
+    group_ids: Int[np.ndarray, " n"]  # each row's group (the games an estimator compares)
+    sampler_logp: Float[np.ndarray, "n t"] | None = None  # the sampler's log-prob of each sampled token
+    choices: Int[np.ndarray, "n t"] | None = None  # legal-move bitmask of a constrained move token; None: free text
+
+    def check(self) -> RolloutBatch:
+        check_fields(self)
+        return self
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The arrays by field name, the absent ones left out (what `StageRun.put_rows` places)."""
+        return {f.name: v for f in dataclasses.fields(self) if (v := getattr(self, f.name)) is not None}
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def check_fields(obj: Any) -> None:
+    """Each field of the dataclass `obj` against its jaxtyping annotation, the axis names shared by all fields; a
+    mismatch raises one line naming the field and every field's dtype and shape."""
+    hints = _hints(type(obj))
+    with jaxtyped("context"):
+        for f in dataclasses.fields(obj):
+            if not isinstance(getattr(obj, f.name), hints[f.name]):
+                held = ", ".join(f"{g.name} {_describe(getattr(obj, g.name))}" for g in dataclasses.fields(obj))
+                raise TypeError(f"{type(obj).__name__}.{f.name} is not {_name(hints[f.name])} ({held})")
+
+
+def _name(hint: Any) -> str:
+    """Float[ndarray, 'n t'] | None, as the annotation reads."""
+    if hint is type(None):
+        return "None"
+    args = typing.get_args(hint)
+    return " | ".join(map(_name, args)) if args else getattr(hint, "__name__", str(hint))
+
+
+def _describe(x: Any) -> str:
+    return f"{x.dtype}{list(x.shape)}" if hasattr(x, "shape") else repr(x)
+
+
+def rollout_batch(traj: Trajectories, constrained: bool) -> RolloutBatch:
     """The rows the experience stage computes on: the batch's, or this process's share (`traj.local_rows`)."""
     width = batch_width(traj.tokens.shape[1])
     groups = traj.group_ids if traj.local_rows is None else traj.group_ids[traj.local_rows]
-    arrays = {"tokens": pad_cols(traj.tokens, width), "loss_mask": pad_cols(traj.loss_mask, width),
-              "rewards": pad_cols(traj.rewards, width), "sampler_logp": pad_cols(traj.logprobs, width),
-              "group_ids": groups}
-    if constrained:  # free-text runs neither move nor keep the (all-zero) legal-move bitmasks
-        arrays["choices"] = pad_cols(traj.choices, width)
-    return arrays
+    # free-text runs neither move nor keep the (all-zero) legal-move bitmasks
+    return RolloutBatch(pad_cols(traj.tokens, width), pad_cols(traj.loss_mask, width), pad_cols(traj.rewards, width),
+                        groups, pad_cols(traj.logprobs, width), pad_cols(traj.choices, width) if constrained else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperienceResult:
+    """The experience stage's hand-off to the train stage."""
+
+    batch: ExperienceBatch  # on the experience layout, its rows in the order `arranged`
+    metrics: dict[str, Array]  # the advantage step's (filtered_frac, logprob_gap_max / _mean)
+    arranged: Int[np.ndarray, " n"]  # batch row i is the rollout's row arranged[i] (`packing.length_order`)
+    lengths: Int[np.ndarray, " n"]  # each rollout row's scored span, in the rollout's order
 
 
 class WidthBudget:
@@ -62,14 +124,14 @@ class WidthBudget:
         self.run_at: dict[tuple, set[int]] = {}
         self.widest = 0  # the widest batch so far (compiling ahead, batches are padded to it)
 
-    def pad_batch(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def pad_batch(self, batch: RolloutBatch) -> RolloutBatch:
         """Compiling ahead, a batch is padded to the widest batch of the run so far: the programs that take the whole
         batch (cutting micro-batches, writing log-probs back, advantages, the plan itself) keep one shape, and a
         micro-batch can run at any compiled width up to it. Padding columns change no result (causal attention)."""
         if self.ahead is None:
-            return arrays
-        self.widest = max(self.widest, arrays["tokens"].shape[1])
-        return {k: pad_cols(v, self.widest) if v.ndim == 2 else v for k, v in arrays.items()}
+            return batch
+        self.widest = max(self.widest, batch.tokens.shape[1])
+        return jax.tree.map(lambda v: pad_cols(v, self.widest) if v.ndim == 2 else v, batch)
 
     def split(self, run: StageRun, arranged_lengths: Int[np.ndarray, " n"], shape: tuple[int, ...]):
         """(micro-batches, width per micro-batch, the compile-ahead queue and deferred widths or None)."""
@@ -89,14 +151,15 @@ class WidthBudget:
         return micro, widths, (self.ahead, deferred)
 
 
-def experience_stage(run: StageRun, params: Any, ref_params: Any | None, arrays: dict[str, np.ndarray],
+def experience_stage(run: StageRun, params: Any, ref_params: Any | None, batch: RolloutBatch,
                      lengths: Int[np.ndarray, " n"], widths: WidthBudget, *, graphdef, loss: LossConfig,
                      num_groups: int, choice_tokens: tuple[int, ...] = (), rows: slice | None = None
-                     ) -> tuple[ExperienceBatch, dict, np.ndarray]:
-    """Old (and reference) log-probs, then advantages, for the rows `arrays` hold (weights already on `run`'s
-    layout). Returns the batch with its rows arranged by `packing.length_order` and that arrangement. `lengths`:
-    each row's scored span (`packing.scored_spans`); `rows`: `arrays` hold only these rows of the batch (a split
-    rollout's share on this process)."""
+                     ) -> ExperienceResult:
+    """Old (and reference) log-probs, then advantages, for the rows `batch` holds (weights already on `run`'s
+    layout); the result's batch has its rows arranged by `packing.length_order`. `lengths`: each row's scored span
+    (`packing.scored_spans`); `rows`: `batch` holds only these rows of the whole (a split rollout's share on this
+    process)."""
+    arrays = batch.check().columns()
     perm = length_order(lengths, run.batch_shards)
     if rows is not None and run.process_rows(len(lengths)) == rows:
         # each process places its own rows; the arrangement then moves rows device to device
@@ -108,7 +171,7 @@ def experience_stage(run: StageRun, params: Any, ref_params: Any | None, arrays:
     kw = dict(graphdef=graphdef, choices=x.get("choices"), choice_tokens=choice_tokens)
     sampled = x.get("sampler_logp")
     if loss.behaviour == "sampler" and sampled is None:
-        raise ValueError("--loss.behaviour sampler needs the rollout's log-probs (arrays['sampler_logp'])")
+        raise ValueError("--loss.behaviour sampler needs the rollout's log-probs (RolloutBatch.sampler_logp)")
     if loss.behaviour == "sampler" and ref_params is None:  # nothing to score: no forward pass at all
         old = ref_logp = sampled
     else:
@@ -124,4 +187,5 @@ def experience_stage(run: StageRun, params: Any, ref_params: Any | None, arrays:
     fn = run.jit("advantages", advantage_step, num_groups=num_groups, loss_cfg=loss)
     out = fn(old, ref_logp, x["tokens"], x["loss_mask"], x["rewards"], x["group_ids"], x.get("choices"),
              sampled if loss.behaviour == "recompute" else None)  # the gap is 0 by definition otherwise
-    return (*jax.block_until_ready(out), perm)  # an OOM must surface inside the planner's fallback
+    scored_batch, metrics = jax.block_until_ready(out)  # an OOM must surface inside the planner's fallback
+    return ExperienceResult(scored_batch, metrics, perm, lengths)

@@ -98,20 +98,22 @@ class RealMeasure:
         sharding = logical_sharding(run.mesh, run.rules, ("batch", "length"), (n, t))
         return jax.device_put(jax.random.randint(jax.random.key(key), (n, t), 0, self.cfg.vocab_size), sharding)
 
-    def _batch(self, context_len: int, num_responses: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def _batch(self, context_len: int, num_responses: int):
         """A host batch as the rollout hands it to the experience stage: random tokens, every position scored, groups
         of 2 (GRPO needs a group), random rewards; and each row's scored span (the whole row)."""
+        from earl_jax.rl.experience import RolloutBatch
+
         rng = np.random.default_rng(self.seed)
         shape = (num_responses, context_len)
-        arrays = {"tokens": rng.integers(0, self.cfg.vocab_size, shape).astype(np.int32),
-                  "loss_mask": np.ones(shape, bool), "rewards": rng.standard_normal(shape).astype(np.float32),
-                  "group_ids": (np.arange(num_responses) // 2).astype(np.int32)}
-        return arrays, np.full(num_responses, context_len)
+        batch = RolloutBatch(tokens=rng.integers(0, self.cfg.vocab_size, shape).astype(np.int32),
+                             loss_mask=np.ones(shape, bool), rewards=rng.standard_normal(shape).astype(np.float32),
+                             group_ids=(np.arange(num_responses) // 2).astype(np.int32))
+        return batch, np.full(num_responses, context_len)
 
-    def _experience(self, run: StageRun, graphdef, params, arrays, spans, widths: WidthBudget):
+    def _experience(self, run: StageRun, graphdef, params, batch, spans, widths: WidthBudget):
         from earl_jax.rl.experience import experience_stage
 
-        return experience_stage(run, params, None, arrays, spans, widths, graphdef=graphdef, loss=LOSS,
+        return experience_stage(run, params, None, batch, spans, widths, graphdef=graphdef, loss=LOSS,
                                 num_groups=-(-len(spans) // 2))
 
     def train(self, layout: StageLayout, context_len: int, num_responses: int) -> float:
@@ -123,9 +125,9 @@ class RealMeasure:
 
         run, graphdef, params = self._run("train", layout)
         optimizer = make_optimizer(1e-6, 10, 1000, 0.0, 1.0)
-        arrays, spans = self._batch(context_len, num_responses)
+        batch, spans = self._batch(context_len, num_responses)
         widths = WidthBudget(0, False, None)  # one micro-batch width: the batch's, as the plan sizes it
-        batch, _, arranged = self._experience(run, graphdef, params, arrays, spans, widths)  # on the train layout
+        experience = self._experience(run, graphdef, params, batch, spans, widths)  # on the train layout
         dispatcher = Dispatcher()
         # The step donates the weights it updates: the cached ones go in and the updated ones come back to the cache,
         # so the cell holds one float32 copy as the trainer does (a copy kept beside them is memory the memory model
@@ -135,7 +137,7 @@ class RealMeasure:
         del params
 
         def once():
-            state[0], state[1], metrics = train_stage(run, state[0], state[1], batch, spans, arranged, widths,
+            state[0], state[1], metrics = train_stage(run, state[0], state[1], experience, widths,
                                                       dispatcher, graphdef=graphdef, loss=LOSS, optimizer=optimizer,
                                                       epochs=1, mini_batches=1)
             return metrics["loss"]
@@ -148,9 +150,9 @@ class RealMeasure:
     def experience(self, layout: StageLayout, context_len: int, num_responses: int) -> float:
         """One `experience_stage` call (the trainer's) on a host batch of random tokens."""
         run, graphdef, params = self._run("experience", layout)
-        arrays, spans = self._batch(context_len, num_responses)
+        batch, spans = self._batch(context_len, num_responses)
         widths = WidthBudget(0, False, None)
-        seconds = self._timed(lambda: self._experience(run, graphdef, params, arrays, spans, widths)[0].advantages)
+        seconds = self._timed(lambda: self._experience(run, graphdef, params, batch, spans, widths).batch.advantages)
         return num_responses * context_len / seconds / layout.mesh.size
 
     def rollout(self, layout: StageLayout, context_len: int, num_responses: int) -> float:

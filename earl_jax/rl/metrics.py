@@ -249,15 +249,16 @@ def trainer_record(trainer, traj, times: dict[str, float], exp_metrics: dict[str
     """A `Trainer.iteration`'s record: `iteration_record`, then the rollout's pipeline, the compiles (and those
     compiled ahead), the layouts that ran, device memory, the opponents played and a text task's episode log."""
     t, cfg = trainer, trainer.cfg
+    planner = t.policy.planner
     record = iteration_record(t.step, traj, times, exp_metrics, train_metrics,
-                              turn_tokens=cfg.rollout.turn_tokens(t.step - 1), num_devices=len(t.planner.devices),
+                              turn_tokens=cfg.rollout.turn_tokens(t.step - 1), num_devices=len(planner.devices),
                               epochs=cfg.optim.ppo_epochs, decode_groups=t.rollout.decode_groups,
                               no_signal=no_signal, dispatch_bytes=dispatch_bytes)
     aheads = [sp.ahead for sp in t.rollout.samplers.values() if sp.ahead is not None]
     aheads += [t.widths.ahead] if t.widths.ahead is not None else []
-    compile_metrics = t._compile_stats(compiles, len(t.planner.programs), t.rollout.compile_count, t._gc.take(),
+    compile_metrics = t._compile_stats(compiles, len(planner.programs), t.rollout.compile_count, t._gc.take(),
                                        aheads)
     return {**record, "rollout/pipeline_groups": t.rollout.pipeline_groups, **compile_metrics,
-            **t.planner.ran_log_dict(), **device_memory(), **t.matchmaker.metrics(),
+            **planner.ran_log_dict(), **device_memory(), **t.matchmaker.metrics(),
             **opponent_metrics(traj, t.matchmaker.mix_games(), league, t.env),
             **(t.task.train_log.drain("task") if t.task else {})}

@@ -1,15 +1,57 @@
-"""The job's planner and policy model, made in the order they need each other: the model's shape, the planner (which
-sizes every stage's layout from it), then the model itself, created in the train layout's shardings."""
+"""The policy bundle: a model and what any stage needs to run it, made in the order they need each other: the model's
+shape, the planner (which sizes every stage's layout from it), then the model itself, created in the train layout's
+shardings.
+
+    policy, params = build_policy(cfg)                     # moves: None (free-text answers)
+    policy = policy.with_moves(env.num_actions)            # --rollout.constrain-moves
+
+The trainer, the format warm-up, the SFT stage (rl/sft.py) and a base's build (experiments/pretrain.py) take it; the
+weights travel apart (`TrainState`), since every update replaces them.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 import jax
+import tokenizers
+from flax import nnx
 
+from earl_jax.envs.vector import ObservationCodec
+from earl_jax.models.config import ModelConfig
 from earl_jax.models.setup import load_model, model_config
+from earl_jax.models.tokenizer import TokenizerInfo, special_ids
 from earl_jax.parallel.planner import StagePlanner
+from earl_jax.rl.weights import WeightMover
+from earl_jax.rollout.moves import MoveTokens
 from earl_jax.rollout.sampler import geometric_cache_buckets
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """The planner that lays every stage out, the model's structure (`graphdef`, merged with its weights in each
+    stage), the weight mover (casts and dispatches between layouts), the tokenizer with its special ids and
+    observation codec, the KV cache sizes the rollout grows through, and constrained moves' tokens."""
+
+    planner: StagePlanner
+    model_cfg: ModelConfig
+    graphdef: nnx.GraphDef
+    weights: WeightMover
+    tokenizer: tokenizers.Tokenizer
+    ids: TokenizerInfo
+    codec: ObservationCodec
+    cache_buckets: tuple[int, ...] | None = None  # --rollout.cache-growth's sizes; None: the sampler's default
+    moves: MoveTokens | None = None  # each action's token (--rollout.constrain-moves); None: free-text answers
+
+    @property
+    def choice_tokens(self) -> tuple[int, ...]:
+        """The static token tuple the experience, train and SFT stages score a constrained move over; () for free
+        text (every token of the vocabulary)."""
+        return self.moves.token_ids if self.moves else ()
+
+    def with_moves(self, num_actions: int) -> Policy:
+        """This policy answering with constrained moves: one token per action of the game."""
+        return dataclasses.replace(self, moves=MoveTokens.build(self.tokenizer, num_actions, self.ids.eos_id))
 
 
 def remat_mode(setting: str) -> str:
@@ -17,8 +59,8 @@ def remat_mode(setting: str) -> str:
     return setting if setting != "auto" else ("none" if jax.default_backend() == "cpu" else "full")
 
 
-def build_policy(cfg) -> tuple[StagePlanner, Any, Any, Any, tuple[int, ...] | None]:
-    """(planner, model config, tokenizer, model, the coarse KV cache sizes or None) for a JobConfig."""
+def build_policy(cfg) -> tuple[Policy, nnx.State]:
+    """(the policy of a JobConfig, free-text answers; its initial weights, float32 on the train layout)."""
     model_cfg, tokenizer = model_config(cfg.model)
     remat = remat_mode(cfg.planner.remat)
     coarse = geometric_cache_buckets(cfg.rollout.cache_growth) if cfg.rollout.cache_growth else None
@@ -28,4 +70,7 @@ def build_policy(cfg) -> tuple[StagePlanner, Any, Any, Any, tuple[int, ...] | No
     train = planner.stage_run("train")
     model, loaded_tokenizer = load_model(cfg.model, model_cfg, train.mesh, train.rules, cfg.run.seed)
     model.remat = remat == "full"  # a static attribute: part of the graphdef the stages merge
-    return planner, model_cfg, loaded_tokenizer or tokenizer, model, coarse
+    tokenizer = loaded_tokenizer or tokenizer
+    graphdef, params = nnx.split(model)
+    return Policy(planner, model_cfg, graphdef, WeightMover(cfg.model.compute_dtype()), tokenizer,
+                  special_ids(tokenizer), ObservationCodec(tokenizer), coarse), params

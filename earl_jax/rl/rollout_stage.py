@@ -1,6 +1,6 @@
 """The rollout stage as the RL loop runs it: where games decode, with which programs, and what comes back.
 
-    stage = RolloutStage(cfg.rollout, graphdef, model_cfg, tokenizer, ids, codec, moves, cache_buckets)
+    stage = RolloutStage(cfg.rollout, policy, cfg.rollout.max_context)
     traj, dispatch_s = planner.run("rollout", lambda run: stage(run, weights_on_run, env, seeds, ...))
 
 Placement: one sampler per rollout mesh (it keeps its compiled decode programs); in a multi-process job whose
@@ -29,12 +29,13 @@ from jax.sharding import Mesh
 
 from earl_jax.distributed import host_to_global
 from earl_jax.parallel.planner import StageRun
+from earl_jax.rl.policy_setup import Policy
 from earl_jax.rollout.agent_loop import COMPACT_FACTOR, COMPACT_LEVELS, PlayConfig, Trajectories, play_games
 from earl_jax.rollout.config import RolloutConfig
 from earl_jax.rollout.frozen_opponent import FrozenPolicyOpponent
 from earl_jax.rollout.policy import SamplerPolicy
 from earl_jax.rollout.process_split import RowView, gather_trajectories, process_block
-from earl_jax.rollout.sampler import Sampler, SamplingConfig
+from earl_jax.rollout.sampler import DEFAULT_CACHE_BUCKETS, Sampler, SamplingConfig
 
 
 def compile_ahead_now(mode: str, rollouts_done: int, backend: str) -> bool:
@@ -71,11 +72,10 @@ class Placement:
 class RolloutStage:
     """Plays one batch of games on the planned rollout layout (`__call__`); keeps the samplers and their programs."""
 
-    def __init__(self, cfg: RolloutConfig, graphdef, model_cfg, tokenizer, ids, codec, moves, cache_buckets,
-                 max_context: int):
-        self.cfg, self.graphdef, self.model_cfg = cfg, graphdef, model_cfg
-        self.tokenizer, self.ids, self.codec, self.moves = tokenizer, ids, codec, moves
-        self.cache_buckets, self.max_context = cache_buckets, max_context
+    def __init__(self, cfg: RolloutConfig, policy: Policy, max_context: int):
+        self.cfg, self.graphdef, self.model_cfg = cfg, policy.graphdef, policy.model_cfg
+        self.tokenizer, self.ids, self.codec, self.moves = policy.tokenizer, policy.ids, policy.codec, policy.moves
+        self.cache_buckets, self.max_context = policy.cache_buckets or DEFAULT_CACHE_BUCKETS, max_context
         self.samplers: dict[Any, Sampler] = {}  # per rollout mesh (or process block of one)
         self.rollouts_done = 0  # training rollouts finished (accelerators compile ahead and compact after the first)
         self.pipeline_groups = 1  # the last rollout's pipeline groups (--rollout.pipeline-groups where it applied)

@@ -1,10 +1,11 @@
 """The train stage: PPO epochs of length-grouped policy-gradient updates on the experience batch.
 
-    params, opt_state, metrics = train_stage(run, params, opt_state, batch, spans, arranged, widths, ...)
+    params, opt_state, metrics = train_stage(run, params, opt_state, experience, widths, ...)
 
-The weights and optimizer state arrive on the train layout (the dispatcher moved them); the batch is moved to the
-train layout's row sharding here. `ppo_mini_batches` optimizer steps a pass, each on whole GRPO groups. The same
-function is what the trainer runs and what the selector's profiler (rl/measure.py) times.
+The weights and optimizer state arrive on the train layout (the dispatcher moved them); the experience stage's batch
+(`ExperienceResult.batch`) is moved to the train layout's row sharding here. `ppo_mini_batches` optimizer steps a pass,
+each on whole GRPO groups. The same function is what the trainer runs and what the selector's profiler (rl/measure.py)
+times.
 """
 
 from __future__ import annotations
@@ -16,15 +17,13 @@ from typing import Any
 import jax
 import numpy as np
 import optax
-from jaxtyping import Int
 
 from earl_jax.distributed import global_to_host
 from earl_jax.parallel.dispatch import Dispatcher
 from earl_jax.parallel.planner import StageRun
-from earl_jax.rl.experience import WidthBudget
+from earl_jax.rl.experience import ExperienceResult, WidthBudget
 from earl_jax.rl.losses import LossConfig
 from earl_jax.rl.packing import grouped_update, length_order, mini_batch_rows, rearrange
-from earl_jax.rl.stages import ExperienceBatch
 
 
 @dataclasses.dataclass
@@ -36,13 +35,14 @@ class TrainState:
     ref_params: Any | None = None
 
 
-def train_stage(run: StageRun, params: Any, opt_state: Any, batch: ExperienceBatch, lengths: Int[np.ndarray, " n"],
-                arranged: Int[np.ndarray, " n"], widths: WidthBudget, dispatcher: Dispatcher, *, graphdef,
-                loss: LossConfig, optimizer: optax.GradientTransformation, epochs: int, mini_batches: int,
-                choice_tokens: tuple[int, ...] = ()) -> tuple[Any, Any, dict[str, float]]:
-    """`epochs` passes of `mini_batches` updates. `batch` rows are `lengths`' rows in the order `arranged`. Donates
-    `params` and `opt_state`. Metrics: the mean over the last epoch's updates, and the batch's dispatch seconds."""
+def train_stage(run: StageRun, params: Any, opt_state: Any, experience: ExperienceResult, widths: WidthBudget,
+                dispatcher: Dispatcher, *, graphdef, loss: LossConfig, optimizer: optax.GradientTransformation,
+                epochs: int, mini_batches: int, choice_tokens: tuple[int, ...] = ()
+                ) -> tuple[Any, Any, dict[str, float]]:
+    """`epochs` passes of `mini_batches` updates on `experience.batch`. Donates `params` and `opt_state`. Metrics: the
+    mean over the last epoch's updates, and the batch's dispatch seconds."""
     t0 = time.perf_counter()
+    batch, lengths, arranged = experience.batch, experience.lengths, experience.arranged
     batch = dispatcher(batch, jax.tree.map(lambda x: run.row_sharding(x.ndim), batch))
     parts = []  # (mini-batch, its length split): each in this layout's arrangement (as many shards)
     for rows in mini_batch_rows(len(lengths), mini_batches, run.batch_shards):

@@ -22,17 +22,14 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from earl_jax.compile_cache import count_compiles
-from earl_jax.envs.vector import ObservationCodec
-from earl_jax.models.tokenizer import special_ids
 from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.planner import StageRun
 from earl_jax.rl.checkpoint import Checkpointer, restore_trainer, save_trainer
 from earl_jax.rl.config import JobConfig
 from earl_jax.rl.evaluation import Evaluator
-from earl_jax.rl.experience import WidthBudget, batch_arrays, experience_stage
+from earl_jax.rl.experience import ExperienceResult, RolloutBatch, WidthBudget, experience_stage, rollout_batch
 from earl_jax.rl.game_seeds import rollout_inputs
 from earl_jax.rl.gc_control import GcClock
 from earl_jax.rl.matchmaking import Matchmaker
@@ -43,10 +40,8 @@ from earl_jax.rl.rollout_stage import RolloutStage, stage_ahead_now, timed_weigh
 from earl_jax.rl.session import Session, StopRun
 from earl_jax.rl.train import TrainState, train_stage
 from earl_jax.rl.warmup import format_warmup, start_of_run
-from earl_jax.rl.weights import WeightMover
 from earl_jax.rollout.compile_ahead import CompileAhead
-from earl_jax.rollout.moves import MoveTokens
-from earl_jax.rollout.sampler import DEFAULT_CACHE_BUCKETS, SamplingConfig
+from earl_jax.rollout.sampler import SamplingConfig
 from earl_jax.tasks import TaskEnvs
 from earl_jax.tasks.chat import task_chat
 
@@ -60,16 +55,13 @@ class Trainer:
         so that another script's --resume is refused (rl/job.py)."""
         self.cfg, self.run_dir, self.is_main, self.step = cfg, Path(cfg.run.run_dir), jax.process_index() == 0, 0
         # the planner sizes every stage's layout from the model's shape; the model is made on the train layout
-        self.planner, self.model_cfg, self.tokenizer, model, coarse = build_policy(cfg)
-        self.ids = special_ids(self.tokenizer)
-        self.graphdef, params = nnx.split(model)
-        self.weights = WeightMover(cfg.model.compute_dtype())
+        policy, params = build_policy(cfg)
         self.optimizer = cfg.optim.make(cfg.run.steps)
         # a frozen copy for the KL term: the train stage donates (overwrites) the policy's buffers
         ref = jax.tree.map(jnp.copy, params) if cfg.loss.kl_coef > 0 else None
-        train = self.planner.stage_run("train")
-        self.state = TrainState(params, self.weights.opt_state_for(train, params, jax.jit(self.optimizer.init)(params)),
-                                ref)
+        train = policy.planner.stage_run("train")
+        opt_state = policy.weights.opt_state_for(train, params, jax.jit(self.optimizer.init)(params))
+        self.state = TrainState(params, opt_state, ref)
         self._gc, self._no_signal, self._compile_stats = GcClock(), NoSignal(), CompileStats()
         self._session: Session | None = None  # while run() runs: stop signals, checkpoint timing
         self.stopped_by: str | None = None  # the signal that ended run(), if one did
@@ -79,21 +71,17 @@ class Trainer:
         # checkpoint's chat template when it has one (--env.chat-template)
         self.task = (TaskEnvs(cfg.env.task, cfg.env.task_args,
                               task_chat(cfg.env.chat_template, cfg.model.hf_checkpoint,
-                                        self.tokenizer.id_to_token(self.ids.eos_id)))
+                                        policy.tokenizer.id_to_token(policy.ids.eos_id)))
                      if cfg.env.task and env_factory is None else None)
         self.env_factory = env_factory = self.task.train_factory if self.task else env_factory
         self.matchmaker = Matchmaker(cfg.curriculum, cfg.env, groups=cfg.rollout.groups,
                                      group_size=cfg.rollout.group_size, seed=cfg.run.seed,
                                      eval_opponents=("held-out",) if self.task else cfg.eval.opponents,
-                                     env_factory=env_factory, to_host=self.weights.host_snapshot)
+                                     env_factory=env_factory, to_host=policy.weights.host_snapshot)
         self.env = self.matchmaker.train_env()
-        self.codec = ObservationCodec(self.tokenizer)
         # constrained moves: each action's token (rollout) and the static token tuple the stages score it over
-        self.moves = (MoveTokens.build(self.tokenizer, self.env.num_actions, self.ids.eos_id)
-                      if cfg.rollout.constrain_moves else None)
-        self.choice_tokens = self.moves.token_ids if self.moves else ()
-        self.rollout = RolloutStage(cfg.rollout, self.graphdef, self.model_cfg, self.tokenizer, self.ids, self.codec,
-                                    self.moves, coarse or DEFAULT_CACHE_BUCKETS, cfg.rollout.max_context)
+        self.policy = policy.with_moves(self.env.num_actions) if cfg.rollout.constrain_moves else policy
+        self.rollout = RolloutStage(cfg.rollout, self.policy, cfg.rollout.max_context)
         ahead = CompileAhead() if stage_ahead_now(cfg.rollout.compile_ahead, jax.default_backend()) else None
         self.widths = WidthBudget(cfg.planner.new_widths_per_iteration, cfg.planner.length_split, ahead)
         self.evaluate = Evaluator(cfg.eval, cfg.env, self.matchmaker, lambda *a, **k: self.play(*a, **k)[0],
@@ -126,83 +114,86 @@ class Trainer:
     # ---------------------------------------------------------------- stages
     def play(self, env, seeds, group_ids, rng, sampling: SamplingConfig, *, league=None, training: bool = True):
         """(trajectories, weights' dispatch seconds): one game per row of `env` on the planned rollout layout."""
-        turn_tokens = self.cfg.rollout.turn_tokens(self.step)
+        turn_tokens, weights = self.cfg.rollout.turn_tokens(self.step), self.policy.weights
 
         def rollout(run: StageRun):
-            params, dispatch_s = timed_weights(lambda: self.weights.for_stage(run, self.state.params))
+            params, dispatch_s = timed_weights(lambda: weights.for_stage(run, self.state.params))
             traj = self.rollout(run, params, env, seeds, group_ids, rng, sampling, turn_tokens=turn_tokens,
                                 league=league, training=training, league_params=self.rollout.league_params,
                                 interrupt=self._stop_point if training and jax.process_count() == 1 else None)
             return traj, dispatch_s
 
-        return self.planner.run("rollout", rollout)
+        return self.policy.planner.run("rollout", rollout)
 
     def _stop_point(self) -> None:
         """Where an iteration may be abandoned for a stop signal (a running Session's; none outside `run`)."""
         if self._session is not None:
             self._session.stop_point()
 
-    def _experience(self, run: StageRun, arrays, spans, rows):
-        ref = None if self.state.ref_params is None else self.weights.for_stage(run, self.state.ref_params)
-        return experience_stage(run, self.weights.for_stage(run, self.state.params), ref, arrays, spans, self.widths,
-                                graphdef=self.graphdef, loss=self.cfg.loss, num_groups=self.cfg.rollout.groups,
-                                choice_tokens=self.choice_tokens, rows=rows)
+    def _experience(self, run: StageRun, batch: RolloutBatch, spans, rows) -> ExperienceResult:
+        p, s = self.policy, self.state
+        ref = None if s.ref_params is None else p.weights.for_stage(run, s.ref_params)
+        return experience_stage(run, p.weights.for_stage(run, s.params), ref, batch, spans, self.widths,
+                                graphdef=p.graphdef, loss=self.cfg.loss, num_groups=self.cfg.rollout.groups,
+                                choice_tokens=p.choice_tokens, rows=rows)
 
-    def _train(self, run: StageRun, batch, spans, arranged) -> dict[str, Any]:
+    def _train(self, run: StageRun, experience: ExperienceResult) -> dict[str, Any]:
         # the selector may have moved training to another mesh: weights and optimizer state follow
-        s, t0 = self.state, time.perf_counter()
-        s.params = self.weights.for_stage(run, s.params)
-        s.opt_state = self.weights.opt_state_for(run, s.params, s.opt_state)
+        p, s, t0 = self.policy, self.state, time.perf_counter()
+        s.params = p.weights.for_stage(run, s.params)
+        s.opt_state = p.weights.opt_state_for(run, s.params, s.opt_state)
         moved_s = time.perf_counter() - t0
         s.params, s.opt_state, metrics = train_stage(
-            run, s.params, s.opt_state, batch, spans, arranged, self.widths, self.weights.dispatcher,
-            graphdef=self.graphdef, loss=self.cfg.loss, optimizer=self.optimizer, epochs=self.cfg.optim.ppo_epochs,
-            mini_batches=self.cfg.optim.ppo_mini_batches, choice_tokens=self.choice_tokens)
+            run, s.params, s.opt_state, experience, self.widths, p.weights.dispatcher, graphdef=p.graphdef,
+            loss=self.cfg.loss, optimizer=self.optimizer, epochs=self.cfg.optim.ppo_epochs,
+            mini_batches=self.cfg.optim.ppo_mini_batches, choice_tokens=p.choice_tokens)
         metrics["dispatch_s"] += moved_s
         return metrics
 
-    def _observe(self, arrays: dict[str, np.ndarray], mean_context_len: float, rows: int | None = None, **extends):
+    def _observe(self, batch: RolloutBatch, mean_context_len: float, rows: int | None = None, **extends):
         """Experience / train layouts for the batch about to be processed (its padded width is known)."""
-        n, width = arrays["tokens"].shape
-        self.planner.observe(ContextStats(mean_context_len, width, rows or n, **extends))
-        self.planner.plan()
+        n, width = batch.tokens.shape
+        self.policy.planner.observe(ContextStats(mean_context_len, width, rows or n, **extends))
+        self.policy.planner.plan()
 
     def format_warmup(self) -> dict[str, float]:
-        return format_warmup(self)
+        """The format warm-up (rl/warmup.py) of this job's policy, on its games against its current opponent."""
+        return format_warmup(self.policy, self.state, self.cfg, self.env, self.matchmaker.opponent,
+                             env_factory=self.env_factory, task_log=self.task.train_log if self.task else None)
 
     # ---------------------------------------------------------------- one iteration
     def rollout_inputs(self) -> tuple[list[int], np.ndarray, jax.Array]:
         return rollout_inputs(self.cfg.rollout, self.cfg.run.seed, self.step, self.cfg.env.agent_player is None)
 
     def iteration(self) -> dict[str, Any]:
-        self.planner.plan()  # the rollout's layout, from the last batch's statistics
+        planner, weights = self.policy.planner, self.policy.weights
+        planner.plan()  # the rollout's layout, from the last batch's statistics
         seeds, group_ids, rng = self.rollout_inputs()
         self._gc.take()  # time/gc_pause_s counts this iteration's pauses only
         with count_compiles() as compiles:  # every program traced or compiled in the iteration
-            mark, t_start = self.weights.mark, time.perf_counter()
+            mark, t_start = weights.mark, time.perf_counter()
             self.env = self.matchmaker.train_env(self.step)  # a new env when the rung changed; the rung replayed
             league = self.matchmaker.league_games(self.step, self.state.params)
             traj, weights_s = self.play(self.env, seeds, group_ids, rng, self.sampling, league=league)
-            arrays, s = self.widths.pad_batch(batch_arrays(traj, self.moves is not None)), traj.stats
-            self._observe(arrays, s.turn_context_len_mean, traj.num_games, prompt_tokens=s.prompt_tokens,
+            batch, s = self.widths.pad_batch(rollout_batch(traj, self.policy.moves is not None)), traj.stats
+            self._observe(batch, s.turn_context_len_mean, traj.num_games, prompt_tokens=s.prompt_tokens,
                           first_cache_len=s.first_cache_len, observation_tokens=s.observation_tokens)
             spans = scored_spans(traj.loss_mask) if traj.spans is None else traj.spans  # up to the last scored token
             self._stop_point()
             t0 = time.perf_counter()
-            batch, exp_metrics, arranged = self.planner.run(
-                "experience", lambda run: self._experience(run, arrays, spans, traj.local_rows))
+            experience = planner.run("experience", lambda run: self._experience(run, batch, spans, traj.local_rows))
             t1 = time.perf_counter()
             self._stop_point()  # the last point before the train stage changes the weights
             # train updates (and donates) the weights: never rerun on a process where it already succeeded
-            train_metrics = self.planner.run("train", lambda run: self._train(run, batch, spans, arranged),
-                                             rerun_after_success=False)
+            train_metrics = planner.run("train", lambda run: self._train(run, experience), rerun_after_success=False)
             t2 = time.perf_counter()
         self.step += 1
+        exp_metrics = experience.metrics
         no_signal = self._no_signal(self.step, train_metrics["grad_norm"], exp_metrics.get("filtered_frac", 0.0))
         times = {"rollout": s.rollout_s, "experience": t1 - t0, "train": t2 - t1, "iteration": t2 - t_start,
                  "dispatch": weights_s + train_metrics.pop("dispatch_s")}
         return trainer_record(self, traj, times, exp_metrics, train_metrics, compiles, league,
-                              no_signal=no_signal, dispatch_bytes=self.weights.bytes_moved_since(mark))
+                              no_signal=no_signal, dispatch_bytes=weights.bytes_moved_since(mark))
 
     def run(self, stop_after: int | None = None) -> list[dict[str, Any]]:
         """Train to --run.steps (or --run.max-minutes, or a stop signal: then `stopped_by` names it and the last

@@ -99,10 +99,12 @@ def _subset(step, keep: np.ndarray):
         _infos=None if infos is None else [i for i, k in zip(infos, keep.tolist()) if k])
 
 
-def format_warmup(trainer) -> dict[str, float]:
+def format_warmup(policy, state, cfg, env, opponent: str, *, env_factory=None, task_log=None) -> dict[str, float]:
     """The format warm-up, a use of the SFT stage: `--sft.steps` supervised steps on `--sft.games` games (0: the RL
     batch) of uniformly random LEGAL moves (from the rules, no sampling): it teaches the answer format, not the game.
-    Updates `trainer.state.params` (its optimizer state is dropped after); returns the last step's metrics.
+    Updates `state.params` (its optimizer state is dropped after); returns the last step's metrics. `env`: the job's
+    training env, played when it holds as many games, else a new one against `opponent` (from `env_factory`, as the
+    job's); `task_log`: a text task's training episode log (the demonstrations are dropped from it).
 
     Every step has the same shape, so its programs compile once: the games (a multiple of the devices), cut to the
     length bucket of the first batch's 95th-percentile game (a cut game loses only late answers; the format is in
@@ -115,12 +117,11 @@ def format_warmup(trainer) -> dict[str, float]:
     from earl_jax.rl.packing import batch_width
     from earl_jax.rl.sft import run_sft
 
-    cfg = trainer.cfg
     rng = np.random.default_rng(cfg.run.seed + 12345)
-    n_dev = len(trainer.planner.devices)
+    n_dev = len(policy.planner.devices)
     games = -(-(cfg.sft.games or cfg.batch_size) // n_dev) * n_dev
-    env = trainer.env if games == trainer.env.num_games else make_vector_env(
-        dataclasses.replace(cfg.env, opponent=trainer.matchmaker.opponent), games, trainer.env_factory)
+    env = env if games == env.num_games else make_vector_env(
+        dataclasses.replace(cfg.env, opponent=opponent), games, env_factory)
 
     def batches():
         width = None
@@ -128,8 +129,8 @@ def format_warmup(trainer) -> dict[str, float]:
             # episodes follow --run.seed (a task's expert plays the seed's problems; seed 0 keeps its historic ones)
             seeds = [(10_000_000 + cfg.run.seed * 1_000_003 + i * games + j) % 2**31 for j in range(games)]
             tokens, mask, lengths = random_legal_games(
-                env, trainer.tokenizer, seeds, rng, eos_id=trainer.ids.eos_id, bos_id=trainer.ids.bos_id,
-                max_context=cfg.rollout.max_context, max_turns=cfg.rollout.max_turns, codec=trainer.codec,
+                env, policy.tokenizer, seeds, rng, eos_id=policy.ids.eos_id, bos_id=policy.ids.bos_id,
+                max_context=cfg.rollout.max_context, max_turns=cfg.rollout.max_turns, codec=policy.codec,
                 task_answers=cfg.sft.answers)
             if width is None:  # one shape for every step: one compile of each program
                 width = batch_width(int(np.percentile(lengths, 95)))
@@ -137,10 +138,9 @@ def format_warmup(trainer) -> dict[str, float]:
                    "lengths": np.minimum(lengths, width)}
 
     optimizer = make_optimizer(cfg.sft.learning_rate, 5, max(cfg.sft.steps, 6), 0.0, cfg.optim.grad_clip)
-    history = run_sft(trainer, batches(), steps=cfg.sft.steps, optimizer=optimizer)
-    task = getattr(trainer, "task", None)
-    if task is not None:  # the demonstrations are not RL's episodes: task/* counts only what the policy played
-        task.train_log.drain("sft")
+    history = run_sft(policy, state, batches(), steps=cfg.sft.steps, optimizer=optimizer)
+    if task_log is not None:  # the demonstrations are not RL's episodes: task/* counts only what the policy played
+        task_log.drain("sft")
     return history[-1] if history else {}
 
 
@@ -155,7 +155,7 @@ def start_of_run(trainer, session) -> dict[str, Any]:
         session.beat(f"format warm-up ({what})")
         with phase(f"format warm-up: {cfg.sft.steps} supervised steps on {what}"):
             warm = {f"warmup/{k}": v for k, v in trainer.format_warmup().items()}
-        warm.update(trainer.planner.sft_log_dict())
+        warm.update(trainer.policy.planner.sft_log_dict())
     last_eval = trainer.evaluate.logged(trainer.step, session.bar.status)
     trainer.logger.log({"step": 0, **warm, **last_eval, "eval/fresh": True})
     return last_eval

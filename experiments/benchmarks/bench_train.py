@@ -81,7 +81,7 @@ def run_case(case: dict) -> dict:
     from earl_jax.parallel.dispatch import Dispatcher
     from earl_jax.parallel.plan import StageLayout
     from earl_jax.parallel.planner import ProgramCache, StageRun
-    from earl_jax.rl.experience import WidthBudget, experience_stage
+    from earl_jax.rl.experience import ExperienceResult, RolloutBatch, WidthBudget, experience_stage
     from earl_jax.rl.losses import LossConfig
     from earl_jax.rl.optim import make_optimizer
     from earl_jax.rl.packing import scored_spans
@@ -118,10 +118,11 @@ def run_case(case: dict) -> dict:
             "tokens": tokens, "loss_mask": mask, "old_logp": -rng.uniform(5, 15, (b, t)).astype(np.float32),
             "ref_logp": -rng.uniform(5, 15, (b, t)).astype(np.float32),
             "advantages": rng.normal(size=(b, t)).astype(np.float32)}).values())
+        experience = ExperienceResult(batch, {}, np.arange(b), spans)  # rows in their own order
         dispatcher = Dispatcher()
 
         def call():  # donates the weights and optimizer state: the updated ones go into the next call
-            state[0], state[1], metrics = train_stage(run, state[0], state[1], batch, spans, np.arange(b), widths,
+            state[0], state[1], metrics = train_stage(run, state[0], state[1], experience, widths,
                                                       dispatcher, graphdef=graphdef, loss=loss_cfg,
                                                       optimizer=optimizer, epochs=1, mini_batches=1)
             return metrics
@@ -129,12 +130,11 @@ def run_case(case: dict) -> dict:
         groups = max(1, b // 2)
         rewards = np.zeros((b, t), np.float32)
         rewards[:, -1] = rng.normal(size=b)
-        arrays = {"tokens": tokens, "loss_mask": mask, "rewards": rewards,
-                  "group_ids": (np.arange(b) % groups).astype(np.int32)}
+        batch = RolloutBatch(tokens, mask, rewards, (np.arange(b) % groups).astype(np.int32))
 
         def call():
-            out, _, _ = experience_stage(run, params, None, arrays, spans, widths, graphdef=graphdef,
-                                         loss=loss_cfg, num_groups=groups)
+            out = experience_stage(run, params, None, batch, spans, widths, graphdef=graphdef, loss=loss_cfg,
+                                   num_groups=groups).batch
             return jax.block_until_ready((out.old_logp, out.advantages))
 
     t0 = time.perf_counter()

@@ -74,14 +74,15 @@ def move_accuracy(trainer, games: int = 256, seed: int = 30_000_000, agent: str 
         return np.array([rng.choice(np.flatnonzero(b)) for b in pick], np.int64)
 
     cfg = trainer.cfg
-    tokens, mask, _ = random_legal_games(env, trainer.tokenizer, list(range(seed, seed + games)), rng,
-                                         eos_id=trainer.ids.eos_id, bos_id=trainer.ids.bos_id,
+    tokens, mask, _ = random_legal_games(env, trainer.policy.tokenizer, list(range(seed, seed + games)), rng,
+                                         eos_id=trainer.policy.ids.eos_id, bos_id=trainer.policy.ids.bos_id,
                                          max_context=cfg.rollout.max_context, max_turns=cfg.rollout.max_turns,
-                                         codec=trainer.codec,
+                                         codec=trainer.policy.codec,
                                          choose=record)
     width = -(-tokens.shape[1] // 64) * 64  # few shapes: one compile
-    logits = np.asarray(_answer_logits(trainer.graphdef, trainer.state.params, jnp.asarray(pad_cols(tokens, width))))
-    move_ids = np.array([trainer.tokenizer.token_to_id(str(a)) for a in range(9)])
+    logits = np.asarray(_answer_logits(trainer.policy.graphdef, trainer.state.params,
+                                       jnp.asarray(pad_cols(tokens, width))))
+    move_ids = np.array([trainer.policy.tokenizer.token_to_id(str(a)) for a in range(9)])
     first = mask & ~np.pad(mask, ((0, 0), (1, 0)))[:, :-1]  # an answer's first token: the move
     turn_of_row = np.zeros(games, np.int64)
     legal_hit, best_hit, chance, legal_chance = [], [], [], []
@@ -132,7 +133,8 @@ def run(policy: str, steps: int, games: int, eval_games: int, run_dir: Path, mod
     original = warmup_mod.random_legal_games
     warmup_mod.random_legal_games = data
     optim_mod.make_optimizer = lambda *a, **k: optimizer  # what the format warm-up builds its optimizer with
-    choice_tokens, trainer.choice_tokens = trainer.choice_tokens, ()  # supervised over the whole vocabulary
+    kept = trainer.policy
+    trainer.policy = dataclasses.replace(kept, moves=None)  # supervised over the whole vocabulary
     try:
         t0 = time.perf_counter()
         sft = trainer.format_warmup() if steps else {}
@@ -140,7 +142,7 @@ def run(policy: str, steps: int, games: int, eval_games: int, run_dir: Path, mod
     finally:
         warmup_mod.random_legal_games = original
         optim_mod.make_optimizer = make_optimizer
-        trainer.choice_tokens = choice_tokens
+        trainer.policy = kept
     ev = trainer.evaluate(("random", "solver"))
     out = {"policy": policy, "model": model, "steps": steps, "games_per_step": games, "lr": lr, "warmup": warmup,
            "schedule": schedule, "sft_seconds": round(seconds, 1), "sft_loss": sft.get("loss"),

@@ -175,7 +175,7 @@ def make_opt(lr: float, b2: float = 0.999, eps: float = 1e-8, warmup: int = 0, e
 
 def train(trainer, batches, steps: int, lr: float, eos: int, embed_std: float = 0.0, check=None,
           check_every: int = 0, opt=None, init_scale: dict | None = None, log_every: int = 10) -> list[dict]:
-    digits = [trainer.tokenizer.token_to_id(c) for c in "012345678"]
+    digits = [trainer.policy.tokenizer.token_to_id(c) for c in "012345678"]
     if embed_std:  # the same directions, a larger scale: Adam's first steps (~lr per entry) no longer drown them
         e = trainer.state.params["embed_vd"]
         e.value = e.value * (embed_std / float(jnp.std(e.value)))
@@ -188,7 +188,7 @@ def train(trainer, batches, steps: int, lr: float, eos: int, embed_std: float = 
     @jax.jit
     def step(params, state, tokens, mask):
         def loss_fn(p):
-            lp, _ = token_logprobs(nnx.merge(trainer.graphdef, p), tokens)
+            lp, _ = token_logprobs(nnx.merge(trainer.policy.graphdef, p), tokens)
             m, move = mask.astype(jnp.float32), (mask & (tokens != eos)).astype(jnp.float32)
             return -(lp * m).sum() / m.sum(), -(lp * move).sum() / move.sum()
 
@@ -247,7 +247,7 @@ def main() -> None:
     model, init_scale = kv(args.model, int), kv(args.init_scale, float)
     patch_model(args.qk_norm, args.attn_scale, args.pos, args.logit_scale, args.embed_mult)
     trainer = make_trainer(args.games, args.untied, model, args.seed)
-    eos, bos = trainer.ids.eos_id, trainer.ids.bos_id
+    eos, bos = trainer.policy.ids.eos_id, trainer.policy.ids.bos_id
     rng = np.random.default_rng(7 + args.seed)
     if args.check == "turns":
         from ttt_imitation_check import move_accuracy, solver_moves
@@ -256,15 +256,15 @@ def main() -> None:
 
         def batches(i):
             seeds = [10_000_000 + i * args.games + j for j in range(args.games)]
-            tok, mask, _ = random_legal_games(env, trainer.tokenizer, seeds, rng, eos_id=eos, bos_id=bos,
-                                              max_context=512, max_turns=9, codec=trainer.codec,
+            tok, mask, _ = random_legal_games(env, trainer.policy.tokenizer, seeds, rng, eos_id=eos, bos_id=bos,
+                                              max_context=512, max_turns=9, codec=trainer.policy.codec,
                                               choose=partial(solver_moves, rng))
             if args.single:
                 return single_turns(tok, mask, eos, bos)
             return pad_cols(tok, 192), pad_cols(mask, 192)  # games are <= 190 tokens
     else:
-        ids = [trainer.tokenizer.token_to_id(c) for c in "012345678"]
-        sp, nl, gt = (trainer.tokenizer.token_to_id(c) for c in " \n>")
+        ids = [trainer.policy.tokenizer.token_to_id(c) for c in "012345678"]
+        sp, nl, gt = (trainer.policy.tokenizer.token_to_id(c) for c in " \n>")
 
         def batches(i, n=args.batch):
             rows = []
