@@ -43,7 +43,7 @@ def test_sft_runs_on_the_layout_the_planner_chose_and_its_loss_falls(tmp_path):
     assert [s for s, _ in seen] == ["sft"] * 6
     planned = trainer.planner.current.sft
     assert isinstance(planned, StageLayout) and all(lay == planned for _, lay in seen)
-    assert trainer.planner.sft_log_dict()["parallel/sft_mesh"] == str(planned.mesh)
+    assert trainer.planner.stage_log_dict("sft")["parallel/sft_mesh"] == str(planned.mesh)
     losses = [h["sft_loss"] for h in history]
     assert losses[-1] < 0.8 * losses[0], losses
 
