@@ -30,8 +30,8 @@ from earl_jax.parallel.selector import (
     ParallelismSelector,
     SelectorConfig,
 )
-from earl_jax.sharding.mesh import MeshShape, make_mesh
-from earl_jax.sharding.stages import stage_names
+from earl_jax.sharding.mesh import TRAIN_RULES, MeshShape, make_mesh
+from earl_jax.sharding.stages import StageSpec, stage_names
 
 STAGES = stage_names("each_iteration")  # the stages plan() plans
 
@@ -285,6 +285,20 @@ def test_run_with_oom_fallback_reruns_same_batch_on_next_candidate():
     with pytest.raises(NoFeasibleLayoutError, match="nothing else fits") as ei:
         run_with_oom_fallback("experience", always_oom, plan, sel)
     assert is_oom_error(ei.value.__cause__)
+
+
+def test_a_stage_registered_each_iteration_is_planned_with_the_others(monkeypatch):
+    from earl_jax.sharding import stages as registry
+
+    critic = StageSpec("critic", TRAIN_RULES, memory="update", updates_weights=True, planned="each_iteration")
+    monkeypatch.setitem(registry._REGISTRY, "critic", critic)  # registered for this test only
+    sel = tiny_selector()
+    plan = sel.plan(stats(100))
+    assert list(plan.layouts) == ["rollout", "experience", "train", "critic"] and plan.critic.micro_batch >= 1
+    # both states that update weights stay resident beside the rollout and experience
+    assert sel.memory.resident_bytes == (sel.memory.train_resident_bytes(plan.train.mesh)
+                                         + sel.memory.train_resident_bytes(plan.critic.mesh, "critic"))
+    assert plan.log_dict()["parallel/critic_mesh"] == str(plan.critic.mesh)
 
 
 def test_a_stage_planned_when_it_runs_falls_back_for_its_own_batch():
