@@ -153,7 +153,7 @@ def test_deferred_widths_of_experience_and_train_are_compiled_ahead():
     from earl_jax.rl import stages
     from earl_jax.rl.losses import LossConfig
     from earl_jax.rl.packing import grouped_logprobs, grouped_update
-    from earl_jax.sharding.mesh import STAGE_RULES
+    from earl_jax.sharding.stages import STAGE_RULES
 
     shape = MeshShape.parse("d2f1t1")
     mesh = make_mesh(shape, jax.devices()[:2])

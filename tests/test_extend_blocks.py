@@ -11,7 +11,8 @@ from earl_jax.models.config import get_config
 from earl_jax.models.qwen2 import cached_attention
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel
 from earl_jax.sharding.context import use_mesh_rules
-from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, make_mesh
+from earl_jax.sharding.mesh import MeshShape, make_mesh
+from earl_jax.sharding.stages import STAGE_RULES
 
 
 def test_block_is_everything_when_it_fits_else_the_largest_power_of_two_that_does():

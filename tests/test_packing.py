@@ -28,7 +28,8 @@ from earl_jax.rl.packing import (
     mini_batch_rows,
     rearrange,
 )
-from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, make_mesh
+from earl_jax.sharding.mesh import MeshShape, make_mesh
+from earl_jax.sharding.stages import STAGE_RULES
 
 CFG = ModelConfig.tiny(vocab_size=32).replace(num_hidden_layers=2, hidden_size=64, intermediate_size=128)
 N, T = 16, 256

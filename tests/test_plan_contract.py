@@ -8,6 +8,9 @@ programs' inputs, the rows of each micro-batch and the log-prob chunk seen when 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -21,17 +24,19 @@ from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import init_sharded
 from earl_jax.parallel.dispatch import Dispatcher
 from earl_jax.parallel.plan import StageLayout, StagePlan
-from earl_jax.parallel.planner import ProgramCache, StageRun
+from earl_jax.parallel.planner import ProgramCache, StagePlanner, StageRun
 from earl_jax.rl import stages, trainer as trainer_mod
 from earl_jax.rl.experience import ExperienceResult, RolloutBatch, WidthBudget, experience_stage
 from earl_jax.rl.losses import LossConfig
 from earl_jax.rl.packing import scored_spans
 from earl_jax.rl.train import train_stage
 from earl_jax.rl.trainer import Trainer
-from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, make_mesh, state_shardings
+from earl_jax.sharding.mesh import MeshShape, make_mesh, state_shardings
+from earl_jax.sharding.stages import STAGE_RULES, stage_names, stage_spec
 from jobs import job, with_fields
 
 M = MeshShape.parse
+EXAMPLES = Path(__file__).resolve().parents[1] / "docs" / "examples"
 
 # What each stage must receive from each field of its layout; a new field needs a probe here (and a stage
 # that reads it), or test_every_layout_field_is_read_by_a_stage fails.
@@ -105,7 +110,8 @@ def test_each_stage_receives_what_the_plan_says(tmp_path, monkeypatch):
     spy = Spy(monkeypatch)
     n = SMALL.batch_size
     for rollout, experience, train in PLANS:
-        trainer.policy.planner.current = StagePlan(rollout, experience, train, context_bucket=128)
+        trainer.policy.planner.current = StagePlan(rollout=rollout, experience=experience, train=train,
+                                                   context_bucket=128)
         spy.traced.clear()
         spy.inputs.clear()
         spy.layouts.clear()
@@ -141,6 +147,34 @@ def test_each_stage_receives_what_the_plan_says(tmp_path, monkeypatch):
         targets = state_shardings(trainer.state.params, make_mesh(train.mesh, jax.devices()), STAGE_RULES["train"])
         for x, target in zip(jax.tree.leaves(trainer.state.params), jax.tree.leaves(targets)):
             assert x.sharding.is_equivalent_to(target, x.ndim), (train, x.shape)
+
+
+@pytest.fixture(scope="module")
+def with_guide_stage():
+    """The registered stages, the fork guide's (docs/examples/score_stage.py) among them."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        importlib.import_module("score_stage")
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    return stage_names()
+
+
+@pytest.mark.parametrize("stage", list(dict.fromkeys([*stage_names(), "score"])))
+def test_every_registered_stage_receives_the_layout_the_selector_decided(stage, with_guide_stage):
+    spec = stage_spec(stage)
+    planner = StagePlanner.from_config(SMALL.planner, CFG, SMALL.batch_size)
+    layout = planner.plan()[stage] if spec.planned == "each_iteration" else planner.plan_stage(stage)
+    received = planner.run(stage, lambda run: run)
+    assert received.layout == layout == planner.selector.choices[stage].layout == planner.ran[stage]
+    assert dict(received.mesh.shape) == dict(zip(("data", "fsdp", "tensor"), layout.mesh.shape))
+    assert received.rules == spec.rules
+    # the selector fills the fields a stage of this memory kind reads (PROBES), and no other
+    assert (layout.micro_batch is None, layout.logprob_chunk is None) == ((spec.memory == "decode",) * 2)
+    assert any(m.fsdp > 1 for m in planner.selector.candidates_of(stage)) == spec.updates_weights
+    logged = planner.ran_log_dict()  # the metrics record names the layout that ran
+    assert logged[f"parallel/{stage}_mesh"] == str(layout.mesh)
+    assert logged.get(f"parallel/{stage}_micro_batch") == layout.micro_batch
 
 
 def test_micro_batch_split_is_the_one_conversion():

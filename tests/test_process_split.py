@@ -44,7 +44,8 @@ def _join(parts: list[Trajectories]) -> dict:
 def test_halves_played_apart_are_the_games_of_the_whole_batch_and_gather_back(tmp_path, monkeypatch):
     trainer = Trainer(with_fields(CFG, run_dir=str(tmp_path / "run")), log=False)
     other = StageLayout(M("d2f1t1"), 2, 64)
-    trainer.policy.planner.current = StagePlan(StageLayout(M("d2f1t1")), other, other, context_bucket=128)
+    trainer.policy.planner.current = StagePlan(rollout=StageLayout(M("d2f1t1")), experience=other, train=other,
+                                               context_bucket=128)
     seeds, groups, rng = list(range(8)), np.repeat(np.arange(4), 2), jax.random.key(5)
     whole, _ = trainer.play(trainer.env, seeds, groups, rng, trainer.sampling)
     run = trainer.policy.planner.stage_run("rollout")

@@ -30,11 +30,10 @@ from earl_jax.parallel.selector import (
     ParallelismSelector,
     SelectorConfig,
 )
-from earl_jax.sharding.mesh import (
-    RL_STAGES as STAGES,  # the stages plan() plans
-    MeshShape,
-    make_mesh,
-)
+from earl_jax.sharding.mesh import TRAIN_RULES, MeshShape, make_mesh
+from earl_jax.sharding.stages import StageSpec, stage_names
+
+STAGES = stage_names("each_iteration")  # the stages plan() plans
 
 H100 = 80 * GiB
 ROOT = Path(__file__).resolve().parents[1]
@@ -286,6 +285,44 @@ def test_run_with_oom_fallback_reruns_same_batch_on_next_candidate():
     with pytest.raises(NoFeasibleLayoutError, match="nothing else fits") as ei:
         run_with_oom_fallback("experience", always_oom, plan, sel)
     assert is_oom_error(ei.value.__cause__)
+
+
+def test_a_stage_registered_each_iteration_is_planned_with_the_others(monkeypatch):
+    from earl_jax.sharding import stages as registry
+
+    critic = StageSpec("critic", TRAIN_RULES, memory="update", updates_weights=True, planned="each_iteration")
+    monkeypatch.setitem(registry._REGISTRY, "critic", critic)  # registered for this test only
+    sel = tiny_selector()
+    plan = sel.plan(stats(100))
+    assert list(plan.layouts) == ["rollout", "experience", "train", "critic"] and plan.critic.micro_batch >= 1
+    # both states that update weights stay resident beside the rollout and experience
+    assert sel.memory.resident_bytes == (sel.memory.train_resident_bytes(plan.train.mesh)
+                                         + sel.memory.train_resident_bytes(plan.critic.mesh, "critic"))
+    assert plan.log_dict()["parallel/critic_mesh"] == str(plan.critic.mesh)
+
+
+def test_a_stage_planned_when_it_runs_falls_back_for_its_own_batch():
+    """sft (or a fork's stage) is not in plan(): an out-of-memory error still moves it on, re-planned for the batch it
+    was planned for, not the iteration's."""
+    sel = tiny_selector()
+    plan = sel.plan(stats(100, n=16))
+    own = stats(100, n=64, mx=512)  # its own batch: more and longer rows than the iteration's
+    plan = plan.replace(sft=sel.select("sft", plan.context_bucket, own))
+    sel.plan(stats(100, n=16), update=False)  # the iteration is planned again in between
+    tried = []
+
+    def step(layout):
+        tried.append(layout)
+        if len(tried) < 3:
+            raise oom()
+        return "ok"
+
+    result, new_plan = run_with_oom_fallback("sft", step, plan, sel, shrink_first=True)
+    assert result == "ok" and new_plan.sft == tried[-1] and new_plan.train == plan.train
+    # its 64 rows are 8 per shard of d8f1t1, halved on each error; the iteration's 16 rows would allow 2 at most
+    assert [(str(lay.mesh), lay.micro_batch) for lay in tried] == [("d8f1t1", 8), ("d8f1t1", 4), ("d8f1t1", 2)]
+    sel.mark_oom("sft", tried[-1].mesh)  # and its mesh can be given up, as a planned stage's
+    assert sel.select("sft", plan.context_bucket, own).mesh != tried[-1].mesh
 
 
 def test_oom_fallback_on_one_process_makes_no_collective(monkeypatch):

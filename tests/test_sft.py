@@ -3,6 +3,7 @@ under the legal-move mask."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from earl_jax.parallel.plan import StageLayout
@@ -45,7 +46,7 @@ def test_sft_runs_on_the_layout_the_planner_chose_and_its_loss_falls(tmp_path):
     assert [s for s, _ in seen] == ["sft"] * 6
     planned = trainer.policy.planner.current.sft
     assert isinstance(planned, StageLayout) and all(lay == planned for _, lay in seen)
-    assert trainer.policy.planner.sft_log_dict()["parallel/sft_mesh"] == str(planned.mesh)
+    assert trainer.policy.planner.stage_log_dict("sft")["parallel/sft_mesh"] == str(planned.mesh)
     losses = [h["sft_loss"] for h in history]
     assert losses[-1] < 0.8 * losses[0], losses
 
@@ -63,3 +64,12 @@ def test_sft_on_a_forced_mesh_reaches_the_stage(tmp_path):
     run_sft(trainer.policy, trainer.state, _batches(trainer, 8, 1), steps=1,
             optimizer=make_optimizer(3e-3, 1, 2, 0.0, 1.0))
     assert meshes == [{"data": 2, "fsdp": 2, "tensor": 2}]
+
+
+def test_sft_trains_the_float32_weights_whatever_the_compute_dtype(tmp_path):
+    """A stage that updates weights gets them as they are; only the stages that run the model get them cast."""
+    trainer = Trainer(job(groups=4, group_size=2, steps=1, devices=8, max_turns=6, max_context=256,
+                          model__dtype="bfloat16", run_dir=str(tmp_path)), log=False)
+    run_sft(trainer.policy, trainer.state, _batches(trainer, 8, 1), steps=1,
+            optimizer=make_optimizer(3e-3, 1, 2, 0.0, 1.0))
+    assert {str(x.dtype) for x in jax.tree.leaves(trainer.state.params)} == {"float32"}

@@ -25,7 +25,8 @@ from earl_jax.rl.optim import make_optimizer
 from earl_jax.rl.packing import grouped_update, scored_spans
 from earl_jax.rl.stages import ExperienceBatch, advantage_step
 from earl_jax.rl.train import train_stage
-from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, make_mesh
+from earl_jax.sharding.mesh import MeshShape, make_mesh
+from earl_jax.sharding.stages import STAGE_RULES
 
 CFG = ModelConfig.tiny(vocab_size=32).replace(num_hidden_layers=2, hidden_size=64, intermediate_size=128)
 N = 8  # rows

@@ -53,12 +53,12 @@ class PlannerConfig:
              "must be positive context lengths in ascending order")
         from earl_jax.parallel.thresholds import parse_thresholds  # the syntax only; the model and job check later
 
-        for stage in ("rollout", "experience", "train"):
-            name = f"{stage}_thresholds"
+        for name in [f.name for f in dataclasses.fields(self) if f.name.endswith("_thresholds")]:
             try:
                 parse_thresholds(getattr(self, name))
             except ValueError as e:
                 raise ValueError(f"{name}: {e}") from None
 
     def thresholds(self, stage: str) -> str:
-        return getattr(self, f"{stage}_thresholds")
+        """`--planner.<stage>-thresholds` ("" for a stage without that flag: it is selected)."""
+        return getattr(self, f"{stage}_thresholds", "")

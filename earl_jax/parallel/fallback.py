@@ -71,7 +71,7 @@ def run_with_oom_fallback(stage: str, fn: Callable[[StageLayout], Any], plan: St
     returned (asynchronous dispatch: `fn` should block on its outputs) is not seen by the retry either."""
     layout = plan[stage]
     bucket = plan.context_bucket
-    stats = selector.last_stats
+    stats = selector.stats_for(stage)  # the batch it was planned for (a stage planned when it runs: its own)
     attempts = 0
     while True:
         attempts += 1

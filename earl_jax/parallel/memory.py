@@ -1,4 +1,4 @@
-"""Per-device memory model of each RL stage under a candidate mesh, and the candidate meshes themselves.
+"""Per-device memory model of each stage under a candidate mesh, and the candidate meshes themselves.
 
 Everything here is arithmetic on a `ModelConfig` (no arrays are allocated), so a 72B model on 64
 devices is as cheap to plan as the tiny one.
@@ -29,7 +29,8 @@ dimension is split over its mesh axis only when the axis size divides it, otherw
   log-softmax) and 3 in training (logits, softmax, gradient).
 * `reserve_bytes` for what is not modeled (XLA scratch, CUDA context, fragmentation).
 
-A candidate fits when total <= budget x safety_fraction.
+A stage is priced by its registered memory kind (sharding/stages.py): decode as the rollout, score as experience,
+update as training. A candidate fits when total <= budget x safety_fraction.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ from earl_jax.models.attention import Q_BLOCK, extend_query_block
 from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.plan import RolloutExtends
 from earl_jax.rollout.buckets import PREFILL_CHUNK, bucket
-from earl_jax.sharding.mesh import STAGE_RULES, STAGES, UPDATE_STAGES, MeshShape, logical_to_spec
+from earl_jax.sharding.mesh import MeshShape, logical_to_spec
+from earl_jax.sharding.stages import names_of, stage_names, stage_spec
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_CPU_BUDGET = 4 * GiB
@@ -90,8 +92,11 @@ def mesh_problem(cfg: ModelConfig, num_devices: int, stage: str, mesh: MeshShape
     q, kv = cfg.num_attention_heads, cfg.num_key_value_heads
     if mesh.size != num_devices:
         return f"uses {mesh.size} devices; the job has {num_devices}"
-    if stage not in UPDATE_STAGES and mesh.fsdp != 1:
-        return f"has fsdp={mesh.fsdp}; only train and sft meshes have an fsdp axis (rollout and experience: dAf1tC)"
+    if not stage_spec(stage).updates_weights and mesh.fsdp != 1:
+        updating = [s for s in stage_names() if stage_spec(s).updates_weights]
+        others = [s for s in stage_names() if s not in updating]
+        return (f"has fsdp={mesh.fsdp}; only {names_of(updating)} meshes have an fsdp axis ({names_of(others)}: "
+                "dAf1tC)")
     if q % mesh.tensor:
         return f"has tensor={mesh.tensor}, which does not divide {cfg.name}'s {q} attention heads"
     if not valid_tensor_degree(cfg, mesh.tensor):
@@ -102,15 +107,15 @@ def mesh_problem(cfg: ModelConfig, num_devices: int, stage: str, mesh: MeshShape
 
 def candidate_meshes(cfg: ModelConfig, num_devices: int, stage: str) -> list[MeshShape]:
     """All mesh shapes over exactly `num_devices` valid for `cfg` and `stage`: rollout / experience are
-    data x tensor (fsdp = 1); train is data x fsdp x tensor. Sorted by (tensor, fsdp)."""
-    if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}; expected one of {STAGES}")
+    data x tensor (fsdp = 1); a stage that updates weights (train, sft) is data x fsdp x tensor. Sorted by (tensor,
+    fsdp)."""
+    updates = stage_spec(stage).updates_weights
     out = []
     for t in divisors(num_devices):
         if not valid_tensor_degree(cfg, t):
             continue
         rest = num_devices // t
-        fsdps = divisors(rest) if stage in UPDATE_STAGES else [1]
+        fsdps = divisors(rest) if updates else [1]
         out.extend(MeshShape(rest // f, f, t) for f in fsdps)
     return sorted(out, key=lambda m: (m.tensor, m.fsdp))
 
@@ -161,7 +166,7 @@ def _fake_mesh(mesh: MeshShape):
 def shard_factor(shape, axes, stage: str, mesh: MeshShape) -> int:
     """How many ways a tensor is split under the stage's rules (replicated dimensions count 1)."""
     fake = _fake_mesh(mesh)
-    spec = logical_to_spec(axes, STAGE_RULES[stage], fake, shape)
+    spec = logical_to_spec(axes, stage_spec(stage).rules, fake, shape)
     factor = 1
     for entry in spec:
         for a in (() if entry is None else (entry,) if isinstance(entry, str) else entry):
@@ -339,15 +344,15 @@ class MemoryModel:
         `micro_batch` is the sequences one batch shard processes at once (rollout: decoded
         concurrently, default all of the shard's; experience / train: per forward(-backward), default 1);
         `logprob_chunk` the sequence chunk whose logits are materialized at once. `extends`: the rollout's
-        measured extend widths (default: `prefill_len` tokens against the whole context)."""
-        if stage not in STAGES:
-            raise ValueError(f"unknown stage {stage!r}")
+        measured extend widths (default: `prefill_len` tokens against the whole context). What is priced is the
+        stage's registered memory kind (sharding/stages.py)."""
+        spec = stage_spec(stage)
         c, m = self.cfg, self.mem
         ctx, t = int(context_len), mesh.tensor
         shards = mesh.data * mesh.fsdp
         per_shard = _ceil_div(num_responses, shards)
         gather = kv = 0.0
-        if stage == "rollout":
+        if spec.memory == "decode":
             mb = per_shard if micro_batch is None else micro_batch
             chunk = 1
             params = params_per_device(c, stage, mesh) * m.param_bytes_inference
@@ -364,14 +369,14 @@ class MemoryModel:
             # buckets' largest ratio) lives beside the new one, in a call of its own (no extend beside it).
             acts = max(acts, 0.75 * kv)
             logits = mb * (self._vocab_dev(t) + c.vocab_size) * 4  # last-token logits + gathered for sampling
-        elif stage == "experience":
+        elif spec.memory == "score":
             mb = micro_batch or 1
             chunk = min(logprob_chunk or m.min_logprob_chunk, ctx)
             params = m.experience_models * params_per_device(c, stage, mesh) * m.param_bytes_inference
             acts = (self._layer_workspace(mb * ctx, t) + self._attn_scores(mb, ctx, ctx, t)
                     + mb * ctx * c.hidden_size * m.compute_bytes)  # final hidden states kept for the chunks
             logits = 2 * mb * chunk * self._vocab_dev(t) * 4
-        else:  # train, sft: an update step
+        else:  # "update": an update step (train, sft)
             mb = micro_batch or 1
             chunk = min(logprob_chunk or m.min_logprob_chunk, ctx)
             params = params_per_device(c, stage, mesh) * m.train_state_bytes_per_param
@@ -387,13 +392,13 @@ class MemoryModel:
                 acts = c.num_hidden_layers * layer + layer
             acts += 2 * tok * c.hidden_size * 4  # final hidden states and their gradient (fp32)
             logits = 3 * mb * chunk * self._vocab_dev(t) * 4
-        resident = 0 if stage in UPDATE_STAGES else self.resident_bytes
+        resident = 0 if spec.updates_weights else self.resident_bytes
         return MemoryEstimate(stage, mesh, ctx, int(mb), int(chunk), int(params), int(gather), int(kv),
                               int(acts), int(logits), int(m.reserve_bytes), int(resident))
 
-    def train_resident_bytes(self, train_mesh: MeshShape) -> int:
-        """What the train state keeps on each device between train steps (on `train_mesh`)."""
-        return int(params_per_device(self.cfg, "train", train_mesh) * self.mem.resident_bytes_per_param)
+    def train_resident_bytes(self, train_mesh: MeshShape, stage: str = "train") -> int:
+        """What the train state of `stage` (one that updates weights) keeps on each device between its steps."""
+        return int(params_per_device(self.cfg, stage, train_mesh) * self.mem.resident_bytes_per_param)
 
     def fits(self, est: MemoryEstimate) -> bool:
         return est.total <= self.usable_bytes
@@ -402,14 +407,14 @@ class MemoryModel:
                max_micro_batch: int | None = None, extends: RolloutExtends | None = None) -> Fit | None:
         """The largest micro-batch (then the largest log-prob chunk) that fits; None when nothing does.
 
-        rollout: all of a shard's responses at once (ceil(N / data) rows, no micro-batch or chunk).
-        experience / train: the largest of {per-shard rows, powers of two below} within `max_micro_batch`
-        and `max_micro_batch_tokens` that fits with the smallest chunk, then the largest chunk among the
-        powers of two <= min(context, `max_logprob_chunk`) (at least `min_logprob_chunk`)."""
+        decode (rollout): all of a shard's responses at once (ceil(N / data) rows, no micro-batch or chunk).
+        score and update (experience, train, sft): the largest of {per-shard rows, powers of two below} within
+        `max_micro_batch` and `max_micro_batch_tokens` that fits with the smallest chunk, then the largest chunk among
+        the powers of two <= min(context, `max_logprob_chunk`) (at least `min_logprob_chunk`)."""
         m = self.mem
         ctx = int(context_len)
         per_shard = max(1, _ceil_div(num_responses, mesh.data * mesh.fsdp))
-        if stage == "rollout":
+        if stage_spec(stage).memory == "decode":
             est = self.estimate(stage, mesh, ctx, num_responses, per_shard, extends=extends)
             return Fit(None, None, est) if self.fits(est) else None
         cap = per_shard if max_micro_batch is None else max(1, min(per_shard, max_micro_batch))

@@ -1,32 +1,33 @@
 """The contract between the Parallelism Selector and the stages: `StagePlan`, `StageLayout`, `ContextStats`.
 
-The selector writes a `StagePlan` (one `StageLayout` per stage); `planner.StagePlanner.run` hands each
-stage its layout, and every field below is read by the stage it describes (tests/test_plan_contract.py
-fails for a field no stage reads):
+The selector writes a `StagePlan` (one `StageLayout` per registered stage, sharding/stages.py);
+`planner.StagePlanner.run` hands each stage its layout, and every field below is read by the stage it describes
+(tests/test_plan_contract.py fails for a field no stage reads):
 
 - `mesh`            every stage: the data x fsdp x tensor mesh its program is compiled for;
-- `micro_batch`     experience, train: rows per batch shard in one micro-batch (a batch shard is one slice of
-                    the rules table's "batch" axes: data, or data x fsdp in training). The one conversion
-                    to a micro-batch count is `StageRun.micro_batches` (planner.py);
-- `logprob_chunk`   experience, train: sequence positions per vocabulary chunk of the log-probs.
+- `micro_batch`     score and update stages (experience, train, sft): rows per batch shard in one micro-batch (a
+                    batch shard is one slice of the rules table's "batch" axes: data, or data x fsdp in training).
+                    The one conversion to a micro-batch count is `StageRun.micro_batches` (planner.py);
+- `logprob_chunk`   score and update stages: sequence positions per vocabulary chunk of the log-probs.
 
-Rollout decodes all of a shard's games at once and computes log-probs of sampled tokens only, so its
-micro-batch and chunk are None.
+A decode stage (rollout) decodes all of a shard's games at once and computes log-probs of sampled tokens only, so
+its micro-batch and chunk are None.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Mapping
 
-from earl_jax.sharding.mesh import STAGES, MeshShape
+from earl_jax.sharding.mesh import MeshShape
+from earl_jax.sharding.stages import stage_names, stage_spec
 
 
 @dataclasses.dataclass(frozen=True)
 class StageLayout:
     mesh: MeshShape
-    micro_batch: int | None = None  # rows per batch shard in one micro-batch (experience, train)
-    logprob_chunk: int | None = None  # sequence positions per vocabulary chunk (experience, train)
+    micro_batch: int | None = None  # rows per batch shard in one micro-batch (score and update stages)
+    logprob_chunk: int | None = None  # sequence positions per vocabulary chunk (score and update stages)
 
     def __post_init__(self):
         for name in ("micro_batch", "logprob_chunk"):
@@ -46,34 +47,55 @@ class StageLayout:
         return out
 
 
-@dataclasses.dataclass(frozen=True)
+_CONTEXT_FIELDS = ("context_bucket", "smoothed_context_len")
+
+
+@dataclasses.dataclass(frozen=True, init=False)
 class StagePlan:
-    rollout: StageLayout | None  # None: stage not managed by this selector (SelectorConfig.stages)
-    experience: StageLayout | None
-    train: StageLayout | None
-    sft: StageLayout | None = None  # planned on its own (StagePlanner.plan_stage), not every iteration
+    """A layout per registered stage (sharding/stages.py) for one context bucket. `plan["train"]` and `plan.train`
+    are a stage's layout, None when this plan leaves it out (a stage planned when it runs, before it is)."""
+
+    layouts: Mapping[str, StageLayout]  # registered stage -> its layout, in registration order
     context_bucket: int = 0  # upper edge of the current context bucket
     smoothed_context_len: float = 0.0
 
-    def __getitem__(self, stage: str) -> StageLayout:
-        if stage not in STAGES:
-            raise KeyError(stage)
-        return getattr(self, stage)
+    def __init__(self, layouts: Mapping[str, StageLayout | None] | None = None, *, context_bucket: int = 0,
+                 smoothed_context_len: float = 0.0, **stage_layouts: StageLayout | None):
+        given = {**(layouts or {}), **stage_layouts}
+        for stage in given:
+            stage_spec(stage)  # an unknown stage is an error, not a silent extra
+        ordered = {s: given[s] for s in stage_names() if given.get(s) is not None}
+        object.__setattr__(self, "layouts", ordered)
+        object.__setattr__(self, "context_bucket", context_bucket)
+        object.__setattr__(self, "smoothed_context_len", smoothed_context_len)
+
+    def __getitem__(self, stage: str) -> StageLayout | None:
+        stage_spec(stage)
+        return self.layouts.get(stage)
+
+    def __getattr__(self, stage: str) -> StageLayout | None:
+        layouts = self.__dict__.get("layouts")
+        if layouts is None or stage not in stage_names():
+            raise AttributeError(stage)
+        return layouts.get(stage)
+
+    def __hash__(self) -> int:
+        return hash((tuple(self.layouts.items()), self.context_bucket, self.smoothed_context_len))
 
     def replace(self, **kw: Any) -> "StagePlan":
-        return dataclasses.replace(self, **kw)
+        """A copy with other layouts (by stage name; None drops one) or another context bucket."""
+        layouts = {**self.layouts, **{k: v for k, v in kw.items() if k not in _CONTEXT_FIELDS}}
+        context = {k: kw.get(k, getattr(self, k)) for k in _CONTEXT_FIELDS}
+        return StagePlan(layouts, **context)
 
     def __str__(self) -> str:
-        return " ".join(f"{s}={self[s]}" for s in STAGES if self[s] is not None)
+        return " ".join(f"{s}={lay}" for s, lay in self.layouts.items())
 
     def log_dict(self, prefix: str = "parallel/") -> dict[str, Any]:
         """Flat metrics for wandb / the console: parallel/rollout_mesh = 'd4f1t2', ..."""
         out: dict[str, Any] = {f"{prefix}context_bucket": self.context_bucket,
                                f"{prefix}smoothed_context_len": self.smoothed_context_len}
-        for s in STAGES:
-            lay = self[s]
-            if lay is None:
-                continue
+        for s, lay in self.layouts.items():
             out[f"{prefix}{s}_mesh"] = str(lay.mesh)
             out[f"{prefix}{s}_tensor"] = lay.mesh.tensor
             out[f"{prefix}{s}_fsdp"] = lay.mesh.fsdp

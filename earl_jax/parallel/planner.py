@@ -44,17 +44,8 @@ from earl_jax.parallel.profile import ProfileTable, is_oom_error
 from earl_jax.parallel.selector import SMALL_BUCKET_EDGES, ParallelismSelector, SelectorConfig
 from earl_jax.parallel.thresholds import parse_thresholds
 from earl_jax.sharding.context import use_mesh_rules
-from earl_jax.sharding.mesh import (
-    RL_STAGES,
-    STAGE_RULES,
-    STAGES,
-    MeshShape,
-    Rules,
-    batch_axes,
-    logical_sharding,
-    make_mesh,
-    state_shardings,
-)
+from earl_jax.sharding.mesh import MeshShape, Rules, batch_axes, logical_sharding, make_mesh, state_shardings
+from earl_jax.sharding.stages import stage_names, stage_spec
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -192,7 +183,7 @@ NO_LATENCY_HIDING = {"xla_gpu_enable_latency_hiding_scheduler": False}
 
 def stage_compiler_options(stage: str, mesh: Mesh) -> dict[str, Any] | None:
     """XLA options for a stage's programs on `mesh` (None: XLA's defaults)."""
-    if stage == "rollout" or mesh.devices.size == 1 or os.environ.get("EARL_XLA_LHS") == "1":
+    if stage_spec(stage).memory == "decode" or mesh.devices.size == 1 or os.environ.get("EARL_XLA_LHS") == "1":
         return None
     return dict(NO_LATENCY_HIDING) if mesh.devices.flat[0].platform == "gpu" else None
 
@@ -266,6 +257,7 @@ class StagePlanner:
         self.current: StagePlan = selector.plan(self._stats)
         self.ran: dict[str, StageLayout] = {}  # the layout each stage last ran on (after any fallback)
         self._reported: dict[str, str] = {}  # the layouts ran_log_dict last explained
+        self._unlogged: set[str] = set()  # stages planned when they run that ran since their layout was logged
         self.programs = ProgramCache()
 
     @classmethod
@@ -274,8 +266,12 @@ class StagePlanner:
         """The planner of a job of `batch_size` games a rollout; a layout that does not fit the model or the batch
         is refused here, before anything compiles, naming the flag."""
         devices = jax.devices()[: cfg.devices or None]
-        thresholds = {s: v for s in RL_STAGES
+        thresholds = {s: v for s in stage_names()
                       if (v := _checked_thresholds(cfg, model_cfg, len(devices), s, batch_size))}
+        for stage in stage_names("each_iteration"):  # they process its batch: rows shard over data (x fsdp)
+            if not any(batch_size % (m.data * m.fsdp) == 0 for m in candidate_meshes(model_cfg, len(devices), stage)):
+                raise ValueError(f"--rollout.groups x --rollout.group-size = {batch_size} games do not split over "
+                                 f"any {stage} mesh of {len(devices)} devices: use a multiple of the device count")
         # a small model plays short games: buckets from 32 tokens (the tiny preset, or a small base built from it)
         edges = cfg.edges or (SMALL_BUCKET_EDGES if model_cfg.num_params() < SMALL_MODEL_PARAMS else None)
         sel_cfg = SelectorConfig(**({"bucket_edges": edges} if edges else {}), margin=cfg.margin,
@@ -286,14 +282,7 @@ class StagePlanner:
                               kv_cache_bytes=kv_cache_bytes)
         table = ProfileTable.load(cfg.table) if cfg.table else None
         selector = ParallelismSelector(model_cfg, len(devices), memory=memory, config=sel_cfg, table=table,
-                                       device_kind=devices[0].device_kind)
-        # Rows shard over data (x fsdp in training): only meshes whose batch axes divide the batch qualify.
-        for stage in RL_STAGES:  # (sft batches are their own: made a multiple of the devices)
-            ok = [m for m in selector.candidates[stage] if batch_size % (m.data * m.fsdp) == 0]
-            if not ok:
-                raise ValueError(f"--rollout.groups x --rollout.group-size = {batch_size} games do not split over "
-                                 f"any {stage} mesh of {len(devices)} devices: use a multiple of the device count")
-            selector.candidates[stage] = ok
+                                       device_kind=devices[0].device_kind, batch_rows=batch_size)
         return cls(selector, devices, batch_size, static=cfg.mode == "static")
 
     # ---------------------------------------------------------------- plans
@@ -306,7 +295,7 @@ class StagePlanner:
     def stage_run(self, stage: str, layout: StageLayout | None = None) -> StageRun:
         """The StageRun of `stage` under `layout` (default: the current plan's)."""
         layout = self.current[stage] if layout is None else layout
-        return StageRun(stage, layout, self.mesh_of(layout.mesh), STAGE_RULES[stage], self.programs)
+        return StageRun(stage, layout, self.mesh_of(layout.mesh), stage_spec(stage).rules, self.programs)
 
     def plan(self) -> StagePlan:
         """The plan for what runs next; advances the selector's smoothing once per new observation."""
@@ -316,10 +305,11 @@ class StagePlanner:
         self._fresh = False
         return self.current
 
-    def plan_stage(self, stage: str) -> StageLayout:
-        """The layout of a stage that is planned when it runs rather than with every iteration's plan (sft), for the
-        batch last observed at the current context bucket; `run(stage, ...)` then runs on it."""
-        layout = self.selector.select(stage, self.current.context_bucket, self.selector.last_stats)
+    def plan_stage(self, stage: str, stats: ContextStats | None = None) -> StageLayout:
+        """The layout of a stage planned when it runs rather than with every iteration's plan (sft), for `stats` (its
+        batch; default: the batch last observed) at the current context bucket; `run(stage, ...)` then runs on it, and
+        an out-of-memory error there re-plans it for the same `stats`."""
+        layout = self.selector.select(stage, self.current.context_bucket, stats or self.selector.last_stats)
         self.current = self.current.replace(**{stage: layout})
         return layout
 
@@ -349,23 +339,27 @@ class StagePlanner:
                                                  rerun_after_success=rerun_after_success)
             self.current, layout = plan, plan[stage]
         self.ran[stage] = layout
+        if stage_spec(stage).planned == "when_run":
+            self._unlogged.add(stage)
         return result
 
     def ran_log_dict(self, prefix: str = "parallel/") -> dict[str, Any]:
-        """Metrics of the layouts that ran (not of the plan made for the next iteration), and for each stage whose
+        """Metrics of the layouts that ran (not of the plan made for the next iteration): every stage planned each
+        iteration, and each stage planned when it runs that ran since its layout was last logged. For each stage whose
         layout changed since the last call, `<stage>_why`: the selector's reason and the candidates it weighed."""
-        return self._log_dict(RL_STAGES, prefix)
+        return self._log_dict([s for s in stage_names() if s in self._unlogged or
+                               stage_spec(s).planned == "each_iteration"], prefix)
 
-    def sft_log_dict(self, prefix: str = "parallel/") -> dict[str, Any]:
-        """`ran_log_dict` for the sft stage (logged with the supervised steps, not with every iteration)."""
-        return {k: v for k, v in self._log_dict(("sft",), prefix).items() if k.startswith(f"{prefix}sft")}
+    def stage_log_dict(self, stage: str, prefix: str = "parallel/") -> dict[str, Any]:
+        """`ran_log_dict` of one stage alone (sft's, logged with the supervised steps rather than an iteration)."""
+        return {k: v for k, v in self._log_dict([stage], prefix).items() if k.startswith(f"{prefix}{stage}_")}
 
-    def _log_dict(self, stages: tuple[str, ...], prefix: str) -> dict[str, Any]:
-        plan = StagePlan(**{s: self.ran.get(s) if s in stages else None for s in STAGES},
-                         context_bucket=self.current.context_bucket,
+    def _log_dict(self, stages: list[str], prefix: str) -> dict[str, Any]:
+        plan = StagePlan({s: self.ran.get(s) for s in stages}, context_bucket=self.current.context_bucket,
                          smoothed_context_len=self.current.smoothed_context_len)
         out = plan.log_dict(prefix)
         for s in stages:
+            self._unlogged.discard(s)
             ran = self.ran.get(s)
             if ran is None or self._reported.get(s) == str(ran):
                 continue

@@ -34,7 +34,8 @@ import jax
 from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.memory import MemoryModel, candidate_meshes
 from earl_jax.parallel.plan import StageLayout
-from earl_jax.sharding.mesh import RL_STAGES, MeshShape
+from earl_jax.sharding.mesh import MeshShape
+from earl_jax.sharding.stages import stage_names, stage_spec
 from earl_jax.watchdog import EXIT_CODE, Watchdog
 
 log = logging.getLogger(__name__)
@@ -210,13 +211,13 @@ def _accepts_layout(fn) -> bool:
 
 def run_profile(memory: MemoryModel, measure: Measure, *, num_devices: int | None = None,
                 context_lens: Sequence[int], response_counts: Sequence[int],
-                stages: Iterable[str] = RL_STAGES, meshes: dict[str, Sequence[MeshShape]] | None = None,
+                stages: Iterable[str] | None = None, meshes: dict[str, Sequence[MeshShape]] | None = None,
                 device_kind: str | None = None, table: ProfileTable | None = None,
                 progress: bool = True, console=None, save: Path | None = None,
                 cell_timeout_s: float | None = None) -> ProfileTable:
-    """Measure every stage x candidate x context x response count; skip (record "infeasible") what the
-    memory model rejects, record "oom" when `measure` runs out of memory. Entries already present in
-    `table` (a resumed profile) are not measured again. Returns the (new or extended) table.
+    """Measure every stage (default: those planned each iteration) x candidate x context x response count; skip
+    (record "infeasible") what the memory model rejects, record "oom" when `measure` runs out of memory. Entries
+    already present in `table` (a resumed profile) are not measured again. Returns the (new or extended) table.
 
     With `save`, the table is written before and after every cell, the cell being measured named in
     meta["pending"]. `cell_timeout_s` ends this process (exit code HUNG_EXIT) when one cell takes longer, after
@@ -230,7 +231,7 @@ def run_profile(memory: MemoryModel, measure: Measure, *, num_devices: int | Non
         table = ProfileTable(device_kind or current_device_kind(), num_devices, cfg.name)
     else:
         table.check_compatible(device_kind, num_devices, cfg.name)
-    stages = list(stages)
+    stages = list(stage_names("each_iteration") if stages is None else stages)
     timed_out = table.meta.pop("timed_out", None)
     if (pending := table.meta.pop("pending", None)) is not None:  # the last process ended while measuring this cell
         stage, mesh, ctx, n = pending
@@ -339,16 +340,17 @@ class SyntheticThroughput:
         if conc == 0:
             raise RuntimeError(f"RESOURCE_EXHAUSTED: synthetic {stage} {mesh} ctx {context_len} n {num_responses}")
         t = mesh.tensor
-        weight_bytes = cfg.num_params() * 2 / t / (mesh.fsdp if stage == "train" else 1)
+        kind = stage_spec(stage).memory
+        weight_bytes = cfg.num_params() * 2 / t / (mesh.fsdp if kind == "update" else 1)
         kv_bytes = conc * context_len * mm.kv_bytes_per_token_per_device(t)
-        tokens_per_step = conc if stage == "rollout" else conc * context_len
-        flops = 2 * cfg.num_params() / t * tokens_per_step * (3 if stage == "train" else 1)
+        tokens_per_step = conc if kind == "decode" else conc * context_len
+        flops = 2 * cfg.num_params() / t * tokens_per_step * (3 if kind == "update" else 1)
         comm = 0.0
         if t > 1:
             msg = tokens_per_step * cfg.hidden_size * 2
             comm = 2 * cfg.num_hidden_layers * (self.allreduce_latency_s * (t - 1) +
                                                 2 * msg * (t - 1) / t / self.link_bytes_per_s)
-        if stage == "train" and mesh.fsdp > 1:
+        if kind == "update" and mesh.fsdp > 1:
             comm += 3 * cfg.num_params() * 2 / t / self.link_bytes_per_s * (mesh.fsdp - 1) / mesh.fsdp
         step = max((weight_bytes + kv_bytes) / self.hbm_bytes_per_s, flops / self.flops_per_s) + comm
         step += self.step_overhead_s
@@ -361,7 +363,8 @@ class SyntheticThroughput:
         lo, hi = 0, per_shard
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            est = mm.estimate(stage, mesh, ctx, n, mid, None if stage == "rollout" else mm.mem.min_logprob_chunk)
+            decode = stage_spec(stage).memory == "decode"
+            est = mm.estimate(stage, mesh, ctx, n, mid, None if decode else mm.mem.min_logprob_chunk)
             if mm.fits(est):
                 lo = mid
             else:

@@ -1,5 +1,7 @@
-"""Parallelism Selector: the layout (mesh shape, micro-batch, log-prob chunk) of every RL stage for the
+"""Parallelism Selector: the layout (mesh shape, micro-batch, log-prob chunk) of every stage for the
 current context length (EARL, arXiv 2510.05943, section 3; EARL adapts rollout only, we do all stages).
+The stages are those registered in sharding/stages.py: `plan` plans the ones planned each iteration,
+`select` any other when it runs.
 
 Each iteration the trainer calls
 
@@ -39,7 +41,8 @@ from earl_jax.models.config import ModelConfig
 from earl_jax.parallel.memory import MemoryConfig, MemoryModel, candidate_meshes, mesh_problem
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
 from earl_jax.parallel.profile import HUNG, OK, OOM, ProfileTable
-from earl_jax.sharding.mesh import RL_STAGES, STAGES, MeshShape
+from earl_jax.sharding.mesh import MeshShape
+from earl_jax.sharding.stages import stage_names, stage_spec
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +65,17 @@ class SelectorConfig:
     ema_alpha: float = 0.5  # weight of the newest observation
     window: int = 4
     thresholds: Thresholds | None = None  # per stage [(context threshold, mesh)]; stages left out select
-    stages: tuple[str, ...] = RL_STAGES  # stages plan() plans; the others are None in the StagePlan (sft: select())
+    # stages plan() plans (None: every registered stage planned "each_iteration"); the others are None in the
+    # StagePlan until select() plans them
+    stages: tuple[str, ...] | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "stages", tuple(self.stages))
-        if not self.stages or set(self.stages) - set(STAGES):
-            raise ValueError(f"stages must be a non-empty subset of {STAGES}, got {self.stages}")
+        if self.stages is not None:
+            object.__setattr__(self, "stages", tuple(self.stages))
+            if not self.stages:
+                raise ValueError("stages must name at least one registered stage (None: those planned each iteration)")
+            for stage in self.stages:
+                stage_spec(stage)
         edges = tuple(int(e) for e in self.bucket_edges)
         if not edges or list(edges) != sorted(set(edges)) or edges[0] <= 0:
             raise ValueError(f"bucket_edges must be positive and strictly ascending, got {self.bucket_edges}")
@@ -81,7 +89,7 @@ class SelectorConfig:
         if self.thresholds:
             th = {}
             for stage, entries in self.thresholds.items():
-                if stage not in STAGES:
+                if stage not in stage_names():
                     raise ValueError(f"thresholds: unknown stage {stage!r}")
                 norm = sorted(((int(c), m if isinstance(m, MeshShape) else MeshShape.parse(m)) for c, m in entries),
                               key=lambda e: e[0])
@@ -199,17 +207,18 @@ class Choice:
 class ParallelismSelector:
     def __init__(self, cfg: ModelConfig, num_devices: int, *, memory: MemoryModel | MemoryConfig | None = None,
                  config: SelectorConfig | None = None, table: ProfileTable | None = None,
-                 device_kind: str | None = None):
-        self.cfg, self.num_devices = cfg, int(num_devices)
+                 device_kind: str | None = None, batch_rows: int | None = None):
+        """`batch_rows`: the rows of an iteration's batch; a stage planned each iteration processes it, so only its
+        meshes whose batch shards (data x fsdp) divide them are candidates (None: no such limit)."""
+        self.cfg, self.num_devices, self.batch_rows = cfg, int(num_devices), batch_rows
         self.memory = memory if isinstance(memory, MemoryModel) else MemoryModel(cfg, memory)
         self.config = config or SelectorConfig()
         self.table = table
         if table is not None:
             table.check_compatible(device_kind, self.num_devices, cfg.name)
-        self.candidates = {s: candidate_meshes(cfg, self.num_devices, s) for s in (*self.config.stages, "sft")}
-        for s, c in self.candidates.items():
-            if not c:
-                raise NoFeasibleLayoutError(f"{cfg.name}: no valid {s} mesh over {num_devices} devices")
+        self.candidates: dict[str, list[MeshShape]] = {}  # per stage; a stage registered later joins on first use
+        for s in stage_names():
+            self.candidates_of(s)
         edges = self.config.bucket_edges
         self._bucket = HysteresisLevel([0, *edges[:-1]], self.config.margin, inclusive=False)
         for s, entries in (self.config.thresholds or {}).items():
@@ -226,6 +235,30 @@ class ParallelismSelector:
         self.last_stats: ContextStats | None = None
         self.last_plan: StagePlan | None = None
         self.choices: dict[str, Choice] = {}  # why each stage's last layout was chosen
+        self._stats_of: dict[str, ContextStats] = {}  # the statistics each stage was last selected for
+
+    def candidates_of(self, stage: str) -> list[MeshShape]:
+        """The meshes `stage` may run on: valid for the model and the devices (and the batch, see batch_rows)."""
+        if stage not in self.candidates:
+            meshes = candidate_meshes(self.cfg, self.num_devices, stage)
+            if not meshes:
+                raise NoFeasibleLayoutError(f"{self.cfg.name}: no valid {stage} mesh over {self.num_devices} devices")
+            if self.batch_rows and stage_spec(stage).planned == "each_iteration":
+                meshes = [m for m in meshes if self.batch_rows % (m.data * m.fsdp) == 0]
+                if not meshes:
+                    raise NoFeasibleLayoutError(f"{self.batch_rows} rows do not split over any {stage} mesh of "
+                                                f"{self.num_devices} devices")
+            self.candidates[stage] = meshes
+        return self.candidates[stage]
+
+    @property
+    def planned_stages(self) -> tuple[str, ...]:
+        """The stages plan() plans: the config's, else every registered stage planned each iteration."""
+        return self.config.stages or stage_names("each_iteration")
+
+    def stats_for(self, stage: str) -> ContextStats | None:
+        """The statistics `stage` was last selected for (what an out-of-memory fallback re-plans it for)."""
+        return self._stats_of.get(stage, self.last_stats)
 
     # -- buckets -----------------------------------------------------------------------------------
     @property
@@ -263,7 +296,7 @@ class ParallelismSelector:
         if self.table is not None:
             tctx = _nearest(self.table.context_lens(stage), bucket)
             tn = _nearest(self.table.response_counts(stage), n)
-        for mesh in self.candidates[stage]:
+        for mesh in self.candidates_of(stage):
             if (stage, mesh, bucket) in self.oom_marks:
                 continue
             tgs = None
@@ -294,12 +327,13 @@ class ParallelismSelector:
             ctx = self._check_len(bucket, stats)
             log.warning("thresholds: %s mesh %s does not fit the memory model at context %d; using it anyway "
                         "(smallest micro-batch and chunk)", stage, mesh, ctx)
-            if stage == "rollout":
+            if stage_spec(stage).memory == "decode":
                 return StageLayout(mesh)
             return StageLayout(mesh, 1, min(self.memory.mem.min_logprob_chunk, ctx))
         return StageLayout(mesh, fit.micro_batch, fit.logprob_chunk)
 
     def select(self, stage: str, bucket: int, stats: ContextStats) -> StageLayout:
+        self._stats_of[stage] = stats
         if self.config.thresholds and stage in self.config.thresholds:
             lay = self._threshold_layout(stage, bucket, stats)
             if lay is not None:
@@ -318,7 +352,7 @@ class ParallelismSelector:
         lines = [f"no {stage} layout of {self.cfg.name} on {self.num_devices} devices fits context {ctx} x "
                  f"{stats.num_responses} responses in {self.memory.usable_bytes / 2**30:.2f} GiB per device "
                  f"(budget {self.memory.budget_bytes / 2**30:.2f} GiB x safety {self.memory.mem.safety_fraction}):"]
-        for mesh in self.candidates[stage]:
+        for mesh in self.candidates_of(stage):
             if (stage, mesh, bucket) in self.oom_marks:
                 lines.append(f"  {mesh}: ran out of memory at bucket {bucket}")
             else:
@@ -351,19 +385,18 @@ class ParallelismSelector:
             self.observe(stats)
         self.last_stats = stats
         bucket = self.current_bucket
-        layouts = {s: None for s in STAGES}
-        # train first: its state stays resident beside rollout and experience, which are planned around it
+        layouts = {}
+        # stages that update weights (train) first: their state stays resident beside the others (rollout,
+        # experience), which are planned around it
         self.memory.resident_bytes = 0
-        if "train" in self.config.stages:
-            layouts["train"] = self.select("train", bucket, stats)
-            self.memory.resident_bytes = self.memory.train_resident_bytes(layouts["train"].mesh)
-        for s in ("rollout", "experience"):
-            if s in self.config.stages:
-                layouts[s] = self.select(s, bucket, stats)
-        plan = StagePlan(**layouts, context_bucket=bucket, smoothed_context_len=float(self._smoother.value))
+        for s in sorted(self.planned_stages, key=lambda s: not stage_spec(s).updates_weights):
+            layouts[s] = self.select(s, bucket, stats)
+            if stage_spec(s).updates_weights:
+                self.memory.resident_bytes += self.memory.train_resident_bytes(layouts[s].mesh, s)
+        plan = StagePlan(layouts, context_bucket=bucket, smoothed_context_len=float(self._smoother.value))
         if self.last_plan is not None and str(self.last_plan) != str(plan):
-            for s in STAGES:
-                if plan[s] is not None and str(plan[s]) != str(self.last_plan[s]):
+            for s in plan.layouts:
+                if str(plan[s]) != str(self.last_plan[s]):
                     log.info("parallelism: %s %s -> %s at context %.0f: %s", s, self.last_plan[s], plan[s],
                              plan.smoothed_context_len, self.choices[s].describe())
         self.last_plan = plan
@@ -372,9 +405,9 @@ class ParallelismSelector:
     # -- OOM -----------------------------------------------------------------------------------------
     def mark_oom(self, stage: str, mesh: MeshShape, bucket: int | None = None) -> None:
         """`mesh` ran out of memory for `stage` at `bucket` (default: the current one): never choose it
-        there again (this selector's lifetime, or longer through state_dict)."""
-        if stage not in self.config.stages:
-            raise ValueError(f"stage {stage!r} is not planned by this selector ({self.config.stages})")
+        there again (this selector's lifetime, or longer through state_dict). Any registered stage, planned each
+        iteration or when it runs."""
+        stage_spec(stage)
         bucket = self.current_bucket if bucket is None else int(bucket)
         if bucket is None:
             raise ValueError("mark_oom before the first plan needs an explicit bucket")

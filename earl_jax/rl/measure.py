@@ -30,7 +30,8 @@ from earl_jax.parallel.planner import ProgramCache, StageRun
 from earl_jax.parallel.profile import ProfileTable, run_profile
 from earl_jax.rl.experience import WidthBudget
 from earl_jax.rl.losses import LossConfig
-from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, logical_sharding, make_mesh
+from earl_jax.sharding.mesh import MeshShape, logical_sharding, make_mesh
+from earl_jax.sharding.stages import STAGE_RULES
 
 LOSS = LossConfig(filter_constant_groups=False)  # GRPO and PPO-clip, the job's default loss
 

@@ -8,11 +8,20 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from earl_jax.rl.metrics import read_metrics
+from earl_jax.sharding.stages import stage_names
 
-STAGES = ("rollout", "experience", "train")
+_MESH_KEY = re.compile(r"parallel/(\w+)_mesh")
+
+
+def _stages_with_mesh(rows) -> list[str]:
+    """The stages whose mesh the records name: registered ones in their order, then any other (a fork's stage whose
+    module this process did not import)."""
+    found = {m.group(1) for r in rows for k in r if (m := _MESH_KEY.fullmatch(k))}
+    return [s for s in stage_names() if s in found] + sorted(found - set(stage_names()))
 
 
 def _series(rows, key):
@@ -40,9 +49,10 @@ def _evaluations(ax, rows) -> None:
 
 def _layouts(ax, rows) -> None:
     """Each stage's mesh over the run, as a step plot over the meshes that occurred (the selector's decisions)."""
-    meshes = sorted({r[f"parallel/{s}_mesh"] for r in rows for s in STAGES if r.get(f"parallel/{s}_mesh")})
+    stages = _stages_with_mesh(rows)
+    meshes = sorted({r[f"parallel/{s}_mesh"] for r in rows for s in stages if r.get(f"parallel/{s}_mesh")})
     index = {m: i for i, m in enumerate(meshes)}
-    for k, s in enumerate(STAGES):
+    for k, s in enumerate(stages):
         pts = [(r["step"], index[r[f"parallel/{s}_mesh"]] + (k - 1) * 0.08) for r in rows
                if r.get(f"parallel/{s}_mesh")]
         if pts:
@@ -79,7 +89,7 @@ def plot_run(metrics_path: str | Path, out_png: str | Path, title: str = "") -> 
     ax.set(title="train stage", xlabel="iteration")
     ax.legend(fontsize=7)
     ax = axes[1, 1]
-    for s in STAGES:
+    for s in [s for s in stage_names() if any(f"time/{s}_s" in r for r in iters)]:
         ax.plot(*_series(iters, f"time/{s}_s"), label=s)
     ax.plot(*_series(iters, "time/compile_s"), label="compiling (any stage)", linestyle=":")
     ax.set(title="seconds per iteration", xlabel="iteration", yscale="log" if iters else "linear")

@@ -155,7 +155,7 @@ def start_of_run(trainer, session) -> dict[str, Any]:
         session.beat(f"format warm-up ({what})")
         with phase(f"format warm-up: {cfg.sft.steps} supervised steps on {what}"):
             warm = {f"warmup/{k}": v for k, v in trainer.format_warmup().items()}
-        warm.update(trainer.policy.planner.sft_log_dict())
+        warm.update(trainer.policy.planner.stage_log_dict("sft"))
     last_eval = trainer.evaluate.logged(trainer.step, session.bar.status)
     trainer.logger.log({"step": 0, **warm, **last_eval, "eval/fresh": True})
     return last_eval

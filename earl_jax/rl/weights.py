@@ -1,8 +1,8 @@
 """The policy's weights and optimizer state moved to whichever layout a stage runs on (the Data Dispatcher).
 
-Inference stages (rollout, experience) get the weights in the compute dtype, cast where they are (on the train
-layout) and then dispatched: half the bytes to move, and what the memory model counts. The model casts at every use
-anyway, so the values are the same.
+Stages that only run the model (rollout, experience) get the weights in the compute dtype, cast where they are (on the
+train layout) and then dispatched: half the bytes to move, and what the memory model counts. The model casts at every
+use anyway, so the values are the same. Stages that update weights (train, sft) get them as they are (float32 masters).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from earl_jax.parallel.dispatch import Dispatcher
 from earl_jax.parallel.planner import StageRun
 from earl_jax.rl.league import host_copy
 from earl_jax.rollout.sampler import cast_weights
+from earl_jax.sharding.stages import stage_spec
 
 
 class WeightMover:
@@ -27,8 +28,8 @@ class WeightMover:
         self._cast = jax.jit(lambda p: cast_weights(p, dtype))  # keeps each leaf's sharding
 
     def for_stage(self, run: StageRun, params: Any) -> Any:
-        """`params` in `run`'s layout (and, for inference stages, the compute dtype)."""
-        if run.stage != "train" and self.dtype != jnp.float32:
+        """`params` in `run`'s layout (and, for a stage that does not update them, the compute dtype)."""
+        if not stage_spec(run.stage).updates_weights and self.dtype != jnp.float32:
             params = self._cast(params)
         return self.dispatcher(params, run.shardings(params))
 

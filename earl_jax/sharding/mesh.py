@@ -17,11 +17,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 # Mesh axis names. Rollout and experience use (data, tensor); training adds fsdp between them.
 DATA, FSDP, TENSOR = "data", "fsdp", "tensor"
-# The stages a job runs, each under its own layout. RL_STAGES run every iteration; sft (supervised steps on
-# transcripts: the format warm-up, a base policy's training) runs on its own before them.
-RL_STAGES = ("rollout", "experience", "train")
-STAGES = (*RL_STAGES, "sft")
-UPDATE_STAGES = ("train", "sft")  # stages that update the weights: train rules (fsdp), the optimizer's state
 
 Rules = Mapping[str, Any]  # logical axis -> mesh axis name, tuple of names, or None (replicated)
 
@@ -35,9 +30,7 @@ INFERENCE_RULES: Rules = {
 }
 # Training: parameters (and so gradients and optimizer state) also split over fsdp along embed.
 TRAIN_RULES: Rules = {**INFERENCE_RULES, "embed": FSDP, "batch": (DATA, FSDP)}
-
-STAGE_RULES: dict[str, Rules] = {"rollout": INFERENCE_RULES, "experience": INFERENCE_RULES, "train": TRAIN_RULES,
-                                  "sft": TRAIN_RULES}
+# Each stage names its table when it registers (sharding/stages.py: STAGE_RULES).
 
 
 @dataclasses.dataclass(frozen=True, order=True)

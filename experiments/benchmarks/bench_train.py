@@ -87,7 +87,8 @@ def run_case(case: dict) -> dict:
     from earl_jax.rl.packing import scored_spans
     from earl_jax.rl.stages import ExperienceBatch
     from earl_jax.rl.train import train_stage
-    from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, make_mesh
+    from earl_jax.sharding.mesh import MeshShape, make_mesh
+    from earl_jax.sharding.stages import STAGE_RULES
 
     cfg = (ModelConfig.tiny(vocab_size=2048).replace(num_hidden_layers=2) if case["model"] == "tiny"
            else get_config(case["model"]))

@@ -39,7 +39,8 @@ from earl_jax.parallel.planner import stage_compiler_options  # noqa: E402
 from earl_jax.rl import stages  # noqa: E402
 from earl_jax.rl.losses import LossConfig  # noqa: E402
 from earl_jax.sharding.context import use_mesh_rules  # noqa: E402
-from earl_jax.sharding.mesh import STAGE_RULES, MeshShape, logical_sharding, make_mesh, state_shardings  # noqa: E402
+from earl_jax.sharding.mesh import MeshShape, logical_sharding, make_mesh, state_shardings  # noqa: E402
+from earl_jax.sharding.stages import STAGE_RULES  # noqa: E402
 
 COLLECTIVE = re.compile(r"= (.+?) (all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
 ALLOC = re.compile(r"allocation (\d+): size (\d+)(.*)")
