@@ -58,7 +58,7 @@ class RunConfig:
     compile_cache: str = _f("", "persistent JAX compilation cache folder (\"\": "
                                 "$XDG_CACHE_HOME/earl_jax/jax_compile or $EARL_COMPILE_CACHE; \"off\": none)")
     wandb_mode: Literal["auto", "online", "offline", "disabled"] = _f(
-        "auto", "auto = online with WANDB_API_KEY set, else offline")
+        "auto", "auto = online with WANDB_API_KEY set, else offline; wandb's own output only with online")
     wandb_project: str = _f("earl-jax", "wandb project")
     progress: bool = _f(True, "a live progress bar in a terminal (one line per iteration elsewhere)")
 
