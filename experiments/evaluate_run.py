@@ -5,9 +5,9 @@
 
 A base folder made by experiments/pretrain.py (with earl_base.json) is evaluated as its game's default job would
 start from it (step 0; nothing is written into the folder). Each run's own config.json rebuilds the model, tokenizer
-and game (runs written before the component configs load too); its checkpoint gives the weights (and the
-curriculum's rung, which is evaluated too). Games use the
-trainer's fixed evaluation seeds, so runs are compared on the same openings. Prints a table per run and, for
+and game (one written by an earlier version is refused in one line naming experiments/upgrade_run.py, which converts
+it); its checkpoint gives the weights (and the curriculum's rung, which is evaluated too). Games use the trainer's
+fixed evaluation seeds, so runs are compared on the same openings. Prints a table per run and, for
 several runs, the mean and the spread (sample standard deviation, min, max) per opponent; writes
 <run-dir>/evaluation.json per run (and --out, the summary, for several).
 """
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 def load_run_config(run_dir: Path, paths: dict | None = None):
     """The JobConfig a run was started with (its config.json), with `paths` ({(section, field): value}) set."""
     from earl_jax.cli import ConfigError, replace_paths
-    from earl_jax.rl.config import JobConfig
+    from earl_jax.rl.config import JobConfig, OldRunConfig
 
     path = run_dir / "config.json"
     if not path.is_file():
@@ -36,7 +36,11 @@ def load_run_config(run_dir: Path, paths: dict | None = None):
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON ({e})") from None
-    return replace_paths(JobConfig.from_dict(raw), paths or {})
+    try:
+        saved = JobConfig.from_dict(raw)
+    except OldRunConfig as e:
+        raise ConfigError(e.line(path)) from None
+    return replace_paths(saved, paths or {})
 
 
 def is_base(folder: Path) -> bool:

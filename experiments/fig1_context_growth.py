@@ -41,24 +41,25 @@ sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
 
 from earl_jax.parallel.profile import device_slug  # noqa: E402
 from earl_jax.rl.metrics import read_metrics  # noqa: E402
-from experiments.job_flags import component_flags  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory")
 
-COMMON = ["--game", "connect_four", "--format-warmup-steps", "0", "--eval-every", "0", "--checkpoint-every", "0",
-          "--keep-checkpoints", "1", "--wandb-mode", "disabled", "--progress", "false",
+COMMON = ["--game", "connect_four", "--sft.steps", "0", "--eval.every", "0", "--run.checkpoint-every", "0",
+          "--run.keep-checkpoints", "1", "--run.wandb-mode", "disabled", "--run.progress", "false",
           # only the selector sizes micro-batches (the static run keeps its first)
-          "--micro-batch-tokens", str(1 << 30)]
+          "--planner.micro-batch-tokens", str(1 << 30)]
 SETTINGS = {
     # learning rate 1e-6: the policy stays near its initialization, so both runs play (almost) the same games
     # and their contexts match: a paired comparison of the two layouts, not of two learning curves.
-    "gpu": ["--model", "tiny", "--groups", "8", "--group-size", "4", "--steps", "6", "--eval-games", "8",
-            "--turn-tokens-schedule", "0:64,2:1024,4:3072", "--max-context", "32768", "--max-turns", "32",
-            "--learning-rate", "1e-6", "--stop-at-eos", "false", "--constrain-moves", "false"],
-    "small": ["--model", "tiny", "--groups", "2", "--group-size", "4", "--steps", "4", "--eval-games", "4",
-              "--stop-at-eos", "false", "--constrain-moves", "false",
-              "--turn-tokens-schedule", "0:8,2:48", "--max-context", "1024", "--max-turns", "32"],
+    "gpu": ["--model", "tiny", "--rollout.groups", "8", "--rollout.group-size", "4", "--steps", "6",
+            "--eval.games", "8", "--rollout.turn-tokens-schedule", "0:64,2:1024,4:3072",
+            "--rollout.max-context", "32768", "--rollout.max-turns", "32", "--learning-rate", "1e-6",
+            "--rollout.stop-at-eos", "false", "--rollout.constrain-moves", "false"],
+    "small": ["--model", "tiny", "--rollout.groups", "2", "--rollout.group-size", "4", "--steps", "4",
+              "--eval.games", "4", "--rollout.stop-at-eos", "false", "--rollout.constrain-moves", "false",
+              "--rollout.turn-tokens-schedule", "0:8,2:48", "--rollout.max-context", "1024",
+              "--rollout.max-turns", "32"],
 }
 
 
@@ -72,7 +73,7 @@ def error_line(lines: list[str]) -> str | None:
 def run_one(mode: str, flags: list[str], run_dir: Path, timeout: float, env: dict[str, str]) -> dict:
     """One training run in a subprocess; how it ended (finished / out of memory / other error / timeout)."""
     cmd = [sys.executable, str(ROOT / "experiments" / "connect4.py"),
-           *component_flags([*flags, "--run-dir", str(run_dir), "--selector-mode", mode])]
+           *flags, "--run-dir", str(run_dir), "--planner.mode", mode]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)

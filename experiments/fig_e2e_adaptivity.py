@@ -74,27 +74,25 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import adaptivity_summary  # noqa: E402
 from earl_jax.parallel.profile import SCRATCH_OOM  # noqa: E402
-from earl_jax.rl.config import parse_schedule  # noqa: E402
-from job_flags import component_flags  # noqa: E402
+from earl_jax.rollout.config import parse_schedule  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory")  # and SCRATCH_OOM (run_one)
 
-COMMON = ["--game", "connect_four", "--format-warmup-steps", "0", "--eval-opponents=", "--eval-every", "0",
-          "--checkpoint-every", "0", "--keep-checkpoints", "0", "--wandb-mode", "disabled", "--progress", "false",
-          "--stop-at-eos", "false", "--constrain-moves", "false", "--prompt-style", "compact", "--max-turns", "2",
-          "--learning-rate", "1e-6",
-          "--seed", "0"]
+COMMON = ["--game", "connect_four", "--sft.steps", "0", "--eval.opponents=", "--eval.every", "0",
+          "--run.checkpoint-every", "0", "--run.keep-checkpoints", "0", "--run.wandb-mode", "disabled",
+          "--run.progress", "false", "--rollout.stop-at-eos", "false", "--rollout.constrain-moves", "false",
+          "--env.prompt-style", "compact", "--rollout.max-turns", "2", "--learning-rate", "1e-6", "--seed", "0"]
 SETTINGS = {
     # 4 games: one per data shard of d4f1t1; budgets 16 -> 96 tokens a turn (contexts ~190 -> ~350)
     "small": dict(model="tiny", devices=4, schedule="0:16,2:96", steps=4, budget_s=240.0, mem_fraction=None,
-                  flags=["--groups", "2", "--group-size", "2", "--max-context", "512"]),
+                  flags=["--rollout.groups", "2", "--rollout.group-size", "2", "--rollout.max-context", "512"]),
     # 8 games (2 per data shard of d4f1t1); two turns of 480 / 3968 / 16000 tokens: contexts ~1.1K, ~8.1K, ~32.2K
     # mem fraction 0.85, not 0.92: at 0.92 a TP4 run could not get NCCL's all-reduce scratch outside XLA's pool
     # at its 32K iteration (4 x H100, 1.5B, with 26 of 73 GiB of the pool in use)
     "gpu4": dict(model="qwen2.5-3b", devices=4, schedule="0:480,2:3968,4:16000", steps=5, budget_s=540.0,
-                 mem_fraction=0.85, flags=["--groups", "4", "--group-size", "2", "--max-context", "32768",
-                                           "--dtype", "bfloat16"]),
+                 mem_fraction=0.85, flags=["--rollout.groups", "4", "--rollout.group-size", "2",
+                                           "--rollout.max-context", "32768", "--model.dtype", "bfloat16"]),
 }
 TRACE_KEYS = ("step", "rollout/turn_tokens", "rollout/context_len_mean", "rollout/context_len_max",
               "rollout/turn_context_len_mean", "rollout/tokens", "rollout/generated_tokens",
@@ -156,7 +154,7 @@ def run_one(name: str, flags: list[str], run_dir: Path, budget_s: float, env: di
     from earl_jax.rl.metrics import read_metrics
 
     cmd = [sys.executable, str(ROOT / "experiments" / "connect4.py"),
-           *component_flags([*flags, "--run-dir", str(run_dir)])]
+           *flags, "--run-dir", str(run_dir)]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=budget_s)
@@ -188,11 +186,10 @@ def auto_table(result: dict, path: Path) -> Path:
     from earl_jax.parallel.selector import DEFAULT_BUCKET_EDGES, SMALL_BUCKET_EDGES
     from earl_jax.sharding.mesh import MeshShape
 
-    # the trainer's edges (StagePlanner.from_config): --planner.edges (flat here, --selector-edges), else small
-    # ones for the tiny model
+    # the trainer's edges (StagePlanner.from_config): --planner.edges, else small ones for the tiny model
     flags = result["flags"]
-    edges = (tuple(int(v) for v in flags[flags.index("--selector-edges") + 1].split(","))
-             if "--selector-edges" in flags
+    edges = (tuple(int(v) for v in flags[flags.index("--planner.edges") + 1].split(","))
+             if "--planner.edges" in flags
              else SMALL_BUCKET_EDGES if result["model"] == "tiny" else DEFAULT_BUCKET_EDGES)
     rows = adaptivity_summary.auto_profile_rows(result, edges)
     if not rows:
@@ -396,8 +393,8 @@ def main(argv=None) -> dict:
     schedule = parse_schedule(setting["schedule"])
     n_dev = setting["devices"]
     flags = [*COMMON, *setting["flags"], "--model", setting["model"], "--devices", str(n_dev), "--steps",
-             str(setting["steps"]), "--turn-tokens-schedule", setting["schedule"], *args.extra]
-    groups, size = (int(flags[flags.index(f) + 1]) for f in ("--groups", "--group-size"))
+             str(setting["steps"]), "--rollout.turn-tokens-schedule", setting["schedule"], *args.extra]
+    groups, size = (int(flags[flags.index(f) + 1]) for f in ("--rollout.groups", "--rollout.group-size"))
     static = {f"static_{m}": m for m in rollout_meshes(setting["model"], n_dev, groups * size)}
     names = [*static, "auto"]
     wanted = names if args.runs is None else [n.strip() for n in args.runs.split(",") if n.strip()]
@@ -434,13 +431,13 @@ def main(argv=None) -> dict:
             continue
         run_flags = list(flags)
         if run_name == "auto":
-            run_flags += ["--selector-mode", "auto"]
+            run_flags += ["--planner.mode", "auto"]
             if args.auto_table == "from-static":
-                run_flags += ["--selector-table", str(auto_table(result, runs_dir / "auto_table.json"))]
+                run_flags += ["--planner.table", str(auto_table(result, runs_dir / "auto_table.json"))]
             elif args.auto_table != "none":
-                run_flags += ["--selector-table", args.auto_table]
+                run_flags += ["--planner.table", args.auto_table]
         else:
-            run_flags += ["--selector-mode", "static", "--rollout-thresholds", f"0:{static[run_name]}"]
+            run_flags += ["--planner.mode", "static", "--planner.rollout-thresholds", f"0:{static[run_name]}"]
         run_dir = runs_dir / run_name
         if run_dir.exists():
             raise SystemExit(f"{run_dir} exists: remove it or pass another --keep-runs (runs are never overwritten)")

@@ -1,35 +1,54 @@
-"""Short JobConfigs for tests, by field name: `job(groups=4, steps=3)` sets rollout.groups and run.steps.
+"""Short JobConfigs for tests, by field name: `job(groups=4, run__steps=3)` sets rollout.groups and run.steps.
 
-A name is a field's own name where it is unique across the components (`groups`, `learning_rate`, `devices`), or its
-name before the components existed (`eval_games`, `format_warmup_steps`, `curriculum`, `algorithm`: the map in
-earl_jax/rl/config.py that also reads old runs' config.json). `section__field` names any field directly
-(`eval__games=8`)."""
+A name is `section__field` (`eval__games=8`), or a field's own name where no other component has a field of that name
+(`groups`, `max_context`, `devices`); `steps` (run and sft) and the like must say their section."""
 
 from __future__ import annotations
 
+import collections
+import functools
 from typing import Any
 
-from earl_jax.cli import replace_paths
-from earl_jax.rl.config import JobConfig, legacy_to_nested
+from earl_jax.cli import fields_of, replace_paths
+from earl_jax.rl.config import JobConfig
 
 # tests' usual settings: quiet, no wandb
-QUIET = dict(progress=False, wandb_mode="disabled")
+QUIET = dict(run__progress=False, run__wandb_mode="disabled")
 
 
-def _paths(fields: dict[str, Any]) -> dict[tuple[str, ...], Any]:
-    direct = {tuple(k.split("__")): v for k, v in fields.items() if "__" in k}
-    nested = legacy_to_nested({k: v for k, v in fields.items() if "__" not in k})
-    return {**{(s, f): v for s, sub in nested.items() for f, v in sub.items()}, **direct}
+@functools.cache
+def _fields() -> tuple[dict[tuple[str, ...], Any], dict[str, list[tuple[str, ...]]]]:
+    by_name: dict[str, list[tuple[str, ...]]] = collections.defaultdict(list)
+    fields = {f.path: f for f in fields_of(JobConfig())}
+    for path in fields:
+        by_name[path[-1]].append(path)
+    return fields, dict(by_name)
+
+
+def _path(name: str) -> tuple[str, ...]:
+    fields, by_name = _fields()
+    if "__" in name:
+        path = tuple(name.split("__"))
+        if path not in fields:
+            raise TypeError(f"jobs: no field {'.'.join(path)}")
+        return path
+    paths = by_name.get(name, [])
+    if len(paths) != 1:
+        where = " or ".join("__".join(p) for p in paths) or "no field of that name"
+        raise TypeError(f"jobs: {name!r} is not one field's name ({where})")
+    return paths[0]
 
 
 def with_fields(cfg: JobConfig, **fields: Any) -> JobConfig:
     """`cfg` with the named fields replaced (each component rebuilt once, so its checks see all its new fields)."""
-    values = _paths(fields)
-    for path, v in values.items():
+    values = {}
+    for name, v in fields.items():
+        path = _path(name)
         if isinstance(v, list):
-            values[path] = tuple(v)
+            v = tuple(v)
         if path == ("run", "resume") and isinstance(v, bool):
-            values[path] = "true" if v else "false"
+            v = "true" if v else "false"
+        values[path] = v
     return replace_paths(cfg, values)
 
 

@@ -102,7 +102,7 @@ def test_fig3_small_real_measure_and_profile_table(tmp_path):
 def test_fig1_small_runs_static_and_selector(tmp_path):
     fig1 = _load("fig1_context_growth")
     # one iteration of short games (at most 6 agent turns) per job: the figure's whole path, fewer programs to compile
-    res = fig1.main(["--small", "--out", str(tmp_path), "--", "--steps", "1", "--max-turns", "6"])
+    res = fig1.main(["--small", "--out", str(tmp_path), "--", "--steps", "1", "--rollout.max-turns", "6"])
     assert set(res["runs"]) == {"static", "selector"}
     for name, run in res["runs"].items():
         assert run["status"] == "finished" and run["iterations"] == 1, (name, run["tail"])
@@ -127,10 +127,10 @@ def test_agent_loop_bench_keeps_a_launched_jobs_iterations_when_its_launcher_tim
 
     monkeypatch.setattr(bench.subprocess, "run", fake_run)
     flags = bench.CASES["gpu"]["gpu8192_4proc"]
-    kept = bench.run_case("current", flags, 60, {}, bench.LAUNCH["gpu8192_4proc"])
+    kept = bench.run_case(flags, 60, {}, bench.LAUNCH["gpu8192_4proc"])
     assert kept["status"] == "cut by the timeout" and kept["iterations"] == 3 and kept["games"] == 8192
     assert kept["games_per_s"] == pytest.approx(8192 / 0.5)
-    assert bench.run_case("current", flags, 60, {}, None)["status"] == "error"  # not launched: 124 is the job's own
+    assert bench.run_case(flags, 60, {}, None)["status"] == "error"  # not launched: 124 is the job's own
 
 
 def test_agent_loop_bench_collects_one_calls_jobs_and_steady_iterations(tmp_path):
@@ -152,8 +152,23 @@ def test_agent_loop_bench_collects_one_calls_jobs_and_steady_iterations(tmp_path
     recs = [{"step": s, "compile/programs": p, "compile/lowered": n} for s, p, n in
             ((2, 5, 0), (3, 5, 0), (4, 5, 2), (5, 6, 0), (6, 6, 0))]
     assert [r["step"] for r in bench.steady(recs)] == [3, 6]
-    # the four-process cases launch through launch/local.py, only with this checkout's code
-    assert {"gpu2048_4proc", "gpu2048_4proc_gc"} <= set(bench.LAUNCH) <= bench.CURRENT_ONLY_CASES
+    # the four-process cases launch through launch/local.py
+    assert {"gpu2048_4proc", "gpu2048_4proc_gc"} <= set(bench.LAUNCH)
+
+
+def test_agent_loop_bench_takes_each_cases_baseline_from_the_recorded_result(tmp_path):
+    """This checkout's runs beside the baselines a result file recorded (the code before the batched agent loop),
+    with the speedups; a case the file has no baseline for stands alone."""
+    bench = _load("bench_agent_loop")
+    job = {"rollout_s": 2.0, "experience_s": 0.5, "train_s": 0.5, "iteration_s": 3.0}
+    recorded = tmp_path / "recorded.json"
+    recorded.write_text(json.dumps({"cases": {"gpu512": {"baseline": job, "current": {}}}}))
+    result = {"device": "NVIDIA H100 80GB HBM3", "cases": {"gpu512": {"current": {k: v / 4 for k, v in job.items()}},
+                                                           "gpu2048_4proc": {"current": job}}}
+    bench.with_baselines(result, recorded)
+    assert result["cases"]["gpu512"]["baseline"] == job and result["baseline_from"] == str(recorded)
+    assert result["cases"]["gpu512"]["speedup"]["rollout"] == pytest.approx(4.0)
+    assert set(result["cases"]["gpu2048_4proc"]) == {"current"}
 
 
 def test_agent_loop_bench_merges_repeated_pairs_with_medians(tmp_path):

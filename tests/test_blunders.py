@@ -119,9 +119,9 @@ def test_blunder_penalty_needs_the_batched_env_and_valid_settings():
 def test_the_trainer_plays_with_the_penalty_and_logs_the_blunder_rate(tmp_path):
     from earl_jax.rl.trainer import Trainer
 
-    cfg = job(game="tic_tac_toe", steps=1, groups=2, group_size=2, max_turns=9, max_context=256,
-              prompt_style="compact", constrain_moves=True, blunder_penalty=0.3, format_warmup_steps=0,
-              eval_opponents=("random", "mcts:4"), eval_games=2, checkpoint_every=0, devices=1,
+    cfg = job(game="tic_tac_toe", run__steps=1, groups=2, group_size=2, max_turns=9, max_context=256,
+              prompt_style="compact", constrain_moves=True, blunder_penalty=0.3, sft__steps=0,
+              eval__opponents=("random", "mcts:4"), eval__games=2, checkpoint_every=0, devices=1,
               run_dir=str(tmp_path))
     trainer = Trainer(cfg, log=False)
     assert trainer.env.config.blunder_penalty == 0.3  # what the config says is what the games use

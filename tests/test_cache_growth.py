@@ -15,7 +15,7 @@ from jobs import job, with_fields
 # Games of at most 5 agent turns: contexts pass 256 tokens (default buckets 128, 256, 384, ...; coarse: 512 alone)
 # with 3 against 12 decode programs, where whole games compiled 14 against 28 at 3x the test's time.
 CFG = job(game="connect_four", prompt_style="compact", max_turn_tokens=8, max_context=2048, max_turns=5,
-          groups=4, group_size=4, steps=1, format_warmup_steps=0, eval_every=0, devices=1, checkpoint_every=0)
+          groups=4, group_size=4, run__steps=1, sft__steps=0, eval__every=0, devices=1, checkpoint_every=0)
 
 
 def test_geometric_buckets():
@@ -25,7 +25,7 @@ def test_geometric_buckets():
     with pytest.raises(ValueError, match="growth"):
         geometric_cache_buckets(1.2)
     with pytest.raises(ValueError, match="^--rollout.cache-growth: "):
-        with_fields(CFG, rollout_cache_growth=1.2)
+        with_fields(CFG, rollout__cache_growth=1.2)
 
 
 def test_memory_model_prices_the_padded_cache():
@@ -46,7 +46,7 @@ def _sampler_programs(tmp_path, **kw) -> tuple[Trainer, int]:
 
 
 def test_coarse_cache_sizes_reach_the_stages_and_compile_fewer_decode_programs(tmp_path):
-    coarse, n_coarse = _sampler_programs(tmp_path / "coarse", rollout_cache_growth=4.0)
+    coarse, n_coarse = _sampler_programs(tmp_path / "coarse", rollout__cache_growth=4.0)
     (sampler,) = coarse.rollout.samplers.values()
     assert sampler.cache_buckets == geometric_cache_buckets(4)
     assert coarse.planner.selector.memory.mem.cache_buckets == geometric_cache_buckets(4)

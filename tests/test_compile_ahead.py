@@ -99,7 +99,7 @@ def test_a_failed_ahead_compile_is_recorded_and_changes_nothing():
 def test_trainer_plays_the_same_games_with_and_without_compiling_ahead(tmp_path):
     """Free-text Connect Four (the decode loop) on the CPU with --rollout.compile-ahead true: same trajectories and
     metrics as without, the ahead compiles logged, none failed."""
-    cfg = job(groups=2, group_size=4, steps=1, format_warmup_steps=0, devices=1, eval_games=8, eval_every=0,
+    cfg = job(groups=2, group_size=4, run__steps=1, sft__steps=0, devices=1, eval__games=8, eval__every=0,
               checkpoint_every=0, max_context=256, constrain_moves=False, prompt_style="compact")
     records = {}
     for mode in ("true", "false"):
@@ -127,14 +127,13 @@ def test_auto_stage_programs_compile_ahead_on_accelerators_from_the_start():
 def test_auto_compaction_on_cpus_always_and_on_accelerators_after_the_first_rollout():
     assert compact_now("auto", 0, "cpu") and not compact_now("auto", 0, "gpu") and compact_now("auto", 1, "gpu")
     assert compact_now("true", 0, "gpu") and not compact_now("false", 3, "cpu")
-    assert compact_now(True, 0, "gpu") and not compact_now(False, 0, "cpu")  # config.json written before "auto"
 
 
 def test_the_compaction_setting_is_what_the_rollout_does(tmp_path):
     """--rollout.compact-finished true / false reach the decode loop: the decode batch shrinks as games end, or not."""
     rows = {}
     for mode in ("true", "false"):
-        cfg = job(groups=2, group_size=4, steps=1, format_warmup_steps=0, devices=1, eval_games=8, eval_every=0,
+        cfg = job(groups=2, group_size=4, run__steps=1, sft__steps=0, devices=1, eval__games=8, eval__every=0,
                   checkpoint_every=0, max_context=256, prompt_style="compact", compact_finished=mode,
                   run_dir=str(tmp_path / mode))
         trainer = Trainer(cfg, log=False)
@@ -244,7 +243,7 @@ def test_the_trainer_compiles_compaction_ahead_when_the_next_rollout_compacts(tm
     calls = []
     real = Sampler.compile_compaction_ahead
     monkeypatch.setattr(Sampler, "compile_compaction_ahead", lambda self, *a: calls.append(real(self, *a)))
-    cfg = job(groups=2, group_size=8, steps=2, format_warmup_steps=0, devices=1, eval_games=8, eval_every=0,
+    cfg = job(groups=2, group_size=8, run__steps=2, sft__steps=0, devices=1, eval__games=8, eval__every=0,
               checkpoint_every=0, max_context=512, constrain_moves=False, prompt_style="compact", run_dir=str(tmp_path))
     trainer = Trainer(cfg, log=False)
     trainer.evaluate()  # an evaluation's rollout (its own batch) predicts nothing

@@ -1,5 +1,5 @@
 """experiments/evaluate_run.py: runs' newest checkpoints evaluated against a list of opponents, the mean and spread
-over several runs, and run folders written before the component configs."""
+over several runs; run folders written before the component configs, converted by experiments/upgrade_run.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from earl_jax.rl.trainer import Trainer
 from jobs import job, with_fields
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = job(game="tic_tac_toe", groups=2, group_size=2, steps=2, eval_every=0, eval_games=4, format_warmup_steps=0,
+SMALL = job(game="tic_tac_toe", groups=2, group_size=2, run__steps=2, eval__every=0, eval__games=4, sft__steps=0,
             devices=2, checkpoint_every=1, max_turns=6, max_context=256, micro_batch_tokens=1024)
 GAMES = str(SMALL.eval.games)
 
@@ -88,10 +88,9 @@ def test_several_runs_give_each_result_and_the_mean_and_spread(tmp_path, trained
 def _flat(cfg) -> dict:
     """`cfg` as runs wrote config.json before the component configs: one flat dict by the old field names."""
     from earl_jax.cli import fields_of, get_path
-    from earl_jax.rl.config import LEGACY
 
     fields = fields_of(cfg)
-    old_name = {path: name for name, path in LEGACY.items()}
+    old_name = {path: name for name, path in _script("upgrade_run").OLD_NAMES.items()}
     unique = collections.Counter(f.path[-1] for f in fields)
     flat = {}
     for f in fields:  # a field an old name reaches: by the map, or its own name when no other field has it
@@ -102,26 +101,51 @@ def _flat(cfg) -> dict:
     return {**flat, "resume": False, "rollout_groups": 0, "compact_finished": True}  # the old types, a removed option
 
 
-def test_reads_a_run_folder_written_before_the_component_configs(tmp_path, trained):
-    """An old run's flat config.json (old field names and types, an option since removed) evaluates as the nested one
-    does; a real one from an earlier version loads."""
+def test_an_old_run_folder_is_one_line_naming_the_converter_and_evaluates_once_converted(tmp_path, trained, capsys):
+    """An old run's flat config.json (old field names and types, an option since removed) is refused in one line that
+    names experiments/upgrade_run.py; converted, it evaluates as the nested one does, the old file kept."""
     run = _copy(trained[0], tmp_path / "old")
     nested = _script().load_run_config(run)
     flat = _flat(nested)
     assert not any(isinstance(v, dict) for v in flat.values()) and flat["format_warmup_steps"] == 0
     (run / "config.json").write_text(json.dumps(flat))
-    assert _script().load_run_config(run) == with_fields(nested, compact_finished="true")  # the old bool, read
+    with pytest.raises(ConfigError) as e:
+        _script().main([str(run), "--opponents", "solver", "--games", GAMES])
+    assert str(e.value) == (f"{run / 'config.json'} was written by an earlier version (flat keys): convert it once "
+                            f"with `python experiments/upgrade_run.py {run}`")
+
+    assert _script("upgrade_run").main([str(run)]) == 0
+    assert json.loads((run / "config.json.bak").read_text()) == flat
+    assert "flat keys -> sections" in capsys.readouterr().out
+    assert _script().load_run_config(run) == with_fields(nested, compact_finished="true")  # the old bool, converted
     result = _script().main([str(run), "--opponents", "solver", "--games", GAMES])
     assert result["step"] == 2
     assert result["opponents"]["solver"]["win_rate"] == trained[1]["eval_solver/win_rate"]
 
-    real = tmp_path / "real"  # the Tic-Tac-Toe CPU default's run as an earlier version saved it
+
+def test_the_converter_reads_a_real_old_config_and_refuses_what_it_cannot_place(tmp_path, capsys):
+    """The Tic-Tac-Toe CPU default's run as an earlier version saved it converts; a second pass changes nothing; an
+    unknown old field is one line, with the folder left as it was."""
+    upgrade = _script("upgrade_run")
+    real = tmp_path / "real"
     real.mkdir()
     old = json.loads((ROOT / "experiments" / "results" / "tictactoe_cpu_default.json").read_text())["config"]
     (real / "config.json").write_text(json.dumps(old))
+    assert upgrade.main([str(real)]) == 0
     cfg = _script().load_run_config(real)
     assert (cfg.env.game, cfg.rollout.groups, cfg.env.max_retries, cfg.eval.opponents, cfg.loss.estimator) == (
         "tic_tac_toe", 16, 2, ("random", "solver"), "grpo")
+    converted = (real / "config.json").read_text()
+    assert upgrade.main([str(real)]) == 0 and (real / "config.json").read_text() == converted
+    assert capsys.readouterr().out.splitlines()[-1] == f"{real}: config.json is current, nothing to do"
+
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "config.json").write_text(json.dumps({**old, "frobnicate": 1}))
+    assert upgrade.main([str(odd)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"upgrade_run: error: {odd / 'config.json'}: field 'frobnicate' of an earlier version has no place in this one"]
+    assert sorted(p.name for p in odd.iterdir()) == ["config.json"]
 
 
 def test_a_folder_without_a_run_is_refused(tmp_path):

@@ -1,11 +1,10 @@
-"""Every `--flag` that a message, help text or docstring in earl_jax/ and experiments/*.py names is a flag that exists.
+"""Every `--flag` that a message, help text or docstring in earl_jax/ and experiments/ names is a flag that exists.
 
 What a text may name: a flag of the job (the argparse parser experiments/connect4.py builds: every config field, the
-short aliases, --preset/--config/--debug/--help); a flag its own file declares with `add_argument`; a flag of a script
-the same text names (`experiments/pretrain.py --tactics-steps`); in a file that passes flat flags through
-experiments/job_flags.py, a flat name that it turns into a job flag (`--eval-games` -> `--eval.games`). Underscores
-count as hyphens, as on the command line. `--planner.<stage>-thresholds`, `--planner.*-thresholds`, an f-string's
-`{stage}` and an upper-case word (`--SECTION.FIELD`) are patterns: some real flag must match them.
+short aliases, --preset/--config/--debug/--help); a flag its own file declares with `add_argument` or looks for in
+`sys.argv`; a flag of a script the same text names (`experiments/pretrain.py --tactics-steps`). Underscores count as
+hyphens, as on the command line. `--planner.<stage>-thresholds`, `--planner.*-thresholds`, an f-string's `{stage}` and
+an upper-case word (`--SECTION.FIELD`) are patterns: some real flag must match them.
 """
 
 from __future__ import annotations
@@ -22,10 +21,12 @@ SCRIPT = re.compile(r"\b(?:experiments|launch)/[\w/]+\.py\b")
 PLACEHOLDER = re.compile(r"(\{\}|\*|<[^>]*>|\b[A-Z][A-Z0-9_]*\b)")
 # Flags of other programs, named where their command lines are built: not ours to check.
 OTHER_PROGRAMS = {
-    "--xla_force_host_platform_device_count",  # XLA (the XLA_FLAGS variable): fake CPU devices
     "--query-gpu", "--format",  # nvidia-smi, asked for the GPU's name and memory (fig1_context_growth.py)
     "--manual-gc",  # Megatron-LM's, which --run.gc-every copies (earl_jax/rl/gc_control.py)
+    "--short",  # git rev-parse's (a benchmark records the commit it ran)
+    "--devices-per-process",  # launch/local.py's, in the launch command a benchmark builds
 }
+XLA = "--xla_"  # XLA's own flags (XLA_FLAGS), whatever their name
 
 
 @functools.cache
@@ -47,9 +48,16 @@ def job_flags() -> frozenset[str]:
 
 
 def declared_flags(tree: ast.AST) -> set[str]:
-    """The flags a file's own argparse parsers declare (`add_argument("--out", ...)`)."""
-    return {a.value for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "add_argument"
-            for a in n.args if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--")}
+    """The flags a file's own argparse parsers declare (`add_argument("--out", ...)`), or it looks for itself
+    (`"--full" in sys.argv`)."""
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "add_argument":
+            out |= {a.value for a in n.args if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+        elif (isinstance(n, ast.Compare) and isinstance(n.left, ast.Constant) and isinstance(n.ops[0], ast.In)
+              and ast.unparse(n.comparators[0]) == "sys.argv"):
+            out.add(n.left.value)
+    return {f for f in out if isinstance(f, str) and f.startswith("--")}
 
 
 @functools.cache
@@ -77,39 +85,26 @@ def _pattern(token: str) -> re.Pattern:
     return re.compile("".join(r"[\w-]+" if i % 2 else re.escape(p.replace("_", "-")) for i, p in enumerate(parts)))
 
 
-def _translated(token: str) -> str | None:
-    """A flat benchmark flag as the job flag experiments/job_flags.py turns it into (None: it has none)."""
-    from experiments.job_flags import component_flags
-
-    try:
-        return component_flags([token])[0]
-    except ValueError:
-        return None
-
-
 def offenders(source: str, path: str) -> list[str]:
     """`path:line: --flag` for each flag in `source`'s string literals that names nothing the program takes."""
     tree = ast.parse(source)
     own = declared_flags(tree) | job_flags()
-    flat = "job_flags" in source or path.endswith("job_flags.py")  # the translator, and who passes flat flags to it
     out = []
     for line, text in sorted(texts(tree), key=lambda lt: lt[0]):
         named = set().union(*(script_flags(s) for s in SCRIPT.findall(text)))
         for m in FLAG.finditer(text):
             token = m.group(0).rstrip(".-")
-            if token in OTHER_PROGRAMS:
+            if token in OTHER_PROGRAMS or token.startswith(XLA):
                 continue
             rx = _pattern(token)
             if any(rx.fullmatch(f.replace("_", "-")) for f in own | named):
-                continue
-            if flat and (_translated(token) or "") in job_flags():
                 continue
             out.append(f"{path}:{line}: {token}")
     return out
 
 
 def test_every_flag_a_text_names_exists():
-    files = sorted((ROOT / "earl_jax").rglob("*.py")) + sorted((ROOT / "experiments").glob("*.py"))
+    files = sorted((ROOT / "earl_jax").rglob("*.py")) + sorted((ROOT / "experiments").rglob("*.py"))
     bad = [o for p in files for o in offenders(p.read_text(), str(p.relative_to(ROOT)))]
     assert not bad, "flags that no program here takes:\n" + "\n".join(bad)
 
@@ -122,6 +117,6 @@ def f(stage):
 x = "--run.stepz 3"
 '''
     assert offenders(source, "m.py") == ["m.py:4: --selector-mode", "m.py:5: --run.stepz"]
-    # a flat name is a flag only where it passes through experiments/job_flags.py
-    assert offenders('x = ["--eval-games", "8"]', "m.py") == ["m.py:1: --eval-games"]
-    assert offenders('from job_flags import component_flags\nx = ["--eval-games", "8"]', "m.py") == []
+    assert offenders('x = ["--eval-games", "8"]', "m.py") == ["m.py:1: --eval-games"]  # a name before the components
+    looked_for = 'import sys\nfull = "--full" in sys.argv\n"""--full, not --fulll"""'  # a script reading sys.argv
+    assert offenders(looked_for, "m.py") == ["m.py:3: --fulll"]

@@ -51,7 +51,7 @@ def test_the_trainer_collects_automatically_again_after_its_first_iteration(tmp_
     from earl_jax.rl.trainer import Trainer
     from jobs import job
 
-    cfg = job(groups=2, group_size=4, steps=2, format_warmup_steps=0, devices=1, eval_games=4, eval_every=0,
+    cfg = job(groups=2, group_size=4, run__steps=2, sft__steps=0, devices=1, eval__games=4, eval__every=0,
               checkpoint_every=0, max_context=256, run_dir=str(tmp_path))
     trainer = Trainer(cfg, log=False)
     seen = []

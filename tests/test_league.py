@@ -20,7 +20,7 @@ from earl_jax.rl.trainer import Trainer
 from earl_jax.rl.validate import check_job
 from jobs import job, with_fields
 
-SMALL = job(groups=4, group_size=2, steps=2, eval_every=1, eval_games=4, format_warmup_steps=0, devices=2,
+SMALL = job(groups=4, group_size=2, run__steps=2, eval__every=1, eval__games=4, sft__steps=0, devices=2,
             checkpoint_every=1, max_turns=6, max_context=256, micro_batch_tokens=1024)
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
@@ -33,11 +33,13 @@ def test_ladders_parse_and_default_per_game():
 
 
 @pytest.mark.parametrize("kw, flag", [
-    (dict(opponent="curriculum", curriculum="random,alphabeta:x"), "--curriculum.ladder"),
-    (dict(opponent="curriculum", curriculum="random,solver"), "--curriculum.ladder"),  # no solver for Connect Four
-    (dict(opponent="curriculum", curriculum="random,,curriculum"), "--curriculum.ladder"),
-    (dict(opponent="curriculum", game="tic_tac_toe", curriculum="random,alphabeta:2"), "--curriculum.ladder"),
-    (dict(opponent="random", curriculum="random,alphabeta:1"), "--curriculum.ladder"),  # a ladder without the opponent
+    (dict(opponent="curriculum", curriculum__ladder="random,alphabeta:x"), "--curriculum.ladder"),
+    # no solver for Connect Four
+    (dict(opponent="curriculum", curriculum__ladder="random,solver"), "--curriculum.ladder"),
+    (dict(opponent="curriculum", curriculum__ladder="random,,curriculum"), "--curriculum.ladder"),
+    (dict(opponent="curriculum", game="tic_tac_toe", curriculum__ladder="random,alphabeta:2"), "--curriculum.ladder"),
+    # a ladder without the opponent
+    (dict(opponent="random", curriculum__ladder="random,alphabeta:1"), "--curriculum.ladder"),
     (dict(opponent="curriculum", promote_at=0.0), "--curriculum.promote-at"),
     (dict(opponent="curriculum", promote_at=1.2), "--curriculum.promote-at"),
     (dict(opponent="curriculum", promote_on_stall=-1), "--curriculum.promote-on-stall"),
@@ -131,7 +133,7 @@ def test_a_rung_is_left_when_its_budget_is_spent_and_the_budget_survives_resume(
 
 
 def test_trainer_leaves_a_stalled_rung_from_the_flag(tmp_path, monkeypatch):
-    cfg = with_fields(SMALL, opponent="curriculum", curriculum="random,alphabeta:1", promote_on_stall=1,
+    cfg = with_fields(SMALL, opponent="curriculum", curriculum__ladder="random,alphabeta:1", promote_on_stall=1,
                       rung_max_iterations=50, run_dir=str(tmp_path / "run"))
     forced = iter([0.5, 0.5, 0.5])  # before iteration 1: the rung's best; after 1: no better, a stall: promote
 
@@ -149,7 +151,7 @@ def test_trainer_leaves_a_stalled_rung_from_the_flag(tmp_path, monkeypatch):
 
 
 def test_trainer_promotes_on_a_forced_evaluation_and_the_rung_survives_resume(tmp_path, monkeypatch, caplog):
-    cfg = with_fields(SMALL, opponent="curriculum", curriculum="random,alphabeta:1,alphabeta:2",
+    cfg = with_fields(SMALL, opponent="curriculum", curriculum__ladder="random,alphabeta:1,alphabeta:2",
                       promote_at=0.75, run_dir=str(tmp_path / "run"))
     forced = iter([0.5, 0.9, 0.2])  # before iteration 1: stay; after 1: promote; after 2: stay
 
@@ -171,7 +173,7 @@ def test_trainer_promotes_on_a_forced_evaluation_and_the_rung_survives_resume(tm
     logged = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["curriculum/rung"] for r in logged if r["step"] >= 1] == [0, 1]
 
-    resumed = Trainer(with_fields(cfg, steps=3, resume=True))
+    resumed = Trainer(with_fields(cfg, run__steps=3, resume="true"))
     assert resumed.step == 2 and resumed.matchmaker.curriculum.rung == 1
     assert resumed.env.config.opponent == "alphabeta:1"
     forced = iter([0.1])
@@ -181,7 +183,7 @@ def test_trainer_promotes_on_a_forced_evaluation_and_the_rung_survives_resume(tm
 
 def test_mixed_opponents_reach_the_training_env_as_whole_groups(tmp_path):
     cfg = with_fields(SMALL, mix_opponent="alphabeta:1", mix_share=0.5, run_dir=str(tmp_path / "run"),
-                      eval_every=0)
+                      eval__every=0)
     trainer = Trainer(cfg, log=False)
     mixed = trainer.env.second_opponent_games  # groups of 2: the last two of four groups
     assert mixed.tolist() == [False] * 4 + [True] * 4
@@ -198,8 +200,8 @@ def test_mixed_opponents_reach_the_training_env_as_whole_groups(tmp_path):
 def test_rehearsal_replays_the_rungs_below_in_turn_in_the_last_groups(tmp_path, monkeypatch):
     """What the matchmaker decides is what the rollout's env plays: nothing on rung 0, then the rungs below the
     current one in turn, in whole groups at the batch's end, with the outcomes logged apart."""
-    cfg = with_fields(SMALL, opponent="curriculum", curriculum="random,alphabeta:1,alphabeta:2",
-                      rehearsal_share=0.5, steps=4, eval_every=0, run_dir=str(tmp_path / "run"))
+    cfg = with_fields(SMALL, opponent="curriculum", curriculum__ladder="random,alphabeta:1,alphabeta:2",
+                      rehearsal_share=0.5, run__steps=4, eval__every=0, run_dir=str(tmp_path / "run"))
     trainer = Trainer(cfg, log=False)
     assert trainer.env.second_opponent is None and trainer.matchmaker.mix_games() is None  # rung 0: none below
     played = []
@@ -222,7 +224,7 @@ def test_rehearsal_replays_the_rungs_below_in_turn_in_the_last_groups(tmp_path, 
 
 
 def test_evaluation_plays_the_current_rung(tmp_path):
-    cfg = with_fields(SMALL, opponent="curriculum", curriculum="random,alphabeta:1", eval_games=2,
+    cfg = with_fields(SMALL, opponent="curriculum", curriculum__ladder="random,alphabeta:1", eval__games=2,
                       run_dir=str(tmp_path / "run"))
     trainer = Trainer(cfg, log=False)
     trainer.matchmaker.curriculum.rung = 1
@@ -254,7 +256,7 @@ def test_league_keeps_at_most_k_snapshots_on_a_schedule_and_samples_them_all():
 @pytest.mark.parametrize("constrain", [False, True])
 def test_league_iterations_play_frozen_snapshots_that_do_not_train(tmp_path, constrain):
     """With constrained moves the frozen snapshot draws among its legal moves too: it never needs the fallback."""
-    cfg = with_fields(SMALL, steps=3, eval_every=0, checkpoint_every=0, league_size=2, league_every=1,
+    cfg = with_fields(SMALL, run__steps=3, eval__every=0, checkpoint_every=0, league_size=2, league_every=1,
                       league_share=0.5, run_dir=str(tmp_path / "run"), constrain_moves=constrain)
     trainer = Trainer(cfg, log=False)
     before = [np.array(x) for x in jax.tree.leaves(trainer.state.params)]
@@ -310,7 +312,7 @@ def test_gpu_preset_parses_validates_and_yields_to_flags(script, last_rung):
 
 
 def test_league_refuses_a_ladder_with_a_per_game_rung_at_start():
-    cfg = with_fields(SMALL, game="tic_tac_toe", opponent="curriculum", curriculum="random,mcts:5,solver",
+    cfg = with_fields(SMALL, game="tic_tac_toe", opponent="curriculum", curriculum__ladder="random,mcts:5,solver",
                       league_size=2)
     with pytest.raises(ValueError, match="--curriculum.league-size.*mcts:5"):
         Trainer(cfg, log=False)

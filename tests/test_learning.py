@@ -16,7 +16,7 @@ from earl_jax.rollout.sampler import Sampler
 from jobs import job, with_fields
 from probe import ShowDigitEnv
 
-TINY = job(groups=4, group_size=4, steps=1, format_warmup_steps=0, devices=1, eval_games=8, checkpoint_every=0,
+TINY = job(groups=4, group_size=4, run__steps=1, sft__steps=0, devices=1, eval__games=8, checkpoint_every=0,
            max_context=512, micro_batch_tokens=8192)
 
 
@@ -68,8 +68,8 @@ def test_train_pass_scores_exactly_the_sampled_tokens(tmp_path, env_factory, ext
 # term). The digit shown is 0 or 1, so a policy that does not read it scores about 0.5 (always the same digit);
 # the 50 evaluation games are greedy, on fixed seeds. At 2e-3 the same run flips between "always 0" and
 # "always 1" and ends at 0.46 (experiments/results/learning_notes.md).
-PROBE = with_fields(TINY, groups=8, group_size=8, learning_rate=1e-3, max_turn_tokens=1, max_turns=2,
-                    max_context=32, eval_games=50, eval_every=0, filter_constant_groups=True,
+PROBE = with_fields(TINY, groups=8, group_size=8, optim__learning_rate=1e-3, max_turn_tokens=1, max_turns=2,
+                    max_context=32, eval__games=50, eval__every=0, filter_constant_groups=True,
                     entropy_coef=0.0, entropy_floor=None, turn_discount=1.0)
 
 
@@ -82,7 +82,7 @@ def test_policy_learns_to_read_the_first_observation(tmp_path):
     Free text on turn 2 (the cache-extend path) is not learned in 80 iterations (0.46 with plain GRPO, with a turn
     discount of 0.5 or 0.05, or with the entropy floor; learning_notes.md); constrained moves learn it
     (test_moves.py). The trajectories and log-probs of that path are checked above."""
-    trainer = Trainer(with_fields(PROBE, steps=80, run_dir=str(tmp_path)), log=False,
+    trainer = Trainer(with_fields(PROBE, run__steps=80, run_dir=str(tmp_path)), log=False,
                       env_factory=functools.partial(ShowDigitEnv, choices=2))
     for _ in range(trainer.cfg.run.steps):
         trainer.iteration()
@@ -105,8 +105,8 @@ def test_with_the_digit_hidden_every_game_gets_one_answer(tmp_path, monkeypatch,
     their 80 training iterations (75 s each under CI): with the digit printed as "?", every evaluation game shows
     the policy the same tokens turn after turn, so whatever it learned it gives every game one answer, and the
     evaluation seeds' digits are balanced: no policy passes 0.6, the learning tests' bar being 0.9."""
-    cfg = with_fields(PROBE, steps=3, run_dir=str(tmp_path), max_turns=2 + reveal_turn, constrain_moves=True,
-                      max_turn_tokens=2, learning_rate=2e-3)
+    cfg = with_fields(PROBE, run__steps=3, run_dir=str(tmp_path), max_turns=2 + reveal_turn, constrain_moves=True,
+                      max_turn_tokens=2, optim__learning_rate=2e-3)
     trainer = Trainer(cfg, log=False, env_factory=functools.partial(
         _RecordedDigits, choices=2, reveal_turn=reveal_turn, hidden=True, warmup_moves=(0, 1)))
     for _ in range(cfg.run.steps):  # weights that are not the initial ones
@@ -128,7 +128,7 @@ def test_a_collapsed_run_has_no_gradient_and_says_so(tmp_path):
     """Force the collapse the issue describes: the format warm-up on the probe, drawing from the one answer "0"
     (`warmup_moves`), teaches that constant answer. Every group is then constant (always right where d = 0,
     always wrong where d = 1), every advantage is 0, the weights do not move, and the trainer warns and counts it."""
-    cfg = with_fields(PROBE, steps=3, format_warmup_steps=40, format_warmup_games=64, run_dir=str(tmp_path))
+    cfg = with_fields(PROBE, run__steps=3, sft__steps=40, sft__games=64, run_dir=str(tmp_path))
     trainer = Trainer(cfg, log=False, env_factory=functools.partial(ShowDigitEnv, choices=2, warmup_moves=(0,)))
     trainer.format_warmup()
     before = [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
@@ -154,7 +154,7 @@ def test_the_entropy_floor_keeps_a_collapsed_run_learning(tmp_path):
     rather than a nudge: Adam turns the floor's tiny but steady gradient into full steps, and the entropy went
     0.004 -> 4.6 nats (uniform) at iteration 6 before RL sharpened it again. It does not promise the answer is
     found quickly: the greedy policy was still the constant "0" after 60 iterations (learning_notes.md)."""
-    cfg = with_fields(PROBE, steps=15, learning_rate=2e-3, format_warmup_steps=40, format_warmup_games=64,
+    cfg = with_fields(PROBE, run__steps=15, optim__learning_rate=2e-3, sft__steps=40, sft__games=64,
                       filter_constant_groups=False, entropy_coef=1.0, entropy_floor=0.5, run_dir=str(tmp_path))
     trainer = Trainer(cfg, log=False, env_factory=functools.partial(ShowDigitEnv, choices=2, warmup_moves=(0,)))
     trainer.format_warmup()

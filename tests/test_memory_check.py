@@ -76,7 +76,7 @@ def test_xla_sizes_count_temporaries_and_outputs_less_donated_reuse():
 
 
 def test_the_planner_checks_first_calls_and_falls_back_without_compiling_twice(tmp_path, monkeypatch):
-    cfg = with_fields(SMALL, devices=8, steps=1, eval_every=0, format_warmup_steps=0, run_dir=str(tmp_path / "run"))
+    cfg = with_fields(SMALL, devices=8, run__steps=1, eval__every=0, sft__steps=0, run_dir=str(tmp_path / "run"))
     trainer = Trainer(cfg, log=False)
     first = trainer.policy.planner.current.experience.mesh
     checked, refusing = [], [False]

@@ -23,7 +23,7 @@ from probe import ShowDigitEnv
 
 TOK = game_tokenizer()
 EOS = special_ids(TOK).eos_id
-TINY = job(groups=4, group_size=4, steps=1, format_warmup_steps=0, devices=1, eval_games=8, checkpoint_every=0,
+TINY = job(groups=4, group_size=4, run__steps=1, sft__steps=0, devices=1, eval__games=8, checkpoint_every=0,
            max_context=512, micro_batch_tokens=8192, constrain_moves=True)
 
 
@@ -232,9 +232,9 @@ def test_constrained_policy_learns_the_digit_shown_on_turn_two(tmp_path):
     Hidden, it cannot (an 80-iteration run: 0.54 throughout); that control is now
     test_learning.py::test_with_the_digit_hidden_every_game_gets_one_answer. Constrained moves alone at lr 1e-3 stay
     at 0.54 (section 8)."""
-    cfg = with_fields(TINY, groups=8, group_size=8, learning_rate=2e-3, entropy_coef=0.1, entropy_floor=0.5,
-                      filter_constant_groups=False, turn_discount=0.5, steps=80, max_turns=3, max_context=32,
-                      eval_games=50, eval_every=0, run_dir=str(tmp_path))
+    cfg = with_fields(TINY, groups=8, group_size=8, optim__learning_rate=2e-3, entropy_coef=0.1, entropy_floor=0.5,
+                      filter_constant_groups=False, turn_discount=0.5, run__steps=80, max_turns=3, max_context=32,
+                      eval__games=50, eval__every=0, run_dir=str(tmp_path))
     trainer = Trainer(cfg, log=False, env_factory=functools.partial(
         ShowDigitEnv, choices=2, reveal_turn=1, warmup_moves=(0, 1)))
     for _ in range(cfg.run.steps):

@@ -91,8 +91,8 @@ class Spy:
         monkeypatch.setattr(trainer_mod, "train_stage", stage_fn(trainer_mod.train_stage))
 
 
-SMALL = job(groups=8, group_size=2, steps=1, eval_every=0, format_warmup_steps=0, devices=8, max_turns=2,
-            max_context=128, selector_mode="static", micro_batch_tokens=1 << 20, kl_coef=0.0)
+SMALL = job(groups=8, group_size=2, run__steps=1, eval__every=0, sft__steps=0, devices=8, max_turns=2,
+            max_context=128, planner__mode="static", micro_batch_tokens=1 << 20, kl_coef=0.0)
 
 # (rollout, experience, train) layouts: meshes 8x1, 4x2, 2x4 (and fsdp in training), micro-batches 1, 2, all
 # (all = 16 rows / batch shards), several chunks.

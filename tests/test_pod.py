@@ -78,7 +78,7 @@ def test_pod_preset_from_the_command_line():
     assert "\n" not in msg
 
 
-SMALL = job(groups=2, group_size=2, devices=4, max_context=128, max_turns=2, format_warmup_steps=0)
+SMALL = job(groups=2, group_size=2, devices=4, max_context=128, max_turns=2, sft__steps=0)
 
 
 @pytest.mark.parametrize("flag, value, message", [
@@ -115,4 +115,4 @@ def test_no_checkpoints_are_written_with_keep_zero(tmp_path):
     ckpt.close()
     assert ckpt.latest_step() is None and not (tmp_path / "checkpoints").exists()
     with pytest.raises(ConfigError, match="^--run.keep-checkpoints: --resume needs checkpoints"):
-        job(keep_checkpoints=0, resume=True)
+        job(keep_checkpoints=0, resume="true")

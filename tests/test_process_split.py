@@ -24,9 +24,9 @@ from earl_jax.sharding.mesh import MeshShape
 from jobs import job, with_fields
 
 M = MeshShape.parse
-CFG = job(groups=4, group_size=2, steps=1, eval_every=0, format_warmup_steps=0, devices=2, max_turns=3,
-          max_context=128, selector_mode="static", kl_coef=0.0, constrain_moves=False, max_turn_tokens=3,
-          rollout_split_processes=True)
+CFG = job(groups=4, group_size=2, run__steps=1, eval__every=0, sft__steps=0, devices=2, max_turns=3,
+          max_context=128, planner__mode="static", kl_coef=0.0, constrain_moves=False, max_turn_tokens=3,
+          rollout__split_processes=True)
 COLS = ("tokens", "loss_mask", "logprobs", "choices", "rewards")
 ROWS = ("lengths", "returns", "num_turns", "truncated", "group_ids", "invalid")
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "experiments" / "benchmarks" / "run_on_device.sh"
 
 STUB_PYTHON = """#!/bin/bash
-[ "$1" = "-" ] && exec "$REAL_PYTHON" "$@"  # the runner's own helpers (job flags, metrics lines) run for real
+[ "$1" = "-" ] && exec "$REAL_PYTHON" "$@"  # the runner's own helpers (flag check, metrics lines) run for real
 echo "[$CUDA_VISIBLE_DEVICES] $*" >> "$CALLS"
 for ((i = 1; i <= $#; i++)); do  # a training job: make the run folder it would leave
   if [ "${!i}" = "--run-dir" ]; then j=$((i + 1)); d=${!j}
@@ -31,9 +31,7 @@ def _run(tmp_path, *args, **env):
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     work = tmp_path / "repo"
-    (work / "earl_jax" / "rl").mkdir(parents=True, exist_ok=True)
-    (work / "earl_jax" / "rl" / "job.py").touch()  # this checkout takes component flags; work/old does not
-    (work / "old").mkdir(exist_ok=True)
+    work.mkdir(exist_ok=True)
     calls = tmp_path / "calls.log"
     full_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
                 "CALLS": str(calls), "REAL_PYTHON": sys.executable, **env}
@@ -59,12 +57,12 @@ def test_an_unknown_subcommand_prints_the_usage_and_fails(tmp_path):
 
 
 def test_connect4_runs_each_setting_on_its_own_gpu_then_evaluates(tmp_path):
-    proc, calls = _run(tmp_path, "connect4", "7", A="--ppo-mini-batches 4", B="")
+    proc, calls = _run(tmp_path, "connect4", "7", A="--optim.ppo-mini-batches 4", B="")
     assert proc.returncode == 0, proc.stderr
     train = sorted(c for c in calls if "experiments/connect4.py" in c)
     assert len(train) == 2 and train[0].startswith("[0]") and train[1].startswith("[1]")
     assert "--preset gpu --run.max-minutes 7 --run.wandb-mode disabled" in train[0]
-    assert train[0].endswith("--run-dir runs/connect4-gpu-a --optim.ppo-mini-batches 4")  # flat flags translated
+    assert train[0].endswith("--run-dir runs/connect4-gpu-a --optim.ppo-mini-batches 4")
     assert train[1].endswith("--run-dir runs/connect4-gpu-b")
     evals = [c for c in calls if "experiments/evaluate_run.py" in c]
     assert len(evals) == 2 and all("random,alphabeta:1,alphabeta:2,alphabeta:3,mcts:100" in c for c in evals)
@@ -87,11 +85,11 @@ def test_connect4_in_parts_saves_the_newest_checkpoint_then_resumes_it(tmp_path)
 
 
 @pytest.mark.parametrize("sub, env, expect", [
-    ("pod-first-iteration", {"RUNS": "nocompact:.:150:--compact-finished=false base:old:150"},
+    ("pod-first-iteration", {"RUNS": "nocompact:150:--rollout.compact-finished=false base:150"},
      ["--preset pod --model qwen2.5-1.5b --steps 2 --eval.games 64 --sft.steps 0",
       "--rollout.compact-finished=false --run-dir /tmp/pod_nocompact",
-      "--eval-games 64 --format-warmup-steps 0"]),  # an older checkout gets the flat flags it knows
-    ("steady", {"A_FLAGS": "--compile-ahead false", "B_FLAGS": "--rollout.compile-ahead true"},
+      "--run.keep-checkpoints 0 --run-dir /tmp/pod_base"]),
+    ("steady", {"A_FLAGS": "--rollout.compile-ahead false", "B_FLAGS": "--rollout.compile-ahead true"},
      ["--rollout.compile-ahead false --run-dir /tmp/steady_a", "--rollout.compile-ahead true --run-dir /tmp/steady_b"]),
     ("e2e", {"RUNS": "static_d4f1t1,auto", "MODEL": "qwen2.5-3b", "E2E_STATE": "state", "EARL_COMPILE_CACHE": "cc"},
      ["fig_e2e_adaptivity.py --gpu4 --model qwen2.5-3b", "--runs static_d4f1t1,auto --budget-s 280"]),
@@ -103,8 +101,13 @@ def test_subcommands_pass_their_settings_to_the_scripts(tmp_path, sub, env, expe
         assert any(piece in c for c in calls), (piece, calls)
 
 
-def test_a_flag_the_job_does_not_know_starts_no_run(tmp_path):
-    """A typo in A's flags must not start a run with the defaults in its place (a lost device call)."""
-    proc, calls = _run(tmp_path, "connect4", "7", ONLY_A="1", A="--no-such-flag 1")
-    assert "--no-such-flag" in proc.stderr
+@pytest.mark.parametrize("sub, env, flag", [
+    ("connect4", {"A": "--no-such-flag 1", "ONLY_A": "1"}, "--no-such-flag"),
+    ("steady", {"A_FLAGS": "--compile-ahead false"}, "--compile-ahead"),  # a flag's name before the components
+    ("pod-first-iteration", {"RUNS": "x:150:--eval-games,8"}, "--eval-games"),
+])
+def test_a_flag_the_job_does_not_know_starts_no_run(tmp_path, sub, env, flag):
+    """A typo in a run's flags must not start a run with the defaults in its place (a lost device call)."""
+    proc, calls = _run(tmp_path, sub, "7", **env)
+    assert f"connect4.py takes no {flag} (--help lists its flags)" in proc.stderr
     assert not any("experiments/connect4.py" in c for c in calls)

@@ -68,6 +68,10 @@ def _flags(tmp_path: Path, name: str) -> list[str]:
         return ["--run-dir", str(run / "inside")]
     if name == "run dir not writable":  # /sys refuses a new file even to root (who passes os.access and chmod)
         return ["--run-dir", "/sys/earl-jax-test/run"]
+    if name == "resume an old run":
+        (run / "checkpoints" / "3").mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps({"steps": 3, "eval_games": 8}))
+        return ["--run-dir", str(run), "--resume"]
     if name == "resume an empty folder":
         run.mkdir()
         return ["--run-dir", str(run), "--resume"]
@@ -98,8 +102,8 @@ def _flags(tmp_path: Path, name: str) -> list[str]:
 
 BAD = ("groups 0", "learning rate nan", "unknown preset", "unknown game", "unknown opponent", "unknown eval opponent",
        "unknown model", "thresholds garbage", "edges garbage", "missing HF folder", "malformed HF folder",
-       "run dir is a file", "resume an empty folder", "old flag name", "missing config file", "bad ladder rung",
-       "moves of two tokens", "run dir under a file", "run dir not writable")
+       "run dir is a file", "resume an empty folder", "resume an old run", "old flag name", "missing config file",
+       "bad ladder rung", "moves of two tokens", "run dir under a file", "run dir not writable")
 
 
 @pytest.mark.parametrize("name", BAD)
@@ -140,6 +144,26 @@ def test_another_scripts_resume_is_refused_naming_both(tmp_path, capfd):
     assert _main(["--run-dir", str(run), "--resume", "--steps", "2", *SMALL]) == 0  # its own script resumes it
 
 
+def test_resuming_an_old_run_names_the_converter_and_resumes_once_converted(tmp_path, capfd):
+    """A config.json of an earlier version stops --resume with one line naming experiments/upgrade_run.py; after it
+    ran, the same command reads the run's config."""
+    import importlib.util
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "3").mkdir(parents=True)  # what --resume looks for first; the config is read after it
+    (run / "config.json").write_text(json.dumps({"steps": 3, "eval_games": 8, "compact_finished": True}))
+    assert _main(["--run-dir", str(run), "--resume"]) == 2
+    assert _stderr_lines(capfd) == [f"connect4: error: --resume: {run / 'config.json'} was written by an earlier "
+                                    f"version (flat keys): convert it once with `python experiments/upgrade_run.py "
+                                    f"{run}`"]
+    spec = importlib.util.spec_from_file_location("upgrade_run", ROOT / "experiments" / "upgrade_run.py")
+    upgrade = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(upgrade)
+    assert upgrade.main([str(run)]) == 0
+    cfg, _ = job.resume_config(job.parse_job(["--run-dir", str(run), "--resume"], CONFIGS), "connect4")
+    assert (cfg.run.steps, cfg.eval.games, cfg.rollout.compact_finished, cfg.run.resume) == (3, 8, "true", "true")
+
+
 def _interrupted_at(trainer: Trainer, step: int, sig: int) -> None:
     """Raise `sig` in this process once iteration `step + 1` has started (before its rollout's first host step)."""
     league_games = trainer.matchmaker.league_games
@@ -153,7 +177,7 @@ def _interrupted_at(trainer: Trainer, step: int, sig: int) -> None:
 
 
 def test_a_stop_signal_mid_iteration_checkpoints_the_last_one_and_the_resumed_run_is_bit_exact(tmp_path):
-    cfg = job_config(groups=4, group_size=2, steps=3, eval_every=0, eval_games=8, checkpoint_every=100,
+    cfg = job_config(groups=4, group_size=2, run__steps=3, eval__every=0, eval__games=8, checkpoint_every=100,
                      checkpoint_minutes=0, max_turns=6, max_context=256, constrain_moves=True)
     straight = Trainer(with_fields(cfg, run_dir=str(tmp_path / "a")), log=False)
     straight.run()
@@ -164,7 +188,7 @@ def test_a_stop_signal_mid_iteration_checkpoints_the_last_one_and_the_resumed_ru
         assert stopped.stopped_by == sig.name and stopped.step == 2  # iteration 3 abandoned
         ckpts = tmp_path / sig.name / "checkpoints"
         assert sorted(int(p.name) for p in ckpts.iterdir() if p.name.isdigit()) == [2]
-    resumed = Trainer(with_fields(cfg, run_dir=str(tmp_path / "SIGTERM"), resume=True), log=False)
+    resumed = Trainer(with_fields(cfg, run_dir=str(tmp_path / "SIGTERM"), resume="true"), log=False)
     assert resumed.step == 2
     resumed.run()
     for a, b in zip(jax.tree.leaves(straight.params), jax.tree.leaves(resumed.params)):

@@ -322,8 +322,8 @@ def test_fused_attention_and_multi_step_loop_give_the_same_generation(setup):
                                      sampling=SamplingConfig(temperature=0.9))
         return jax.device_get((g1, g2, state.lengths, state.next_logits))
 
-    ref = run(_sampler(graphdef, decode_attention="xla"))
-    for kw in (dict(decode_attention="step_interpret"), dict(decode_attention="xla", steps_per_check=3)):
+    ref = run(_sampler(graphdef, decode_impl="xla"))
+    for kw in (dict(decode_impl="pallas_interpret"), dict(decode_impl="xla", steps_per_check=3)):
         got = run(_sampler(graphdef, **kw))
         for a, b in zip(ref[:2], got[:2]):
             np.testing.assert_array_equal(a.tokens, b.tokens)

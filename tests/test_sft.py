@@ -29,7 +29,7 @@ def _batches(trainer: Trainer, n: int, steps: int):
 
 
 def test_sft_runs_on_the_layout_the_planner_chose_and_its_loss_falls(tmp_path):
-    trainer = Trainer(job(groups=4, group_size=2, steps=1, devices=8, max_turns=6, max_context=256,
+    trainer = Trainer(job(groups=4, group_size=2, run__steps=1, devices=8, max_turns=6, max_context=256,
                           run_dir=str(tmp_path)), log=False)
     seen = []
     run = trainer.policy.planner.run
@@ -52,7 +52,7 @@ def test_sft_runs_on_the_layout_the_planner_chose_and_its_loss_falls(tmp_path):
 
 
 def test_sft_on_a_forced_mesh_reaches_the_stage(tmp_path):
-    trainer = Trainer(job(groups=4, group_size=2, steps=1, devices=8, max_turns=6, max_context=256,
+    trainer = Trainer(job(groups=4, group_size=2, run__steps=1, devices=8, max_turns=6, max_context=256,
                           run_dir=str(tmp_path)), log=False)
     forced = StageLayout(MeshShape(2, 2, 2), 1, 64)
     trainer.policy.planner.plan_stage = lambda stage: setattr(trainer.policy.planner, "current",  # noqa: E731

@@ -135,8 +135,8 @@ def test_task_metrics_count_only_the_policys_episodes(tmp_path):
     from jobs import job
 
     cfg = job(env__task="earl_jax/GuessNumber-v0", sft__steps=2, sft__games=16, groups=4, group_size=4,
-              max_turn_tokens=6, max_turns=6, max_context=256, devices=1, eval_games=4, eval_every=0,
-              checkpoint_every=0, steps=1, run_dir=str(tmp_path))
+              max_turn_tokens=6, max_turns=6, max_context=256, devices=1, eval__games=4, eval__every=0,
+              checkpoint_every=0, run__steps=1, run_dir=str(tmp_path))
     trainer = Trainer(cfg, log=False)
     trainer.format_warmup()
     record = trainer.iteration()

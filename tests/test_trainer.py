@@ -17,7 +17,7 @@ from earl_jax.rl.metrics import REQUIRED_METRICS, read_metrics
 from earl_jax.rl.trainer import Trainer
 from jobs import job, with_fields
 
-SMALL = job(groups=4, group_size=2, steps=3, eval_every=2, eval_games=8, format_warmup_steps=1, devices=2,
+SMALL = job(groups=4, group_size=2, run__steps=3, eval__every=2, eval__games=8, sft__steps=1, devices=2,
             checkpoint_every=2, max_turns=6, max_context=256, micro_batch_tokens=1024)
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
@@ -47,8 +47,8 @@ def test_short_run_logs_every_metric_and_checkpoints(tmp_path):
 
 def test_few_new_widths_per_iteration_compile_less_and_change_nothing(tmp_path):
     # micro-batches of one row per shard: games of different lengths get different widths
-    cfg = with_fields(SMALL, steps=1, eval_every=0, format_warmup_steps=0, checkpoint_every=0,
-                      micro_batch_tokens=128, max_context=256, eval_games=2)
+    cfg = with_fields(SMALL, run__steps=1, eval__every=0, sft__steps=0, checkpoint_every=0,
+                      micro_batch_tokens=128, max_context=256, eval__games=2)
     runs = {}
     for k in (0, 1):
         runs[k] = Trainer(with_fields(cfg, run_dir=str(tmp_path / str(k)), new_widths_per_iteration=k), log=False)
@@ -71,7 +71,7 @@ def _adam_steps(trainer: Trainer) -> int:
 def test_ppo_mini_batches_make_that_many_updates_an_iteration(tmp_path):
     """--optim.ppo-mini-batches N: N optimizer steps per pass over the batch (what the flag promises reaches the train
     stage), each on whole groups; a count that leaves a mini-batch without whole groups is refused at start."""
-    cfg = with_fields(SMALL, steps=1, eval_every=0, format_warmup_steps=0, checkpoint_every=0, eval_games=2)
+    cfg = with_fields(SMALL, run__steps=1, eval__every=0, sft__steps=0, checkpoint_every=0, eval__games=2)
     steps = {}
     for n in (1, 4):
         trainer = Trainer(with_fields(cfg, run_dir=str(tmp_path / str(n)), ppo_mini_batches=n, ppo_epochs=2),
@@ -99,7 +99,7 @@ def abs_reinforce():
 
 
 def test_a_registered_loss_logs_its_own_metrics_and_is_listed_in_the_help(tmp_path, abs_reinforce, capsys):
-    cfg = with_fields(SMALL, steps=1, eval_every=0, format_warmup_steps=0, checkpoint_every=0, eval_games=2,
+    cfg = with_fields(SMALL, run__steps=1, eval__every=0, sft__steps=0, checkpoint_every=0, eval__games=2,
                       run_dir=str(tmp_path / "run"), loss__policy_loss=abs_reinforce)
     Trainer(cfg).run()
     record = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["step"] == 1][0]
@@ -114,7 +114,7 @@ def test_a_registered_loss_logs_its_own_metrics_and_is_listed_in_the_help(tmp_pa
 
 
 def test_killed_and_resumed_run_is_bit_exact(tmp_path):
-    cfg = with_fields(SMALL, steps=4, eval_every=0, format_warmup_steps=0)
+    cfg = with_fields(SMALL, run__steps=4, eval__every=0, sft__steps=0)
     # the straight run collects garbage on a schedule (--run.gc-every): when Python collects changes nothing computed
     straight = Trainer(with_fields(cfg, run_dir=str(tmp_path / "a"), gc_every=2), log=False)
     straight.run()
@@ -124,7 +124,7 @@ def test_killed_and_resumed_run_is_bit_exact(tmp_path):
     first.run(stop_after=3)  # "killed" after iteration 3; the last checkpoint is step 2
     first.logger.close()
     assert [r["step"] for r in read_metrics(tmp_path / "b" / "metrics.jsonl")] == [0, 1, 2, 3]  # 0: before training
-    resumed = Trainer(with_fields(cfg, run_dir=str(tmp_path / "b"), resume=True))
+    resumed = Trainer(with_fields(cfg, run_dir=str(tmp_path / "b"), resume="true"))
     assert resumed.step == 2
     resumed.run()
     assert resumed.step == straight.step == 4
@@ -174,7 +174,7 @@ def test_a_bad_flag_exits_2_with_one_line(tmp_path, capsys):
 
 
 def test_out_of_memory_in_a_stage_reruns_it_on_the_next_mesh(tmp_path, monkeypatch):
-    cfg = with_fields(SMALL, devices=8, steps=1, eval_every=0, format_warmup_steps=0,
+    cfg = with_fields(SMALL, devices=8, run__steps=1, eval__every=0, sft__steps=0,
                       run_dir=str(tmp_path / "run"))
     trainer = Trainer(cfg, log=False)
     first = trainer.policy.planner.current.experience.mesh
@@ -195,7 +195,7 @@ def test_out_of_memory_in_a_stage_reruns_it_on_the_next_mesh(tmp_path, monkeypat
 
 
 def test_turn_token_schedule_and_fixed_length_answers(tmp_path):
-    cfg = with_fields(SMALL, turn_tokens_schedule="0:3,2:8", stop_at_eos=False, format_warmup_steps=0,
+    cfg = with_fields(SMALL, turn_tokens_schedule="0:3,2:8", stop_at_eos=False, sft__steps=0,
                       max_context=512, run_dir=str(tmp_path / "run"))
     assert [cfg.rollout.turn_tokens(i) for i in range(4)] == [3, 3, 8, 8]
     trainer = Trainer(cfg, log=False)
@@ -215,7 +215,7 @@ def test_bad_turn_token_schedule_names_the_flag(schedule):
 
 
 def test_static_mode_keeps_the_first_plan_and_names_the_stage_that_ran_out_of_memory(tmp_path, monkeypatch):
-    cfg = with_fields(SMALL, devices=8, steps=1, eval_every=0, format_warmup_steps=0, selector_mode="static",
+    cfg = with_fields(SMALL, devices=8, run__steps=1, eval__every=0, sft__steps=0, planner__mode="static",
                       run_dir=str(tmp_path / "run"))
     trainer = Trainer(cfg, log=False)
     first = trainer.policy.planner.current

@@ -62,7 +62,7 @@ def test_training_beats_at_every_phase_under_the_configured_timeout(tmp_path, mo
             self.beats.append(phase)
 
     monkeypatch.setattr(session_mod, "Watchdog", Spy)  # the training session's watchdog
-    cfg = with_fields(SMALL, steps=2, eval_every=2, checkpoint_every=1, format_warmup_steps=0, stall_minutes=7.0,
+    cfg = with_fields(SMALL, run__steps=2, eval__every=2, checkpoint_every=1, sft__steps=0, stall_minutes=7.0,
                       run_dir=str(tmp_path / "run"))
     trainer_mod.Trainer(cfg, log=False).run()
     (dog,) = made

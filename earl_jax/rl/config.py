@@ -15,13 +15,14 @@
 
 Each component checks its own fields; `JobConfig` checks what spans components. Every field is a flag named by its
 path (`--rollout.temperature`, earl_jax/cli.py); presets are TOML files with the same sections
-(experiments/configs/). A run folder's config.json is `to_dict()`; `from_dict` also reads the flat config.json of
-runs written before the components existed.
+(experiments/configs/). A run folder's config.json is `to_dict()`; `from_dict` reads it back and refuses, as
+`OldRunConfig`, a config.json of an earlier version (experiments/upgrade_run.py converts one).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any, Literal, Mapping
 
 from earl_jax.cli import ConfigError, field_help as _f, flag_of
@@ -31,7 +32,7 @@ from earl_jax.parallel.config import PlannerConfig
 from earl_jax.rl.losses import LossConfig, estimator_is_grouped
 from earl_jax.rl.optim import OptimConfig
 from earl_jax.rl.sft import SftConfig
-from earl_jax.rollout.config import RolloutConfig, parse_schedule  # noqa: F401  (parse_schedule: old import path)
+from earl_jax.rollout.config import RolloutConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +58,7 @@ class RunConfig:
     compile_cache: str = _f("", "persistent JAX compilation cache folder (\"\": "
                                 "$XDG_CACHE_HOME/earl_jax/jax_compile or $EARL_COMPILE_CACHE; \"off\": none)")
     wandb_mode: Literal["auto", "online", "offline", "disabled"] = _f(
-        "auto", "auto = online with WANDB_API_KEY set, else offline")
+        "auto", "auto = online with WANDB_API_KEY set, else offline; wandb's own output only with online")
     wandb_project: str = _f("earl-jax", "wandb project")
     progress: bool = _f(True, "a live progress bar in a terminal (one line per iteration elsewhere)")
 
@@ -192,11 +193,13 @@ class JobConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "JobConfig":
-        """A run's saved config: nested (this layout) or flat (runs written before it)."""
+        """A run's saved config (`to_dict()`); OldRunConfig for one written by an earlier version."""
+        import typing
+
         from earl_jax.cli import fields_of, replace_paths
 
         if not any(isinstance(v, dict) for v in d.values()):
-            d = legacy_to_nested(d)
+            raise OldRunConfig("flat keys")
         known = {f.path: f for f in fields_of(cls())}
         values = {}
         for section, sub in d.items():
@@ -205,51 +208,18 @@ class JobConfig:
                 if path not in known:
                     raise ConfigError(f"config.json: unknown field {section}.{name}")
                 tp = known[path].type
+                if isinstance(v, bool) and typing.get_origin(tp) is typing.Literal:  # a switch before it had "auto"
+                    raise OldRunConfig(f"{section}.{name} = {str(v).lower()}")
                 values[path] = tuple(v) if isinstance(v, list) else v
                 if tp is float and isinstance(v, int) and not isinstance(v, bool):
                     values[path] = float(v)
         return replace_paths(cls(), values)
 
 
-# Flat RLConfig fields of earlier runs whose path is not (section, same name).
-LEGACY = {
-    "steps": ("run", "steps"), "learning_rate": ("optim", "learning_rate"), "game": ("env", "game"),
-    "opponent": ("env", "opponent"), "agent_player": ("env", "agent_player"),
-    "prompt_style": ("env", "prompt_style"), "invalid_retries": ("env", "max_retries"),
-    "retry_reward": ("env", "retry_reward"), "win_reward": ("env", "win_reward"), "draw_reward": ("env", "draw_reward"),
-    "loss_reward": ("env", "loss_reward"), "invalid_reward": ("env", "invalid_reward"),
-    "blunder_penalty": ("env", "blunder_penalty"), "blunder_depth": ("env", "blunder_depth"),
-    "model": ("model", "name"), "hf_checkpoint": ("model", "hf_checkpoint"), "dtype": ("model", "dtype"),
-    "curriculum": ("curriculum", "ladder"), "algorithm": ("loss", "estimator"),
-    "rollout_cache_growth": ("rollout", "cache_growth"), "rollout_split_processes": ("rollout", "split_processes"),
-    "selector_mode": ("planner", "mode"), "selector_edges": ("planner", "edges"),
-    "selector_margin": ("planner", "margin"), "selector_ema": ("planner", "ema"),
-    "selector_table": ("planner", "table"),
-    "eval_every": ("eval", "every"), "eval_games": ("eval", "games"), "eval_opponents": ("eval", "opponents"),
-    "format_warmup_steps": ("sft", "steps"), "format_warmup_games": ("sft", "games"),
-}
-LEGACY_DROPPED = {"rollout_groups", "rollout_device_groups"}  # options that no longer exist
+class OldRunConfig(ConfigError):
+    """A run's config.json written by an earlier version: `experiments/upgrade_run.py RUN_DIR` converts it."""
 
-
-def legacy_to_nested(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """A flat RLConfig dict (config.json before the components) as this layout's nested dict."""
-    from earl_jax.cli import fields_of
-
-    paths: dict[str, list[tuple[str, ...]]] = {}
-    for f in fields_of(JobConfig()):
-        paths.setdefault(f.path[-1], []).append(f.path)
-    out: dict[str, dict[str, Any]] = {}
-    for k, v in flat.items():
-        path = LEGACY.get(k) or (paths[k][0] if len(paths.get(k, ())) == 1 else None)
-        if path is None:
-            if k in LEGACY_DROPPED:
-                continue
-            raise ConfigError(f"config.json: field {k!r} of an earlier version has no place in this one")
-        if k == "resume":
-            v = "true" if v else "false"
-        if k == "algorithm" and v == "ppo":
-            raise ConfigError("config.json: algorithm 'ppo' (GAE without a critic) no longer exists")
-        if k == "compact_finished" and isinstance(v, bool):
-            v = "true" if v else "false"
-        out.setdefault(path[0], {})[path[1]] = v
-    return out
+    def line(self, config_json: Path) -> str:
+        """The one line a user reads: what is old and the command that converts it."""
+        return (f"{config_json} was written by an earlier version ({self}): convert it once with "
+                f"`python experiments/upgrade_run.py {config_json.parent}`")

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from earl_jax.cli import ConfigError, Parsed, load_file, parse
 from earl_jax.errors import CheckpointError
-from earl_jax.rl.config import JobConfig
+from earl_jax.rl.config import JobConfig, OldRunConfig
 from earl_jax.rl.session import EXIT_CODES
 
 DEFAULT_PRESET = "tiny-cpu"
@@ -73,6 +73,8 @@ def resume_config(parsed: Parsed[JobConfig], name: str | None = None) -> tuple[J
         saved = JobConfig.from_dict(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"--resume: {saved_path} is not readable JSON ({e}); restore it or start a new run") from None
+    except OldRunConfig as e:
+        raise ConfigError(f"--resume: {e.line(saved_path)}") from None
     except ConfigError as e:
         raise ConfigError(f"--resume: {saved_path}: {str(e).removeprefix('config.json: ')}") from None
     started_by = data.get("job")  # runs written before it was kept have none

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import warnings
@@ -37,8 +38,10 @@ def _plain(v: Any) -> Any:
 class MetricsLogger:
     """Writes `metrics.jsonl` in the run folder; wandb mode auto/online/offline/disabled.
 
-    `auto` is online when WANDB_API_KEY is set and offline otherwise. wandb missing or failing to start
-    never stops a run: the JSONL file is the record, and the failure is reported once.
+    `auto` is online when WANDB_API_KEY is set and offline otherwise. wandb is silent (no banner at start, no
+    summary at the end) unless asked for by `online` or by WANDB_SILENT; one line of ours says where the run went.
+    wandb missing or failing to start never stops a run: the JSONL file is the record, and the failure is reported
+    once.
 
     Resuming (`resume_step` = the restored checkpoint's step): records past that step were written by
     iterations the checkpoint does not hold, and the resumed run writes them again, so they are dropped
@@ -74,10 +77,15 @@ class MetricsLogger:
 
                 id_file = Path(run_dir) / "wandb_run_id"
                 run_id = id_file.read_text().strip() if resume_step is not None and id_file.exists() else None
+                quiet = wandb_mode != "online" and "WANDB_SILENT" not in os.environ
                 self._wandb = wandb.init(project=project, config=dict(config), mode=mode, dir=str(run_dir),
-                                         name=Path(run_dir).name, id=run_id,
-                                         resume="allow" if run_id else None)
+                                         name=Path(run_dir).name, id=run_id, resume="allow" if run_id else None,
+                                         settings=wandb.Settings(silent=True) if quiet else None)
                 id_file.write_text(self._wandb.id)
+                if quiet:
+                    where = (self._wandb.url if mode == "online" else
+                             f"offline in {Path(self._wandb.dir).parent} (`wandb sync` that folder uploads it)")
+                    logging.getLogger("earl_jax.rl.metrics").info("wandb: %s", where)
             except Exception as e:  # a logging backend must not take the run down with it
                 warnings.warn(f"wandb disabled for this run ({type(e).__name__}: {e}); metrics go to {self.path}")
 
@@ -175,8 +183,6 @@ class CompileStats:
         self.failed_seen = 0
 
     def __call__(self, compiles, programs: int, decode_programs: int, gc_pause_s: float, aheads: list) -> dict:
-        import logging
-
         failed = [f for a in aheads for f in a.failed]
         if len(failed) > self.failed_seen:
             logging.getLogger("earl_jax.rl.trainer").warning(

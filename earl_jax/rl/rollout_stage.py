@@ -43,10 +43,8 @@ def compile_ahead_now(mode: str, rollouts_done: int, backend: str) -> bool:
     return mode == "true" or (mode == "auto" and rollouts_done > 0 and backend != "cpu")
 
 
-def compact_now(mode: str | bool, rollouts_done: int, backend: str) -> bool:
+def compact_now(mode: str, rollouts_done: int, backend: str) -> bool:
     """--rollout.compact-finished: auto = on the CPU always, on accelerators from the second training rollout on."""
-    if isinstance(mode, bool):  # config.json of runs before "auto"
-        return mode
     return mode == "true" or (mode == "auto" and (backend == "cpu" or rollouts_done > 0))
 
 

@@ -26,9 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from earl_jax.progress import process_age_s
+from earl_jax.progress import ProgressBar, process_age_s
 from earl_jax.rl.gc_control import GcClock, StartupPause, collect_and_freeze, manual_gc
-from earl_jax.rl.progress import Progress
 from earl_jax.watchdog import Watchdog
 
 log = logging.getLogger("earl_jax.rl.trainer")
@@ -48,7 +47,7 @@ class Session(contextlib.ExitStack):
                  on_stall: Callable[[], None]):
         super().__init__()
         self.cfg, self.total, self.gc_clock = run_cfg, total, gc_clock
-        self.bar = Progress(total, enabled=run_cfg.progress and enabled and sys.stderr.isatty())
+        self.bar = ProgressBar(total, enabled=run_cfg.progress and enabled and sys.stderr.isatty())
         self.dog = Watchdog(run_cfg.stall_minutes * 60, f"training in {run_dir}", on_fire=on_stall,
                             hint=f"the newest checkpoint is in {run_dir / 'checkpoints'}: run again with --resume")
         self.started = self.last_checkpoint = time.perf_counter()

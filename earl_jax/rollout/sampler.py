@@ -105,8 +105,7 @@ class Sampler(CompilingAhead):
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
                  cache_buckets: Sequence[int] = DEFAULT_CACHE_BUCKETS, steps_per_check: int = 1,
                  decode_impl: str = "auto", compiler_options: dict[str, Any] | None = None,
-                 compile_ahead: bool = False, max_len: int | None = None, decode_attention: str | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK):
+                 compile_ahead: bool = False, max_len: int | None = None, prefill_chunk: int = PREFILL_CHUNK):
         """`compile_ahead`: compile the programs the rollout is likely to need next (the next cache size, the
         next compacted batch) on background threads (rollout/compile_ahead.py), cache sizes up to the bucket of
         `max_len` (the rollout's max context; default: the largest bucket)."""
@@ -116,9 +115,6 @@ class Sampler(CompilingAhead):
         self.cache_dtype = cache_dtype
         self.steps_per_check = steps_per_check  # decode steps per while_loop iteration (early-exit check)
         self.prefill_chunk = prefill_chunk  # an extend wider than this runs in chunks of positions (bounded memory)
-        if decode_attention is not None:  # the switch's earlier name and values
-            renamed = {"step": "pallas", "step_interpret": "pallas_interpret"}
-            decode_impl = renamed.get(decode_attention, decode_attention)
         if decode_impl not in ("auto", "xla", "pallas", "pallas_interpret"):
             raise ValueError(f"Sampler: decode_impl must be auto, xla, pallas or pallas_interpret, got {decode_impl!r}")
         single = mesh is None or mesh.devices.size == 1

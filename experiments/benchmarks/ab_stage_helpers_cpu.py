@@ -1,11 +1,11 @@
-"""Which programs an iteration still traces in the foreground with compiling ahead on, this checkout against an older
-one (CPU): the same `connect4.py` job (128 compact games, 8 iterations, `--compile-ahead true`) in each tree, one after
-the other, then per iteration the programs lowered in the foreground (`compile/lowered`, `compile/slowest`) and
-those submitted ahead (`compile/ahead`). Compile seconds are not comparable (the second run finds the first's
-persistent cache); the counts are.
+"""Which programs an iteration still traces in the foreground with compiling ahead on (CPU): the `connect4.py` job
+(128 compact games, 8 iterations, `--rollout.compile-ahead true`) in this checkout, then per iteration the programs
+lowered in the foreground (`compile/lowered`, `compile/slowest`) and those submitted ahead (`compile/ahead`), beside
+the runs recorded in the result file (`--against`). Compile seconds are not comparable (a run finds the persistent
+cache an earlier one left); the counts are.
 
-    git archive OLD | tar -x -C .baseline && python experiments/benchmarks/ab_stage_helpers_cpu.py --trees .baseline .
-    python experiments/benchmarks/ab_stage_helpers_cpu.py --summarize /tmp/h_base /tmp/h_new  # run folders already made
+    python experiments/benchmarks/ab_stage_helpers_cpu.py                    # run this checkout, add it to the file
+    python experiments/benchmarks/ab_stage_helpers_cpu.py --summarize /tmp/helpers_run  # a run folder made earlier
 """
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
+RESULT = ROOT / "experiments" / "results" / "stage_helpers_ahead_cpu.json"
 
-from experiments.job_flags import for_tree  # noqa: E402
-
-JOB = ["--steps", "8", "--eval-every", "0", "--format-warmup-steps", "5", "--compile-ahead", "true", "--prompt-style",
-       "compact", "--groups", "16", "--group-size", "8", "--wandb-mode", "disabled", "--progress", "false"]
+JOB = ["--steps", "8", "--eval.every", "0", "--sft.steps", "5", "--rollout.compile-ahead", "true",
+       "--env.prompt-style", "compact", "--rollout.groups", "16", "--rollout.group-size", "8",
+       "--run.wandb-mode", "disabled", "--run.progress", "false"]
 
 
 def summarize(run_dir: Path) -> list[dict]:
@@ -35,21 +35,26 @@ def summarize(run_dir: Path) -> list[dict]:
     return rows
 
 
+def _revision() -> str:
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return proc.stdout.strip() or "unknown"
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--trees", type=Path, nargs="+", default=None)
-    p.add_argument("--summarize", type=Path, nargs="+", default=None, help="run folders made earlier (old, new)")
-    p.add_argument("--out", type=Path, default=ROOT / "experiments" / "results" / "stage_helpers_ahead_cpu.json")
+    p.add_argument("--summarize", type=Path, nargs="+", default=None, help="run folders made earlier (run nothing)")
+    p.add_argument("--against", type=Path, default=RESULT, help="the result file whose runs this one is shown beside")
+    p.add_argument("--out", type=Path, default=RESULT)
     args = p.parse_args(argv)
-    runs = args.summarize or []
-    for tree in args.trees or []:
-        run_dir = Path("/tmp") / f"helpers_{tree.resolve().name}"
-        subprocess.run([sys.executable, "experiments/connect4.py", *for_tree([*JOB, "--run-dir", str(run_dir)], tree)],
-                       cwd=tree,
-                       env={**os.environ, "PYTHONPATH": str(tree.resolve())}, check=True, capture_output=True)
-        runs.append(run_dir)
-    result = {"job": "connect4.py " + " ".join(JOB), "machine": f"{os.cpu_count()} CPU cores",
-              "runs": {str(r): summarize(r) for r in runs}}
+    result = json.loads(args.against.read_text()) if args.against.is_file() else {"runs": {}}
+    result.update({"job": "connect4.py " + " ".join(JOB), "machine": f"{os.cpu_count()} CPU cores"})
+    new = {str(r): summarize(r) for r in args.summarize or []}
+    if not args.summarize:
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run([sys.executable, str(ROOT / "experiments" / "connect4.py"), *JOB, "--run-dir", tmp],
+                           cwd=ROOT, check=True, capture_output=True)
+            new[f"this checkout: {_revision()}"] = summarize(Path(tmp))
+    result["runs"].update(new)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     for r, rows in result["runs"].items():
         print(r, [row["lowered"] for row in rows])

@@ -1,14 +1,12 @@
-"""The rollout stage and the whole iteration, before / after the batched agent loop (issue 13), same device.
+"""The rollout stage and the whole iteration, before / after the batched agent loop, same device.
 
-Each case is a real training job (`experiments/connect4.py`, a few iterations, no warm-up) in its own
-process, once with this checkout ("current") and once with the code before the change ("baseline": a
-checkout of commit 4fdd9ec at .baseline, `git worktree add --detach .baseline 4fdd9ec`; another commit there: name
-it in EARL_BASELINE_COMMIT, and `*_constrained` cases compare the default move mode). From the
-iterations from the third on that compiled nothing (`steady`) it takes the medians of: the rollout's wall time,
-games and generated tokens per second, the host's share of the rollout (env stepping, parsing, tokenizing), and the
-experience
-and train times. A reference for how fast batched game rules can go: pgx's Connect Four (pure JAX, `pip
-install pgx`) stepping uniformly random legal moves for the same number of games on the same device.
+Each case is a real training job (`experiments/connect4.py`, a few iterations, no warm-up) in its own process, run
+with this checkout ("current") and shown beside the "baseline" the device's result file recorded for the case (commit
+4fdd9ec, the code before the batched agent loop; `--against` names another file). From the iterations from the third
+on that compiled nothing (`steady`) it takes the medians of: the rollout's wall time, games and generated tokens per
+second, the host's share of the rollout (env stepping, parsing, tokenizing), and the experience and train times. A
+reference for how fast batched game rules can go: pgx's Connect Four (pure JAX, `pip install pgx`) stepping uniformly
+random legal moves for the same number of games on the same device.
 
     python experiments/benchmarks/bench_agent_loop.py --cpu          # the CPU default (64 games, minimal prompts)
     python experiments/benchmarks/bench_agent_loop.py --gpu          # one GPU: 512 and 2048 compact games, tiny model
@@ -32,65 +30,55 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
 RESULTS = ROOT / "experiments" / "results"
 
-from experiments.job_flags import for_tree  # noqa: E402
 from experiments.sweep import steady_iterations  # noqa: E402
 
-BASELINE = ROOT / ".baseline"
-
-COMMON = ["--format-warmup-steps", "0", "--eval-every", "0", "--eval-games", "8", "--checkpoint-every", "0",
-          "--wandb-mode", "disabled", "--progress", "false", "--learning-rate", "1e-6"]
-# The free-text decode loop, what issue 13's numbers measure (the baseline commit has no other, nor the flag).
-CURRENT_ONLY = ["--constrain-moves", "false"]
+# The free-text decode loop, what the baseline's numbers measure (its code had no other).
+COMMON = ["--sft.steps", "0", "--eval.every", "0", "--eval.games", "8", "--run.checkpoint-every", "0",
+          "--run.wandb-mode", "disabled", "--run.progress", "false", "--learning-rate", "1e-6",
+          "--rollout.constrain-moves", "false"]
 CASES = {
-    "cpu": {"cpu64": ["--groups", "16", "--group-size", "4", "--steps", "8"]},
-    "gpu": {"gpu512": ["--groups", "64", "--group-size", "8", "--steps", "10", "--prompt-style", "compact"],
-            "gpu2048": ["--groups", "256", "--group-size", "8", "--steps", "8", "--prompt-style", "compact"]},
+    "cpu": {"cpu64": ["--rollout.groups", "16", "--rollout.group-size", "4", "--steps", "8"]},
+    "gpu": {"gpu512": ["--rollout.groups", "64", "--rollout.group-size", "8", "--steps", "10",
+                       "--env.prompt-style", "compact"],
+            "gpu2048": ["--rollout.groups", "256", "--rollout.group-size", "8", "--steps", "8",
+                        "--env.prompt-style", "compact"]},
 }
 # The default of connect4.py since constrained moves (one move token a turn, no decode loop): what users run now.
 for _name in ("gpu512", "gpu2048"):
-    CASES["gpu"][f"{_name}_constrained"] = CASES["gpu"][_name] + ["--constrain-moves", "true"]
-# Variants of the current code only: on four GPUs as four processes of one job (launch/local.py, one GPU each): the
+    CASES["gpu"][f"{_name}_constrained"] = CASES["gpu"][_name] + ["--rollout.constrain-moves", "true"]
+# Variants with no baseline: on four GPUs as four processes of one job (launch/local.py, one GPU each): the
 # rollout split by process (each plays its 512 games: rollout/process_split.py), or one SPMD rollout in which every
 # process steps all 2048.
 # 14 iterations: each process compiles the decode programs of its own games' shapes, some iterations later than others
-FOUR_PROC = CASES["gpu"]["gpu2048"][:-4] + ["--steps", "14", "--prompt-style", "compact"]
-CASES["gpu"]["gpu2048_4proc"] = FOUR_PROC + ["--rollout-split-processes", "true"]
-CASES["gpu"]["gpu2048_4proc_nosplit"] = FOUR_PROC + ["--rollout-split-processes", "false"]
-CASES["gpu"]["gpu2048_constrained_4proc"] = CASES["gpu"]["gpu2048_4proc"] + ["--constrain-moves", "true"]
+FOUR_PROC = CASES["gpu"]["gpu2048"][:-4] + ["--steps", "14", "--env.prompt-style", "compact"]
+CASES["gpu"]["gpu2048_4proc"] = FOUR_PROC + ["--rollout.split-processes", "true"]
+CASES["gpu"]["gpu2048_4proc_nosplit"] = FOUR_PROC + ["--rollout.split-processes", "false"]
+CASES["gpu"]["gpu2048_constrained_4proc"] = CASES["gpu"]["gpu2048_4proc"] + ["--rollout.constrain-moves", "true"]
 # ... and 2048 games a GPU (weak scaling): does a data-parallel rollout scale once each GPU has one GPU's load? At 2048
 # games in all each process has 512, which one GPU plays in 0.18-0.21 s against 0.33 s for 2048: latency bound.
-CASES["gpu"]["gpu8192"] = ["--groups", "1024", "--group-size", "8", "--steps", "8", "--prompt-style", "compact"]
-CASES["gpu"]["gpu8192_4proc"] = (CASES["gpu"]["gpu8192"][:-4] + ["--steps", "14", "--prompt-style", "compact"]
-                                 + ["--rollout-split-processes", "true"])
+CASES["gpu"]["gpu8192"] = ["--rollout.groups", "1024", "--rollout.group-size", "8", "--steps", "8",
+                           "--env.prompt-style", "compact"]
+CASES["gpu"]["gpu8192_4proc"] = (CASES["gpu"]["gpu8192"][:-4] + ["--steps", "14", "--env.prompt-style", "compact"]
+                                 + ["--rollout.split-processes", "true"])
 # ... and split with the collector run on a schedule (earl_jax/rl/gc_control.py): do the stragglers go away?
-CASES["gpu"]["gpu2048_4proc_gc"] = CASES["gpu"]["gpu2048_4proc"] + ["--gc-every", "1"]
+CASES["gpu"]["gpu2048_4proc_gc"] = CASES["gpu"]["gpu2048_4proc"] + ["--run.gc-every", "1"]
 LAUNCH = {name: ["-n", "4", "--devices-per-process", "1"]
           for name in ("gpu2048_4proc", "gpu2048_4proc_nosplit", "gpu2048_4proc_gc", "gpu8192_4proc",
                              "gpu2048_constrained_4proc")}
-CURRENT_ONLY_CASES = {*LAUNCH}
 TIMES = ("time/rollout_s", "time/experience_s", "time/train_s", "time/dispatch_s")
 
 
-def code_flags(code: str) -> list[str]:
-    """CURRENT_ONLY for this checkout, and for a baseline recent enough to know the flag (then both run free text)."""
-    config = BASELINE / "earl_jax" / "rl" / "config.py"
-    knows = code == "current" or (config.exists() and "constrain_moves" in config.read_text())
-    return CURRENT_ONLY if knows else []
-
-
-def run_case(code: str, flags: list[str], timeout: float, env: dict, launch: list[str] | None = None) -> dict:
-    """One training job (as the processes of one job with `launch`: launch/local.py's flags); medians over its
-    compile-free iterations from the third on."""
-    root = ROOT if code == "current" else BASELINE
+def run_case(flags: list[str], timeout: float, env: dict, launch: list[str] | None = None) -> dict:
+    """One training job of this checkout (as the processes of one job with `launch`: launch/local.py's flags);
+    medians over its compile-free iterations from the third on."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, str(root / "experiments" / "connect4.py"),
-               *for_tree([*COMMON, *code_flags(code), *flags, "--run-dir", f"{tmp}/run"], root)]
+        cmd = [sys.executable, str(ROOT / "experiments" / "connect4.py"), *COMMON, *flags, "--run-dir", f"{tmp}/run"]
         if launch:
-            cmd = [sys.executable, str(root / "launch" / "local.py"), *launch, "--timeout", str(timeout - 5), "--",
+            cmd = [sys.executable, str(ROOT / "launch" / "local.py"), *launch, "--timeout", str(timeout - 5), "--",
                    *cmd]
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
             rc, out = proc.returncode, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as e:
             rc, out = None, str(e.stderr or "")[-2000:]
@@ -106,14 +94,15 @@ def run_case(code: str, flags: list[str], timeout: float, env: dict, launch: lis
     if rc == 124 and launch:
         rc = None
     if (rc is not None and rc != 0) or not recs:
-        return {"code": code, "status": "error" if rc is not None else "timeout", "tail": out[-3000:], "wall_s": wall}
+        return {"code": "current", "status": "error" if rc is not None else "timeout", "tail": out[-3000:],
+                "wall_s": wall}
 
-    def med(k: str) -> float | None:  # None: a metric this code does not log (the baseline has no wait share)
+    def med(k: str) -> float | None:  # None: a metric the job did not log
         vals = [r[k] for r in recs if r.get(k) is not None]
         return statistics.median(vals) if vals else None
 
-    games = int(flags[flags.index("--groups") + 1]) * int(flags[flags.index("--group-size") + 1])
-    out_ = {"code": code, "status": "ok" if rc == 0 else "cut by the timeout", "iterations": len(recs),
+    games = int(flags[flags.index("--rollout.groups") + 1]) * int(flags[flags.index("--rollout.group-size") + 1])
+    out_ = {"code": "current", "status": "ok" if rc == 0 else "cut by the timeout", "iterations": len(recs),
             "still_compiling": compiling, "wall_s": wall, "games": games,
             **{k.split("/")[1]: med(k) for k in TIMES},
             "env_frac": med("rollout/env_frac"), "wait_frac": med("rollout/wait_frac"),
@@ -260,7 +249,8 @@ def main(argv=None) -> dict:
     which.add_argument("--cpu", action="store_true")
     which.add_argument("--gpu", action="store_true")
     p.add_argument("--cases", default=None, help="comma list of case names (default: all of the setting)")
-    p.add_argument("--codes", default="baseline,current")
+    p.add_argument("--against", type=Path, default=None,
+                   help="the result file with each case's baseline (default: the device's in experiments/results)")
     p.add_argument("--timeout", type=float, default=400.0, help="seconds per job")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--collect", type=Path, nargs="+", default=None,
@@ -279,30 +269,37 @@ def main(argv=None) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if args.cpu:
         env["JAX_PLATFORMS"] = "cpu"
-    result = {"what": "experiments/connect4.py jobs, medians of iterations 3+ that compiled nothing; baseline = commit "
-                      + os.environ.get("EARL_BASELINE_COMMIT", "4fdd9ec (the checkout at .baseline)"),
-              "cases": {}, "pgx": {}}
+    result = {"what": "experiments/connect4.py jobs, medians of iterations 3+ that compiled nothing", "cases": {},
+              "pgx": {}}
     for name, flags in cases.items():
-        result["cases"][name] = {}
-        for code in args.codes.split(","):
-            if code != "current" and name in CURRENT_ONLY_CASES:
-                continue
-            r = run_case(code, flags, args.timeout, env, LAUNCH.get(name))
-            result["cases"][name][code] = r
-            print(name, code, {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k != "tail"},
-                  flush=True)
-            if "tail" in r:
-                print(r["tail"], flush=True)
-        if name in CURRENT_ONLY_CASES:  # a variant: its base case has the pgx reference
+        r = run_case(flags, args.timeout, env, LAUNCH.get(name))
+        result["cases"][name] = {"current": r}
+        print(name, {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k != "tail"}, flush=True)
+        if "tail" in r:
+            print(r["tail"], flush=True)
+        if name in LAUNCH:  # a variant: its base case has the pgx reference
             continue
-        games = int(flags[flags.index("--groups") + 1]) * int(flags[flags.index("--group-size") + 1])
+        games = int(flags[flags.index("--rollout.groups") + 1]) * int(flags[flags.index("--rollout.group-size") + 1])
         result["pgx"][name] = pgx_reference(games)
         print(name, "pgx", result["pgx"][name], flush=True)
     import jax
 
     result["device"] = jax.devices()[0].device_kind
-    _speedups(result)
+    with_baselines(result, args.against)
     return _write(result, args.out)
+
+
+def with_baselines(result: dict, against: Path | None) -> None:
+    """Each case's recorded baseline from `against` (default: the device's result file), and the speedups."""
+    from earl_jax.parallel.profile import device_slug
+
+    path = against or RESULTS / f"bench_agent_loop_{device_slug(result['device'])}.json"
+    recorded = json.loads(path.read_text())["cases"] if path.is_file() else {}
+    for name, runs in result["cases"].items():
+        if "baseline" in recorded.get(name, {}):
+            runs["baseline"] = recorded[name]["baseline"]
+    result["baseline_from"] = str(path) if recorded else None
+    _speedups(result)
 
 
 def _write(result: dict, out: Path) -> dict:

@@ -1,7 +1,7 @@
 """Host work of one rollout alone: `play_games` over Connect Four (compact prompts, random opponent) with a policy
 that answers at once (a random digit and <eos>, no device), so what is timed is the agent loop's own host work: the
 env's steps, parsing, tokenizing, the episode buffers. Median over --repeats rollouts per batch size.
-`--moves constrained`: the policy answers like `SamplerPolicy` under `--constrain-moves` (the default of
+`--moves constrained`: the policy answers like `SamplerPolicy` under `--rollout.constrain-moves` (the default of
 connect4.py): a uniformly drawn LEGAL move's token, the stop token, and the move itself where `Decoded` carries it.
 
     python experiments/benchmarks/bench_host_rollout.py [--games 512 2048] [--repeats 9] [--moves constrained] \

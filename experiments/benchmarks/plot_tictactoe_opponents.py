@@ -1,7 +1,7 @@
 """Tic-Tac-Toe on the 2-core CPU by training opponent: the greedy evaluations (64 games every 10 iterations) against
 random (non-loss) and against the solver (draws) of the default run (random opponent), `--preset vs-solver`, and
-half or three quarters of the groups against the solver (`--mix-opponent`, the latter also with `--blunder-penalty
-0.5`), with the 512-game evaluation after each run as a marker.
+half or three quarters of the groups against the solver (`--curriculum.mix-opponent`, the latter also with
+`--env.blunder-penalty 0.5`), with the 512-game evaluation after each run as a marker.
 
     python experiments/benchmarks/plot_tictactoe_opponents.py   # -> experiments/results/tictactoe_cpu_opponents.png
 
@@ -16,9 +16,10 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 RUNS = (("default: random opponent", None), ("--preset vs-solver", "vs_solver"),
-        ("--mix-opponent solver --mix-share 0.5", "mix_solver_half"),
-        ("--preset vs-solver --mix-opponent random --mix-share 0.25", "mix_solver_three_quarters"),
-        ("the same, --blunder-penalty 0.5", "vs_solver_mix_random_quarter_blunder"))
+        ("--curriculum.mix-opponent solver --curriculum.mix-share 0.5", "mix_solver_half"),
+        ("--preset vs-solver --curriculum.mix-opponent random --curriculum.mix-share 0.25",
+         "mix_solver_three_quarters"),
+        ("the same, --env.blunder-penalty 0.5", "vs_solver_mix_random_quarter_blunder"))
 
 
 def load() -> list[tuple[str, list[dict], dict]]:

@@ -6,8 +6,8 @@ program is compiled, then rolls out one more batch twice:
   2. with every Sampler call (extend, generate, take_rows, grow) made synchronous and timed, so the device
      time of each kind of call, and its count per rollout, are known.
 
-    python experiments/benchmarks/profile_rollout.py -- --groups 256 --group-size 8 --prompt-style compact \
-        --constrain-moves false
+    python experiments/benchmarks/profile_rollout.py -- --rollout.groups 256 --rollout.group-size 8 \
+        --env.prompt-style compact --rollout.constrain-moves false
 
 Writes experiments/results/profile_rollout_<device>.json (and prints the tables).
 """
@@ -43,11 +43,10 @@ def main(argv=None) -> dict:
     from earl_jax.rl.job import parse_job
     from earl_jax.rl.trainer import Trainer
     from earl_jax.rollout.sampler import Sampler
-    from experiments.job_flags import component_flags
 
-    flags = ["--format-warmup-steps", "0", "--eval-every", "0", "--checkpoint-every", "0", "--wandb-mode", "disabled",
-             "--progress", "false", "--run-dir", tempfile.mkdtemp(), *args.flags]
-    cfg = parse_job(component_flags(flags), ROOT / "experiments" / "configs" / "connect4").config
+    flags = ["--sft.steps", "0", "--eval.every", "0", "--run.checkpoint-every", "0", "--run.wandb-mode", "disabled",
+             "--run.progress", "false", "--run-dir", tempfile.mkdtemp(), *args.flags]
+    cfg = parse_job(flags, ROOT / "experiments" / "configs" / "connect4").config
     enable_compile_cache(cfg.run.compile_cache or None)
     trainer = Trainer(cfg, log=False)
     for i in range(args.warm_iterations):

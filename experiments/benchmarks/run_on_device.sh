@@ -14,17 +14,17 @@
 #   e2e                          fig_e2e_adaptivity.py --gpu4: RUNS (comma list), BUDGET, MODEL, SCHEDULE, STEPS,
 #                                RERUN=1; the figure's JSON chains calls through E2E_STATE (/tmp/e2e_state) or a
 #                                carried e2e_state/
-#   agent-loop [args]            bench_agent_loop.py --gpu on one GPU (e.g. --cases gpu512 --codes baseline,current)
-#   agent-loop-4gpu              JOBS="case:code ..." one-GPU jobs side by side (GPU k runs job k), then
+#   agent-loop [args]            bench_agent_loop.py --gpu on one GPU (e.g. --cases gpu512)
+#   agent-loop-4gpu              JOBS="case ..." one-GPU jobs side by side (GPU k runs job k), then
 #                                FOUR="case:seconds ..." jobs over all four GPUs; EXTRA / JEXTRA add connect4.py flags
 #   pod-first-iteration          command to first finished iteration of `connect4.py --preset pod`, one run after
-#                                another from its own empty compile cache: RUNS="name:dir:timeout_s[:flags,..[:env,..]]",
-#                                STEPS (2), EVAL_GAMES (64), MODEL (qwen2.5-1.5b); dir . or a baseline at .baseline
+#                                another from its own empty compile cache: RUNS="name:timeout_s[:flags,..[:env,..]]",
+#                                STEPS (2), EVAL_GAMES (64), MODEL (qwen2.5-1.5b)
 #   programs                     `--preset pod` (the model it picks, or MODEL) for STEPS (10) iterations from an empty compile cache, then
 #                                again warm (the same cache); then `--preset gpu` for GPU_S seconds (90): per iteration
 #                                the seconds, foreground compiles and the log's program lines (the bounded-programs check)
 #   steady                       the 512-game compact free-text job on two GPUs side by side, STEPS iterations:
-#                                A_DIR/A_FLAGS against B_DIR/B_FLAGS (e.g. A_FLAGS="--compile-ahead false")
+#                                A_FLAGS against B_FLAGS (e.g. A_FLAGS="--rollout.compile-ahead false")
 #   bases                        experiments/pretrain.py builds side by side on GPU 0: BASES="name:game:flag,flag ..."
 #                                (each base, its JSON/PNG and log in $OUT/name.tgz; the expert games from runs/pretrain/
 #                                <game>_games.npz when carried); MEM (0.2) the memory share each, LIMIT (540) seconds
@@ -48,16 +48,21 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 source "$HERE/gpu_wheels.sh"
 BENCH=experiments/benchmarks
 QUIET_XLA="IOTA device assignment|not expected as JAX|Involuntary full rematerialization"
-POD_FLAGS="--format-warmup-steps 0 --wandb-mode disabled --progress false --checkpoint-every 0 --keep-checkpoints 0"
-# Job flags below are written flat (--eval-games); job_flags gives each checkout its own spelling (--eval.games).
+POD_FLAGS="--sft.steps 0 --run.wandb-mode disabled --run.progress false --run.checkpoint-every 0"
+POD_FLAGS="$POD_FLAGS --run.keep-checkpoints 0"
 
 device() { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1 | tee "$OUT/device.txt"; }
 
-job_flags() {  # job_flags DIR FLAGS...: connect4.py flags, flat or not, one a line, as the checkout in DIR takes them
+check_flags() {  # check_flags FLAGS...: fails naming a flag connect4.py does not take, so no run starts without it
   PYTHONPATH="$REPO:${PYTHONPATH:-}" python3 - "$@" <<'PY'
 import sys
-from experiments.job_flags import for_tree
-print("\n".join(for_tree(sys.argv[2:], sys.argv[1])))
+from earl_jax.cli import fields_of
+from earl_jax.rl.config import JobConfig
+from earl_jax.rl.job import ALIASES
+known = {f.flag for f in fields_of(JobConfig())} | set(ALIASES) | {"--preset", "--config", "--debug"}
+bad = [a.split("=")[0] for a in sys.argv[1:] if a.startswith("--") and a.split("=")[0].replace("_", "-") not in known]
+if bad:
+    sys.exit(f"run_on_device.sh: connect4.py takes no {' '.join(bad)} (--help lists its flags)")
 PY
 }
 
@@ -131,16 +136,15 @@ cmd_agent_loop_4gpu() {
   install_wheels pgx svgwrite
   export EARL_COMPILE_CACHE=/tmp/earl_cc
   local bench="python3 $BENCH/bench_agent_loop.py --gpu --timeout 220" k=0 j c code
-  for j in ${JOBS-"gpu512:baseline gpu512:current gpu2048:baseline gpu2048:current"}; do  # one GPU each
-    c=${j%:*} code=${j#*:}
-    CUDA_VISIBLE_DEVICES=$k timeout 250 $bench --cases "$c" --codes "$code" --out "$OUT/one_${c}_$code" \
-      ${JEXTRA:+-- $JEXTRA} > "$OUT/one_${c}_$code.log" 2>&1 &
+  for c in ${JOBS-"gpu512 gpu2048 gpu512_constrained gpu2048_constrained"}; do  # one GPU each
+    CUDA_VISIBLE_DEVICES=$k timeout 250 $bench --cases "$c" --out "$OUT/one_$c" \
+      ${JEXTRA:+-- $JEXTRA} > "$OUT/one_$c.log" 2>&1 &
     k=$((k + 1))
   done
   wait
   grep -hE "^gpu" "$OUT"/one_*.log 2>/dev/null | cut -c1-600
   for c in ${FOUR-"gpu2048_4proc:170 gpu2048_4proc_nosplit:150 gpu2048:130"}; do
-    timeout $((${c#*:} + 10)) $bench --cases "${c%:*}" --codes current --timeout "${c#*:}" --out "$OUT/four_${c%:*}" \
+    timeout $((${c#*:} + 10)) $bench --cases "${c%:*}" --timeout "${c#*:}" --out "$OUT/four_${c%:*}" \
       ${EXTRA:+-- $EXTRA} > "$OUT/four_${c%:*}.log" 2>&1
     grep -hE "^gpu|Error" "$OUT/four_${c%:*}.log" | cut -c1-600
   done
@@ -149,19 +153,18 @@ cmd_agent_loop_4gpu() {
 
 cmd_pod_first_iteration() {
   install_wheels
-  local pod="--preset pod --model ${MODEL:-qwen2.5-1.5b} --steps ${STEPS:-2} --eval-games ${EVAL_GAMES:-64} $POD_FLAGS"
-  local spec name dir limit flags envs start job
-  for spec in ${RUNS:?RUNS=\"name:dir:timeout_s[:flags[:env]] ...\"}; do
-    IFS=: read -r name dir limit flags envs <<< "$spec"
+  local pod="--preset pod --model ${MODEL:-qwen2.5-1.5b} --steps ${STEPS:-2} --eval.games ${EVAL_GAMES:-64} $POD_FLAGS"
+  local spec name limit flags envs start
+  for spec in ${RUNS:?RUNS=\"name:timeout_s[:flags[:env]] ...\"}; do
+    IFS=: read -r name limit flags envs <<< "$spec"
     flags=${flags//,/ }; envs=${envs//,/ }
-    echo "=== $name ($dir, ${limit}s, flags: ${flags:-none}, env: ${envs:-none})"
+    echo "=== $name (${limit}s, flags: ${flags:-none}, env: ${envs:-none})"
     # shellcheck disable=SC2086
-    job=$(job_flags "$dir" $pod $flags --run-dir /tmp/pod_$name) || exit 1
-    mapfile -t job <<< "$job"
+    check_flags $pod $flags || exit 1
     start=$(date +%s)
     # shellcheck disable=SC2086
-    (cd "$dir" && EARL_COMPILE_CACHE=/tmp/cc_$name PYTHONPATH=${PYTHONPATH:-}:. env $envs timeout "$limit" \
-       python3 experiments/connect4.py "${job[@]}") > "$OUT/pod_$name.log" 2>&1
+    EARL_COMPILE_CACHE=/tmp/cc_$name env $envs timeout "$limit" \
+      python3 experiments/connect4.py $pod $flags --run-dir /tmp/pod_$name > "$OUT/pod_$name.log" 2>&1
     echo "rc=$? wall $(( $(date +%s) - start )) s"
     grep -E "first RL iteration|iteration [0-9]+/|out of memory|RESOURCE|Error" "$OUT/pod_$name.log" | tail -12
     cp /tmp/pod_$name/metrics.jsonl "$OUT/pod_$name.jsonl" 2>/dev/null
@@ -193,16 +196,17 @@ cmd_programs() {
 
 cmd_steady() {
   install_wheels
-  local job="--groups 64 --group-size 8 --prompt-style compact --constrain-moves false --format-warmup-steps 0"
-  job="$job --eval-every 0 --eval-games 8 --checkpoint-every 0 --steps ${STEPS:-12} --wandb-mode disabled"
-  job="$job --progress false --compile-cache off"
-  local gpu=0 side dir flags args
+  local job="--rollout.groups 64 --rollout.group-size 8 --env.prompt-style compact --rollout.constrain-moves false"
+  job="$job --sft.steps 0 --eval.every 0 --eval.games 8 --run.checkpoint-every 0 --steps ${STEPS:-12}"
+  job="$job --run.wandb-mode disabled --run.progress false --run.compile-cache off"
+  local gpu=0 side flags
   for side in a b; do
-    dir=A_DIR flags=A_FLAGS; [ $side = b ] && dir=B_DIR flags=B_FLAGS
+    flags=A_FLAGS; [ $side = b ] && flags=B_FLAGS
     # shellcheck disable=SC2086
-    args=$(job_flags "${!dir:-.}" $job ${!flags:-} --run-dir /tmp/steady_$side) || exit 1
-    CUDA_VISIBLE_DEVICES=$gpu bash -c "cd ${!dir:-.} && PYTHONPATH=${PYTHONPATH:-}:. timeout ${JOB_S:-400} \
-      python3 experiments/connect4.py ${args//$'\n'/ }" > "$OUT/steady_$side.log" 2>&1 &
+    check_flags $job ${!flags:-} || exit 1
+    # shellcheck disable=SC2086
+    CUDA_VISIBLE_DEVICES=$gpu timeout ${JOB_S:-400} python3 experiments/connect4.py $job ${!flags:-} \
+      --run-dir /tmp/steady_$side > "$OUT/steady_$side.log" 2>&1 &
     gpu=$((gpu + 1))
   done
   wait
@@ -221,7 +225,8 @@ cmd_profile_rollout() {
   local groups
   for groups in 256 64; do
     EARL_COMPILE_CACHE=/tmp/earl_cc timeout 270 python3 $BENCH/profile_rollout.py --out "$OUT/g$groups" -- \
-      --groups $groups --group-size 8 --prompt-style compact --constrain-moves false 2>&1 | tee "$OUT/profile_g$groups.log" \
+      --rollout.groups $groups --rollout.group-size 8 --env.prompt-style compact --rollout.constrain-moves false 2>&1 \
+      | tee "$OUT/profile_g$groups.log" \
       | grep -vE "^ +[0-9]" | tail -30
   done
 }
@@ -229,10 +234,9 @@ cmd_profile_rollout() {
 cmd_sweep() {
   install_wheels
   export EARL_COMPILE_CACHE=${EARL_COMPILE_CACHE:-/tmp/sweep_cc}
-  local sw=/tmp/sweep_selector quiet
-  quiet=$(job_flags . --wandb-mode disabled) || exit 1
+  local sw=/tmp/sweep_selector
   timeout 585 python3 experiments/sweep.py launch/sweep_selector.yaml --trials "${TRIALS:-4}" --timeout "${TRIAL_S:-135}" \
-    ${ONLY:+--only "$ONLY"} --out "$sw" -- $quiet 2>&1 | tee "$OUT/sweep.log"
+    ${ONLY:+--only "$ONLY"} --out "$sw" -- --run.wandb-mode disabled 2>&1 | tee "$OUT/sweep.log"
   cp "$sw/summary.csv" "$sw/trials.jsonl" "$OUT/" 2>/dev/null
   tar czf "$OUT/trials.tgz" -C "$sw" --exclude checkpoints . 2>/dev/null  # then sweep_table.py on the unpacked folders
 }
@@ -240,9 +244,9 @@ cmd_sweep() {
 connect4_one() {  # connect4_one NAME GPU MINUTES FLAGS...
   local name=$1 gpu=$2 minutes=$3; shift 3
   local run=runs/connect4-gpu-$name job
-  job=$(job_flags . --preset gpu --max-minutes "$minutes" --wandb-mode disabled \
-    --eval-opponents random,alphabeta:2 --run-dir "$run" "${RESUME[@]}" "$@") || exit 1
-  mapfile -t job <<< "$job"
+  job=(--preset gpu --run.max-minutes "$minutes" --run.wandb-mode disabled --eval.opponents random,alphabeta:2
+       --run-dir "$run" "${RESUME[@]}" "$@")
+  check_flags "${job[@]}" || exit 1
   CUDA_VISIBLE_DEVICES=$gpu EARL_COMPILE_CACHE=/tmp/cc_$name python3 experiments/connect4.py "${job[@]}" \
     >> "/tmp/$name.log" 2>&1
   if [ -z "${SAVE:-}" ]; then  # the last part: the newest checkpoint against the ladder

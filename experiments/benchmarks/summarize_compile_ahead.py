@@ -1,5 +1,6 @@
-"""Collect the compile-ahead device calls (run_on_device.sh first-iteration --flag
-compile-ahead --values false true, then run_on_device.sh steady) into
+"""Collect the compile-ahead device calls (run_on_device.sh first-iteration, i.e.
+experiments/benchmarks/first_iteration.py --flag rollout.compile-ahead --values false true, then run_on_device.sh
+steady) into
 experiments/results/compile_ahead_<device>.{json,png}: the cold first iterations, and per iteration of the 512-game
 job the rollout seconds and the programs compiled in the foreground, without and with compiling ahead.
 
@@ -58,7 +59,8 @@ def main(argv=None) -> dict:
     out = ROOT / "experiments" / "results" / f"compile_ahead_{args.device}"
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))
     per_iteration_bars(out.with_suffix(".png"), {
-        f"--compile-ahead {mode} (iterations 2-12: {later[mode]} s)": [(r["step"], r["time/rollout_s"]) for r in rows]
+        f"--rollout.compile-ahead {mode} (iterations 2-12: {later[mode]} s)":
+            [(r["step"], r["time/rollout_s"]) for r in rows]
         for mode, rows in steady.items()}, "rollout seconds (log)",
         f"512 compact free-text games, tiny model, one {first['device']} each, cold compile cache")
     print(json.dumps(later))
