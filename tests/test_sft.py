@@ -68,7 +68,7 @@ def test_sft_on_a_forced_mesh_reaches_the_stage(tmp_path):
 
 def test_sft_trains_the_float32_weights_whatever_the_compute_dtype(tmp_path):
     """A stage that updates weights gets them as they are; only the stages that run the model get them cast."""
-    trainer = Trainer(job(groups=4, group_size=2, steps=1, devices=8, max_turns=6, max_context=256,
+    trainer = Trainer(job(groups=4, group_size=2, run__steps=1, devices=8, max_turns=6, max_context=256,
                           model__dtype="bfloat16", run_dir=str(tmp_path)), log=False)
     run_sft(trainer.policy, trainer.state, _batches(trainer, 8, 1), steps=1,
             optimizer=make_optimizer(3e-3, 1, 2, 0.0, 1.0))

@@ -26,7 +26,7 @@ def test_the_guide_s_stage_runs_under_its_plan_and_is_logged(tmp_path, monkeypat
     score_stage = importlib.import_module("score_stage")  # registers "score"
     assert "score" in stage_names("when_run") and stage_spec("score").rules == INFERENCE_RULES
     # micro-batches of 2 rows per shard at the 64-token width, chunks of 32 positions: what the selector must pick
-    trainer = Trainer(job(groups=8, group_size=2, steps=2, eval_every=0, format_warmup_steps=0, devices=8, max_turns=2,
+    trainer = Trainer(job(groups=8, group_size=2, run__steps=2, eval__every=0, sft__steps=0, devices=8, max_turns=2,
                           max_context=128, planner__micro_batch_tokens=128, planner__logprob_chunk=32,
                           run_dir=str(tmp_path)), log=False)
     received, traced = [], []
