@@ -60,6 +60,13 @@ CANDIDATES = {
     "format_rpp": FORMAT + ["--loss.estimator", "reinforce_pp"],
     "format_rpp_mb4": FORMAT + ["--loss.estimator", "reinforce_pp", "--optim.ppo-mini-batches", "4"],
     "format_mixed_g64x4": FORMAT + MIXED + ["--rollout.groups", "64"],
+    "format_mixed_mb8": FORMAT + MIXED + ["--optim.ppo-mini-batches", "8"],
+    "format_mixed_mb16": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16"],
+    "mixed_mb8": MIXED + ["--optim.ppo-mini-batches", "8"],
+    "mixed_mb16": MIXED + ["--optim.ppo-mini-batches", "16"],
+    "format_grpo_mb16": FORMAT + ["--optim.ppo-mini-batches", "16"],
+    "format_mixed_mb8_ep2": FORMAT + MIXED + ["--optim.ppo-mini-batches", "8", "--optim.ppo-epochs", "2"],
+    "format_mixed_mb4_ep2": FORMAT + MIXED + ["--optim.ppo-mini-batches", "4", "--optim.ppo-epochs", "2"],
 }
 
 
