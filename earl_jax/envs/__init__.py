@@ -26,7 +26,7 @@ _LAZY = {
     "EnvConfig": "config", "OpenSpielTextEnv": "openspiel_env",
     "Opponent": "opponents", "make_opponent": "opponents",
     "canonical_action_text": "parser", "parse_action": "parser",
-    "COMPACT_ALPHABET": "text", "PROMPT_STYLES": "text", "GameText": "text", "format_observation": "text",
+    "COMPACT_ALPHABET": "text", "PROMPT_STYLES": "text", "GameText": "games.game_text", "format_observation": "text",
     "game_text": "text", "observation_alphabet": "text", "render_board": "text",
 }
 
@@ -34,13 +34,13 @@ __all__ = ["ENV_IDS", *sorted(_LAZY)]
 
 if TYPE_CHECKING:
     from earl_jax.envs.config import EnvConfig
+    from earl_jax.envs.games.game_text import GameText
     from earl_jax.envs.openspiel_env import OpenSpielTextEnv
     from earl_jax.envs.opponents import Opponent, make_opponent
     from earl_jax.envs.parser import canonical_action_text, parse_action
     from earl_jax.envs.text import (
         COMPACT_ALPHABET,
         PROMPT_STYLES,
-        GameText,
         format_observation,
         game_text,
         observation_alphabet,

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 from jaxtyping import Bool, Int, UInt64
 
+from earl_jax.envs.games.game_text import GameText
+
 if TYPE_CHECKING:
     import pyspiel
-
-    from earl_jax.envs.text import GameText
 
 
 @dataclasses.dataclass(frozen=True)

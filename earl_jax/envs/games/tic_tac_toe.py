@@ -14,7 +14,7 @@ import numpy as np
 from jaxtyping import Bool, Int, Int8, UInt16, UInt64
 
 from earl_jax.envs.games import GameSpec, OpponentSpec, Rules, register_game
-from earl_jax.envs.text import GameText
+from earl_jax.envs.games.game_text import GameText
 from earl_jax.envs.vector.opponents import BatchedOpponent, kth_true
 
 NUM_ACTIONS = 9

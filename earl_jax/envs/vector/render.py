@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 from jaxtyping import Bool, Int, Int8, UInt8
 
-from earl_jax.envs.text import AGENT, EMPTY, OPPONENT, GameText, format_observation
+from earl_jax.envs.games.game_text import AGENT, EMPTY, OPPONENT, GameText
+from earl_jax.envs.text import format_observation
 
 # [agent_player * 3 + cell code] -> what the agent sees; cell codes: 0 empty, 1 player 0, 2 player 1.
 _CHARS = np.array([ord(EMPTY), ord(AGENT), ord(OPPONENT), ord(EMPTY), ord(OPPONENT), ord(AGENT)], np.uint8)
