@@ -112,6 +112,17 @@ def test_rollouts_ahead_keep_the_bound_on_their_own_devices_and_a_stopped_run_re
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_on_shared_devices_the_rollout_ahead_interleaves_with_training(monkeypatch, tmp_path):
+    spy = Spy(monkeypatch)
+    cfg = with_fields(K1, steps=3, max_staleness=2, rollout_devices=8, run_dir=str(tmp_path / "run"))
+    trainer = Trainer(cfg, log=False)
+    history = trainer.run()
+    assert trainer.policy.rollout_planner is None
+    assert [(step, version) for step, version, _ in spy.trained] == [(0, 0), (1, 0), (2, 0)]
+    assert [r["rollout/staleness_max"] for r in history] == [0, 1, 2]
+    assert spy.devices == {stage: set(range(8)) for stage in ("rollout", "experience", "train")}
+
+
 def test_the_planner_takes_the_split_with_the_shortest_overlapped_iteration():
     model_cfg, _ = model_config(K1.model)
     # 4 heads, 8 rows: no mesh over 3, 5, 6 or 7 devices takes a batch of 8 rows (data) with a tensor degree of 1, 2
