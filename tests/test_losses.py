@@ -274,6 +274,8 @@ def test_a_loss_metric_named_as_one_of_the_stages_is_refused():
     ({"between_group_weight": -0.5, "filter_constant_groups": False}, "between_group_weight"),
     ({"between_group_weight": 0.5}, "filter_constant_groups"),  # the filter drops what the term gives a signal
     ({"adv_eps": 0.0}, "adv_eps"),
+    ({"is_cap": 0.5}, "is_cap"),
+    ({"policy_loss": "decoupled_ppo", "behaviour": "sampler"}, "behaviour"),  # its old_logp is the proximal policy's
 ])
 def test_config_validation_starts_with_the_field(kw, field):
     with pytest.raises(ValueError, match=rf"^{field}: .*\(got "):
@@ -322,3 +324,34 @@ def test_missing_optional_inputs_raise():
         policy_loss(z, z, None, z, jnp.ones((1, 2)), None, cfg(kl_coef=0.1, kl_estimator="k1"))
     with pytest.raises(ValueError, match="entropy"):
         policy_loss(z, z, None, z, jnp.ones((1, 2)), None, cfg(entropy_coef=0.1))
+    with pytest.raises(ValueError, match="behaviour_logp"):
+        policy_loss(z, z, None, z, jnp.ones((1, 2)), None, cfg(policy_loss="decoupled_ppo"))
+
+
+# The decoupled loss on the hand example: old_logp is the proximal policy (the weights at train time), the behaviour
+# policy (the sampler's) was older. Per token w = exp(old - behaviour), truncated at the cap (2 here).
+LOG_W = np.array([[0.0, np.log(1.5), np.log(0.5), np.log(4.0)], [np.log(3.0), 0.0, np.log(0.25), 0.0]], np.float32)
+W = np.minimum(np.exp(LOG_W), 2.0)
+
+
+def test_decoupled_ppo_weights_each_token_by_its_truncated_importance_weight():
+    c = cfg(policy_loss="decoupled_ppo", is_cap=2.0)
+    behaviour = jnp.asarray(OLD - LOG_W)
+    loss, metrics = policy_loss(jnp.asarray(LOGP), jnp.asarray(OLD), None, jnp.asarray(ADV), jnp.asarray(MASK), None,
+                                c, behaviour)
+    assert float(loss) == pytest.approx(float(np.sum(W * TOKEN_LOSS * MASK) / 7), abs=1e-6)
+    assert float(metrics["is_weight_mean"]) == pytest.approx(float(np.sum(W * MASK) / 7), rel=1e-5)
+    assert float(metrics["is_truncated_frac"]) == pytest.approx(2 / 7)  # 4.0 and 3.0 passed the cap
+    assert float(metrics["clip_frac"]) == pytest.approx(2 / 7)  # the clip is PPO's against the proximal policy
+    # the weight is a constant: the gradient is PPO-clip's, token by token times w, and nothing reaches behaviour
+    g = jax.grad(lambda lp, b: policy_loss(lp, jnp.asarray(OLD), None, jnp.asarray(ADV), jnp.asarray(MASK), None, c,
+                                           b)[0], argnums=(0, 1))(jnp.asarray(LOGP), behaviour)
+    np.testing.assert_allclose(g[0], W * TOKEN_GRAD / 7, atol=1e-6)
+    assert np.all(np.asarray(g[1]) == 0.0)
+
+
+def test_decoupled_ppo_on_fresh_batches_is_ppo_clip():
+    c = cfg(policy_loss="decoupled_ppo")
+    fresh, _ = policy_loss(jnp.asarray(LOGP), jnp.asarray(OLD), None, jnp.asarray(ADV), jnp.asarray(MASK), None, c,
+                           jnp.asarray(OLD))
+    assert float(fresh) == float(loss_fn(cfg())[0])

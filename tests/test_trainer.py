@@ -109,8 +109,8 @@ def test_a_registered_loss_logs_its_own_metrics_and_is_listed_in_the_help(tmp_pa
     with pytest.raises(SystemExit):
         job_cli.parse_job(["--help"], CONFIGS / "connect4")
     shown = " ".join(capsys.readouterr().out.split())  # the help's lines, unwrapped
-    assert ("--loss.policy-loss TEXT policy loss by registered name (rl/losses.py): ppo_clip, reinforce, "
-            "abs_reinforce (default: ppo_clip)") in shown
+    assert ("--loss.policy-loss TEXT policy loss by registered name (rl/losses.py): ppo_clip, decoupled_ppo, "
+            "reinforce, abs_reinforce (default: ppo_clip)") in shown
 
 
 def test_killed_and_resumed_run_is_bit_exact(tmp_path):

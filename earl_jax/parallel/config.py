@@ -13,6 +13,9 @@ class PlannerConfig:
     """planner: each stage's mesh and micro-batch (Parallelism Selector, memory model)"""
 
     devices: int = _f(0, "devices to use (0: all)")
+    rollout_devices: int = _f(0, "while rollout and training run at once (--rollout.max-staleness >= 1): devices the "
+                                 "rollout gets to itself, experience and train the others (0: the planner chooses; "
+                                 "all the devices: shared, the stages interleaved)")
     mode: Literal["auto", "static"] = _f(
         "auto", "auto: each stage's layout follows the context (selector, OOM fallback); static: the first "
                 "iteration's layouts for the whole run, no fallback (a baseline)")
@@ -43,6 +46,7 @@ class PlannerConfig:
                 raise ValueError(f"{name}: {why} (got {getattr(self, name)!r})")
 
         need(self.devices >= 0, "devices", "must be >= 0")
+        need(self.rollout_devices >= 0, "rollout_devices", "must be >= 0 (0: the planner chooses)")
         need(self.memory_budget_gib >= 0, "memory_budget_gib", "must be >= 0")
         need(0 <= self.margin < 1, "margin", "must be in [0, 1)")
         need(0 < self.ema <= 1, "ema", "must be in (0, 1]")

@@ -262,20 +262,25 @@ class StagePlanner:
 
     @classmethod
     def from_config(cls, cfg: PlannerConfig, model_cfg: ModelConfig, batch_size: int, *, remat: bool = True,
-                    cache_buckets: tuple[int, ...] | None = None, kv_cache_bytes: int = 2) -> "StagePlanner":
+                    cache_buckets: tuple[int, ...] | None = None, kv_cache_bytes: int = 2,
+                    devices: list[jax.Device] | None = None, stages: tuple[str, ...] | None = None
+                    ) -> "StagePlanner":
         """The planner of a job of `batch_size` games a rollout; a layout that does not fit the model or the batch
-        is refused here, before anything compiles, naming the flag."""
-        devices = jax.devices()[: cfg.devices or None]
-        thresholds = {s: v for s in stage_names()
+        is refused here, before anything compiles, naming the flag. `devices` (default: --planner.devices of all)
+        and `stages` (the ones it plans each iteration; default: those registered so): a share of the devices
+        planned for some stages alone (parallel/split.py)."""
+        devices = jax.devices()[: cfg.devices or None] if devices is None else list(devices)
+        planned = stages or stage_names("each_iteration")
+        thresholds = {s: v for s in (stages or stage_names())
                       if (v := _checked_thresholds(cfg, model_cfg, len(devices), s, batch_size))}
-        for stage in stage_names("each_iteration"):  # they process its batch: rows shard over data (x fsdp)
+        for stage in planned:  # they process its batch: rows shard over data (x fsdp)
             if not any(batch_size % (m.data * m.fsdp) == 0 for m in candidate_meshes(model_cfg, len(devices), stage)):
                 raise ValueError(f"--rollout.groups x --rollout.group-size = {batch_size} games do not split over "
                                  f"any {stage} mesh of {len(devices)} devices: use a multiple of the device count")
         # a small model plays short games: buckets from 32 tokens (the tiny preset, or a small base built from it)
         edges = cfg.edges or (SMALL_BUCKET_EDGES if model_cfg.num_params() < SMALL_MODEL_PARAMS else None)
         sel_cfg = SelectorConfig(**({"bucket_edges": edges} if edges else {}), margin=cfg.margin,
-                                 ema_alpha=cfg.ema, thresholds=thresholds or None)
+                                 ema_alpha=cfg.ema, thresholds=thresholds or None, stages=stages)
         budget = int(cfg.memory_budget_gib * 2**30) or None
         memory = MemoryConfig(budget_bytes=budget, remat=remat, max_logprob_chunk=cfg.logprob_chunk,
                               max_micro_batch_tokens=cfg.micro_batch_tokens, cache_buckets=cache_buckets,

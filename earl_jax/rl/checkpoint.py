@@ -1,4 +1,5 @@
-"""Checkpoints with orbax: everything resuming needs (params, optimizer state, RNG, step, selector state).
+"""Checkpoints with orbax: everything resuming needs (params, optimizer state, RNG, step, selector state and, with
+rollouts overlapping training, the batches sampled for the next iterations).
 
 Orbax writes each step into a temporary folder and renames it when complete, so a crash mid-save never
 replaces the last good checkpoint. `restore_latest` resumes from the newest checkpoint that reads back:
@@ -40,10 +41,16 @@ def checkpoint_state(state, planner, seed: int) -> dict[str, Any]:
 
 
 def save_trainer(trainer) -> None:
-    """A `Trainer`'s checkpoint at its step: weights, optimizer state, RNG; the planner's and matchmaker's state."""
+    """A `Trainer`'s checkpoint at its step: weights, optimizer state, RNG; the planners' and matchmaker's state; with
+    rollouts overlapping training, the sampled batches of the next iterations (rl/overlap.py)."""
     t = trainer
-    t.checkpointer.save(t.step, checkpoint_state(t.state, t.policy.planner, t.cfg.run.seed), {
-        "step": t.step, "planner": t.policy.planner.state_dict(), "matchmaker": t.matchmaker.state_dict()})
+    meta = {"step": t.step, "planner": t.policy.planner.state_dict(), "matchmaker": t.matchmaker.state_dict()}
+    pending = None
+    if t.overlap is not None:
+        pending, meta["pending"] = t.overlap.checkpoint(t.step)
+    if t.policy.rollout_planner is not None:
+        meta["rollout_planner"] = t.policy.rollout_planner.state_dict()
+    t.checkpointer.save(t.step, checkpoint_state(t.state, t.policy.planner, t.cfg.run.seed), meta, pending or None)
 
 
 def restore_trainer(trainer) -> None:
@@ -52,6 +59,14 @@ def restore_trainer(trainer) -> None:
     step, state, meta = t.checkpointer.restore_latest(checkpoint_state(t.state, t.policy.planner, t.cfg.run.seed))
     t.state.params, t.state.opt_state, t.step = state["params"], state["opt_state"], step
     t.policy.planner.load_state_dict(meta.get("planner", {}))
+    if t.policy.rollout_planner is not None:
+        t.policy.rollout_planner.load_state_dict(meta.get("rollout_planner", {}))
+    if t.overlap is not None:
+        t.overlap.restore(step, meta.get("pending_arrays", {}), meta.get("pending", []))
+    elif meta.get("pending"):
+        logging.getLogger("earl_jax.rl.trainer").info(
+            "resume: the checkpoint's sampled batches are not used (--rollout.max-staleness 0 samples every batch "
+            "with the current weights)")
     t.matchmaker.load_state_dict(meta.get("matchmaker") or {})  # the curriculum's rung
     t.env = t.matchmaker.train_env()
     logging.getLogger("earl_jax.rl.trainer").info("resumed from step %d (checkpoint %s)", step,
@@ -107,25 +122,34 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return None if self.manager is None else self.manager.latest_step()
 
-    def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+    def save(self, step: int, state: Any, meta: dict[str, Any], pending: dict[str, Any] | None = None) -> None:
+        """`pending`: host arrays (numpy, none empty) saved beside the state as they are; restored into
+        meta["pending_arrays"]."""
         if self.manager is None:  # keep=0: checkpoints are off
             return
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                        meta=ocp.args.JsonSave(meta)))
+        items = dict(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+        if pending:
+            items["pending"] = ocp.args.StandardSave(pending)
+        self.manager.save(step, args=ocp.args.Composite(**items))
         self.manager.wait_until_finished()
 
     def restore(self, abstract_state: Any, step: int) -> tuple[int, Any, dict[str, Any]]:
         """Restore `step` into the structure, dtypes and shardings of `abstract_state` (e.g. the fresh state)."""
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+        items = dict(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
+        if (self.directory / str(step) / "pending").is_dir():
+            items["pending"] = ocp.args.StandardRestore()
         _quiet_closed_loop_errors()
         try:
-            out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
-                                                                     meta=ocp.args.JsonRestore()))
+            out = self.manager.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:
             detail = " ".join(str(e).split())[:300]
             raise CheckpointError(f"checkpoint {self.directory / str(step)} is unreadable or does not match "
                                   f"this run's model/optimizer ({type(e).__name__}: {detail})") from e
-        return step, out.state, dict(out.meta)
+        meta = dict(out.meta)
+        if "pending" in items:
+            meta["pending_arrays"] = out.pending
+        return step, out.state, meta
 
     def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]]:
         """The newest checkpoint that reads back; newer unreadable ones are moved aside with a warning."""

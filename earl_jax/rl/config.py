@@ -182,6 +182,10 @@ class JobConfig:
                  "takes whole groups from the current rung as mix_opponent and league_size do: use one of them")
         need(not (self.run.resume == "true" and self.run.keep_checkpoints == 0), "--run.keep-checkpoints",
              "--resume needs checkpoints: 0 writes none")
+        need(not (r.max_staleness and c.league_size), "--rollout.max-staleness",
+             "a league's snapshots are taken from the weights of their step: train with --curriculum.league-size 0")
+        need(not self.planner.rollout_devices or r.max_staleness, "--planner.rollout-devices",
+             "applies while rollout and training run at once: it needs --rollout.max-staleness >= 1")
 
     @property
     def batch_size(self) -> int:

@@ -4,7 +4,7 @@ The behaviour policy's log-probs are recomputed here (`--loss.behaviour recomput
 scores is then exactly its own numerics) or taken from the sampler (`sampler`: kept with the trajectory, no forward
 pass); recomputing, the gap to the sampler's is reported as `experience/logprob_gap_max` / `_mean`.
 
-    batch = rollout_batch(trajectories, constrained)                        # the rollout's hand-off: RolloutBatch
+    batch = rollout_batch(trajectories, constrained, version)               # the rollout's hand-off: RolloutBatch
     result = experience_stage(run, params, ref_params, batch, spans, widths, ...)   # the train's: ExperienceResult
 
 Rows are sorted by length and dealt over the batch shards (rl/packing.py), so each micro-batch holds similar lengths
@@ -24,7 +24,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int, jaxtyped
 
 from earl_jax.parallel.planner import StageRun
-from earl_jax.rl.losses import LossConfig
+from earl_jax.rl.losses import BEHAVIOUR_LOSSES, LossConfig
 from earl_jax.rl.packing import batch_width, grouped_logprobs, length_order, length_split, limit_new_widths, rearrange
 from earl_jax.rl.stages import ExperienceBatch, advantage_step
 from earl_jax.rollout.agent_loop import Trajectories
@@ -49,14 +49,19 @@ class RolloutBatch:
     group_ids: Int[np.ndarray, " n"]  # each row's group (the games an estimator compares)
     sampler_logp: Float[np.ndarray, "n t"] | None = None  # the sampler's log-prob of each sampled token
     choices: Int[np.ndarray, "n t"] | None = None  # legal-move bitmask of a constrained move token; None: free text
+    # the policy version (train iterations done) of the weights that sampled each scored token (where loss_mask is
+    # set); kept on the host: what the staleness bound and its metrics read (rl/staleness.py)
+    versions: Int[np.ndarray, "n t"] | None = None
 
     def check(self) -> RolloutBatch:
         check_fields(self)
         return self
 
     def columns(self) -> dict[str, np.ndarray]:
-        """The arrays by field name, the absent ones left out (what `StageRun.put_rows` places)."""
-        return {f.name: v for f in dataclasses.fields(self) if (v := getattr(self, f.name)) is not None}
+        """The arrays the stages compute on by field name, the absent ones and the host's `versions` left out (what
+        `StageRun.put_rows` places)."""
+        return {f.name: v for f in dataclasses.fields(self)
+                if (v := getattr(self, f.name)) is not None and f.name != "versions"}
 
 
 @functools.cache
@@ -87,13 +92,17 @@ def _describe(x: Any) -> str:
     return f"{x.dtype}{list(x.shape)}" if hasattr(x, "shape") else repr(x)
 
 
-def rollout_batch(traj: Trajectories, constrained: bool) -> RolloutBatch:
-    """The rows the experience stage computes on: the batch's, or this process's share (`traj.local_rows`)."""
+def rollout_batch(traj: Trajectories, constrained: bool, version: int | None = None) -> RolloutBatch:
+    """The rows the experience stage computes on: the batch's, or this process's share (`traj.local_rows`).
+    `version`: the policy version of the weights that sampled them (None: not recorded)."""
     width = batch_width(traj.tokens.shape[1])
     groups = traj.group_ids if traj.local_rows is None else traj.group_ids[traj.local_rows]
+    mask = pad_cols(traj.loss_mask, width)
+    versions = None if version is None else np.where(mask, version, -1).astype(np.int32)
     # free-text runs neither move nor keep the (all-zero) legal-move bitmasks
-    return RolloutBatch(pad_cols(traj.tokens, width), pad_cols(traj.loss_mask, width), pad_cols(traj.rewards, width),
-                        groups, pad_cols(traj.logprobs, width), pad_cols(traj.choices, width) if constrained else None)
+    return RolloutBatch(pad_cols(traj.tokens, width), mask, pad_cols(traj.rewards, width), groups,
+                        pad_cols(traj.logprobs, width), pad_cols(traj.choices, width) if constrained else None,
+                        versions)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,8 +179,9 @@ def experience_stage(run: StageRun, params: Any, ref_params: Any | None, batch: 
         x = run.put_rows({k: v[perm] for k, v in arrays.items()})
     kw = dict(graphdef=graphdef, choices=x.get("choices"), choice_tokens=choice_tokens)
     sampled = x.get("sampler_logp")
-    if loss.behaviour == "sampler" and sampled is None:
-        raise ValueError("--loss.behaviour sampler needs the rollout's log-probs (RolloutBatch.sampler_logp)")
+    if (loss.behaviour == "sampler" or loss.policy_loss in BEHAVIOUR_LOSSES) and sampled is None:
+        raise ValueError(f"--loss.behaviour {loss.behaviour} with --loss.policy-loss {loss.policy_loss} needs the "
+                         "rollout's log-probs (RolloutBatch.sampler_logp)")
     if loss.behaviour == "sampler" and ref_params is None:  # nothing to score: no forward pass at all
         old = ref_logp = sampled
     else:
@@ -186,6 +196,7 @@ def experience_stage(run: StageRun, params: Any, ref_params: Any | None, batch: 
                                                                        micro, **kw)
     fn = run.jit("advantages", advantage_step, num_groups=num_groups, loss_cfg=loss)
     out = fn(old, ref_logp, x["tokens"], x["loss_mask"], x["rewards"], x["group_ids"], x.get("choices"),
-             sampled if loss.behaviour == "recompute" else None)  # the gap is 0 by definition otherwise
+             sampled if loss.behaviour == "recompute" else None,  # the gap is 0 by definition otherwise
+             sampled if loss.policy_loss in BEHAVIOUR_LOSSES else None)
     scored_batch, metrics = jax.block_until_ready(out)  # an OOM must surface inside the planner's fallback
     return ExperienceResult(scored_batch, metrics, perm, lengths)

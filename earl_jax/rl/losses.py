@@ -8,7 +8,9 @@ decorated function:
     def my_loss(logp, old_logp, advantages, loss_mask, cfg):
         return -advantages * logp, {}          # per-token loss [n, t], per-token metrics
 
-and `LossConfig(policy_loss="my_loss")` runs it (docs/fork.md, "Changing the loss").
+and `LossConfig(policy_loss="my_loss")` runs it (docs/fork.md, "Changing the loss"). A loss registered with
+`behaviour=True` also gets `behaviour_logp`, the log-probs of the weights that sampled each token (the sampler's),
+while `old_logp` is then the proximal policy's, recomputed by the experience stage (`decoupled_ppo`).
 
 Every input is `[N, T]`, aligned with the tokens: position t holds a quantity of token t
 (`logp[n, t] = log p(tokens[n, t] | tokens[n, :t])`). `loss_mask` is nonzero on tokens the policy
@@ -40,14 +42,16 @@ MAX_LOG_RATIO = 20.0
 # name -> fn(logp, old_logp, advantages, loss_mask, cfg) -> (per-token loss, {metric: per-token value}).
 PolicyLoss = Callable[..., tuple[Float[Array, "n t"], dict[str, Shaped[Array, "n t"]]]]
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
+BEHAVIOUR_LOSSES: set[str] = set()  # losses that also take behaviour_logp (the sampler's log-probs)
 # Metric names the train stage reports itself (policy_loss, the update, the iteration record's train/*): a loss's own
 # metric of one of these names would overwrite it, so it is refused.
 STAGE_METRICS = ("pg_loss", "kl", "entropy", "approx_kl", "loss", "grad_norm", "skipped", "filtered_frac",
                  "no_signal_iters")
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Register `fn(logp, old_logp, advantages, loss_mask, cfg)` as the policy loss `name`.
+def register_policy_loss(name: str, *, behaviour: bool = False) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Register `fn(logp, old_logp, advantages, loss_mask, cfg)` as the policy loss `name`; with `behaviour`, it is
+    called with `behaviour_logp=` too (the sampler's log-probs; `old_logp` is then the recomputed proximal policy's).
 
     It gets float32 [n, t] arrays with 0 at masked-out positions (old_logp and advantages carry no gradient) and
     returns the per-token loss and per-token metrics; `policy_loss` aggregates the first by `cfg.aggregation`
@@ -59,6 +63,8 @@ def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
             raise ValueError(f"register_policy_loss: {name!r} is already registered "
                              f"({POLICY_LOSSES[name].__qualname__})")
         POLICY_LOSSES[name] = fn
+        if behaviour:
+            BEHAVIOUR_LOSSES.add(name)
         return fn
     return register
 
@@ -97,6 +103,8 @@ class LossConfig:
                                     "(0.28 > 0.2: DAPO's clip-higher)")
     dual_clip: float | None = _f(3.0, "dual-clip constant for negative advantages: the loss of a token with A < 0 "
                                       "is capped at -A x this (none: off)")
+    is_cap: float = _f(5.0, "decoupled_ppo: a token's importance weight proximal / behaviour policy is truncated "
+                            "at this (stale tokens the weights have moved far from count at most this much)")
     kl_coef: float = _f(0.0, "KL-to-reference coefficient in the loss (0: no KL term and no reference model)")
     kl_estimator: KLEstimator = _f("k3", "KL estimator of the KL term: k1 (log ratio) or k3 (non-negative, lower "
                                          "variance)")
@@ -125,6 +133,10 @@ class LossConfig:
         need(self.policy_loss in POLICY_LOSSES, "policy_loss", f"not a registered policy loss; registered: "
              f"{', '.join(sorted(POLICY_LOSSES))}")
         need(self.behaviour in ("recompute", "sampler"), "behaviour", "must be recompute or sampler")
+        need(self.policy_loss not in BEHAVIOUR_LOSSES or self.behaviour == "recompute", "behaviour",
+             f"{self.policy_loss} takes the proximal log-probs recomputed at train time as old_logp and the "
+             "sampler's as the behaviour policy's: use recompute")
+        need(self.is_cap >= 1.0, "is_cap", "must be >= 1")
         need(0.0 <= self.clip_eps_low < 1.0, "clip_eps_low", "must be in [0, 1)")
         need(self.clip_eps_high >= 0.0, "clip_eps_high", "must be >= 0")
         need(self.dual_clip is None or self.dual_clip > 1.0, "dual_clip", "must be > 1 or none")
@@ -195,6 +207,23 @@ def ppo_clip_loss(logp: Float[Array, "n t"], old_logp: Float[Array, "n t"], adva
     return loss, {"clip_frac": clipped, "dual_clip_frac": dual_clipped, "ratio_mean": ratio}
 
 
+@register_policy_loss("decoupled_ppo", behaviour=True)
+def decoupled_ppo_loss(logp: Float[Array, "n t"], old_logp: Float[Array, "n t"], advantages: Float[Array, "n t"],
+                       loss_mask: Bool[Array, "n t"], cfg: LossConfig, *, behaviour_logp: Float[Array, "n t"]):
+    """AReaL's decoupled PPO (Fu et al. 2025) for batches sampled by older weights (--rollout.max-staleness): the
+    PPO-clip term against the proximal policy (`old_logp`: the weights at train time, recomputed by the experience
+    stage), times the importance weight proximal / behaviour (`behaviour_logp`: the sampler's), a constant truncated
+    at `cfg.is_cap` (AReaL drops a token above its cap instead). With fresh batches the weight is ~1 (the sampler's
+    numerics only)."""
+    loss, clipped, dual_clipped, ratio = ppo_clip(
+        logp, old_logp, advantages, cfg.clip_eps_low, cfg.clip_eps_high, cfg.dual_clip)
+    weight = jnp.exp(jnp.clip(old_logp - behaviour_logp, -MAX_LOG_RATIO, MAX_LOG_RATIO))
+    truncated = weight > cfg.is_cap
+    weight = jax.lax.stop_gradient(jnp.minimum(weight, cfg.is_cap))
+    return weight * loss, {"clip_frac": clipped, "dual_clip_frac": dual_clipped, "ratio_mean": ratio,
+                           "is_weight_mean": weight, "is_truncated_frac": truncated}
+
+
 @register_policy_loss("reinforce")
 def reinforce_loss(logp: Float[Array, "n t"], old_logp: Float[Array, "n t"], advantages: Float[Array, "n t"],
                    loss_mask: Bool[Array, "n t"], cfg: LossConfig):
@@ -253,12 +282,14 @@ def policy_loss(
     loss_mask: TokenMask,
     entropy: Float[Array, "n t"] | None,
     cfg: LossConfig,
+    behaviour_logp: Float[Array, "n t"] | None = None,
 ) -> tuple[Float[Array, ""], dict[str, Float[Array, ""]]]:
     """loss = agg(pg) + kl_coef * agg(kl) - entropy_coef * min(agg(entropy), entropy_floor), and metrics.
 
     pg is the registered policy loss `cfg.policy_loss`. `ref_logp` may be None when `cfg.kl_coef` is 0,
-    `entropy` when not needed (metric 0). Gradient flows only through `logp` and `entropy` (old_logp,
-    ref_logp, advantages are stopped). Metrics: pg_loss, kl, entropy (aggregated like the loss); approx_kl
+    `entropy` when not needed (metric 0), `behaviour_logp` (the sampler's) unless the loss is registered with
+    `behaviour`. Gradient flows only through `logp` and `entropy` (old_logp, ref_logp, advantages and
+    behaviour_logp are stopped). Metrics: pg_loss, kl, entropy (aggregated like the loss); approx_kl
     (k3 estimate of KL(old || new)) and the policy loss's own (ppo_clip: clip_frac, dual_clip_frac,
     ratio_mean), token means over masked tokens.
     """
@@ -274,7 +305,12 @@ def policy_loss(
     def token_mean(x):
         return aggregate(jnp.asarray(x, jnp.float32), m, "token_mean")
 
-    pg_tok, token_metrics = POLICY_LOSSES[cfg.policy_loss](logp, old_logp, advantages, m, cfg)
+    kw = {}
+    if cfg.policy_loss in BEHAVIOUR_LOSSES:
+        if behaviour_logp is None:
+            raise ValueError(f"policy loss {cfg.policy_loss!r} needs the sampler's log-probs (behaviour_logp)")
+        kw["behaviour_logp"] = _f32(jax.lax.stop_gradient(behaviour_logp), m)
+    pg_tok, token_metrics = POLICY_LOSSES[cfg.policy_loss](logp, old_logp, advantages, m, cfg, **kw)
     taken = sorted(set(token_metrics) & set(STAGE_METRICS))
     if taken:
         raise ValueError(f"policy loss {cfg.policy_loss!r}: its metric(s) {', '.join(taken)} would overwrite the "

@@ -250,11 +250,15 @@ def device_memory() -> dict[str, float]:
     return out
 
 
-def trainer_record(trainer, traj, times: dict[str, float], exp_metrics: dict[str, Any], train_metrics: dict[str, Any],
-                   compiles, league, *, no_signal, dispatch_bytes: int) -> dict[str, Any]:
-    """A `Trainer.iteration`'s record: `iteration_record`, then the rollout's pipeline, the compiles (and those
-    compiled ahead), the layouts that ran, device memory, the opponents played and a text task's episode log."""
-    t, cfg = trainer, trainer.cfg
+def trainer_record(trainer, done, batch, times: dict[str, float], exp_metrics: dict[str, Any],
+                   train_metrics: dict[str, Any], compiles, *, no_signal, dispatch_bytes: int) -> dict[str, Any]:
+    """A `Trainer.iteration`'s record of the batch `done` (rl/staleness.py's `Sampled`; `batch` its RolloutBatch):
+    `iteration_record`, the batch's staleness, then the rollout's pipeline, the compiles (and those compiled ahead),
+    the layouts that ran (with rollouts ahead, the one that sampled this batch), device memory, the opponents played
+    and a text task's episode log."""
+    from earl_jax.rl.staleness import staleness_metrics
+
+    t, cfg, traj, league = trainer, trainer.cfg, done.traj, done.league
     planner = t.policy.planner
     record = iteration_record(t.step, traj, times, exp_metrics, train_metrics,
                               turn_tokens=cfg.rollout.turn_tokens(t.step - 1), num_devices=len(planner.devices),
@@ -264,7 +268,7 @@ def trainer_record(trainer, traj, times: dict[str, float], exp_metrics: dict[str
     aheads += [t.widths.ahead] if t.widths.ahead is not None else []
     compile_metrics = t._compile_stats(compiles, len(planner.programs), t.rollout.compile_count, t._gc.take(),
                                        aheads)
-    return {**record, "rollout/pipeline_groups": t.rollout.pipeline_groups, **compile_metrics,
-            **planner.ran_log_dict(), **device_memory(), **t.matchmaker.metrics(),
-            **opponent_metrics(traj, t.matchmaker.mix_games(), league, t.env),
+    return {**record, **staleness_metrics(batch, t.step - 1), "rollout/pipeline_groups": t.rollout.pipeline_groups,
+            **compile_metrics, **planner.ran_log_dict(), **(t.overlap.log_dict(done) if t.overlap else {}),
+            **device_memory(), **t.matchmaker.metrics(), **opponent_metrics(traj, done.mix_games, league, t.env),
             **(t.task.train_log.drain("task") if t.task else {})}

@@ -22,6 +22,7 @@ from earl_jax.models.config import ModelConfig
 from earl_jax.models.setup import load_model, model_config
 from earl_jax.models.tokenizer import TokenizerInfo, special_ids
 from earl_jax.parallel.planner import StagePlanner
+from earl_jax.parallel.split import split_planners
 from earl_jax.rl.weights import WeightMover
 from earl_jax.rollout.moves import MoveTokens
 from earl_jax.rollout.sampler import geometric_cache_buckets
@@ -42,6 +43,9 @@ class Policy:
     codec: ObservationCodec
     cache_buckets: tuple[int, ...] | None = None  # --rollout.cache-growth's sizes; None: the sampler's default
     moves: MoveTokens | None = None  # each action's token (--rollout.constrain-moves); None: free-text answers
+    # the rollout's own planner when it runs on devices apart from experience and train (parallel/split.py); None:
+    # `planner` lays out every stage
+    rollout_planner: StagePlanner | None = None
 
     @property
     def choice_tokens(self) -> tuple[int, ...]:
@@ -65,12 +69,16 @@ def build_policy(cfg) -> tuple[Policy, nnx.State]:
     remat = remat_mode(cfg.planner.remat)
     coarse = geometric_cache_buckets(cfg.rollout.cache_growth) if cfg.rollout.cache_growth else None
     kv_cache_bytes = 4 if cfg.rollout.cache_dtype == "float32" else 2
-    planner = StagePlanner.from_config(cfg.planner, model_cfg, cfg.batch_size, remat=remat != "none",
-                                       cache_buckets=coarse, kv_cache_bytes=kv_cache_bytes)
+    planner_kw = dict(remat=remat != "none", cache_buckets=coarse, kv_cache_bytes=kv_cache_bytes)
+    if cfg.rollout.max_staleness:  # rollout and training at once: on devices of their own where a split fits
+        planner, rollout_planner = split_planners(cfg.planner, model_cfg, cfg.batch_size, **planner_kw)
+    else:
+        planner, rollout_planner = StagePlanner.from_config(cfg.planner, model_cfg, cfg.batch_size, **planner_kw), None
     train = planner.stage_run("train")
     model, loaded_tokenizer = load_model(cfg.model, model_cfg, train.mesh, train.rules, cfg.run.seed)
     model.remat = remat == "full"  # a static attribute: part of the graphdef the stages merge
     tokenizer = loaded_tokenizer or tokenizer
     graphdef, params = nnx.split(model)
     return Policy(planner, model_cfg, graphdef, WeightMover(cfg.model.compute_dtype()), tokenizer,
-                  special_ids(tokenizer), ObservationCodec(tokenizer), coarse), params
+                  special_ids(tokenizer), ObservationCodec(tokenizer), coarse,
+                  rollout_planner=rollout_planner), params

@@ -42,6 +42,8 @@ class ExperienceBatch:
     choices: Int[Array, "n t"] | None = None
     # supervised steps only: the bitmask of equally right moves at a move token ("sft" learns the set, not one move)
     targets: Int[Array, "n t"] | None = None
+    # the sampler's log-probs, for a loss registered with `behaviour` (rl/losses.py: decoupled_ppo); None otherwise
+    behaviour_logp: Float[Array, "n t"] | None = None
 
 
 def split_rows(x: Array, micro_batches: int, shards: int) -> Array:
@@ -106,11 +108,13 @@ def _choice_kw(choices: Int[Array, "n t"] | None, choice_tokens: tuple[int, ...]
 
 def advantage_step(old_logp: Float[Array, "n t"], ref_logp: Float[Array, "n t"], tokens: Int[Array, "n t"],
                    loss_mask: Bool[Array, "n t"], rewards: Float[Array, "n t"], group_ids: Int[Array, " n"],
-                   choices: Int[Array, "n t"] | None = None, sampler_logp: Float[Array, "n t"] | None = None, *,
-                   num_groups: int, loss_cfg: LossConfig) -> tuple[ExperienceBatch, dict[str, Array]]:
+                   choices: Int[Array, "n t"] | None = None, sampler_logp: Float[Array, "n t"] | None = None,
+                   behaviour_logp: Float[Array, "n t"] | None = None, *, num_groups: int, loss_cfg: LossConfig
+                   ) -> tuple[ExperienceBatch, dict[str, Array]]:
     """Rewards -> advantages over the whole batch (groups span micro-batches); for a grouped estimator, constant
     groups masked out if `loss_cfg.filter_constant_groups`. `sampler_logp` (the rollout's own log-probs): the
-    largest and mean gap to `old_logp` over the scored tokens are reported (0 when the loss takes them as old)."""
+    largest and mean gap to `old_logp` over the scored tokens are reported (0 when the loss takes them as old).
+    `behaviour_logp`: kept in the batch for a loss that weighs tokens by it (decoupled_ppo)."""
     old_logp, ref_logp = jax.lax.stop_gradient(old_logp), jax.lax.stop_gradient(ref_logp)
     adv = compute_advantages(rewards, loss_mask, group_ids, num_groups, loss_cfg, old_logp=old_logp,
                              ref_logp=ref_logp)
@@ -125,13 +129,15 @@ def advantage_step(old_logp: Float[Array, "n t"], ref_logp: Float[Array, "n t"],
         metrics["filtered_frac"] = keep.filtered_frac  # games in constant groups (dropped when filtering)
         if loss_cfg.filter_constant_groups:
             mask = loss_mask & keep.keep[:, None]
-    return ExperienceBatch(tokens, mask, old_logp, ref_logp, adv, choices), metrics
+    behaviour_logp = None if behaviour_logp is None else jax.lax.stop_gradient(behaviour_logp)
+    return ExperienceBatch(tokens, mask, old_logp, ref_logp, adv, choices, behaviour_logp=behaviour_logp), metrics
 
 
 def _policy_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: LossConfig, chunk: int, choice_tokens=()):
     model = nnx.merge(graphdef, params)
     logp, entropy = token_logprobs(model, mb.tokens, chunk=chunk, **_choice_kw(mb.choices, choice_tokens))
-    return policy_loss(logp, mb.old_logp, mb.ref_logp, mb.advantages, mb.loss_mask, entropy, loss_cfg)
+    return policy_loss(logp, mb.old_logp, mb.ref_logp, mb.advantages, mb.loss_mask, entropy, loss_cfg,
+                       mb.behaviour_logp)
 
 
 def _sft_loss(params, graphdef, mb: ExperienceBatch, loss_cfg: None, chunk: int, choice_tokens=()):

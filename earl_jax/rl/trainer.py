@@ -2,7 +2,8 @@
 
 One iteration (`Trainer.iteration`):
     planner.plan()                                  the rollout's layout, from the last batch's context
-    rollout: B groups x G games in lock-step        weights dispatched train layout -> rollout layout
+    rollout: B groups x G games in lock-step        weights dispatched train layout -> rollout layout (with
+                                                    --rollout.max-staleness K >= 1 sampled ahead: rl/overlap.py)
     planner.observe(this batch); planner.plan()     experience / train layouts for the batch they process
     experience: old / reference log-probs, then advantages
     train: PPO-clip updates on the train layout     the batch dispatched experience layout -> train layout
@@ -29,15 +30,17 @@ from earl_jax.parallel.planner import StageRun
 from earl_jax.rl.checkpoint import Checkpointer, restore_trainer, save_trainer
 from earl_jax.rl.config import JobConfig
 from earl_jax.rl.evaluation import Evaluator
-from earl_jax.rl.experience import ExperienceResult, RolloutBatch, WidthBudget, experience_stage, rollout_batch
+from earl_jax.rl.experience import ExperienceResult, RolloutBatch, WidthBudget, experience_stage
 from earl_jax.rl.game_seeds import rollout_inputs
 from earl_jax.rl.gc_control import GcClock
 from earl_jax.rl.matchmaking import Matchmaker
 from earl_jax.rl.metrics import CompileStats, MetricsLogger, NoSignal, trainer_record
+from earl_jax.rl.overlap import Overlap
 from earl_jax.rl.packing import scored_spans
 from earl_jax.rl.policy_setup import build_policy
 from earl_jax.rl.rollout_stage import RolloutStage, stage_ahead_now, timed_weights
 from earl_jax.rl.session import Session, StopRun
+from earl_jax.rl.staleness import Sampled
 from earl_jax.rl.train import TrainState, train_stage
 from earl_jax.rl.warmup import format_warmup, start_of_run
 from earl_jax.rollout.compile_ahead import CompileAhead
@@ -88,6 +91,7 @@ class Trainer:
                                   self.task.eval_factory if self.task else env_factory,
                                   task_log=self.task.eval_log if self.task else None)
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep=cfg.run.keep_checkpoints)
+        self.overlap = Overlap(self) if cfg.rollout.max_staleness else None  # rollouts ahead, during training
         if self.checkpointer.resumes(cfg.run.resume, self.run_dir):
             self.restore()
         # config.json, metrics.jsonl and wandb: written by process 0 only, and not at all with log=False
@@ -100,10 +104,6 @@ class Trainer:
     def params(self) -> Any:
         return self.state.params
 
-    @property
-    def opt_state(self) -> Any:
-        return self.state.opt_state
-
     # ---------------------------------------------------------------- checkpoints
     def save(self) -> None:
         save_trainer(self)
@@ -115,6 +115,8 @@ class Trainer:
     def play(self, env, seeds, group_ids, rng, sampling: SamplingConfig, *, league=None, training: bool = True):
         """(trajectories, weights' dispatch seconds): one game per row of `env` on the planned rollout layout."""
         turn_tokens, weights = self.cfg.rollout.turn_tokens(self.step), self.policy.weights
+        if self.overlap is not None:  # an evaluation decodes on the training rollout's sampler: not at once
+            self.overlap.drain()
 
         def rollout(run: StageRun):
             params, dispatch_s = timed_weights(lambda: weights.for_stage(run, self.state.params))
@@ -123,7 +125,7 @@ class Trainer:
                                 interrupt=self._stop_point if training and jax.process_count() == 1 else None)
             return traj, dispatch_s
 
-        return self.policy.planner.run("rollout", rollout)
+        return (self.policy.rollout_planner or self.policy.planner).run("rollout", rollout)
 
     def _stop_point(self) -> None:
         """Where an iteration may be abandoned for a stop signal (a running Session's; none outside `run`)."""
@@ -165,17 +167,23 @@ class Trainer:
     def rollout_inputs(self) -> tuple[list[int], np.ndarray, jax.Array]:
         return rollout_inputs(self.cfg.rollout, self.cfg.run.seed, self.step, self.cfg.env.agent_player is None)
 
+    def sample(self) -> Sampled:
+        """This iteration's batch, sampled now by the current weights (--rollout.max-staleness 0)."""
+        seeds, group_ids, rng = self.rollout_inputs()
+        self.env = self.matchmaker.train_env(self.step)  # a new env when the rung changed; the rung replayed
+        league = self.matchmaker.league_games(self.step, self.state.params)
+        traj, weights_s = self.play(self.env, seeds, group_ids, rng, self.sampling, league=league)
+        return Sampled(self.step, self.step, traj, weights_s, league, self.matchmaker.mix_games())
+
     def iteration(self) -> dict[str, Any]:
         planner, weights = self.policy.planner, self.policy.weights
         planner.plan()  # the rollout's layout, from the last batch's statistics
-        seeds, group_ids, rng = self.rollout_inputs()
         self._gc.take()  # time/gc_pause_s counts this iteration's pauses only
         with count_compiles() as compiles:  # every program traced or compiled in the iteration
             mark, t_start = weights.mark, time.perf_counter()
-            self.env = self.matchmaker.train_env(self.step)  # a new env when the rung changed; the rung replayed
-            league = self.matchmaker.league_games(self.step, self.state.params)
-            traj, weights_s = self.play(self.env, seeds, group_ids, rng, self.sampling, league=league)
-            batch, s = self.widths.pad_batch(rollout_batch(traj, self.policy.moves is not None)), traj.stats
+            done = self.overlap.take(self.step) if self.overlap else self.sample()
+            batch = self.widths.pad_batch(done.batch(self.policy.moves is not None))
+            traj, s = done.traj, done.traj.stats
             self._observe(batch, s.turn_context_len_mean, traj.num_games, prompt_tokens=s.prompt_tokens,
                           first_cache_len=s.first_cache_len, observation_tokens=s.observation_tokens)
             spans = scored_spans(traj.loss_mask) if traj.spans is None else traj.spans  # up to the last scored token
@@ -188,11 +196,10 @@ class Trainer:
             train_metrics = planner.run("train", lambda run: self._train(run, experience), rerun_after_success=False)
             t2 = time.perf_counter()
         self.step += 1
-        exp_metrics = experience.metrics
-        no_signal = self._no_signal(self.step, train_metrics["grad_norm"], exp_metrics.get("filtered_frac", 0.0))
+        no_signal = self._no_signal(self.step, train_metrics["grad_norm"], experience.metrics.get("filtered_frac", 0.0))
         times = {"rollout": s.rollout_s, "experience": t1 - t0, "train": t2 - t1, "iteration": t2 - t_start,
-                 "dispatch": weights_s + train_metrics.pop("dispatch_s")}
-        return trainer_record(self, traj, times, exp_metrics, train_metrics, compiles, league,
+                 "dispatch": done.weights_s + train_metrics.pop("dispatch_s")}
+        return trainer_record(self, done, batch, times, experience.metrics, train_metrics, compiles,
                               no_signal=no_signal, dispatch_bytes=weights.bytes_moved_since(mark))
 
     def run(self, stop_after: int | None = None) -> list[dict[str, Any]]:
@@ -236,6 +243,8 @@ class Trainer:
                 session.stopped(stop, self.step, saved, self.save, self.run_dir)
             finally:
                 self._session = None
+                if self.overlap is not None:
+                    self.overlap.close()
         self.logger.close()
         self.checkpointer.close()
         return history

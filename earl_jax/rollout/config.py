@@ -53,6 +53,9 @@ class RolloutConfig:
                        "split): a game that ends gives its row (emptied in place) to the next waiting game; same "
                        "games as 0 (each game samples by its own turn and id); rounded up to whole decode batches of "
                        "every pipeline group; 0 or >= the games: every game has a row from the start; no league")
+    max_staleness: int = _f(0, "K: the next rollouts run on a background thread while the current batch trains, "
+                               "sampled with weights at most K train iterations older than those that train on "
+                               "them (rl/overlap.py); 0: one stage after the other, every batch fresh")
     split_processes: bool = _f(True, "in a multi-process job whose rollout mesh holds a whole model per process, each "
                                      "process plays only its share of the games (rollout/process_split.py)")
 
@@ -71,6 +74,7 @@ class RolloutConfig:
         need(self.groups * self.group_size % self.pipeline_groups == 0, "pipeline_groups",
              f"must divide the batch (groups x group_size = {self.groups * self.group_size} games)")
         need(self.slots >= 0, "slots", "must be >= 0 (0: off)")
+        need(self.max_staleness >= 0, "max_staleness", "must be >= 0 (0: synchronous)")
         need(self.cache_growth == 0 or self.cache_growth >= 1.5, "cache_growth",
              "must be 0 (default buckets) or >= 1.5")
         try:
