@@ -28,9 +28,9 @@ from earl_jax.rl.trainer import Trainer
 from earl_jax.rollout.episodes import RolloutStats, Trajectories
 from jobs import job, with_fields
 
-K1 = job(groups=4, group_size=2, steps=4, eval_every=0, eval_games=8, checkpoint_every=100, checkpoint_minutes=0,
-         max_turns=6, max_context=256, constrain_moves=True, devices=8, max_staleness=1, policy_loss="decoupled_ppo",
-         group_seeds="per_game")
+K1 = job(groups=4, group_size=2, run__steps=4, eval__every=0, eval__games=8, checkpoint_every=100,
+         checkpoint_minutes=0, max_turns=6, max_context=256, constrain_moves=True, devices=8, max_staleness=1,
+         policy_loss="decoupled_ppo", group_seeds="per_game")
 
 
 def _devices(tree) -> set[int]:
@@ -114,7 +114,7 @@ def test_rollouts_ahead_keep_the_bound_on_their_own_devices_and_a_stopped_run_re
 
 def test_on_shared_devices_the_rollout_ahead_interleaves_with_training(monkeypatch, tmp_path):
     spy = Spy(monkeypatch)
-    cfg = with_fields(K1, steps=3, max_staleness=2, rollout_devices=8, run_dir=str(tmp_path / "run"))
+    cfg = with_fields(K1, run__steps=3, max_staleness=2, rollout_devices=8, run_dir=str(tmp_path / "run"))
     trainer = Trainer(cfg, log=False)
     history = trainer.run()
     assert trainer.policy.rollout_planner is None
@@ -167,7 +167,8 @@ def _traj(seed: int) -> Trajectories:
 
 
 def test_waiting_batches_survive_a_checkpoint_and_a_stale_one_is_refused_or_sampled_again():
-    fake = SimpleNamespace(cfg=with_fields(K1, steps=10), policy=SimpleNamespace(planner=None, rollout_planner=None))
+    fake = SimpleNamespace(cfg=with_fields(K1, run__steps=10),
+                           policy=SimpleNamespace(planner=None, rollout_planner=None))
     overlap = Overlap(fake)
     saved = [Sampled(3, 2, _traj(0), 0.1, mix_games=np.array([False, True])), Sampled(4, 2, _traj(1), 0.1)]
     arrays, meta = to_checkpoint(saved)
