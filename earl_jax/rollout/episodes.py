@@ -23,7 +23,28 @@ class Decoded:
     stopped: Bool[np.ndarray, " b"]
     scored: Bool[np.ndarray, "b t"] | None = None  # tokens the policy chose (None: all); a forced stop token is not
     choices: Int[np.ndarray, "b t"] | None = None  # legal-move bitmask of constrained tokens, 0 elsewhere
-    moves: Int[np.ndarray, " b"] | None = None  # constrained: the action each slot's answer names (no parsing)
+    moves: Int[np.ndarray, " b"] | None = None  # the action each slot's answer names, where known (no parsing)
+    texts: list[str | None] | None = None  # what each slot's answer says, where known (a host policy's: no decoding)
+    notes: dict[str, np.ndarray] | None = None  # a host policy's per-slot values for the turn hook
+
+    def rows(self, slots: Int[np.ndarray, " k"]) -> "Decoded":
+        """Slots `slots` only, in that order."""
+        take = {f.name: getattr(self, f.name)[slots] for f in dataclasses.fields(self)
+                if isinstance(getattr(self, f.name), np.ndarray)}
+        texts = None if self.texts is None else [self.texts[s] for s in slots.tolist()]
+        notes = None if self.notes is None else {k: v[slots] for k, v in self.notes.items()}
+        return dataclasses.replace(self, **take, texts=texts, notes=notes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Turn:
+    """What `play_games`' turn hook sees after each env step (after the reset: `answers`, `start`, `legal` None)."""
+
+    games: Int[np.ndarray, " k"]
+    step: Any  # the env's VectorStep for these games (rewards, ends, opponent moves, infos)
+    answers: Decoded | None = None  # their answers, rows in the order of `games`
+    start: Int[np.ndarray, " k"] | None = None  # where each answer begins in its game's tokens
+    legal: Bool[np.ndarray, "k a"] | None = None  # the legal moves the answers were chosen among (where tracked)
 
 
 class Policy(Protocol):
@@ -40,7 +61,8 @@ class Policy(Protocol):
         """Start decoding up to budgets[r] tokens per slot (slot r draws from fold_in(rng, row_ids[r]); [b, 2] row
         ids (turn, id): from fold_in(fold_in(rng, turn), id), `sampling.row_keys`); returns a function that waits
         for the answers. Nothing else is called on the policy before it.
-        `legal` (constrained moves only): each slot's legal moves; the answer is one of them."""
+        `legal` (constrained moves, or a policy whose `reads_legal` is True): each slot's legal moves; the answer is
+        one of them."""
         ...
 
     def reset_rows(self, rows: Int[np.ndarray, " k"]) -> None:
