@@ -42,7 +42,6 @@ import jax
 import numpy as np
 import tokenizers
 
-from earl_jax.envs.outcomes import NO_WINNER, WINNERS
 from earl_jax.envs.vector.codec import ObservationCodec
 from earl_jax.rollout.episodes import (  # noqa: F401
     Decoded,
@@ -139,7 +138,7 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
                          f"more than max_context={cfg.max_context}")
     ep = _Episodes(n, cfg.max_turns)
     ep.append(np.arange(n), ids, counts, False)
-    _finish(ep, live, np.arange(n), first)  # games over at reset (possible only in odd games)
+    ep.finish(live, np.arange(n), first)  # games over at reset (possible only in odd games)
     if hook is not None:
         hook(Turn(np.arange(n), first))
     if cfg.constrain_moves or any(getattr(p, "reads_legal", False) for p in policies):
@@ -262,7 +261,7 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
             ep.judged += int(np.sum(step.blunder >= 0))
             ep.blunders += int(np.sum(step.blunder > 0))
         done = step.terminated | step.truncated
-        _finish(ep, live, games, step)
+        ep.finish(live, games, step)
         if legal is not None:
             legal[games] = _legal_moves(step, legal.shape[1])
         going = ~done
@@ -343,27 +342,11 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
             issue(g)
     ep.truncated |= live  # still playing after max_turns
 
-    a = ep.arrays()
-    stats = RolloutStats(
-        **episode_stats(ep.winner, ep.invalid, ep.length, ep.turn_ctx, ep.turns, ep.truncated, a["mask"]),
-        env_s=env_s, wait_s=wait_s, rollout_s=time.perf_counter() - t_start, decode_rows=decode_rows,
-        prompt_tokens=prompt_tokens, first_cache_len=first_cache_len, observation_tokens=observation_tokens,
-        busy_rows=busy_rows, pool_occupancy=pool_busy / pool_rows if pool_rows else None,
-        blunder_rate=ep.blunders / ep.judged if ep.judged else None, judged=ep.judged)
-    rewards = a["rewards"]
-    return Trajectories(
-        tokens=a["tokens"], loss_mask=a["mask"], logprobs=a["logp"], choices=a["choices"], rewards=rewards,
-        lengths=ep.length.astype(np.int32), returns=rewards.sum(1), num_turns=ep.turns, truncated=ep.truncated,
-        group_ids=np.asarray(group_ids if group_ids is not None else np.arange(n), np.int32),
-        winners=[None if w == NO_WINNER else WINNERS[w] for w in ep.winner.tolist()], invalid=ep.invalid,
-        turn_context_lens=_turn_contexts(ep.turn_ctx), stats=stats)
-
-
-def _turn_contexts(turn_ctx: np.ndarray) -> list[list[int]]:
-    """Each row's turn contexts: its leading entries >= 0 (a game's turns are a prefix; -1 after). One tolist and
-    slices: a boolean selection per row was ~1.5 ms of a 512-game host-only rollout."""
-    counts = (turn_ctx >= 0).sum(1).tolist()
-    return [row[:k] for row, k in zip(turn_ctx.tolist(), counts)]
+    return ep.trajectories(
+        np.arange(n) if group_ids is None else group_ids, t_start, env_s=env_s, wait_s=wait_s,
+        decode_rows=decode_rows, prompt_tokens=prompt_tokens, first_cache_len=first_cache_len,
+        observation_tokens=observation_tokens, busy_rows=busy_rows,
+        pool_occupancy=pool_busy / pool_rows if pool_rows else None)
 
 
 def _last_scored(counts: np.ndarray, scored: np.ndarray | None) -> np.ndarray:
@@ -391,18 +374,6 @@ _NOTHING = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 0), np.in
 
 def _ready(out: Decoded) -> Callable[[], Decoded]:
     return lambda: out
-
-
-def _finish(ep: _Episodes, live: np.ndarray, games: np.ndarray, step) -> None:
-    """Record the games `step` ended: winner, forfeit, truncation."""
-    done = step.terminated | step.truncated
-    if not done.any():
-        return
-    ended = games[done]
-    live[ended] = False
-    ep.winner[ended] = step.winner[done]
-    ep.invalid[ended] = step.invalid[done] & step.terminated[done]
-    ep.truncated[ended] |= step.truncated[done] & ~step.terminated[done]
 
 
 COMPACT_FACTOR = 4  # a batch shrinks by 4x at a time...
