@@ -73,8 +73,9 @@ TIMES = ("time/rollout_s", "time/experience_s", "time/train_s", "time/dispatch_s
 
 def code_flags(code: str) -> list[str]:
     """CURRENT_ONLY for this checkout, and for a baseline recent enough to know the flag (then both run free text)."""
-    config = BASELINE / "earl_jax" / "rl" / "config.py"
-    knows = code == "current" or (config.exists() and "constrain_moves" in config.read_text())
+    # the flag's field has lived in rl/config.py and in rollout/config.py
+    configs = [BASELINE / "earl_jax" / part / "config.py" for part in ("rl", "rollout")]
+    knows = code == "current" or any(c.exists() and "constrain_moves" in c.read_text() for c in configs)
     return CURRENT_ONLY if knows else []
 
 
