@@ -22,7 +22,8 @@ import platform
 import sys
 from pathlib import Path
 
-PINNED = ["--xla_cpu_experimental_ynn_fusion_type=", "--xla_cpu_use_xnnpack=false", "--xla_cpu_multi_thread_eigen=false",
+PINNED = ["--xla_cpu_experimental_ynn_fusion_type=", "--xla_cpu_use_xnnpack=false",
+          "--xla_cpu_multi_thread_eigen=false",
           "--xla_backend_extra_options=xla_force_enable_experimental_llvm_ir_gemm"] + (
     ["--xla_cpu_max_isa=AVX2"] if platform.machine() in ("x86_64", "AMD64") else [])
 # Metric prefixes that describe what was learned and decided (not how long it took).
