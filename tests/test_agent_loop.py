@@ -10,7 +10,8 @@ import pytest
 from earl_jax.envs import EnvConfig, OpenSpielTextEnv
 from earl_jax.envs.vector import make_vector_env
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
-from earl_jax.rollout.agent_loop import PlayConfig, ScriptedPolicy, play_games
+from earl_jax.rollout.agent_loop import PlayConfig, play_games
+from earl_jax.rollout.host_policies import ScriptedPolicy
 
 TOK = game_tokenizer()
 IDS = special_ids(TOK)

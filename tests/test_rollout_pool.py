@@ -18,7 +18,8 @@ from earl_jax.envs.vector import make_vector_env
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
-from earl_jax.rollout.agent_loop import PlayConfig, ScriptedPolicy, play_games
+from earl_jax.rollout.agent_loop import PlayConfig, play_games
+from earl_jax.rollout.host_policies import ScriptedPolicy
 from earl_jax.rollout.moves import MoveTokens
 from earl_jax.rollout.policy import SamplerPolicy
 from earl_jax.rollout.sampler import Sampler, SamplingConfig

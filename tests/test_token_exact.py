@@ -29,7 +29,8 @@ from earl_jax.models.tokenizer import GAME_SPECIALS, game_tokenizer, special_ids
 from earl_jax.rl.experience import rollout_batch
 from earl_jax.rl.packing import scored_spans
 from earl_jax.rl.trainer import Trainer
-from earl_jax.rollout.agent_loop import PlayConfig, ScriptedPolicy, Trajectories, play_games
+from earl_jax.rollout.agent_loop import PlayConfig, Trajectories, play_games
+from earl_jax.rollout.host_policies import ScriptedPolicy
 from earl_jax.tasks import task_env_factory
 from earl_jax.tasks.guess_number import GuessNumber
 from earl_jax.tasks.tools import CHARSET, Tool, ToolCall, ToolUse, register_call_parser

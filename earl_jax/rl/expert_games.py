@@ -14,9 +14,10 @@ itself (Connect Four), random and the solver (Tic-Tac-Toe). Openings are randomi
 transcript, as a rollout would have them, but outside the loss mask. Games are deduplicated by (seat, moves) and
 split into train and held-out by game.
 
-The transcript of a game is exactly what `rollout.agent_loop.play_games` records for a policy that plays the same
-moves (tests/test_expert_games.py compares both): the first observation (after the bos token, if any), then per turn
-the answer and the next observation, truncated by `max_turns` / `max_context` as the loop truncates.
+The games are played by the agent loop (`rollout.agent_loop.play_games`) with the expert as a host policy
+(rollout/host_policies.py), so a transcript is what the loop records for any policy that plays the same moves
+(tests/test_expert_games.py compares both): the first observation (after the bos token, if any), then per turn the
+answer and the next observation, truncated by `max_turns` / `max_context` as the loop truncates.
 - constrained moves: an answer is [the move's token, the stop token]; the loss mask holds the move token of expert
   turns; `choices` holds the legal-move bitmask on every move token (random turns too, as the loop records it; a
   token outside the mask is never scored, so only the expert's count).
@@ -40,7 +41,8 @@ from jaxtyping import Bool, Int, UInt64
 
 from earl_jax.envs.outcomes import NO_WINNER, WINNERS
 from earl_jax.envs.vector.codec import ObservationCodec
-from earl_jax.rollout.agent_loop import _Episodes
+from earl_jax.rollout.agent_loop import PlayConfig, Turn, play_games
+from earl_jax.rollout.host_policies import HostAnswers, HostPolicy
 from earl_jax.rollout.moves import MoveTokens, legal_bits
 
 # (me, opp, depth) -> the side to move's equally best moves, for a batch of positions
@@ -308,76 +310,57 @@ def _expert_choice(expert: Expert, depth: int, rng: np.random.Generator) -> Choi
 def _play(env, choose: Choice, codec: ObservationCodec, tokenizer, moves: MoveTokens | None, eos_id: int,
           bos_id: int | None, seeds: list[int], plies: np.ndarray, max_context: int, max_turns: int,
           max_turn_tokens: int) -> ExpertGames:
-    """One batch of games of `env`, the agent's moves from `choose`, following play_games' bookkeeping step for step
-    (see the module docstring)."""
+    """One batch of games of `env`, the agent's moves from `choose`, played by the agent loop with a host policy; its
+    turn hook records what the transcript does not hold (see the module docstring)."""
     n = env.num_games
-    ep = _Episodes(n, max_turns)
-    step = env.reset(seeds)
-    ids, counts = codec.encode_padded(step.obs)
-    if bos_id is not None:
-        ids, counts = np.concatenate([np.full((n, 1), bos_id, np.int32), ids], 1), counts + 1
-    if counts.max() + 1 > max_context:
-        raise ValueError(f"expert games: the first observation is {int(counts.max())} tokens: more than "
-                         f"max_context={max_context}")
-    ep.append(np.arange(n), ids, counts, False)
-    history = [[a] if a >= 0 else [] for a in step.opponent_action.tolist()]
-    winner = np.full(n, NO_WINNER, np.int64)
-    live = ~(step.terminated | step.truncated)
-    legal = np.array(step.legal, bool)
+    history: list[list[int]] = [[] for _ in range(n)]  # both sides' moves
     expert_at: list[tuple[np.ndarray, ...]] = []  # (rows, positions, legal, best, tactics)
     answer_at: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (rows, first positions, counts)
-    for _ in range(max_turns):
-        rows = np.flatnonzero(live)
-        room = max_context - ep.length[rows]
-        live[rows[room <= 0]] = False
-        rows, room = rows[room > 0], room[room > 0]
-        if not len(rows):
-            break
-        budget = np.minimum(max_turn_tokens, room)
-        agent = env.agent_player[rows]
-        me, opp = env.stones[rows, agent], env.stones[rows, 1 - agent]
-        lg = legal[rows]
-        opening = np.bitwise_count(me | opp) < plies[rows]
-        move, best = choose(rows, me, opp, lg, opening)
+
+    def answer(games, legal):
+        agent = env.agent_player[games]
+        me, opp = env.stones[games, agent], env.stones[games, 1 - agent]
+        opening = np.bitwise_count(me | opp) < plies[games]
+        move, best = choose(games, me, opp, legal, opening)
+        best_bits, tactics = np.zeros(len(games), np.int32), np.zeros(len(games), np.int32)
         if (~opening).any():
-            expert_at.append((rows[~opening], ep.length[rows[~opening]].copy(), legal_bits(lg[~opening]),
-                              legal_bits(best), _tactics(env.rules, me[~opening], opp[~opening], lg[~opening])))
-        answers, scored, choices = _answers(move, lg, opening, moves, tokenizer, eos_id)
-        count = np.minimum(budget, (answers != -1).sum(1))
-        answers = np.where(answers == -1, 0, answers).astype(np.int32)
-        within = np.arange(answers.shape[1])[None, :] < count[:, None]
-        answer_at.append((rows, ep.length[rows].copy(), count))
-        ep.append(rows, answers, count, True, scored=scored & within, choices=None if choices is None else
-                  np.where(within, choices, 0))
-        played = move if moves is not None else codec.padded_answers_to_moves(answers, count)
-        step = env.step(rows, moves=played)
-        for r, a, o in zip(rows.tolist(), played.tolist(), step.opponent_action.tolist()):
+            best_bits[~opening] = legal_bits(best)
+            tactics[~opening] = _tactics(env.rules, me[~opening], opp[~opening], legal[~opening])
+        return HostAnswers(moves=move, own=~opening, notes={"expert": ~opening, "best": best_bits, "tactics": tactics})
+
+    def record(turn: Turn) -> None:
+        if turn.answers is None:  # the reset: the opponent's first move, when it has the first seat
+            for r, o in zip(turn.games.tolist(), turn.step.opponent_action.tolist()):
+                history[r] += [o] if o >= 0 else []
+            return
+        for r, a, o in zip(turn.games.tolist(), turn.answers.moves.tolist(), turn.step.opponent_action.tolist()):
             history[r] += [a] if o < 0 else [a, o]
-        done = step.terminated | step.truncated
-        winner[rows[done]] = step.winner[done]
-        live[rows[done]] = False
-        legal[rows] = step.legal
-        going = ~done
-        if not going.any():
-            continue
-        ids, counts = codec.encode_step(step, going)
-        cont = rows[going]
-        fits = ep.length[cont] + counts + 1 <= max_context  # room to answer the next turn
-        live[cont[~fits]] = False
-        if fits.any():
-            ep.append(cont[fits], ids[fits], counts[fits], False)
-    a = ep.arrays()
-    legal_at, best_at, tactics = (np.zeros(a["tokens"].shape, np.int32) for _ in range(3))
+        notes, ex = turn.answers.notes, turn.answers.notes["expert"]
+        if ex.any():
+            expert_at.append((turn.games[ex], turn.start[ex], legal_bits(turn.legal[ex]), notes["best"][ex],
+                              notes["tactics"][ex]))
+        answer_at.append((turn.games, turn.start, turn.answers.counts))
+
+    cfg = PlayConfig(max_turn_tokens=max_turn_tokens, max_turns=max_turns, max_context=max_context,
+                     constrain_moves=moves is not None)
+    try:
+        traj = play_games(HostPolicy(answer, tokenizer, eos_id, moves), env, tokenizer, cfg, None, seeds,
+                          bos_id=bos_id, codec=codec, hook=record)
+    except ValueError as e:
+        raise ValueError(f"expert games: {e}") from None
+    lengths = traj.lengths.astype(np.int64)
+    legal_at, best_at, tactics = (np.zeros(traj.tokens.shape, np.int32) for _ in range(3))
     for rows, pos, lb, bb, tb in expert_at:
-        ok = pos < ep.length[rows]  # the move token was written (room for it)
+        ok = pos < lengths[rows]  # the move token was written (room for it)
         legal_at[rows[ok], pos[ok]], best_at[rows[ok], pos[ok]], tactics[rows[ok], pos[ok]] = lb[ok], bb[ok], tb[ok]
-    answered = np.zeros(a["tokens"].shape, bool)
+    answered = np.zeros(traj.tokens.shape, bool)
     for rows, pos, count in answer_at:
         cols = pos[:, None] + np.arange(count.max(initial=0))[None, :]
         ok = cols < (pos + count)[:, None]
         answered[np.broadcast_to(rows[:, None], cols.shape)[ok], cols[ok]] = True
-    return ExpertGames(tokens=a["tokens"], loss_mask=a["mask"], lengths=ep.length.astype(np.int64),
-                       choices=a["choices"], legal=legal_at, best=best_at, answers=answered, tactics=tactics,
+    winner = np.array([NO_WINNER if w is None else WINNERS.index(w) for w in traj.winners], np.int64)
+    return ExpertGames(tokens=traj.tokens, loss_mask=traj.loss_mask, lengths=lengths, choices=traj.choices,
+                       legal=legal_at, best=best_at, answers=answered, tactics=tactics,
                        agent_player=env.agent_player.copy(),
                        opponent=np.zeros(n, np.int64), winner=winner, seeds=np.asarray(seeds, np.int64),
                        opening=np.asarray(plies, np.int64), moves=[tuple(h) for h in history], opponents=(),

@@ -1,10 +1,10 @@
 """The format warm-up's data: games of uniformly random legal moves, generated straight from the rules.
 
-Each game is played by reading the environment's own legal moves (`VectorStep.legal`, or the per-game
-envs' `info["legal_actions"]`; never by parsing the prompt text) and answering with the move's text and
-the end token, exactly as the agent loop tokenizes a policy's answers. No model and no sampling loop run,
-so a warm-up batch costs only the batched game steps. The warm-up teaches the answer format (a legal move
-number, then the end token), not the game.
+Each game is played by the agent loop (`play_games`) with a host policy (rollout/host_policies.py) that reads the
+environment's own legal moves (`VectorStep.legal`, or the per-game envs' `info["legal_actions"]`; never by parsing
+the prompt text) and answers with the move's text and the end token, as the loop writes a model's answers. No model
+and no sampling run, so a warm-up batch costs only the batched game steps. The warm-up teaches the answer format (a
+legal move number, then the end token), not the game.
 """
 
 from __future__ import annotations
@@ -17,13 +17,8 @@ from jaxtyping import Bool, Int
 
 from earl_jax.envs.vector import ObservationCodec
 from earl_jax.progress import phase
-from earl_jax.rollout.agent_loop import _Episodes
-
-
-def _legal_moves(step) -> list[list[int]]:
-    if step.legal is not None:
-        return [np.flatnonzero(row).tolist() for row in step.legal]
-    return [info.get("legal_actions") or [] for info in step.infos()]
+from earl_jax.rollout.agent_loop import PlayConfig, play_games
+from earl_jax.rollout.host_policies import HostAnswers, HostPolicy, env_answers, random_legal
 
 
 def random_legal_games(env: Any, tokenizer: tokenizers.Tokenizer, seeds: Sequence[int], rng: np.random.Generator, *,
@@ -36,67 +31,32 @@ def random_legal_games(env: Any, tokenizer: tokenizers.Tokenizer, seeds: Sequenc
     each game's length. `choose(env, rows, legal)`: the moves of games `rows` (default: uniform among `legal`;
     experiments/benchmarks/ttt_imitation_check.py passes the solver's). A text task's rows answer with their
     expert's texts (`expert_answer()`, its demonstrations), or with `task_answers="format"` answers drawn from its
-    action_space (`format_answer()`: the format, not the answer)."""
-    codec = codec or ObservationCodec(tokenizer)
+    action_space (`format_answer()`: the format, not the answer). An answer that does not fit in `max_context` ends
+    its game."""
     per_game = getattr(env, "envs", ())
-    expert = bool(per_game) and all(getattr(e, "is_task", False) for e in per_game)
-    n = len(seeds)
-    ep = _Episodes(n, max_turns)
-    step = env.reset(list(map(int, seeds)))
-    ids, counts = codec.encode_padded(step.obs)
-    if bos_id is not None:
-        ids, counts = np.concatenate([np.full((n, 1), bos_id, np.int32), ids], 1), counts + 1
-    ep.append(np.arange(n), ids, counts, False)
-    live = ~(step.terminated | step.truncated)
-    for _ in range(max_turns):
-        rows = np.flatnonzero(live)
-        if not len(rows):
-            break
-        if expert:  # a text task: its expert's answers (the demonstrations of its SFT stage)
-            answer = "format_answer" if task_answers == "format" else "expert_answer"
-            texts = [getattr(env.envs[i], answer)() for i in rows.tolist()]
-            moves = np.zeros(len(rows), np.int64)
-        else:
-            legal = _legal_moves(step) if len(step.rows) == len(rows) else None
-            if legal is None or any(not m for m in legal):
-                raise ValueError(f"format warm-up: {type(env).__name__} gives no legal moves to draw from; pass "
-                                 "--sft.steps 0 for such environments")
-            moves = (np.array([m[int(rng.integers(len(m)))] for m in legal], np.int64) if choose is None
-                     else np.asarray(choose(env, rows, legal), np.int64))
-            texts = [str(m) for m in moves.tolist()]
-        answers = [e.ids + [eos_id] for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
-        width = max(map(len, answers))
-        fits = ep.length[rows] + np.array([len(a) for a in answers]) <= max_context
-        live[rows[~fits]] = False
-        rows, answers, moves, texts = rows[fits], [a for a, f in zip(answers, fits) if f], moves[fits], \
-            [t for t, f in zip(texts, fits) if f]
-        if not len(rows):
-            break
-        padded = np.array([a + [0] * (width - len(a)) for a in answers], np.int32)
-        ep.append(rows, padded, [len(a) for a in answers], True)
-        step = env.step(rows, moves=moves) if getattr(env, "accepts_moves", False) and not expert else \
-            env.step(rows, texts)
-        going = ~(step.terminated | step.truncated)
-        live[rows[~going]] = False
-        step = _subset(step, going)
-        ids, counts = codec.encode_padded(step.obs) if going.any() else (np.zeros((0, 0), np.int32), np.zeros(0))
-        room = ep.length[rows[going]] + counts + 1 <= max_context  # room for another answer
-        live[rows[going][~room]] = False
-        ep.append(rows[going][room], ids[room], counts[room], False)
-        step = _subset(step, room)
-    a = ep.arrays()
-    return a["tokens"], a["mask"], ep.length.copy()
+    if bool(per_game) and all(getattr(e, "is_task", False) for e in per_game):  # a text task: its own answers
+        policy = HostPolicy(env_answers(env.envs, "format_answer" if task_answers == "format" else "expert_answer"),
+                            tokenizer, eos_id, reads_legal=False)
+    else:
+        refusal = (f"format warm-up: {type(env).__name__} gives no legal moves to draw from; pass --sft.steps 0 for "
+                   "such environments")
+        if getattr(env, "num_actions", None) is None:
+            raise ValueError(refusal)
+        pick = random_legal(rng, refusal) if choose is None else _chooser(env, choose, refusal)
+        policy = HostPolicy(pick, tokenizer, eos_id)
+    cfg = PlayConfig(max_turn_tokens=max_context, max_turns=max_turns, max_context=max_context, whole_answers=True)
+    traj = play_games(policy, env, tokenizer, cfg, None, seeds, bos_id=bos_id, codec=codec)
+    return traj.tokens, traj.loss_mask, traj.lengths.astype(np.int64)
 
 
-def _subset(step, keep: np.ndarray):
-    """The entries of a VectorStep where `keep` is True (what the next turn reads: obs, legal moves)."""
-    import dataclasses
-
-    infos = step._infos
-    return dataclasses.replace(
-        step, rows=step.rows[keep], _obs=[o for o, k in zip(step.obs, keep.tolist()) if k], _obs_bytes=None,
-        legal=None if step.legal is None else step.legal[keep],
-        _infos=None if infos is None else [i for i, k in zip(infos, keep.tolist()) if k])
+def _chooser(env: Any, choose: Callable, refusal: str):
+    """random_legal_games' `choose(env, rows, legal lists)` as a host policy's chooser."""
+    def pick(games, legal):
+        options = [np.flatnonzero(row).tolist() for row in legal]
+        if any(not m for m in options):
+            raise ValueError(refusal)
+        return HostAnswers(moves=np.asarray(choose(env, games, options), np.int64))
+    return pick
 
 
 def format_warmup(policy, state, cfg, env, opponent: str, *, env_factory=None, task_log=None) -> dict[str, float]:

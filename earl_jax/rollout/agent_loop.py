@@ -21,6 +21,11 @@ What keeps the host and the padding off the critical path:
   fold_in(fold_in(rng, the game's own turn), game id) ((turn, id) row ids): the keys of the lock-step loop, and
   the same games.
 
+The policy may be the model (rollout/policy.py) or a policy without one (rollout/host_policies.py: random legal moves,
+a text task's own answers, the expert games' expert), and a turn hook sees every step (`Turn`: the games, their
+answers and where they begin, their legal moves, the env's step), so this one loop writes the RL rollout, the format
+warm-up's games and the expert games alike.
+
 The result is a `Trajectories` batch ready for the experience stage: token ids, a loss mask on generated
 tokens only, the sampler's log-probs, per-turn rewards at the last generated token of each turn, and the
 context length of every turn (the numbers the Parallelism Selector reacts to).
@@ -37,9 +42,16 @@ import jax
 import numpy as np
 import tokenizers
 
-from earl_jax.envs.outcomes import NO_WINNER, WINNERS
 from earl_jax.envs.vector.codec import ObservationCodec
-from earl_jax.rollout.episodes import Decoded, Policy, RolloutStats, Trajectories, _Episodes, episode_stats  # noqa: F401
+from earl_jax.rollout.episodes import (  # noqa: F401
+    Decoded,
+    Policy,
+    RolloutStats,
+    Trajectories,
+    Turn,
+    _Episodes,
+    episode_stats,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +67,7 @@ class PlayConfig:
     # decode rows over all pipeline groups (a pool of games, continuous batching): 0, or >= the games, gives every game
     # a row from the start; fewer: a finished game's row takes the next waiting game (module docstring)
     slots: int = 0
+    whole_answers: bool = False  # an answer its budget cut ends its game, unwritten (the format warm-up's games)
 
     def __post_init__(self):
         if self.pipeline_groups < 1 or self.min_batch < 1:
@@ -84,16 +97,19 @@ def _turn_keys(rng: jax.Array, turns: int) -> tuple[jax.Array, ...]:
 
 
 def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizers.Tokenizer, cfg: PlayConfig,
-               rng: jax.Array, seeds: Sequence[int], group_ids: Sequence[int] | None = None,
+               rng: jax.Array | None, seeds: Sequence[int], group_ids: Sequence[int] | None = None,
                bos_id: int | None = None, codec: ObservationCodec | None = None, game_offset: int = 0,
-               interrupt: Callable[[], None] | None = None) -> Trajectories:
+               interrupt: Callable[[], None] | None = None, hook: Callable[[Turn], None] | None = None
+               ) -> Trajectories:
     """Play one game per row of the vector env `env` (`envs.vector.make_vector_env`) to its end (or a budget).
 
     `seeds[i]` resets game i: games of one GRPO group share a seed, so they start from the same position
     against the same opponent randomness. `policy`: one policy, or one per pipeline group (games are split
     in contiguous, equal parts; `cfg.pipeline_groups` is then len(policy)). `game_offset`: the id of game 0 in a
     larger batch whose other games are played elsewhere (rollout/process_split.py): a game samples by its id.
-    `interrupt()` runs before every turn's host step: it raises to abandon the rollout (a stop signal)."""
+    `interrupt()` runs before every turn's host step: it raises to abandon the rollout (a stop signal).
+    `rng` None: policies that draw no JAX key (host policies). `hook(turn)` runs after the reset and after every
+    env step (`Turn`)."""
     policies = [policy] if not isinstance(policy, (list, tuple)) else list(policy)
     n = len(seeds)
     if n != env.num_games:
@@ -122,8 +138,10 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
                          f"more than max_context={cfg.max_context}")
     ep = _Episodes(n, cfg.max_turns)
     ep.append(np.arange(n), ids, counts, False)
-    _finish(ep, live, np.arange(n), first)  # games over at reset (possible only in odd games)
-    if cfg.constrain_moves:
+    ep.finish(live, np.arange(n), first)  # games over at reset (possible only in odd games)
+    if hook is not None:
+        hook(Turn(np.arange(n), first))
+    if cfg.constrain_moves or any(getattr(p, "reads_legal", False) for p in policies):
         if getattr(env, "num_actions", None) is None:
             raise ValueError("constrained moves need an env that knows its number of actions (env.num_actions)")
         legal = _legal_moves(first, env.num_actions)
@@ -157,10 +175,12 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
 
     turn_keys: tuple[jax.Array, ...] = ()
 
-    def turn_key(turn: int) -> jax.Array:
+    def turn_key(turn: int) -> jax.Array | None:
         """fold_in(rng, turn): every turn's key from one device call, on the first draw (generate runs only for
         turns < max_turns)."""
         nonlocal turn_keys
+        if rng is None:
+            return None
         if not turn_keys:
             turn_keys = _turn_keys(rng, cfg.max_turns)
         return turn_keys[turn]
@@ -214,38 +234,54 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
             g.fetch = _ready(g.fetch())
         wait_s += time.perf_counter() - t0
 
-    def advance(g: _Group, out: Decoded) -> None:
-        """Write the group's answers, step its games, extend the survivors' caches, maybe compact."""
-        nonlocal env_s, observation_tokens
-        slots = np.flatnonzero(g.budgets > 0)
+    def answer(g: _Group, out: Decoded, slots: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Write the answers of the group's `slots`, step their games: (the games that go on, their slots, their
+        next observations' ids and counts)."""
+        nonlocal env_s
         games = g.games[slots]
         scored = None if out.scored is None else out.scored[slots]
-        last = ep.length[games] + _last_scored(out.counts[slots], scored)  # the turn's reward goes here
+        start = ep.length[games]
+        last = start + _last_scored(out.counts[slots], scored)  # the turn's reward goes here
         ep.append(games, out.tokens[slots], out.counts[slots], True, out.logprobs[slots], scored,
                   None if out.choices is None else out.choices[slots])
         ep.turns[games] += 1
+        chosen_among = legal[games] if hook is not None and legal is not None else None  # before the step
         t0 = time.perf_counter()
         if getattr(env, "accepts_moves", False):
-            moves = (out.moves[slots] if out.moves is not None  # a constrained answer is its move's canonical text
+            moves = (out.moves[slots] if out.moves is not None  # a constrained or host answer names its move
                      else codec.padded_answers_to_moves(out.tokens[slots], out.counts[slots]))
             step = env.step(games, moves=moves)
         else:
             kw = {"stopped": out.stopped[slots]} if getattr(env, "takes_stopped", False) else {}
-            step = env.step(games, codec.decode([row[:c] for row, c in zip(out.tokens[slots].tolist(),
-                                                                           out.counts[slots].tolist())]), **kw)
+            texts = ([out.texts[s] for s in slots.tolist()] if out.texts is not None else
+                     codec.decode([row[:c] for row, c in zip(out.tokens[slots].tolist(), out.counts[slots].tolist())]))
+            step = env.step(games, texts, **kw)
         ep.add_rewards(games, last, step.reward)  # the turn's reward at its last choice
         if getattr(step, "blunder", None) is not None:
             ep.judged += int(np.sum(step.blunder >= 0))
             ep.blunders += int(np.sum(step.blunder > 0))
         done = step.terminated | step.truncated
-        _finish(ep, live, games, step)
+        ep.finish(live, games, step)
         if legal is not None:
             legal[games] = _legal_moves(step, legal.shape[1])
         going = ~done
         ids, counts = codec.encode_step(step, going) if going.any() else (np.zeros((0, 0), np.int32),
                                                                           np.zeros(0, np.int64))
         env_s += time.perf_counter() - t0
-        cont_games, cont_slots = games[going], slots[going]
+        if hook is not None:
+            hook(Turn(games, step, out.rows(slots), start, chosen_among))
+        return games[going], slots[going], ids, counts
+
+    def advance(g: _Group, out: Decoded) -> None:
+        """Write the group's answers, step its games, extend the survivors' caches, maybe compact."""
+        nonlocal observation_tokens
+        slots = np.flatnonzero(g.budgets > 0)
+        if cfg.whole_answers and not out.stopped[slots].all():  # a cut answer ends its game, unwritten
+            cut = g.games[slots[~out.stopped[slots]]]
+            ep.truncated[cut] = True
+            live[cut] = False
+            slots = slots[out.stopped[slots]]
+        cont_games, cont_slots, ids, counts = answer(g, out, slots) if len(slots) else _NOTHING
         no_room = ep.length[cont_games] + counts + 1 > cfg.max_context  # no room to answer the next turn
         ep.truncated[cont_games[no_room]] = True
         live[cont_games[no_room]] = False
@@ -306,36 +342,20 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
             issue(g)
     ep.truncated |= live  # still playing after max_turns
 
-    a = ep.arrays()
-    stats = RolloutStats(
-        **episode_stats(ep.winner, ep.invalid, ep.length, ep.turn_ctx, ep.turns, ep.truncated, a["mask"]),
-        env_s=env_s, wait_s=wait_s, rollout_s=time.perf_counter() - t_start, decode_rows=decode_rows,
-        prompt_tokens=prompt_tokens, first_cache_len=first_cache_len, observation_tokens=observation_tokens,
-        busy_rows=busy_rows, pool_occupancy=pool_busy / pool_rows if pool_rows else None,
-        blunder_rate=ep.blunders / ep.judged if ep.judged else None, judged=ep.judged)
-    rewards = a["rewards"]
-    return Trajectories(
-        tokens=a["tokens"], loss_mask=a["mask"], logprobs=a["logp"], choices=a["choices"], rewards=rewards,
-        lengths=ep.length.astype(np.int32), returns=rewards.sum(1), num_turns=ep.turns, truncated=ep.truncated,
-        group_ids=np.asarray(group_ids if group_ids is not None else np.arange(n), np.int32),
-        winners=[None if w == NO_WINNER else WINNERS[w] for w in ep.winner.tolist()], invalid=ep.invalid,
-        turn_context_lens=_turn_contexts(ep.turn_ctx), stats=stats)
-
-
-def _turn_contexts(turn_ctx: np.ndarray) -> list[list[int]]:
-    """Each row's turn contexts: its leading entries >= 0 (a game's turns are a prefix; -1 after). One tolist and
-    slices: a boolean selection per row was ~1.5 ms of a 512-game host-only rollout."""
-    counts = (turn_ctx >= 0).sum(1).tolist()
-    return [row[:k] for row, k in zip(turn_ctx.tolist(), counts)]
+    return ep.trajectories(
+        np.arange(n) if group_ids is None else group_ids, t_start, env_s=env_s, wait_s=wait_s,
+        decode_rows=decode_rows, prompt_tokens=prompt_tokens, first_cache_len=first_cache_len,
+        observation_tokens=observation_tokens, busy_rows=busy_rows,
+        pool_occupancy=pool_busy / pool_rows if pool_rows else None)
 
 
 def _last_scored(counts: np.ndarray, scored: np.ndarray | None) -> np.ndarray:
-    """Offset of each row's last token the policy chose (its last token when all are)."""
+    """Offset of each row's last token the policy chose (its last token when all are, or none is)."""
     counts = np.asarray(counts, np.int64)
     if scored is None:
         return counts - 1
     valid = scored & (np.arange(scored.shape[1])[None, :] < counts[:, None])
-    return scored.shape[1] - 1 - np.argmax(valid[:, ::-1], axis=1)
+    return np.where(valid.any(1), scored.shape[1] - 1 - np.argmax(valid[:, ::-1], axis=1), counts - 1)
 
 
 def _legal_moves(step, num_actions: int) -> np.ndarray:
@@ -349,20 +369,11 @@ def _legal_moves(step, num_actions: int) -> np.ndarray:
     return out
 
 
+_NOTHING = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 0), np.int32), np.zeros(0, np.int64))
+
+
 def _ready(out: Decoded) -> Callable[[], Decoded]:
     return lambda: out
-
-
-def _finish(ep: _Episodes, live: np.ndarray, games: np.ndarray, step) -> None:
-    """Record the games `step` ended: winner, forfeit, truncation."""
-    done = step.terminated | step.truncated
-    if not done.any():
-        return
-    ended = games[done]
-    live[ended] = False
-    ep.winner[ended] = step.winner[done]
-    ep.invalid[ended] = step.invalid[done] & step.terminated[done]
-    ep.truncated[ended] |= step.truncated[done] & ~step.terminated[done]
 
 
 COMPACT_FACTOR = 4  # a batch shrinks by 4x at a time...
@@ -382,40 +393,3 @@ def _compact(g: _Group, live: np.ndarray, min_batch: int) -> None:
     games = np.full(target, -1, np.int64)
     games[:len(slots)] = g.games[slots]
     g.games = games
-
-
-class ScriptedPolicy:
-    """A policy without a model: `answer(context_text) -> answer text`, for tests and baselines."""
-
-    def __init__(self, answer: Callable[[str], str], tokenizer: tokenizers.Tokenizer, stop_id: int):
-        self.answer, self.tokenizer, self.stop_id = answer, tokenizer, stop_id
-
-    def reset(self, batch: int, max_len: int) -> None:
-        self.context: list[list[int]] = [[] for _ in range(batch)]
-
-    def extend(self, tokens, counts) -> None:
-        for row, toks, c in zip(self.context, np.asarray(tokens).tolist(), np.asarray(counts).tolist()):
-            row.extend(toks[:c])
-
-    def generate(self, budgets, rng, row_ids, legal=None) -> Callable[[], Decoded]:
-        if legal is not None:
-            raise ValueError("ScriptedPolicy answers in free text: it cannot play constrained moves")
-        width = max(1, int(np.max(budgets, initial=0)))
-        b = len(self.context)
-        tokens, counts = np.zeros((b, width), np.int32), np.zeros(b, np.int32)
-        stopped = np.zeros(b, bool)
-        for r, (row, budget) in enumerate(zip(self.context, np.asarray(budgets).tolist())):
-            if budget <= 0:
-                continue
-            text = self.tokenizer.decode(row, skip_special_tokens=True)
-            toks = (self.tokenizer.encode(self.answer(text), add_special_tokens=False).ids + [self.stop_id])[:budget]
-            row.extend(toks)
-            tokens[r, :len(toks)], counts[r], stopped[r] = toks, len(toks), toks[-1] == self.stop_id
-        return _ready(Decoded(tokens, np.zeros(tokens.shape, np.float32), counts, stopped))
-
-    def reset_rows(self, rows) -> None:
-        for r in np.asarray(rows).tolist():
-            self.context[r] = []
-
-    def take_rows(self, rows, batch: int) -> None:
-        self.context = [self.context[r] for r in rows] + [[] for _ in range(batch - len(rows))]
