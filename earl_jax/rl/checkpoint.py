@@ -40,10 +40,12 @@ def checkpoint_state(state, planner, seed: int) -> dict[str, Any]:
 
 
 def save_trainer(trainer) -> None:
-    """A `Trainer`'s checkpoint at its step: weights, optimizer state, RNG; the planner's and matchmaker's state."""
+    """A `Trainer`'s checkpoint at its step: weights, optimizer state, RNG; the planner's and matchmaker's state, and
+    the run's time so far."""
     t = trainer
     t.checkpointer.save(t.step, checkpoint_state(t.state, t.policy.planner, t.cfg.run.seed), {
-        "step": t.step, "planner": t.policy.planner.state_dict(), "matchmaker": t.matchmaker.state_dict()})
+        "step": t.step, "planner": t.policy.planner.state_dict(), "matchmaker": t.matchmaker.state_dict(),
+        "run_elapsed_s": t.run_elapsed_s})
 
 
 def restore_trainer(trainer) -> None:
@@ -53,6 +55,7 @@ def restore_trainer(trainer) -> None:
     t.state.params, t.state.opt_state, t.step = state["params"], state["opt_state"], step
     t.policy.planner.load_state_dict(meta.get("planner", {}))
     t.matchmaker.load_state_dict(meta.get("matchmaker") or {})  # the curriculum's rung
+    t.elapsed_before_s = float(meta.get("run_elapsed_s", 0.0))  # --run.max-minutes counts the run's parts together
     t.env = t.matchmaker.train_env()
     logging.getLogger("earl_jax.rl.trainer").info("resumed from step %d (checkpoint %s)", step,
                                                   t.checkpointer.directory / str(step))
