@@ -35,7 +35,8 @@ def test_a_slow_opponent_gets_a_bounded_share_and_the_rest_plays_the_strongest_b
     plan = plan_groups(groups=16, rung=("mcts:100",), per_game=slow, anchor="alphabeta:2", per_game_share=0.125)
     assert plan.main == "alphabeta:2" and plan.assigned == (("mcts:100", (14, 15)),) and plan.rung_groups == 2
     # nothing batched below it: the slow rung takes every group; share 1 is the old behaviour
-    assert plan_groups(groups=16, rung=("mcts:100",), per_game=slow, anchor=None, per_game_share=0.125).rung_groups == 16
+    alone = plan_groups(groups=16, rung=("mcts:100",), per_game=slow, anchor=None, per_game_share=0.125)
+    assert alone.rung_groups == 16
     assert plan_groups(groups=16, rung=("mcts:100",), per_game=slow, anchor="alphabeta:2",
                        per_game_share=1.0).main == "mcts:100"
     # a slow rung rehearsed is bounded as well
