@@ -22,8 +22,8 @@ from earl_jax.envs.games import game_names, spec_for
 from earl_jax.envs.openspiel_env import EnvConfig, OpenSpielTextEnv
 from earl_jax.envs.outcomes import WINNERS
 from earl_jax.envs.vector.blunders import blunders
-from earl_jax.envs.vector.opponents import make_vector_opponent
 from earl_jax.envs.vector.parser import parse_actions
+from earl_jax.envs.vector.per_game_opponents import any_opponent
 from earl_jax.envs.vector.render import BoardRenderer
 from earl_jax.envs.vector.step import NO_WINNER, VectorStep, check_answers, check_reset, check_rows
 
@@ -72,7 +72,7 @@ class VectorTextEnv:
         self.num_games = n = num_games
         self.rules = self.spec.rules
         self.num_actions = self.rules.num_actions
-        self.opponent = make_vector_opponent(cfg.opponent, self.spec.name, n, per_game_opponents)
+        self.opponent = any_opponent(cfg.opponent, self.spec.name, n, per_game_opponents)
         self._others: list[tuple[Any, np.ndarray, str]] = []  # (opponent, its games, spec): assign_opponents
         # > 0: every agent move is judged for blunders at this depth even without --env.blunder-penalty (evaluation's
         # eval/<opponent>/blunder_rate); the reward is not changed
@@ -120,7 +120,7 @@ class VectorTextEnv:
                 raise ValueError(f"assign_opponents: {spec!r}'s games overlap another opponent's")
             taken |= mask
             OpenSpielTextEnv(dataclasses.replace(self.config, opponent=spec))  # the reference's checks: a clear error
-            others.append((make_vector_opponent(spec, self.spec.name, self.num_games, per_game=True), mask, spec))
+            others.append((any_opponent(spec, self.spec.name, self.num_games), mask, spec))
         self._others = others
 
     @property

@@ -162,19 +162,15 @@ class RandomOpponents(BatchedOpponent):
         return kth[code * width + self.streams.randbelow(rows, sizes[code])]
 
 
-def make_vector_opponent(spec: str, game: str, num_games: int, per_game: bool = False) -> BatchedOpponent:
+def make_vector_opponent(spec: str, game: str, num_games: int) -> BatchedOpponent:
     """The batched opponent for a spec `opponents.make_opponent` accepted for `game` (its short name): random, or
-    one of the game's GameSpec.batched_opponents; for a spec that has none (mcts), with `per_game` the per-game
-    opponent stepped one game at a time (`PerGameOpponents`), else ValueError (make_vector_env's per-game path)."""
+    one of the game's GameSpec.batched_opponents; ValueError for a spec that has none (mcts: make_vector_env's
+    per-game path, or `per_game_opponents.any_opponent` inside the batched env)."""
     parsed = OpponentSpec.parse(spec, "an opponent spec")
     if parsed.kind == "random" and not parsed.arg:
         return RandomOpponents(num_games)
     registered = find_game(game)
     make = registered.batched_opponents.get(parsed.kind) if registered is not None else None
-    if make is None and per_game and registered is not None:
-        from earl_jax.envs.vector.per_game_opponents import PerGameOpponents
-
-        return PerGameOpponents(spec, game, num_games)
     if make is None:
         raise ValueError(f"no batched opponent for {spec!r} in {game}: use make_vector_env (per-game path)")
     return make(parsed, num_games)

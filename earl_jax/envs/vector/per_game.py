@@ -16,7 +16,7 @@ from earl_jax.envs.games import game_names, spec_for
 from earl_jax.envs.openspiel_env import EnvConfig, OpenSpielTextEnv
 from earl_jax.envs.outcomes import WINNERS
 from earl_jax.envs.vector.env import VectorTextEnv
-from earl_jax.envs.vector.opponents import make_vector_opponent
+from earl_jax.envs.vector.per_game_opponents import any_opponent
 from earl_jax.envs.vector.step import NO_WINNER, VectorStep, check_answers, check_reset, check_rows
 
 
@@ -94,7 +94,7 @@ def make_vector_env(config: EnvConfig, num_games: int, env_factory: Callable[[En
     reference = OpenSpielTextEnv(config)  # a bad config fails here, with the reference's message
     short = reference.game.get_type().short_name
     try:
-        make_vector_opponent(reference.config.opponent, short, 1, per_game_opponents)
+        any_opponent(reference.config.opponent, short, 1, per_game_opponents)
         batched = reference.text.is_preset and spec_for(reference.game) is not None
     except ValueError:
         batched = False

@@ -16,7 +16,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from earl_jax.envs.vector.opponents import BatchedOpponent
+from earl_jax.envs.vector.opponents import BatchedOpponent, make_vector_opponent
+
+
+def any_opponent(spec: str, game: str, num_games: int, per_game: bool = True) -> BatchedOpponent:
+    """`make_vector_opponent`, or for a spec with no batched version (mcts:N) in a registered game, with `per_game`,
+    the per-game opponent stepped one game at a time."""
+    from earl_jax.envs.games import find_game
+
+    try:
+        return make_vector_opponent(spec, game, num_games)
+    except ValueError:
+        if not per_game or find_game(game) is None:
+            raise
+    return PerGameOpponents(spec, game, num_games)
 
 
 class PerGameOpponents(BatchedOpponent):
