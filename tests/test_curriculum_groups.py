@@ -132,3 +132,11 @@ def test_a_typed_opponent_leaves_the_default_presets_rehearsal_behind(tmp_path, 
     argv = ["--opponent", "random", "--curriculum.rehearsal-share", "0.3", "--run-dir", str(tmp_path / "r")]
     assert job_cli.main(argv, name="connect4", configs=configs) == 2
     assert capsys.readouterr().err.startswith("connect4: error: --curriculum.rehearsal-share: needs")
+
+
+def test_evaluation_reports_the_blunder_rate_of_every_opponent_mcts_included(tmp_path):
+    cfg = with_fields(SMALL, constrain_moves=True, eval__opponents=("random", "mcts:5"), eval__games=4,
+                      run_dir=str(tmp_path / "run"))
+    out = Trainer(cfg, log=False).evaluate()
+    for prefix in ("eval", "eval_mcts:5"):
+        assert 0 <= out[f"{prefix}/blunder_rate"] <= 1 and out[f"{prefix}/invalid_rate"] == 0
