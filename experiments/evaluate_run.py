@@ -8,7 +8,8 @@ start from it (step 0; nothing is written into the folder). Each run's own confi
 and game (one written by an earlier version is refused in one line naming experiments/upgrade_run.py, which converts
 it); its checkpoint gives the weights (and the curriculum's rung, which is evaluated too). Games use the trainer's
 fixed evaluation seeds, so runs are compared on the same openings. Prints a table per run and, for
-several runs, the mean and the spread (sample standard deviation, min, max) per opponent; writes
+several runs, the mean and the spread (sample standard deviation, min, max) per opponent, with the blunder rate (the
+share of the agent's moves that missed a win in one or a block, Connect Four and Tic-Tac-Toe); writes
 <run-dir>/evaluation.json per run (and --out, the summary, for several).
 """
 
@@ -90,10 +91,12 @@ def evaluate_run(run_dir: Path, opponents: tuple[str, ...], games: int) -> dict:
                   f"tool calls {rows[name]['tool_calls']:.2f}"
                   f"  failures {rows[name]['tool_failures']:.2f}  ({rows[name]['seconds']:.0f} s)", flush=True)
         else:
+            blunders = rows[name].get("blunder_rate")
             print(f"{run_dir.name:>12} {name:>14}: win {rows[name]['win_rate']:.3f}  "
                   f"draw {rows[name]['draw_rate']:.3f}  "
                   f"loss {rows[name]['loss_rate']:.3f}  invalid {rows[name]['invalid_rate']:.3f}  "
-                  f"({rows[name]['seconds']:.0f} s)", flush=True)
+                  + (f"blunders {blunders:.3f}  " if blunders is not None else "")
+                  + f"({rows[name]['seconds']:.0f} s)", flush=True)
     return {"run_dir": str(run_dir), "step": trainer.step, "game": cfg.env.task or cfg.env.game, "games": games,
             "greedy": True,
             "seed": cfg.run.seed, "opponents": rows}
@@ -105,8 +108,8 @@ def summarize(results: list[dict]) -> dict:
     for name in results[0]["opponents"]:
         per = [r["opponents"][name] for r in results if name in r["opponents"]]
         out[name] = {}
-        for k in ("win_rate", "draw_rate", "loss_rate", "invalid_rate", "success_rate", "score"):
-            if k not in per[0]:  # success_rate and score: tasks only
+        for k in ("win_rate", "draw_rate", "loss_rate", "invalid_rate", "blunder_rate", "success_rate", "score"):
+            if k not in per[0]:  # success_rate and score: tasks only; blunder_rate: the batched games
                 continue
             vals = [p[k] for p in per]
             out[name][k] = {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dirs", type=Path, nargs="+")
     p.add_argument("--opponents", default="random", help="comma-separated: random, alphabeta:D, mcts:N, solver")
-    p.add_argument("--games", type=int, default=64, help="greedy games per opponent")
+    p.add_argument("--games", type=int, default=64, help="greedy games per opponent (256 for a claim near 0.98)")
     p.add_argument("--out", type=Path, default=None, help="JSON path (one run: default <run-dir>/evaluation.json; "
                                                          "several: the summary, default none)")
     args = p.parse_args(argv)
@@ -144,8 +147,10 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\nmean over {len(results)} runs (seeds {summary['seeds']}), sample std, [min, max]:")
     for name, rates in summary["opponents"].items():
         w = rates["win_rate"]
+        b = rates.get("blunder_rate")
         print(f"{name:>14}: win {w['mean']:.3f} +- {w['std']:.3f} [{w['min']:.3f}, {w['max']:.3f}]  "
-              f"draw {rates['draw_rate']['mean']:.3f}")
+              f"draw {rates['draw_rate']['mean']:.3f}"
+              + (f"  blunders {b['mean']:.3f} +- {b['std']:.3f}" if b else ""))
     if args.out:
         args.out.write_text(json.dumps(summary, indent=1))
     return summary

@@ -58,6 +58,9 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("game", choices=sorted(GAMES))
     p.add_argument("--games", type=int, default=16384, help="expert games to play (before deduplication)")
     p.add_argument("--depth", type=int, default=5, help="Connect Four: the expert's alpha-beta depth")
+    p.add_argument("--solver", type=int, default=0,
+                   help="Connect Four: the expert is the near-exact solver, this many thousand nodes a move "
+                        "(envs/connect_four_solver.py; 0: alpha-beta at --depth)")
     p.add_argument("--opening-plies", type=int, default=None, help="random plies opening a game, at most "
                                                                    "(default: the game's, rl/expert_games.py)")
     p.add_argument("--held-out", type=float, default=0.05, help="share of the games held out for move accuracy")
@@ -105,9 +108,12 @@ def job_config(args, rest: list[str]):
 
 
 def make_games(args, cfg, tokenizer, ids) -> tuple[ExpertGames, dict]:
-    spec = ExpertSpec(games=args.games, depth=args.depth, opening_plies=args.opening_plies, seed=cfg.run.seed)
+    spec = ExpertSpec(games=args.games, depth=args.depth, solver=args.solver, opening_plies=args.opening_plies,
+                      seed=cfg.run.seed)
     spec_dict = dataclasses.asdict(spec) if cfg.env.game == "connect_four" else {  # the solver has no depth
         k: v for k, v in dataclasses.asdict(spec).items() if k != "depth"}
+    if not spec.solver:  # the key games cached before the field existed were written with
+        spec_dict.pop("solver")
     limits = _limits(cfg)
     key = json.dumps([spec_dict, dataclasses.asdict(cfg.env), limits, tokenizer.to_str()], sort_keys=True)
     if args.games_from is not None:

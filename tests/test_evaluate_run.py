@@ -60,6 +60,8 @@ def test_evaluates_the_checkpoint_against_each_opponent_and_leaves_the_run_as_it
     # the trained weights' own result: the script restored them
     assert result["opponents"]["solver"]["win_rate"] == want["eval_solver/win_rate"]
     assert result["opponents"]["solver"]["loss_rate"] == want["eval_solver/loss_rate"]
+    # the blunder rate as the trainer's evaluation has it (none here: random weights answer no valid move)
+    assert result["opponents"]["solver"].get("blunder_rate") == want.get("eval_solver/blunder_rate")
     assert json.loads((run / "evaluation.json").read_text()) == result
     assert (run / "config.json").read_text() == config_before  # nothing of the run rewritten
     assert (run / "metrics.jsonl").read_text() == metrics_before

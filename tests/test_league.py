@@ -34,8 +34,9 @@ def test_ladders_parse_and_default_per_game():
 
 @pytest.mark.parametrize("kw, flag", [
     (dict(opponent="curriculum", curriculum__ladder="random,alphabeta:x"), "--curriculum.ladder"),
-    # no solver for Connect Four
-    (dict(opponent="curriculum", curriculum__ladder="random,solver"), "--curriculum.ladder"),
+    # a solver budget of 0 nodes; a rung of one opponent twice
+    (dict(opponent="curriculum", curriculum__ladder="random,solver:0"), "--curriculum.ladder"),
+    (dict(opponent="curriculum", curriculum__ladder="random,alphabeta:1+alphabeta:1"), "--curriculum.ladder"),
     (dict(opponent="curriculum", curriculum__ladder="random,,curriculum"), "--curriculum.ladder"),
     (dict(opponent="curriculum", game="tic_tac_toe", curriculum__ladder="random,alphabeta:2"), "--curriculum.ladder"),
     # a ladder without the opponent
@@ -48,7 +49,7 @@ def test_ladders_parse_and_default_per_game():
     (dict(opponent="random", rung_max_iterations=100), "--curriculum.rung-max-iterations"),
     (dict(mix_opponent="alphabeta:x"), "--curriculum.mix-opponent"),
     (dict(mix_opponent="random,solver", game="tic_tac_toe"), "--curriculum.mix-opponent"),  # one opponent
-    (dict(mix_opponent="solver"), "--curriculum.mix-opponent"),  # not a Connect Four opponent
+    (dict(mix_opponent="minimax:2"), "--curriculum.mix-opponent"),  # not an opponent here
     (dict(mix_opponent="alphabeta:1", league_size=2), "--curriculum.mix-opponent"),
     (dict(mix_opponent="alphabeta:1", mix_share=1.0), "--curriculum.mix-share"),
     (dict(mix_opponent="alphabeta:1", groups=1), "--curriculum.mix-opponent"),
@@ -57,7 +58,10 @@ def test_ladders_parse_and_default_per_game():
     (dict(opponent="random", rehearsal_share=0.25), "--curriculum.rehearsal-share"),  # no rungs to replay
     (dict(opponent="curriculum", rehearsal_share=0.25, groups=1), "--curriculum.rehearsal-share"),
     (dict(opponent="curriculum", rehearsal_share=0.25, mix_opponent="alphabeta:1"), "--curriculum.rehearsal-share"),
-    (dict(opponent="curriculum", rehearsal_share=0.25, league_size=2), "--curriculum.rehearsal-share"),
+    # rehearsal and the league share a batch, but must leave the rung a group
+    (dict(opponent="curriculum", rehearsal_share=0.5, league_size=2, league_share=0.5, groups=4),
+     "--curriculum.rehearsal-share"),
+    (dict(opponent="curriculum", per_game_share=0.0), "--curriculum.per-game-share"),
     (dict(league_share=0.0), "--curriculum.league-share"),
     (dict(league_every=0), "--curriculum.league-every"),
     (dict(league_size=-1), "--curriculum.league-size"),
@@ -192,9 +196,9 @@ def test_mixed_opponents_reach_the_training_env_as_whole_groups(tmp_path):
     assert trainer.env.second_opponent_games.tolist() == mixed.tolist()  # still assigned after the rollout
     assert Trainer(with_fields(cfg, mix_opponent="", run_dir=str(tmp_path / "plain")),
                    log=False).env.second_opponent_games.sum() == 0
-    # no batched mcts: refused before compiling
-    with pytest.raises(ValueError, match="--curriculum.mix-opponent 'mcts:5'"):
-        Trainer(with_fields(cfg, mix_opponent="mcts:5", run_dir=str(tmp_path / "mcts")), log=False)
+    # mcts:5 has no batched version: it plays its groups one game at a time inside the batched env
+    mcts = Trainer(with_fields(cfg, mix_opponent="mcts:5", run_dir=str(tmp_path / "mcts")), log=False)
+    assert mcts.env.second_opponent == "mcts:5" and mcts.env.second_opponent_games.tolist() == mixed.tolist()
 
 
 def test_rehearsal_replays_the_rungs_below_in_turn_in_the_last_groups(tmp_path, monkeypatch):
@@ -285,7 +289,7 @@ def test_league_refuses_an_env_without_the_batched_path():
 
 
 # ---- the GPU preset --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("script, last_rung", [("connect4", "alphabeta:2"), ("tictactoe", "solver")])
+@pytest.mark.parametrize("script, last_rung", [("connect4", "alphabeta:3+mcts:50"), ("tictactoe", "solver")])
 def test_gpu_preset_parses_validates_and_yields_to_flags(script, last_rung):
     """`--preset gpu` is experiments/configs/<script>/gpu.toml over the script's default; flags typed after it win."""
     configs = CONFIGS / script
@@ -296,11 +300,12 @@ def test_gpu_preset_parses_validates_and_yields_to_flags(script, last_rung):
     assert cfg.batch_size == 2048 and r.group_size == 8
     assert cfg.env.prompt_style == ("minimal" if script == "connect4" else "compact")  # Connect Four: its base's
     assert cfg.env.opponent == "curriculum" and parse_ladder(c.ladder, cfg.env.game)[-1] == last_rung
-    assert cfg.env.game == default.env.game and cfg.run.max_minutes == 15 and cfg.run.run_dir.endswith("-gpu")
+    assert cfg.env.game == default.env.game and cfg.run.run_dir.endswith("-gpu")
+    assert cfg.run.max_minutes == 15
     assert (cfg.optim.learning_rate, cfg.eval.games, cfg.sft.steps, cfg.sft.games) == (5e-4, 128, 30, 256)
     if script == "connect4":  # the fields measured on Connect Four only
         assert (cfg.optim.ppo_mini_batches, r.group_seeds, c.promote_on_stall, c.rehearsal_share,
-                c.rung_max_iterations) == (8, "per_game", 3, 0.5, 180)
+                c.rung_max_share, c.per_game_share) == (8, "per_game", 3, 0.5, 0.25, 0.03)
     else:
         assert (cfg.optim.ppo_mini_batches, c.rehearsal_share, c.rung_max_iterations) == (1, 0.0, 0)
     flags = ["--preset", "gpu", "--curriculum.promote-at", "0.9", "--curriculum.rehearsal-share", "0",

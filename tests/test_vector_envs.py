@@ -88,14 +88,20 @@ def replay(cfg: EnvConfig, num_games: int, seed: int, second: tuple[str, np.ndar
     """Plays num_games through VectorTextEnv and as many OpenSpielTextEnvs with the same seeds and
     answers, asserting every output equal. Steps random subsets of the live games and resets finished
     games with fresh seeds along the way. Returns counts of what happened, so callers can check coverage.
-    `second`: (spec, mask) games that play another scripted opponent (`assign_opponent`), their references too."""
+    `second`: (spec, mask) games that play another scripted opponent (`assign_opponent`), or a list of them
+    (`assign_opponents`), their references too."""
     rng = random.Random(seed)
-    other = dataclasses.replace(cfg, opponent=second[0]) if second else cfg
-    refs = [OpenSpielTextEnv(other if second and second[1][i] else cfg) for i in range(num_games)]
+    seconds = second if isinstance(second, list) else [second] if second else []
+
+    def config_of(i: int) -> EnvConfig:
+        specs = [spec for spec, mask in seconds if mask[i]]
+        return dataclasses.replace(cfg, opponent=specs[0]) if specs else cfg
+
+    refs = [OpenSpielTextEnv(config_of(i)) for i in range(num_games)]
     env = make_vector_env(cfg, num_games)
     assert isinstance(env, VectorTextEnv)
-    if second:
-        env.assign_opponent(*second)
+    if seconds:
+        env.assign_opponents(seconds)
     seeds = [seed * 10_000 + i for i in range(num_games)]
     infos = [None] * num_games
 
@@ -176,7 +182,7 @@ def test_a_batch_mixing_two_opponents_replays_each_games_reference(game, first, 
     with pytest.raises(ValueError, match="mcts:0|opponent"):
         env.assign_opponent("mcts:0", [1])
     with pytest.raises(ValueError):
-        env.assign_opponent("alphabeta:2" if game == "tic_tac_toe" else "solver", [1])  # not this game's
+        env.assign_opponent("alphabeta:2" if game == "tic_tac_toe" else "minimax:2", [1])  # not this game's
     env.assign_opponent(second, [1])
     env.assign_opponent(None)
     assert not env.second_opponent_games.any()

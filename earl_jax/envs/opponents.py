@@ -6,9 +6,10 @@ Every game has these (here):
     "mcts:N"         OpenSpiel's MCTSBot, N simulations, one random rollout per leaf ("mcts" = 200)
     "solver"         perfect play by memoised minimax (tiny games: Tic-Tac-Toe; not Connect Four)
 
-and a registered game adds its own in its GameSpec (envs/games/), e.g. Connect Four's
+and a registered game adds its own in its GameSpec (envs/games/), which come first, e.g. Connect Four's
 
     "alphabeta:D"    bitboard alpha-beta, D plies deep ("alphabeta" = 4)
+    "solver:K"       near-exact search of K thousand nodes a move ("solver" = 5; envs/connect_four_solver.py)
 
 Ties between equally good moves are broken by the opponent's own RNG, which the environment
 reseeds on every `reset(seed=...)`, so a seeded game replays exactly.
@@ -134,7 +135,10 @@ def make_opponent(spec: str, game: pyspiel.Game, seed: int = 0) -> Opponent:
     """Builds the opponent a spec names for `game`. Bad spec -> ValueError that names it."""
     parsed = OpponentSpec.parse(spec, spec_help())
     kind, arg = parsed.kind, parsed.arg
-    registered = find_game(game.get_type().short_name)  # any parameters: a refusal holds for every board size
+    standard = spec_for(game)
+    if standard is not None and kind in standard.opponents:  # the game's own first (Connect Four's solver)
+        return standard.opponents[kind](parsed, seed)
+    registered = find_game(game.get_type().short_name)  # any parameters: a refusal holds for every other board size
     if registered is not None and kind in registered.refused_opponents:
         raise ValueError(f"opponent {spec!r}: {registered.refused_opponents[kind]}")
     if kind == "random" and not arg:
@@ -143,9 +147,6 @@ def make_opponent(spec: str, game: pyspiel.Game, seed: int = 0) -> Opponent:
         return MCTSOpponent(game, parsed.positive_int(DEFAULT_MCTS_SIMULATIONS), seed)
     if kind == "solver" and not arg:
         return SolverOpponent(game, seed)
-    standard = spec_for(game)
-    if standard is not None and kind in standard.opponents:
-        return standard.opponents[kind](parsed, seed)
     offered = [name for name in game_names() if kind in find_game(name).opponents]
     if offered:
         raise ValueError(f"opponent {spec!r} is only implemented for standard {' / '.join(offered)}, not "

@@ -41,10 +41,12 @@ def checkpoint_state(state, planner, seed: int) -> dict[str, Any]:
 
 
 def save_trainer(trainer) -> None:
-    """A `Trainer`'s checkpoint at its step: weights, optimizer state, RNG; the planners' and matchmaker's state; with
-    rollouts overlapping training, the sampled batches of the next iterations (rl/overlap.py)."""
+    """A `Trainer`'s checkpoint at its step: weights, optimizer state, RNG; the planners' and matchmaker's state, the
+    run's time so far; with rollouts overlapping training, the sampled batches of the next iterations
+    (rl/overlap.py)."""
     t = trainer
-    meta = {"step": t.step, "planner": t.policy.planner.state_dict(), "matchmaker": t.matchmaker.state_dict()}
+    meta = {"step": t.step, "planner": t.policy.planner.state_dict(), "matchmaker": t.matchmaker.state_dict(),
+            "run_elapsed_s": t.run_elapsed_s}
     pending = None
     if t.overlap is not None:
         pending, meta["pending"] = t.overlap.checkpoint(t.step)
@@ -68,6 +70,7 @@ def restore_trainer(trainer) -> None:
             "resume: the checkpoint's sampled batches are not used (--rollout.max-staleness 0 samples every batch "
             "with the current weights)")
     t.matchmaker.load_state_dict(meta.get("matchmaker") or {})  # the curriculum's rung
+    t.elapsed_before_s = float(meta.get("run_elapsed_s", 0.0))  # --run.max-minutes counts the run's parts together
     t.env = t.matchmaker.train_env()
     logging.getLogger("earl_jax.rl.trainer").info("resumed from step %d (checkpoint %s)", step,
                                                   t.checkpointer.directory / str(step))

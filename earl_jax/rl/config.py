@@ -25,7 +25,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from earl_jax.cli import ConfigError, field_help as _f, flag_of
+from earl_jax.cli import ConfigError, field_help as _f
 from earl_jax.envs.config import EnvConfig
 from earl_jax.models.setup import ModelSpec
 from earl_jax.parallel.config import PlannerConfig
@@ -78,14 +78,20 @@ class RunConfig:
 class CurriculumConfig:
     """curriculum: the opponent ladder (env.opponent = curriculum), mixed opponents, the self-play league"""
 
-    ladder: str = _f("", "rungs, easiest first, e.g. 'random,alphabeta:1,alphabeta:2' (empty: the game's default)")
+    ladder: str = _f("", "rungs, easiest first, e.g. 'random,alphabeta:1,alphabeta:2' (empty: the game's default); a "
+                         "rung of several opponents joins them by '+' and is passed when each is beaten")
     promote_at: float = _f(0.8, "the next rung once the greedy evaluation against the current one reaches this")
     promote_on_stall: int = _f(0, "also the next rung after this many evaluations without beating the rung's best by "
                                   "0.02, once that best is >= 0.5 (0: off)")
     rung_max_iterations: int = _f(0, "also the next rung at the first evaluation this many iterations after the rung "
                                      "began, whatever its win rate (0: off)")
+    rung_max_share: float = _f(0.0, "also the next rung at the first evaluation after this share of --run.max-minutes "
+                                     "was spent on the rung, whatever its win rate, in [0, 1] (0: off)")
     rehearsal_share: float = _f(0.0, "share of the groups that replay the rungs below the current one, one rung an "
                                      "iteration in turn, in [0, 1) (0: off)")
+    per_game_share: float = _f(1.0, "share of the groups that play a rung opponent searching one game at a time "
+                                    "(mcts:N, Connect Four's solver), in (0, 1]; the rest of the rung's groups play "
+                                    "the strongest batched rung below it (1: all of them)")
     mix_opponent: str = _f("", "a second scripted opponent for mix_share of each iteration's groups (empty: none)")
     mix_share: float = _f(0.5, "share of the groups that play mix_opponent, in (0, 1)")
     league_size: int = _f(0, "frozen snapshots of the policy kept as self-play opponents (0: no league)")
@@ -100,8 +106,10 @@ class CurriculumConfig:
         need(0 < self.promote_at <= 1, "promote_at", "must be in (0, 1]")
         need(self.promote_on_stall >= 0, "promote_on_stall", "must be >= 0 (0: off)")
         need(self.rung_max_iterations >= 0, "rung_max_iterations", "must be >= 0 (0: off)")
+        need(0 <= self.rung_max_share <= 1, "rung_max_share", "must be in [0, 1] (0: off)")
         need(0 <= self.rehearsal_share < 1, "rehearsal_share", "must be in [0, 1) (0: off)")
         need(0 < self.mix_share < 1, "mix_share", "must be in (0, 1)")
+        need(0 < self.per_game_share <= 1, "per_game_share", "must be in (0, 1]")
         need("," not in self.mix_opponent, "mix_opponent", "takes one opponent")
         need(self.league_size >= 0, "league_size", "must be >= 0")
         need(self.league_every > 0, "league_every", "must be positive")
@@ -163,23 +171,26 @@ class JobConfig:
             if not ok:
                 raise ConfigError(f"{flag}: {why}")
 
-        r, c, opp = self.rollout, self.curriculum, self.env.opponent
+        r, c = self.rollout, self.curriculum
         need(r.groups % self.optim.ppo_mini_batches == 0, "--optim.ppo-mini-batches",
              f"must divide --rollout.groups ({r.groups}): a mini-batch holds whole GRPO groups "
              f"(got {self.optim.ppo_mini_batches})")
         need(r.group_size > 1 or not estimator_is_grouped(self.loss.estimator), "--rollout.group-size",
              f"{self.loss.estimator} compares games within a group: use at least 2 (got {r.group_size})")
-        need(not c.ladder or opp == "curriculum", "--curriculum.ladder", "needs --env.opponent curriculum")
-        for name in ("promote_on_stall", "rung_max_iterations", "rehearsal_share"):
-            need(not getattr(c, name) or opp == "curriculum", flag_of(("curriculum", name)),
-                 "needs --env.opponent curriculum")
+        need(not c.rung_max_share or self.run.max_minutes > 0, "--curriculum.rung-max-share",
+             "is a share of the run's time: needs --run.max-minutes")
         need(not c.mix_opponent or r.groups >= 2, "--curriculum.mix-opponent", "needs --rollout.groups >= 2")
         need(not (c.mix_opponent and c.league_size), "--curriculum.mix-opponent",
              "and --curriculum.league-size both take whole groups from the scripted opponent: use one of them")
         if c.rehearsal_share:
             need(r.groups >= 2, "--curriculum.rehearsal-share", "needs --rollout.groups >= 2")
-            need(not (c.mix_opponent or c.league_size), "--curriculum.rehearsal-share",
-                 "takes whole groups from the current rung as mix_opponent and league_size do: use one of them")
+            need(not c.mix_opponent, "--curriculum.rehearsal-share",
+                 "takes the second opponent's groups as --curriculum.mix-opponent does: use one of them")
+            replay = min(r.groups - 1, max(1, round(c.rehearsal_share * r.groups)))
+            league = max(1, round(c.league_share * r.groups)) if c.league_size else 0
+            need(replay + league < r.groups, "--curriculum.rehearsal-share",
+                 f"{replay} group(s) of rehearsal and {league} of --curriculum.league-share leave none of the "
+                 f"{r.groups} for the current rung: lower one of them")
         need(not (self.run.resume == "true" and self.run.keep_checkpoints == 0), "--run.keep-checkpoints",
              "--resume needs checkpoints: 0 writes none")
         need(not (r.max_staleness and c.league_size), "--rollout.max-staleness",

@@ -1,7 +1,9 @@
 """Greedy evaluation against fixed opponents and the curriculum's rung, and the promotion it decides.
 
 Every evaluation plays the same seeds (20,000,000 + i), so evaluations of one run, and of runs with the same
-`--eval.games`, are comparable. Evaluation reads outcomes only: no move judging (blunder penalty off).
+`--eval.games`, are comparable. The rewards are outcomes only (blunder penalty off), but in the batched games every
+greedy move is judged: `eval/<opponent>/blunder_rate` is the share of the agent's moves that missed a win in one or
+a block of the opponent's win in one (`EVAL_BLUNDER_DEPTH`); mcts:N opponents play inside the batched env for it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from earl_jax.rl.rollout_stage import RolloutStage
 from earl_jax.rollout.sampler import SamplingConfig
 
 EVAL_SEED = 20_000_000
+EVAL_BLUNDER_DEPTH = 1  # a missed win or a missed block: what a reader checks on the board
 # play(env, seeds, group_ids, rng, sampling, training) -> trajectories
 Play = Callable[..., Any]
 
@@ -39,20 +42,28 @@ class Evaluator:
         # none: only the curriculum's rung is played; a task plays its held-out split, reported as eval/
         first = "held-out" if self.task_log is not None else self.cfg.opponents[0] if self.cfg.opponents else None
         curriculum = self.matchmaker.curriculum if self.matchmaker else None
+        rung: dict[str, float] = {}  # win rates against the current rung's opponents
         for name in opponents or (self.matchmaker.eval_opponents() if self.matchmaker else self.cfg.opponents):
             env = self.envs.get(name)
             if env is None:
                 eval_cfg = dataclasses.replace(self.env_cfg, opponent=name, blunder_penalty=0.0)
-                env = self.envs[name] = make_vector_env(eval_cfg, self.cfg.games, self.env_factory)
+                env = self.envs[name] = make_vector_env(eval_cfg, self.cfg.games, self.env_factory,
+                                                        per_game_opponents=True)
+                if getattr(env, "spec", None) is not None and env.spec.move_classes is not None:
+                    env.judge_blunders = EVAL_BLUNDER_DEPTH
             seeds = [EVAL_SEED + i for i in range(env.num_games)]
             traj = self.play(env, seeds, None, jax.random.key(0), greedy, training=False)
             prefix = "eval" if name == first else f"eval_{name}"
             for k in ("win_rate", "draw_rate", "loss_rate", "invalid_rate"):
                 out[f"{prefix}/{k}"] = getattr(traj.stats, k)
+            if traj.stats.blunder_rate is not None:
+                out[f"{prefix}/blunder_rate"] = traj.stats.blunder_rate
             if self.task_log is not None:
                 out.update(self.task_log.drain(prefix))
-            if curriculum and name == curriculum.opponent:
-                out["curriculum/eval_win_rate"] = traj.stats.win_rate
+            if curriculum and name in curriculum.members:
+                rung[name] = traj.stats.win_rate
+        if rung:  # the lowest over the rung's opponents decides
+            out["curriculum/eval_win_rate"] = min(rung.values())
         return out
 
     def logged(self, step: int, status: Callable[[str], None] = lambda s: None) -> dict[str, float]:

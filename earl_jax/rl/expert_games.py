@@ -88,12 +88,13 @@ class ExpertSpec:
 
     games: int
     depth: int = 4
+    solver: int = 0  # Connect Four: > 0 makes the expert the near-exact solver, this many thousand nodes a move
     opponents: tuple[str, ...] = ()
     opening_plies: int | None = None  # None: the game's OPENING_PLIES
     seed: int = 0
 
     def __post_init__(self):
-        for name, low in (("games", 1), ("depth", 1), ("opening_plies", 0)):
+        for name, low in (("games", 1), ("depth", 1), ("opening_plies", 0), ("solver", 0)):
             if getattr(self, name) is not None and getattr(self, name) < low:
                 raise ValueError(f"expert games: {name} must be >= {low}, got {getattr(self, name)}")
 
@@ -283,12 +284,24 @@ def expert_games(spec: ExpertSpec, env_cfg, tokenizer: tokenizers.Tokenizer, *, 
         plies = rng.integers(0, opening_plies + 1, n)
         env.opponent = _Opening(env.opponent, plies)
         seeds = [int(s) for s in rng.integers(0, 2**31 - 1, n)]
-        part = _play(env, _expert_choice(EXPERTS[game], spec.depth, rng), codec, tokenizer, moves, eos_id, bos_id,
+        part = _play(env, _expert_choice(*expert_of(spec, game), rng), codec, tokenizer, moves, eos_id, bos_id,
                      seeds, plies, max_context, max_turns, max_turn_tokens)
         parts.append(dataclasses.replace(part, opponent=np.full(n, k, np.int64), opponents=tuple(opponents)))
         if progress is not None:
             progress(n)
     return concat_games(parts)
+
+
+def expert_of(spec: ExpertSpec, game: str) -> tuple[Expert, int]:
+    """The expert and the strength it plays at: Connect Four's solver at `spec.solver` thousand nodes a move when set
+    (envs/connect_four_solver.py), else the game's EXPERTS entry at `spec.depth`."""
+    if not spec.solver:
+        return EXPERTS[game], spec.depth
+    if game != "connect_four":
+        raise ValueError(f"expert games: solver is Connect Four's expert, not {game!r}'s")
+    from earl_jax.envs.connect_four_solver import best_moves
+
+    return best_moves, spec.solver * 1000
 
 
 # (rows, me, opp, legal, opening) -> (each row's move, the equally best moves of the rows not in their opening)

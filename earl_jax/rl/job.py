@@ -39,11 +39,14 @@ def presets_of(configs: Path) -> dict[str, object]:
 
 def parse_job(argv: Sequence[str] | None, configs: Path, *, prog: str | None = None, description: str = ""
               ) -> Parsed[JobConfig]:
+    import dataclasses
+
     presets = presets_of(configs)
     base = load_file(presets[DEFAULT_PRESET], JobConfig())
-    return parse(argv, base, presets=presets, aliases=ALIASES, prog=prog, description=description,
-                 extra=lambda group: group.add_argument("--debug", action="store_true",
-                                                        help="show the traceback of an error (also EARL_DEBUG=1)"))
+    parsed = parse(argv, base, presets=presets, aliases=ALIASES, prog=prog, description=description,
+                   extra=lambda group: group.add_argument("--debug", action="store_true",
+                                                          help="show the traceback of an error (also EARL_DEBUG=1)"))
+    return dataclasses.replace(parsed, config=drop_default_curriculum(parsed.config, parsed.typed))
 
 
 # Fields a resumed run cannot change: they would make it another experiment (the device count may change: the
@@ -88,6 +91,10 @@ def resume_config(parsed: Parsed[JobConfig], name: str | None = None) -> tuple[J
         old = get_path(saved, path)
         if value == old:
             continue
+        if path == ("run", "max_minutes") and (old == 0) != (value == 0):
+            raise ConfigError(f"--run.max-minutes: the run's learning-rate schedule is over its "
+                              f"{'iterations' if old == 0 else 'wall time'} (started with {old!r}); a schedule over "
+                              f"{'time' if old == 0 else 'iterations'} is another experiment (use a new --run-dir)")
         if path in FIXED_ON_RESUME:
             raise ConfigError(f"{flag_of(path)}: the run was started with {old!r}; changing {FIXED_ON_RESUME[path]} "
                               f"would make it another experiment (use a new --run-dir)")
@@ -105,6 +112,23 @@ def drop_preset_task_args(parsed: Parsed[JobConfig]) -> Parsed[JobConfig]:
     if ("env", "task") in parsed.typed and ("env", "task_args") not in parsed.typed:
         return dataclasses.replace(parsed, config=replace_paths(parsed.config, {("env", "task_args"): "{}"}))
     return parsed
+
+
+def drop_default_curriculum(cfg: JobConfig, typed) -> JobConfig:
+    """An --env.opponent typed (or set by a preset) other than the curriculum leaves the curriculum: the fields that
+    only the curriculum reads and that nothing typed (the default preset's ladder or rehearsal share) are dropped, as
+    the default preset's base is dropped for a shape it was not made for (rl/validate.py apply_base). Typed ones are
+    still refused, naming the flag."""
+    from earl_jax.cli import replace_paths
+    from earl_jax.rl.config import CurriculumConfig
+    from earl_jax.rl.validate import CURRICULUM_ONLY
+
+    if ("env", "opponent") not in typed or cfg.env.opponent == "curriculum":
+        return cfg
+    default = CurriculumConfig()
+    changes = {("curriculum", name): getattr(default, name) for name in CURRICULUM_ONLY
+               if ("curriculum", name) not in typed and getattr(cfg.curriculum, name) != getattr(default, name)}
+    return replace_paths(cfg, changes) if changes else cfg
 
 
 class SetupError(ValueError):
@@ -139,6 +163,7 @@ def setup(argv: list[str], name: str, configs: Path, description: str):
     cfg, changes = resume_config(parsed, name)
     check_game_name(cfg)  # a misspelt game is that, not a base made for another game
     cfg = apply_base(cfg, parsed.typed)
+    cfg = drop_default_curriculum(cfg, parsed.typed)
     check_job(cfg)
     for line in changes:  # what this resume changes in the saved experiment
         print(f"{name}: resume: {line}", file=sys.stderr)

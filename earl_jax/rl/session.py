@@ -44,8 +44,11 @@ class StopRun(Exception):
 
 class Session(contextlib.ExitStack):
     def __init__(self, run_cfg, *, total: int, start: int, run_dir: Path, gc_clock: GcClock, enabled: bool,
-                 on_stall: Callable[[], None]):
+                 on_stall: Callable[[], None], elapsed_before_s: float = 0.0):
+        """`elapsed_before_s`: the run's time in the training loop before this process (earlier parts of a resumed
+        run, from the checkpoint): --run.max-minutes and the schedules over it count the run's time, all parts."""
         super().__init__()
+        self.elapsed_before_s = elapsed_before_s
         self.cfg, self.total, self.gc_clock = run_cfg, total, gc_clock
         self.bar = ProgressBar(total, enabled=run_cfg.progress and enabled and sys.stderr.isatty())
         self.dog = Watchdog(run_cfg.stall_minutes * 60, f"training in {run_dir}", on_fire=on_stall,
@@ -130,8 +133,30 @@ class Session(contextlib.ExitStack):
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.started
 
+    @property
+    def run_elapsed_s(self) -> float:
+        """The run's time in the training loop, this part and the parts before a resume."""
+        return self.elapsed_before_s + self.elapsed_s
+
+    def agreed_run_elapsed_s(self) -> float:
+        """`run_elapsed_s`, the same on every process (the largest; one small all-gather with several): what the
+        time limit and the schedules over it read, so that every process decides alike."""
+        import jax
+
+        if jax.process_count() == 1:
+            return self.run_elapsed_s
+        from earl_jax.distributed import gather_ints
+
+        return max(ms for (ms,) in gather_ints(int(self.run_elapsed_s * 1000))) / 1000
+
+    def run_fraction(self) -> float:
+        """The share of --run.max-minutes the run has spent, in [0, 1] (0 without a limit)."""
+        if not self.cfg.max_minutes:
+            return 0.0
+        return min(1.0, self.agreed_run_elapsed_s() / (60 * self.cfg.max_minutes))
+
     def out_of_time(self) -> bool:
-        return bool(self.cfg.max_minutes) and self.elapsed_s / 60 > self.cfg.max_minutes
+        return bool(self.cfg.max_minutes) and self.agreed_run_elapsed_s() / 60 > self.cfg.max_minutes
 
     def iteration_done(self, step: int, record: dict[str, Any]) -> None:
         """After an iteration's stages: the collector back on after the first, the scheduled collection

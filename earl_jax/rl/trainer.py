@@ -16,6 +16,7 @@ experience.py, train.py, sft.py, evaluation.py); this file only wires them.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -35,6 +36,7 @@ from earl_jax.rl.game_seeds import rollout_inputs
 from earl_jax.rl.gc_control import GcClock
 from earl_jax.rl.matchmaking import Matchmaker
 from earl_jax.rl.metrics import CompileStats, MetricsLogger, NoSignal, trainer_record
+from earl_jax.rl.optim import with_run_fraction
 from earl_jax.rl.overlap import Overlap
 from earl_jax.rl.packing import scored_spans
 from earl_jax.rl.policy_setup import build_policy
@@ -59,7 +61,8 @@ class Trainer:
         self.cfg, self.run_dir, self.is_main, self.step = cfg, Path(cfg.run.run_dir), jax.process_index() == 0, 0
         # the planner sizes every stage's layout from the model's shape; the model is made on the train layout
         policy, params = build_policy(cfg)
-        self.optimizer = cfg.optim.make(cfg.run.steps)
+        self.optimizer = cfg.optim.make(cfg.run.steps, cfg.run.max_minutes)
+        self.elapsed_before_s = 0.0  # the run's time in earlier parts (a resumed run's checkpoint says)
         # a frozen copy for the KL term: the train stage donates (overwrites) the policy's buffers
         ref = jax.tree.map(jnp.copy, params) if cfg.loss.kl_coef > 0 else None
         train = policy.planner.stage_run("train")
@@ -126,6 +129,18 @@ class Trainer:
             return traj, dispatch_s
 
         return (self.policy.rollout_planner or self.policy.planner).run("rollout", rollout)
+
+    def _clock(self, session: Session) -> None:
+        """The share of --run.max-minutes spent, where the schedules over time read it: the next updates' learning
+        rate (rl/optim.py) and the curriculum's rung budget."""
+        fraction = self.matchmaker.run_fraction = session.run_fraction()
+        if self.cfg.run.max_minutes:
+            self.state.opt_state = with_run_fraction(self.state.opt_state, fraction)
+
+    @property
+    def run_elapsed_s(self) -> float:
+        """The run's time in the training loop, all parts (what a checkpoint keeps)."""
+        return self._session.run_elapsed_s if self._session is not None else self.elapsed_before_s
 
     def _stop_point(self) -> None:
         """Where an iteration may be abandoned for a stop signal (a running Session's; none outside `run`)."""
@@ -208,26 +223,35 @@ class Trainer:
         end-of-run evaluation or checkpoint, as a kill would (resume tests)."""
         cfg, history, last_eval = self.cfg, [], {}
         with Session(cfg.run, total=cfg.run.steps, start=self.step, run_dir=self.run_dir, gc_clock=self._gc,
-                     enabled=self.is_main, on_stall=self.logger.close) as session:
+                     enabled=self.is_main, on_stall=self.logger.close,
+                     elapsed_before_s=self.elapsed_before_s) as session:
             self._session, saved = session, self.step
             try:
                 session.beat("the start: format warm-up or the first evaluation")
                 if self.step == 0:  # the curves start from the untrained (or format-warmed) policy
                     last_eval = start_of_run(self, session)
-                while self.step < cfg.run.steps:
+                self._clock(session)
+                if session.out_of_time():  # a resumed run whose time is spent: no iteration
+                    logging.getLogger("earl_jax.rl.trainer").warning(
+                        "--run.max-minutes %g: the run has spent its time (%.1f minutes); raise it to continue",
+                        cfg.run.max_minutes, session.run_elapsed_s / 60)
+                while self.step < cfg.run.steps and not session.out_of_time():
                     if stop_after is not None and len(history) >= stop_after:
                         return history
                     session.beat(f"iteration {self.step + 1}")
                     session.stop_point()
                     record = self.iteration()
                     session.iteration_done(self.step, record)
+                    self._clock(session)
                     last_step, out_of_time = self.step == cfg.run.steps, session.out_of_time()
                     evaluated = bool((cfg.eval.every and self.step % cfg.eval.every == 0) or last_step or out_of_time)
                     if evaluated:
                         session.dog.beat(f"the evaluation after iteration {self.step}")
                         last_eval = self.evaluate.logged(self.step, session.bar.status)
                     # the last evaluation, carried between evaluations; eval/fresh marks a new one
-                    record.update({**last_eval, "eval/fresh": evaluated, "time/elapsed_s": session.elapsed_s})
+                    record.update({**last_eval, "eval/fresh": evaluated, "time/elapsed_s": session.elapsed_s,
+                                   "time/run_elapsed_s": session.run_elapsed_s,
+                                   "time/run_share": self.matchmaker.run_fraction})
                     self.logger.log(record)
                     history.append(record)
                     session.show(self.step, record)

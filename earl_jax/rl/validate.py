@@ -138,9 +138,17 @@ def _check_task_job(cfg) -> None:
                               "no opponents)")
 
 
+# the curriculum's fields that mean nothing without --env.opponent curriculum
+CURRICULUM_ONLY = ("ladder", "promote_on_stall", "rung_max_iterations", "rung_max_share", "rehearsal_share")
+
+
 def _check_game_job(cfg):
+    from earl_jax.cli import flag_of
     from earl_jax.rl.curriculum import parse_ladder
 
+    for name in CURRICULUM_ONLY:
+        if getattr(cfg.curriculum, name) and cfg.env.opponent != "curriculum":
+            raise ConfigError(f"{flag_of(('curriculum', name))}: needs --env.opponent curriculum")
     if cfg.sft.answers != "expert":
         raise ConfigError("--sft.answers: a text task's choice; a game's warm-up always plays random legal moves")
     env = cfg.env

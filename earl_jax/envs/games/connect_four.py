@@ -16,7 +16,7 @@ import random
 import numpy as np
 from jaxtyping import Bool, Int, UInt64
 
-from earl_jax.envs import connect_four_search as _ref
+from earl_jax.envs import connect_four_search as _ref, connect_four_solver as _solver
 from earl_jax.envs.games import GameSpec, Rules, register_game
 from earl_jax.envs.games.game_text import GameText
 from earl_jax.envs.vector.opponents import BatchedOpponent, kth_true
@@ -210,13 +210,53 @@ class AlphaBetaOpponents(BatchedOpponent):
         super().__init__(num_games)
         self.depth = depth
 
+    def _best(self, me, opp):
+        return best_moves(me, opp, self.depth)[0]
+
     def act(self, rows, me, opp, legal):
-        best, _ = best_moves(me, opp, self.depth)
+        best = self._best(me, opp)
         counts = best.sum(1)
         pick = np.zeros(len(rows), np.int64)
         ties = np.flatnonzero(counts > 1)  # choose_move draws only when it has a choice
         pick[ties] = self.streams.randbelow(rows[ties], counts[ties])
         return kth_true(best, pick)
+
+
+class SolverOpponent:
+    """Per game: the near-exact solver (connect_four_solver) with `budget` nodes a move, ties broken by its own seeded
+    RNG as `AlphaBetaOpponent` breaks them."""
+
+    def __init__(self, budget: int, seed: int = 0):
+        self.budget = budget
+        self._rng = random.Random(seed)
+
+    def reset(self, seed: int) -> None:
+        self._rng.seed(seed)
+
+    def act(self, state) -> int:
+        p0, p1 = _ref.bitboards_from_history(state.history())
+        me, opp = (p0, p1) if len(state.history()) % 2 == 0 else (p1, p0)
+        moves = _solver.solve(me, opp, self.budget)[0]
+        return moves[self._rng.randrange(len(moves))] if len(moves) > 1 else moves[0]
+
+
+class SolverOpponents(AlphaBetaOpponents):
+    """`SolverOpponent` for a batch: one search per game (tens of ms a move on a CPU core), ties drawn as alpha-beta
+    draws them."""
+
+    per_game = True  # searches one game at a time: the curriculum gives it a bounded share of the groups
+
+    def __init__(self, num_games: int, budget: int = _solver.DEFAULT_BUDGET):
+        super().__init__(num_games)
+        self.budget = budget
+
+    def _best(self, me, opp):
+        return _solver.best_moves(me, opp, self.budget)
+
+
+def _budget(spec) -> int:
+    """`solver` -> the default budget; `solver:K` -> K thousand nodes a move."""
+    return spec.positive_int(_solver.DEFAULT_BUDGET // 1000) * 1000
 
 
 # ---- blunder classes ----------------------------------------------------------------------------------------
@@ -254,8 +294,11 @@ SPEC = register_game(GameSpec(
     # ends at depth 3: depth 4 costs ~10x a depth-3 turn at 512 games (envs/vector/__init__.py)
     ladder=("random", "alphabeta:1", "alphabeta:2", "alphabeta:3"),
     move_classes=move_classes,
-    opponents={"alphabeta": lambda spec, seed: AlphaBetaOpponent(spec.positive_int(DEFAULT_ALPHABETA_DEPTH), seed)},
+    opponents={"alphabeta": lambda spec, seed: AlphaBetaOpponent(spec.positive_int(DEFAULT_ALPHABETA_DEPTH), seed),
+               "solver": lambda spec, seed: SolverOpponent(_budget(spec), seed)},
     batched_opponents={
-        "alphabeta": lambda spec, n: AlphaBetaOpponents(n, spec.positive_int(DEFAULT_ALPHABETA_DEPTH))},
-    refused_opponents={"solver": "Connect Four is too large to solve here; use 'alphabeta:<depth>'"},
+        "alphabeta": lambda spec, n: AlphaBetaOpponents(n, spec.positive_int(DEFAULT_ALPHABETA_DEPTH)),
+        "solver": lambda spec, n: SolverOpponents(n, _budget(spec))},
+    refused_opponents={"solver": "the generic solver cannot solve Connect Four; its own 'solver' (a node-budgeted "
+                                 "search) plays the standard 6x7 board only"},
 ))

@@ -22,8 +22,8 @@ from earl_jax.envs.games import game_names, spec_for
 from earl_jax.envs.openspiel_env import EnvConfig, OpenSpielTextEnv
 from earl_jax.envs.outcomes import WINNERS
 from earl_jax.envs.vector.blunders import blunders
-from earl_jax.envs.vector.opponents import make_vector_opponent
 from earl_jax.envs.vector.parser import parse_actions
+from earl_jax.envs.vector.per_game_opponents import any_opponent
 from earl_jax.envs.vector.render import BoardRenderer
 from earl_jax.envs.vector.step import NO_WINNER, VectorStep, check_answers, check_reset, check_rows
 
@@ -57,7 +57,9 @@ class VectorTextEnv:
 
     accepts_moves = True  # step(rows, moves=...) means the same as answering str(move)
 
-    def __init__(self, config: EnvConfig, num_games: int):
+    def __init__(self, config: EnvConfig, num_games: int, per_game_opponents: bool = False):
+        """`per_game_opponents`: an opponent with no batched version (mcts:N) plays inside this env one game at a
+        time (envs/vector/per_game_opponents.py) instead of being refused."""
         reference = OpenSpielTextEnv(config)  # validates the config and the opponent spec as the reference does
         self.config = cfg = reference.config
         self.text = reference.text
@@ -70,9 +72,11 @@ class VectorTextEnv:
         self.num_games = n = num_games
         self.rules = self.spec.rules
         self.num_actions = self.rules.num_actions
-        self.opponent = make_vector_opponent(cfg.opponent, self.spec.name, n)
-        self._second: tuple[Any, np.ndarray] | None = None  # (opponent, its games): assign_opponent
-        self.second_opponent: str | None = None  # the spec of assign_opponent's opponent
+        self.opponent = any_opponent(cfg.opponent, self.spec.name, n, per_game_opponents)
+        self._others: list[tuple[Any, np.ndarray, str]] = []  # (opponent, its games, spec): assign_opponents
+        # > 0: every agent move is judged for blunders at this depth even without --env.blunder-penalty (evaluation's
+        # eval/<opponent>/blunder_rate); the reward is not changed
+        self.judge_blunders = 0
         self.renderer = BoardRenderer(self.text, cfg.prompt_style)
         self._pyspiel_game = reference.game
         self._draw_agent = cfg.agent_player is None
@@ -102,20 +106,40 @@ class VectorTextEnv:
         their next reset; None: every game plays the config's. Each game is then the reference env with
         `opponent=spec` for the same seed (its seat, opponent stream and chance draws do not depend on the
         opponent), so a batch can mix opponents without a second env."""
-        if spec is None:
-            self._second = self.second_opponent = None
-            return
-        mask = np.zeros(self.num_games, bool)
-        if games is not None:
-            mask[np.asarray(games)] = True
-        OpenSpielTextEnv(dataclasses.replace(self.config, opponent=spec))  # the reference's checks: a clear error
-        self._second = (make_vector_opponent(spec, self.spec.name, self.num_games), mask)
-        self.second_opponent = spec
+        self.assign_opponents([] if spec is None else [(spec, games)])
+
+    def assign_opponents(self, assignments: Sequence[tuple[str, Sequence[int] | np.ndarray | None]]) -> None:
+        """`assign_opponent` for several opponents at once, each on its own games (which may not overlap); an
+        opponent with no batched version (mcts:N) plays its games one at a time (PerGameOpponents)."""
+        others, taken = [], np.zeros(self.num_games, bool)
+        for spec, games in assignments:
+            mask = np.zeros(self.num_games, bool)
+            if games is not None:
+                mask[np.asarray(games)] = True
+            if (mask & taken).any():
+                raise ValueError(f"assign_opponents: {spec!r}'s games overlap another opponent's")
+            taken |= mask
+            OpenSpielTextEnv(dataclasses.replace(self.config, opponent=spec))  # the reference's checks: a clear error
+            others.append((any_opponent(spec, self.spec.name, self.num_games), mask, spec))
+        self._others = others
+
+    @property
+    def second_opponent(self) -> str | None:
+        """The spec of the first opponent `assign_opponent(s)` gave games to, or None."""
+        return self._others[0][2] if self._others else None
+
+    @property
+    def assigned_opponents(self) -> list[tuple[str, np.ndarray]]:
+        """(spec, its games) of every opponent `assign_opponents` gave games to."""
+        return [(spec, mask.copy()) for _, mask, spec in self._others]
 
     @property
     def second_opponent_games(self) -> np.ndarray:
-        """Which games play the opponent of `assign_opponent` (all False without one)."""
-        return np.zeros(self.num_games, bool) if self._second is None else self._second[1].copy()
+        """Which games play an opponent of `assign_opponent(s)` (all False without one)."""
+        out = np.zeros(self.num_games, bool)
+        for _, mask, _ in self._others:
+            out |= mask
+        return out
 
     # ---- reset --------------------------------------------------------------------------------
     def reset(self, seeds: Sequence[int | None], rows: Sequence[int] | None = None,
@@ -142,8 +166,8 @@ class VectorTextEnv:
         if self._draw_agent:
             self.agent_player[rows] = agents
         self.opponent.reset(rows, opponent_seeds)
-        if self._second is not None:  # both streams from the same seeds: either opponent replays its game
-            self._second[0].reset(rows, opponent_seeds)
+        for other, _, _ in self._others:  # every stream from the same seeds: any opponent replays its game
+            other.reset(rows, opponent_seeds)
         self.stones[rows], self.cells[rows] = start if start is not None else (0, 0)
         if self._blocks is not None:
             agent = self.agent_player[rows]
@@ -233,12 +257,13 @@ class VectorTextEnv:
             valid = np.flatnonzero(ok)
             v, mv = rows[valid], moves[valid]
         agent_all = self.agent_player[rows]
-        blunder = np.full(r, -1, np.int64) if cfg.blunder_penalty else None
+        judge = cfg.blunder_depth if cfg.blunder_penalty else self.judge_blunders
+        blunder = np.full(r, -1, np.int64) if judge else None
         if len(v):
             agent = agent_all if all_ok else agent_all[valid]
-            if cfg.blunder_penalty:  # judged before the move is played
+            if judge:  # judged before the move is played
                 blunder[valid] = blunders(self.spec.name, self.stones[v, agent], self.stones[v, 1 - agent],
-                                          self.legal[v], mv, cfg.blunder_depth)
+                                          self.legal[v], mv, judge)
             self.retries_left[v] = cfg.max_retries
             self._play(v, mv, agent)
             self.turn[v] += 1
@@ -344,14 +369,18 @@ class VectorTextEnv:
         ar = np.arange(len(rows))
         me, opp = stones[ar, 1 - agent], stones[ar, agent]
         legal = self.rules.legal_mask(stones)
-        if self._second is None:
+        if not self._others:
             actions = self.opponent.act(rows, me, opp, legal)
         else:
             actions = np.zeros(len(rows), np.int64)
-            other, second = self._second[0], self._second[1][rows]
-            for opponent, mine in ((self.opponent, ~second), (other, second)):
+            rest = np.ones(len(rows), bool)
+            for opponent, games, _ in self._others:
+                mine = games[rows]
+                rest &= ~mine
                 if mine.any():
                     actions[mine] = opponent.act(rows[mine], me[mine], opp[mine], legal[mine])
+            if rest.any():
+                actions[rest] = self.opponent.act(rows[rest], me[rest], opp[rest], legal[rest])
         self._play(rows, actions, 1 - agent)
         return actions
 

@@ -164,8 +164,8 @@ class RandomOpponents(BatchedOpponent):
 
 def make_vector_opponent(spec: str, game: str, num_games: int) -> BatchedOpponent:
     """The batched opponent for a spec `opponents.make_opponent` accepted for `game` (its short name): random, or
-    one of the game's GameSpec.batched_opponents; ValueError for a spec that has none (mcts: use make_vector_env's
-    per-game path)."""
+    one of the game's GameSpec.batched_opponents; ValueError for a spec that has none (mcts: make_vector_env's
+    per-game path, or `per_game_opponents.any_opponent` inside the batched env)."""
     parsed = OpponentSpec.parse(spec, "an opponent spec")
     if parsed.kind == "random" and not parsed.arg:
         return RandomOpponents(num_games)

@@ -12,11 +12,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from jaxtyping import Bool, Int
 
-from earl_jax.envs.games import game_names
+from earl_jax.envs.games import game_names, spec_for
 from earl_jax.envs.openspiel_env import EnvConfig, OpenSpielTextEnv
 from earl_jax.envs.outcomes import WINNERS
 from earl_jax.envs.vector.env import VectorTextEnv
-from earl_jax.envs.vector.opponents import make_vector_opponent
+from earl_jax.envs.vector.per_game_opponents import any_opponent
 from earl_jax.envs.vector.step import NO_WINNER, VectorStep, check_answers, check_reset, check_rows
 
 
@@ -83,22 +83,23 @@ def _step(rows, obs, reward, terminated, truncated, infos) -> VectorStep:
                       invalid=invalid, winner=winner.reshape(len(rows)), _infos=infos)
 
 
-def make_vector_env(config: EnvConfig, num_games: int,
-                    env_factory: Callable[[EnvConfig], Any] | None = None) -> VectorTextEnv | PerGameVectorEnv:
+def make_vector_env(config: EnvConfig, num_games: int, env_factory: Callable[[EnvConfig], Any] | None = None,
+                    per_game_opponents: bool = False) -> VectorTextEnv | PerGameVectorEnv:
     """The batched env where there is one (a registered game, envs/games/, with its default parameters against
-    random or one of its batched opponents), else the per-game wrapper: over `env_factory(config)` per game when
-    given (the trainer's hook), else over OpenSpielTextEnv(config). Both have the same interface."""
+    random or one of its batched opponents; with `per_game_opponents` against any opponent, mcts:N stepped one game
+    at a time inside it), else the per-game wrapper: over `env_factory(config)` per game when given (the trainer's
+    hook), else over OpenSpielTextEnv(config). Both have the same interface."""
     if env_factory is not None:
         return PerGameVectorEnv([env_factory(config) for _ in range(num_games)], workers=config.step_workers)
     reference = OpenSpielTextEnv(config)  # a bad config fails here, with the reference's message
     short = reference.game.get_type().short_name
     try:
-        make_vector_opponent(reference.config.opponent, short, 1)
-        batched = reference.text.is_preset
+        any_opponent(reference.config.opponent, short, 1, per_game_opponents)
+        batched = reference.text.is_preset and spec_for(reference.game) is not None
     except ValueError:
         batched = False
     if batched:
-        return VectorTextEnv(config, num_games)
+        return VectorTextEnv(config, num_games, per_game_opponents)
     if config.blunder_penalty:
         raise ValueError(f"blunder_penalty needs the batched env (standard {' / '.join(game_names())} against random "
                          f"or the game's batched opponents); {config.game!r} against {config.opponent!r} "
