@@ -40,6 +40,8 @@ from earl_jax.envs.vector.model_opponent import ModelOpponentEnv
 from earl_jax.rl.curriculum import Curriculum, parse_ladder
 from earl_jax.rl.group_plan import GroupPlan, plan_groups
 from earl_jax.rl.league import League
+from earl_jax.tasks import TaskEnvs
+from earl_jax.tasks.chat import task_chat
 
 log = logging.getLogger("earl_jax")
 
@@ -221,3 +223,18 @@ class Matchmaker:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.curriculum is not None and state.get("curriculum"):
             self.curriculum.load_state_dict(state["curriculum"])
+
+
+def job_matchmaker(cfg, policy, env_factory: Callable | None = None
+                   ) -> tuple[TaskEnvs | None, Callable | None, Matchmaker]:
+    """(task, env factory, matchmaker) of a job: a text task (--env.task) trains on its train split, is evaluated on
+    its held-out split, its turns through the checkpoint's chat template when it has one (--env.chat-template); else
+    `env_factory`'s games (None: the built-in batched games) against the opponent or the curriculum's rung."""
+    eos = policy.tokenizer.id_to_token(policy.ids.eos_id)
+    task = (TaskEnvs(cfg.env.task, cfg.env.task_args, task_chat(cfg.env.chat_template, cfg.model.hf_checkpoint, eos))
+            if cfg.env.task and env_factory is None else None)
+    env_factory = task.train_factory if task else env_factory
+    return task, env_factory, Matchmaker(cfg.curriculum, cfg.env, groups=cfg.rollout.groups,
+                                         group_size=cfg.rollout.group_size, seed=cfg.run.seed,
+                                         eval_opponents=("held-out",) if task else cfg.eval.opponents,
+                                         env_factory=env_factory, to_host=policy.weights.host_snapshot)

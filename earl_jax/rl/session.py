@@ -158,6 +158,19 @@ class Session(contextlib.ExitStack):
     def out_of_time(self) -> bool:
         return bool(self.cfg.max_minutes) and self.agreed_run_elapsed_s() / 60 > self.cfg.max_minutes
 
+    def times(self) -> dict[str, float]:
+        """This part's wall time and the run's, all parts (an iteration's record)."""
+        return {"time/elapsed_s": self.elapsed_s, "time/run_elapsed_s": self.run_elapsed_s}
+
+    def spent_at_start(self) -> bool:
+        """A resumed run whose --run.max-minutes are already spent (said in one line): it runs no iteration."""
+        if not self.out_of_time():
+            return False
+        logging.getLogger("earl_jax.rl.trainer").warning(
+            "--run.max-minutes %g: the run has spent its time (%.1f minutes); raise it to continue",
+            self.cfg.max_minutes, self.run_elapsed_s / 60)
+        return True
+
     def iteration_done(self, step: int, record: dict[str, Any]) -> None:
         """After an iteration's stages: the collector back on after the first, the scheduled collection
         (--run.gc-every), the first iteration's time since the command."""

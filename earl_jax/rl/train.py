@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -33,6 +34,14 @@ class TrainState:
     params: Any
     opt_state: Any
     ref_params: Any | None = None
+
+    @classmethod
+    def start(cls, policy, params: Any, optimizer: optax.GradientTransformation, *, reference: bool) -> "TrainState":
+        """Fresh AdamW state on the train layout; with `reference`, a frozen copy of the weights for the KL term (the
+        train stage donates, so overwrites, the policy's buffers)."""
+        opt_state = policy.weights.opt_state_for(policy.planner.stage_run("train"), params,
+                                                 jax.jit(optimizer.init)(params))
+        return cls(params, opt_state, jax.tree.map(jnp.copy, params) if reference else None)
 
 
 def train_stage(run: StageRun, params: Any, opt_state: Any, experience: ExperienceResult, widths: WidthBudget,

@@ -16,13 +16,11 @@ experience.py, train.py, sft.py, evaluation.py); this file only wires them.
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from earl_jax.compile_cache import count_compiles
@@ -34,7 +32,7 @@ from earl_jax.rl.evaluation import Evaluator
 from earl_jax.rl.experience import ExperienceResult, RolloutBatch, WidthBudget, experience_stage
 from earl_jax.rl.game_seeds import rollout_inputs
 from earl_jax.rl.gc_control import GcClock
-from earl_jax.rl.matchmaking import Matchmaker
+from earl_jax.rl.matchmaking import job_matchmaker
 from earl_jax.rl.metrics import CompileStats, MetricsLogger, NoSignal, trainer_record
 from earl_jax.rl.optim import with_run_fraction
 from earl_jax.rl.overlap import Overlap
@@ -47,8 +45,6 @@ from earl_jax.rl.train import TrainState, train_stage
 from earl_jax.rl.warmup import format_warmup, start_of_run
 from earl_jax.rollout.compile_ahead import CompileAhead
 from earl_jax.rollout.sampler import SamplingConfig
-from earl_jax.tasks import TaskEnvs
-from earl_jax.tasks.chat import task_chat
 
 
 class Trainer:
@@ -63,27 +59,13 @@ class Trainer:
         policy, params = build_policy(cfg)
         self.optimizer = cfg.optim.make(cfg.run.steps, cfg.run.max_minutes)
         self.elapsed_before_s = 0.0  # the run's time in earlier parts (a resumed run's checkpoint says)
-        # a frozen copy for the KL term: the train stage donates (overwrites) the policy's buffers
-        ref = jax.tree.map(jnp.copy, params) if cfg.loss.kl_coef > 0 else None
-        train = policy.planner.stage_run("train")
-        opt_state = policy.weights.opt_state_for(train, params, jax.jit(self.optimizer.init)(params))
-        self.state = TrainState(params, opt_state, ref)
+        self.state = TrainState.start(policy, params, self.optimizer, reference=cfg.loss.kl_coef > 0)
         self._gc, self._no_signal, self._compile_stats = GcClock(), NoSignal(), CompileStats()
         self._session: Session | None = None  # while run() runs: stop signals, checkpoint timing
         self.stopped_by: str | None = None  # the signal that ended run(), if one did
         self.sampling = cfg.rollout.sampling
-        # who the agent plays (the opponent or the curriculum's rung, league snapshots), and the batched games
-        # a text task (--env.task): its train split trains, its held-out split is evaluated; its turns go through the
-        # checkpoint's chat template when it has one (--env.chat-template)
-        self.task = (TaskEnvs(cfg.env.task, cfg.env.task_args,
-                              task_chat(cfg.env.chat_template, cfg.model.hf_checkpoint,
-                                        policy.tokenizer.id_to_token(policy.ids.eos_id)))
-                     if cfg.env.task and env_factory is None else None)
-        self.env_factory = env_factory = self.task.train_factory if self.task else env_factory
-        self.matchmaker = Matchmaker(cfg.curriculum, cfg.env, groups=cfg.rollout.groups,
-                                     group_size=cfg.rollout.group_size, seed=cfg.run.seed,
-                                     eval_opponents=("held-out",) if self.task else cfg.eval.opponents,
-                                     env_factory=env_factory, to_host=policy.weights.host_snapshot)
+        # who the agent plays and on what: a text task's splits, else games against the opponent or curriculum
+        self.task, self.env_factory, self.matchmaker = job_matchmaker(cfg, policy, env_factory)
         self.env = self.matchmaker.train_env()
         # constrained moves: each action's token (rollout) and the static token tuple the stages score it over
         self.policy = policy.with_moves(self.env.num_actions) if cfg.rollout.constrain_moves else policy
@@ -91,7 +73,7 @@ class Trainer:
         ahead = CompileAhead() if stage_ahead_now(cfg.rollout.compile_ahead, jax.default_backend()) else None
         self.widths = WidthBudget(cfg.planner.new_widths_per_iteration, cfg.planner.length_split, ahead)
         self.evaluate = Evaluator(cfg.eval, cfg.env, self.matchmaker, lambda *a, **k: self.play(*a, **k)[0],
-                                  self.task.eval_factory if self.task else env_factory,
+                                  self.task.eval_factory if self.task else self.env_factory,
                                   task_log=self.task.eval_log if self.task else None)
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep=cfg.run.keep_checkpoints)
         self.overlap = Overlap(self) if cfg.rollout.max_staleness else None  # rollouts ahead, during training
@@ -131,8 +113,7 @@ class Trainer:
         return (self.policy.rollout_planner or self.policy.planner).run("rollout", rollout)
 
     def _clock(self, session: Session) -> None:
-        """The share of --run.max-minutes spent, where the schedules over time read it: the next updates' learning
-        rate (rl/optim.py) and the curriculum's rung budget."""
+        """The share of --run.max-minutes spent, for the learning rate (rl/optim.py) and the rung budget."""
         fraction = self.matchmaker.run_fraction = session.run_fraction()
         if self.cfg.run.max_minutes:
             self.state.opt_state = with_run_fraction(self.state.opt_state, fraction)
@@ -142,8 +123,7 @@ class Trainer:
         """The run's time in the training loop, all parts (what a checkpoint keeps)."""
         return self._session.run_elapsed_s if self._session is not None else self.elapsed_before_s
 
-    def _stop_point(self) -> None:
-        """Where an iteration may be abandoned for a stop signal (a running Session's; none outside `run`)."""
+    def _stop_point(self) -> None:  # where an iteration may be abandoned for a running Session's stop signal
         if self._session is not None:
             self._session.stop_point()
 
@@ -231,11 +211,8 @@ class Trainer:
                 if self.step == 0:  # the curves start from the untrained (or format-warmed) policy
                     last_eval = start_of_run(self, session)
                 self._clock(session)
-                if session.out_of_time():  # a resumed run whose time is spent: no iteration
-                    logging.getLogger("earl_jax.rl.trainer").warning(
-                        "--run.max-minutes %g: the run has spent its time (%.1f minutes); raise it to continue",
-                        cfg.run.max_minutes, session.run_elapsed_s / 60)
-                while self.step < cfg.run.steps and not session.out_of_time():
+                spent = session.spent_at_start()
+                while self.step < cfg.run.steps and not spent and not session.out_of_time():
                     if stop_after is not None and len(history) >= stop_after:
                         return history
                     session.beat(f"iteration {self.step + 1}")
@@ -249,8 +226,7 @@ class Trainer:
                         session.dog.beat(f"the evaluation after iteration {self.step}")
                         last_eval = self.evaluate.logged(self.step, session.bar.status)
                     # the last evaluation, carried between evaluations; eval/fresh marks a new one
-                    record.update({**last_eval, "eval/fresh": evaluated, "time/elapsed_s": session.elapsed_s,
-                                   "time/run_elapsed_s": session.run_elapsed_s,
+                    record.update({**last_eval, "eval/fresh": evaluated, **session.times(),
                                    "time/run_share": self.matchmaker.run_fraction})
                     self.logger.log(record)
                     history.append(record)
