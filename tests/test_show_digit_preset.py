@@ -21,7 +21,8 @@ def _probe():
 
 def test_the_preset_is_the_measured_candidate():
     probe = _probe()
-    same = ["--run.run-dir", "/tmp/x", "--run.resume", "auto", "--run.wandb-mode", "disabled", "--run.progress", "false"]
+    same = ["--run.run-dir", "/tmp/x", "--run.resume", "auto", "--run.wandb-mode", "disabled",
+            "--run.progress", "false"]
     ran = parse_job([*probe.BASE, *probe.CANDIDATES["format_mixed_mb16"], *same], CONFIGS).config
     preset = parse_job(["--preset", "show-digit", *same], CONFIGS).config
     assert preset.to_dict() == ran.to_dict()
