@@ -40,12 +40,14 @@ def in_test_split(lo: int, secret: int, by_range: bool = False) -> bool:
 class GuessNumber(gymnasium.Env):
     """A secret in `[lo, lo + high)`, found in at most `max_turns` guesses; see the module docstring."""
 
-    def __init__(self, high: int = 32, max_turns: int = 6, split: str = "train", offsets: int = 1):
+    def __init__(self, high: int = 32, max_turns: int = 6, split: str = "train", offsets: int = 1,
+                 show_range: bool = False):
         if split not in ("train", "test"):
             raise ValueError(f"split: 'train' or 'test' (got {split!r})")
         if high < 2 or max_turns < 1 or offsets < 1:
             raise ValueError(f"need high >= 2, max_turns >= 1, offsets >= 1 (got {high}, {max_turns}, {offsets})")
         self.high, self.max_turns, self.split, self.offsets = high, max_turns, split, offsets
+        self.show_range = show_range  # feedback restates what is left ("higher 14-31"): no need to recall it
         self.observation_space = gymnasium.spaces.Text(max_length=32, min_length=0, charset=CHARSET)
         self.action_space = gymnasium.spaces.Text(max_length=16, min_length=0, charset=CHARSET)
         self.lo = self.secret = self.turns = 0
@@ -79,7 +81,8 @@ class GuessNumber(gymnasium.Env):
         else:
             self.top, feedback = min(self.top, guess - 1), "lower"
         info = {"invalid_answer": False, **self._end(False, last)}
-        return ("" if last else f"{feedback}\n> "), 0.0, last, False, info
+        left = f" {self.low}-{self.top}" if self.show_range else ""
+        return ("" if last else f"{feedback}{left}\n> "), 0.0, last, False, info
 
     def _end(self, success: bool, done: bool) -> dict:
         """The outcome keys of a final step's info (none before)."""
