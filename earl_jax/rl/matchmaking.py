@@ -93,7 +93,7 @@ class Matchmaker:
         groups given this iteration's opponents (the rung's others, --curriculum.mix-opponent, the rung rehearsed)."""
         plan = self._plan = self.plan(step)
         if self._env is None or self._env_opponent != plan.main:
-            self._env, self._env_opponent, self._assigned = self._build(plan.main), plan.main, None
+            self._env, self._env_opponent, self._assigned = self._build(plan.main), plan.main, ()  # a new env: none
         if plan.assigned != self._assigned:
             if not hasattr(self._env, "assign_opponents"):
                 raise ValueError(f"{self._second_flag()} needs the built-in batched game env (standard connect_four "
