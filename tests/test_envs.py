@@ -423,7 +423,7 @@ def test_mcts_opponent_beats_random_mostly():
         ("mcts:0", "connect_four", "'mcts:0'"),
         ("random:3", "connect_four", "'random:3'"),
         ("alphabeta:4", "tic_tac_toe", "'alphabeta:4'"),
-        ("solver", "connect_four", "'solver'"),
+        ("solver:0", "connect_four", "'solver:0'"),
         (None, "connect_four", "None"),
     ],
 )

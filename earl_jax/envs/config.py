@@ -36,10 +36,13 @@ def opponent_help() -> str:
     from earl_jax.envs.games import find_game, game_names
 
     specs = {name: find_game(name) for name in game_names()}
-    refuse = [name for name, spec in specs.items() if "solver" in spec.refused_opponents]
+    own_solver = [name for name, spec in specs.items() if "solver" in spec.opponents]
+    refuse = [name for name, spec in specs.items() if "solver" in spec.refused_opponents and name not in own_solver]
     own = [f"{kind}:N ({name} only)" for name, spec in specs.items() for kind in spec.opponents]
-    verb = "refuses" if len(refuse) == 1 else "refuse"
-    solver = "solver (exact play: small games" + (f"; {', '.join(refuse)} {verb} it)" if refuse else ")")
+    notes = [f"{name} plays its own search" for name in own_solver]
+    if refuse:
+        notes.append(f"{', '.join(refuse)} {'refuses' if len(refuse) == 1 else 'refuse'} it")
+    solver = "solver (exact play: small games" + (f"; {'; '.join(notes)})" if notes else ")")
     return (f"opponent: random, mcts:N, {solver}, {', '.join(own)}; the job also takes curriculum (the ladder of "
             "--curriculum.ladder)")
 
