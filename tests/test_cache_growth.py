@@ -49,8 +49,8 @@ def test_coarse_cache_sizes_reach_the_stages_and_compile_fewer_decode_programs(t
     coarse, n_coarse = _sampler_programs(tmp_path / "coarse", rollout__cache_growth=4.0)
     (sampler,) = coarse.rollout.samplers.values()
     assert sampler.cache_buckets == geometric_cache_buckets(4)
-    assert coarse.planner.selector.memory.mem.cache_buckets == geometric_cache_buckets(4)
+    assert coarse.policy.planner.selector.memory.mem.cache_buckets == geometric_cache_buckets(4)
     default, n_default = _sampler_programs(tmp_path / "default")
     assert next(iter(default.rollout.samplers.values())).cache_buckets == DEFAULT_CACHE_BUCKETS
-    assert default.planner.selector.memory.mem.cache_buckets is None
+    assert default.policy.planner.selector.memory.mem.cache_buckets is None
     assert n_coarse < n_default, (n_coarse, n_default)
