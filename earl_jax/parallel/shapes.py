@@ -57,6 +57,8 @@ def limit_new_widths(widths: list[int], compiled: set[int], budget: int) -> list
 
 
 class ProgramShapes:
+    """The planner's program service (module docstring): its policy, the stage widths, the samplers it watches."""
+
     def __init__(self, *, compile_ahead: str = "false", compact_finished: str = "auto",
                  new_widths_per_iteration: int = 0, length_split: bool = False, backend: str | None = None):
         """The defaults: nothing ahead, the plan's split, every width as the rows want it (a planner outside a job:

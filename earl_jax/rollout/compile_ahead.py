@@ -6,11 +6,11 @@ smaller batch (take, then generate / extend at that batch). Each is compiled whe
 iteration waits for every compile in turn, and later iterations stall whenever a game first reaches a new
 cache size or batch (on 4 H100s most slow iterations were such compiles).
 
-`CompileAhead` runs `jitted.lower(*specs).compile()` for programs the sampler predicts (the neighbours of the
-shape it just ran: next cache size, next compacted batch) on worker threads. XLA compiles outside the GIL, so
-the host goes on stepping games meanwhile. JAX keeps the executable of an ahead-of-time compile in the same
-cache the jitted call reads (and writes it to the persistent cache), so the real call finds it; a real call
-whose program is still compiling ahead waits for that compile (`wait`) instead of starting a second one.
+`CompileAhead` runs `jitted.lower(*specs).compile()` for predicted programs (the neighbours of the shape a sampler
+just ran: next cache size, next compacted batch; the experience / train widths put off) on worker threads. XLA
+compiles outside the GIL, so the host goes on stepping games meanwhile. JAX keeps the executable of an ahead-of-time
+compile in the same cache the jitted call reads (and writes it to the persistent cache), so the real call finds it; a
+real call whose program is still compiling ahead waits for that compile (`wait`) instead of starting a second one.
 
 Which programs, and when: the planner's program service (parallel/shapes.py) decides; a sampler reports the shapes
 it runs to its `SamplerShapes` and waits there before each program. A wrong prediction costs only background CPU
