@@ -11,6 +11,7 @@ from earl_jax.models.config import get_config
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.parallel.memory import MemoryConfig, MemoryModel
 from earl_jax.parallel.plan import RolloutExtends
+from earl_jax.parallel.shapes import ProgramShapes
 from earl_jax.rollout.sampler import Sampler
 from earl_jax.sharding.mesh import MeshShape
 
@@ -24,12 +25,12 @@ def test_a_prompt_in_chunks_gives_the_cache_and_logits_of_one_piece():
     num_new = np.array([40, 23, 0], np.int32)  # a row shorter than a chunk boundary, a row with nothing
     out = {}
     for chunk in (1024, 16):  # one piece, then chunks of 16 positions (three calls)
-        sampler = Sampler(graphdef, CFG, cache_dtype=jnp.float32, prefill_chunk=chunk)
+        sampler = ProgramShapes().watch(Sampler(graphdef, CFG, cache_dtype=jnp.float32, prefill_chunk=chunk))
         state = sampler.extend(params, sampler.init_state(3, 64), tokens, num_new)
         out[chunk] = (np.asarray(state.next_logits), np.asarray(state.lengths),
                       [np.asarray(x) for x in jax.tree.leaves(state.cache)])
         if chunk == 16:
-            assert sorted(sampler._extend_widths) == [8, 16]  # 16 + 16 + 8 (the last chunk's bucket)
+            assert sorted(sampler.shapes.extend_widths) == [8, 16]  # 16 + 16 + 8 (the last chunk's bucket)
     (one_logits, one_len, one_cache), (ch_logits, ch_len, ch_cache) = out[1024], out[16]
     np.testing.assert_array_equal(one_len, ch_len)
     np.testing.assert_allclose(ch_logits[:2], one_logits[:2], rtol=1e-5, atol=1e-5)

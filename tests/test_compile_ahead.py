@@ -12,8 +12,8 @@ from earl_jax.compile_cache import count_compiles
 from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import init_sharded
 from earl_jax.models.qwen2 import Qwen2
-from earl_jax.rl import rollout_stage
-from earl_jax.rl.rollout_stage import compact_now, compile_ahead_now, stage_ahead_now
+from earl_jax.parallel.decode_shapes import DecodeShapes
+from earl_jax.parallel.shapes import ProgramShapes
 from earl_jax.rl.trainer import Trainer
 from earl_jax.rollout.agent_loop import COMPACT_FACTOR, COMPACT_LEVELS
 from earl_jax.rollout.compile_ahead import CompileAhead
@@ -23,6 +23,14 @@ from jobs import job, with_fields
 
 CFG = ModelConfig.tiny(vocab_size=64).replace(num_attention_heads=8, num_key_value_heads=4, head_dim=16)
 B = 16
+
+
+def _watched(sampler: Sampler, ahead: bool) -> Sampler:
+    """`sampler` as a rollout's (its shapes recorded by a program service), compiling ahead from the start or not."""
+    ProgramShapes().watch(sampler, max_len=64)
+    if ahead:
+        sampler.shapes.start()
+    return sampler
 
 
 def _turns(sampler: Sampler, params, state, first: int, last: int, active: int | None = None):
@@ -49,8 +57,8 @@ def _rollout(sampler: Sampler, params, check_ahead: bool):
     state, outs = _turns(sampler, params, state, 0, 1)
     state, second = _turns(sampler, params, state, 1, 2, active=B // 2)
     outs += second
-    if sampler.ahead is not None:
-        sampler.ahead.drain()
+    if sampler.shapes.ahead is not None:
+        sampler.shapes.ahead.drain()
     with count_compiles() as c:
         state, more = _turns(sampler, params, state, 2, 3, active=B // 2)  # lengths 24 + 9 > 32: the cache grows to 64
         state = sampler.take_rows(state, np.arange(4), 4)
@@ -58,8 +66,8 @@ def _rollout(sampler: Sampler, params, check_ahead: bool):
     programs = {name for name in c.seconds_by_name if "_impl" in name}
     if check_ahead:
         assert state.max_len == 64 and not programs, programs  # every decode program was ready
-        assert c.ahead == 0 or sampler.ahead.submitted > 0
-        assert not sampler.ahead.failed, sampler.ahead.failed
+        assert c.ahead == 0 or sampler.shapes.ahead.submitted > 0
+        assert not sampler.shapes.ahead.failed, sampler.shapes.ahead.failed
     return outs + more + last, programs
 
 
@@ -75,9 +83,10 @@ def test_predicted_programs_are_compiled_before_the_calls_and_change_nothing(mes
         mesh = make_mesh(shape, jax.devices()[:shape.size])
         graphdef, params = nnx.split(init_sharded(CFG, mesh, INFERENCE_RULES, seed=0))
         kw = {"mesh": mesh, "rules": INFERENCE_RULES}
-    ahead, _ = _rollout(Sampler(graphdef, CFG, cache_buckets=(32, 64, 128), compile_ahead=True, max_len=64, **kw),
-                        params, check_ahead=True)
-    plain, programs = _rollout(Sampler(graphdef, CFG, cache_buckets=(32, 64, 128), **kw), params, check_ahead=False)
+    ahead, _ = _rollout(_watched(Sampler(graphdef, CFG, cache_buckets=(32, 64, 128), **kw), ahead=True), params,
+                        check_ahead=True)
+    plain, programs = _rollout(_watched(Sampler(graphdef, CFG, cache_buckets=(32, 64, 128), **kw), ahead=False),
+                               params, check_ahead=False)
     assert {"jit(_grow_impl)", "jit(_take_impl)"} <= programs  # without, the same calls compile (the check can fail)
     for a, b in zip(ahead, plain):
         np.testing.assert_array_equal(a, b)
@@ -106,25 +115,40 @@ def test_trainer_plays_the_same_games_with_and_without_compiling_ahead(tmp_path)
         trainer = Trainer(with_fields(cfg, compile_ahead=mode, run_dir=str(tmp_path / mode)), log=False)
         records[mode] = trainer.iteration()
         for sp in trainer.rollout.samplers.values():
-            assert (sp.ahead is not None) == (mode == "true")
+            assert (sp.shapes.ahead is not None) == (mode == "true")
     on, off = records["true"], records["false"]
     assert on["compile/ahead"] > 0 and on["compile/ahead_failed"] == 0 and off["compile/ahead"] == 0
     for k in ("episode/return_mean", "rollout/tokens", "rollout/context_len_max", "train/loss"):
         assert on[k] == off[k], (k, on[k], off[k])
 
 
+def _policy(rule: str):
+    """The program service's rule `rule` as a function of (mode, training rollouts done, backend); `mode` is
+    --rollout.compile-ahead and --rollout.compact-finished alike."""
+    def now(mode: str, rollouts_done: int, backend: str) -> bool:
+        shapes = ProgramShapes(compile_ahead=mode, compact_finished=mode, backend=backend)
+        shapes.rollouts_done = rollouts_done
+        return getattr(shapes, rule)()
+    return now
+
+
 def test_auto_compiles_ahead_on_accelerators_after_the_first_rollout():
-    assert not compile_ahead_now("auto", 0, "gpu") and compile_ahead_now("auto", 1, "gpu")
-    assert not compile_ahead_now("auto", 5, "cpu") and compile_ahead_now("true", 0, "cpu")
-    assert not compile_ahead_now("false", 5, "gpu")
+    decode_ahead_now = _policy("decode_ahead_now")
+    assert not decode_ahead_now("auto", 0, "gpu") and decode_ahead_now("auto", 1, "gpu")
+    assert not decode_ahead_now("auto", 5, "cpu") and decode_ahead_now("true", 0, "cpu")
+    assert not decode_ahead_now("false", 5, "gpu")
 
 
 def test_auto_stage_programs_compile_ahead_on_accelerators_from_the_start():
-    assert stage_ahead_now("auto", "gpu") and not stage_ahead_now("auto", "cpu")
-    assert stage_ahead_now("true", "cpu") and not stage_ahead_now("false", "tpu")
+    stage_ahead_now = _policy("stage_ahead_now")
+    assert stage_ahead_now("auto", 0, "gpu") and not stage_ahead_now("auto", 0, "cpu")
+    assert stage_ahead_now("true", 0, "cpu") and not stage_ahead_now("false", 0, "tpu")
+    assert ProgramShapes(compile_ahead="auto", backend="gpu").stage_queue is not None  # the queue follows the rule
+    assert ProgramShapes(compile_ahead="auto", backend="cpu").stage_queue is None
 
 
 def test_auto_compaction_on_cpus_always_and_on_accelerators_after_the_first_rollout():
+    compact_now = _policy("compact_now")
     assert compact_now("auto", 0, "cpu") and not compact_now("auto", 0, "gpu") and compact_now("auto", 1, "gpu")
     assert compact_now("true", 0, "gpu") and not compact_now("false", 3, "cpu")
 
@@ -163,22 +187,24 @@ def test_deferred_widths_of_experience_and_train_are_compiled_ahead():
     opt = optax.sgd(0.1)
     results = []
     for with_ahead in (True, False):
-        run = StageRun("train", StageLayout(shape, 4, 32), mesh, STAGE_RULES["train"], ProgramCache())
+        shapes = ProgramShapes(compile_ahead="true" if with_ahead else "false")
+        run = StageRun("train", StageLayout(shape, 4, 32), mesh, STAGE_RULES["train"], ProgramCache(shapes))
         graphdef, params = nnx.split(init_sharded(CFG, mesh, run.rules, seed=0, dtype=jnp.float32))
         x = run.put_rows({"tokens": tokens, "loss_mask": mask})
         micro = run.micro_batches(n)
-        ahead = (CompileAhead(), [32]) if with_ahead else None
-        logp = grouped_logprobs(run, params, x["tokens"], [t] * micro.count, micro, graphdef=graphdef, ahead=ahead)
+        deferred = [32] if with_ahead else []
+        logp = grouped_logprobs(run, params, x["tokens"], [t] * micro.count, micro, graphdef=graphdef,
+                                deferred=deferred)
         batch = stages.ExperienceBatch(x["tokens"], x["loss_mask"], logp, logp, jnp.ones((n, t), jnp.float32))
         kw = dict(graphdef=graphdef, loss="policy", loss_cfg=LossConfig(), optimizer=opt, token_weighted=True)
         with count_compiles() as first:
             params, state, _ = grouped_update(run, params, opt.init(params), batch, [t] * micro.count, micro,
-                                              ahead=ahead, **kw)
+                                              deferred=deferred, **kw)
         # the optimizer update compiled beside the gradient program, and the real call used it
         assert ("jit(train_policy_apply)" in first.seconds_by_name) != with_ahead, first.seconds_by_name
         if with_ahead:
-            ahead[0].drain()
-            assert ahead[0].submitted == 6 and not ahead[0].failed, ahead[0].failed
+            shapes.stage_queue.drain()
+            assert shapes.stage_queue.submitted == 6 and not shapes.stage_queue.failed, shapes.stage_queue.failed
         with count_compiles() as c:  # the deferred width now
             logp2 = grouped_logprobs(run, params, x["tokens"], [32] * micro.count, micro, graphdef=graphdef)
             params, _, m = grouped_update(run, params, state, batch, [32] * micro.count, micro, **kw)
@@ -199,11 +225,11 @@ def test_deferred_widths_of_experience_and_train_are_compiled_ahead():
 
 def test_compaction_programs_are_compiled_ahead_from_a_rollout_that_did_not_compact():
     """A rollout that kept finished rows (the first on accelerators) tells where a compacting one will shrink the
-    batch: after `compile_compaction_ahead`, the compacted rollout's take / generate / extend / grow find their
+    batch: after `DecodeShapes.compaction_ahead`, the compacted rollout's take / generate / extend / grow find their
     programs compiled; a batch that never fell to a quarter submits nothing for the smaller sizes."""
     model = Qwen2(CFG, rngs=nnx.Rngs(0), dtype=jnp.float32)
     graphdef, params = nnx.split(jax.device_put(model, jax.devices()[0]))
-    sampler = Sampler(graphdef, CFG, cache_buckets=(32, 64, 128))
+    sampler = _watched(Sampler(graphdef, CFG, cache_buckets=(32, 64, 128)), ahead=False)
 
     def opening():
         state = sampler.init_state(B, 32)
@@ -212,11 +238,11 @@ def test_compaction_programs_are_compiled_ahead_from_a_rollout_that_did_not_comp
     state = opening()  # without compaction: all B rows to the end, a quarter of them still playing at turn 1
     state, _ = _turns(sampler, params, state, 0, 1)
     state, _ = _turns(sampler, params, state, 1, 3, active=B // 4)  # turn 2 grows the cache to 64
-    sampler.start_compiling_ahead()
-    submitted = sampler.compile_compaction_ahead(params, COMPACT_FACTOR, COMPACT_LEVELS)
-    sampler.ahead.drain()
-    assert not sampler.ahead.failed, sampler.ahead.failed
-    keys = set(sampler.ahead._futures)
+    sampler.shapes.start()
+    submitted = sampler.shapes.compaction_ahead(params, COMPACT_FACTOR, COMPACT_LEVELS)
+    sampler.shapes.ahead.drain()
+    assert not sampler.shapes.ahead.failed, sampler.shapes.ahead.failed
+    keys = set(sampler.shapes.ahead._futures)
     assert {("take", B, 32, B // 4), ("take", B, 64, B // 4), ("grow", B // 4, 32, 64)} <= keys, keys
     assert not any(k[0] == "take" and k[3] == B // 16 for k in keys)  # never down to a sixteenth
     assert submitted == len(keys)
@@ -230,7 +256,7 @@ def test_compaction_programs_are_compiled_ahead_from_a_rollout_that_did_not_comp
     assert state.batch_size == B // 4 and state.max_len == 64
     programs = {name for name in c.seconds_by_name if "_impl" in name}
     assert not programs, programs
-    assert {("take", B, 32, B // 4), ("grow", B // 4, 32, 64)} <= sampler.ahead.used
+    assert {("take", B, 32, B // 4), ("grow", B // 4, 32, 64)} <= sampler.shapes.ahead.used
 
 
 def test_the_trainer_compiles_compaction_ahead_when_the_next_rollout_compacts(tmp_path, monkeypatch):
@@ -238,11 +264,11 @@ def test_the_trainer_compiles_compaction_ahead_when_the_next_rollout_compacts(tm
     evaluation, but the first training rollout, which kept finished rows, submits the compacted batches' programs;
     the second, which compacts, does not submit them again and uses them (the sampler test above shows that they are
     found compiled)."""
-    monkeypatch.setattr(rollout_stage, "compact_now", lambda mode, done, backend: done > 0)
-    monkeypatch.setattr(rollout_stage, "compile_ahead_now", lambda mode, done, backend: done > 0)
+    monkeypatch.setattr(ProgramShapes, "compact_now", lambda self: self.rollouts_done > 0)
+    monkeypatch.setattr(ProgramShapes, "decode_ahead_now", lambda self: self.rollouts_done > 0)
     calls = []
-    real = Sampler.compile_compaction_ahead
-    monkeypatch.setattr(Sampler, "compile_compaction_ahead", lambda self, *a: calls.append(real(self, *a)))
+    real = DecodeShapes.compaction_ahead
+    monkeypatch.setattr(DecodeShapes, "compaction_ahead", lambda self, *a: calls.append(real(self, *a)))
     cfg = job(groups=2, group_size=8, run__steps=2, sft__steps=0, devices=1, eval__games=8, eval__every=0,
               checkpoint_every=0, max_context=512, constrain_moves=False, prompt_style="compact", run_dir=str(tmp_path))
     trainer = Trainer(cfg, log=False)
@@ -250,14 +276,14 @@ def test_the_trainer_compiles_compaction_ahead_when_the_next_rollout_compacts(tm
     assert calls == []
     trainer.iteration()
     (sampler,) = trainer.rollout.samplers.values()
-    ahead = {k for k in sampler.ahead._futures if k[0] == "take"}
+    ahead = {k for k in sampler.shapes.ahead._futures if k[0] == "take"}
     assert len(calls) == 1 and calls[0] > 0 and ahead, (calls, ahead)
-    sampler.ahead.drain()
+    sampler.shapes.ahead.drain()
     asked = []
-    wait = sampler._wait
-    monkeypatch.setattr(sampler, "_wait", lambda key: (asked.append(key), wait(key)))
+    wait = sampler.shapes.wait
+    monkeypatch.setattr(sampler.shapes, "wait", lambda key: (asked.append(key), wait(key)))
     second = trainer.iteration()
     takes = {k for k in asked if k[0] == "take"}
     assert len(calls) == 1 and second["compile/ahead_failed"] == 0
     # these seeds' second rollout compacts where the first foretold (a deeper level it reached is its own look-ahead's)
-    assert takes & ahead and not any(k in sampler.ahead.failed for k in takes), (takes, ahead)
+    assert takes & ahead and not any(k in sampler.shapes.ahead.failed for k in takes), (takes, ahead)

@@ -15,6 +15,7 @@ from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import init_sharded
 from earl_jax.parallel.plan import StageLayout
 from earl_jax.parallel.planner import ProgramCache, StageRun
+from earl_jax.parallel.shapes import limit_new_widths
 from earl_jax.rl.losses import LossConfig
 from earl_jax.rl.packing import (
     MIN_SPLIT_ROWS,
@@ -23,7 +24,6 @@ from earl_jax.rl.packing import (
     grouped_update,
     length_order,
     length_split,
-    limit_new_widths,
     micro_batch_widths,
     mini_batch_rows,
     rearrange,

@@ -26,7 +26,7 @@ from earl_jax.parallel.dispatch import Dispatcher
 from earl_jax.parallel.plan import StageLayout, StagePlan
 from earl_jax.parallel.planner import ProgramCache, StagePlanner, StageRun
 from earl_jax.rl import stages, trainer as trainer_mod
-from earl_jax.rl.experience import ExperienceResult, RolloutBatch, WidthBudget, experience_stage
+from earl_jax.rl.experience import ExperienceResult, RolloutBatch, experience_stage
 from earl_jax.rl.losses import LossConfig
 from earl_jax.rl.packing import scored_spans
 from earl_jax.rl.train import train_stage
@@ -225,9 +225,9 @@ def test_micro_batched_stages_equal_one_batch_on_every_mesh(stage, mesh):
         run, p = _run(stage, mesh, mb, chunk, programs, params)
         micro = run.micro_batches(n)
         assert micro.count == (1 if mb == per_shard else per_shard)
-        widths = WidthBudget(0, False, None)  # the plan's split as it is (no finer length split)
+        # ProgramCache's default program service: the plan's split as it is (no finer length split)
         if stage == "experience":
-            out = experience_stage(run, p, None, RolloutBatch(tokens, mask, rewards, groups), spans, widths,
+            out = experience_stage(run, p, None, RolloutBatch(tokens, mask, rewards, groups), spans,
                                    graphdef=graphdef, loss=LossConfig(filter_constant_groups=False), num_groups=n // 2)
             batch, back = out.batch, np.argsort(out.arranged)  # rows in their original order
             outs.append((np.asarray(batch.old_logp)[back], np.asarray(batch.advantages)[back]))
@@ -236,7 +236,7 @@ def test_micro_batched_stages_equal_one_batch_on_every_mesh(stage, mesh):
             batch = stages.ExperienceBatch(*run.put_rows({"tokens": tokens, "mask": mask, "a": old_logp, "b": old_logp,
                                                           "adv": rewards.sum(1, keepdims=True) * mask}).values())
             experience = ExperienceResult(batch, {}, np.arange(n), spans)  # rows in their own order
-            new, _, metrics = train_stage(run, p, opt.init(p), experience, widths, Dispatcher(), graphdef=graphdef,
+            new, _, metrics = train_stage(run, p, opt.init(p), experience, Dispatcher(), graphdef=graphdef,
                                           loss=LossConfig(), optimizer=opt, epochs=1, mini_batches=1)
             outs.append(([np.asarray(v) for v in jax.tree.leaves(new)], metrics["loss"]))
     if stage == "experience":

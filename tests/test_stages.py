@@ -18,7 +18,7 @@ from earl_jax.parallel.dispatch import Dispatcher
 from earl_jax.parallel.plan import StageLayout
 from earl_jax.parallel.planner import ProgramCache, StageRun
 from earl_jax.rl.advantages import ESTIMATORS, register_estimator
-from earl_jax.rl.experience import ExperienceResult, RolloutBatch, WidthBudget, experience_stage
+from earl_jax.rl.experience import ExperienceResult, RolloutBatch, experience_stage
 from earl_jax.rl.logprobs import token_logprobs
 from earl_jax.rl.losses import POLICY_LOSSES, LossConfig, register_policy_loss
 from earl_jax.rl.optim import make_optimizer
@@ -55,8 +55,8 @@ def _batch() -> tuple[Any, Any, ExperienceResult]:
     """The experience stage's result: its batch (rows in its arrangement), that arrangement, the rows' spans."""
     graphdef, params, tokens, mask, rewards, gids = _setup()
     result = experience_stage(_run("experience"), params, None, RolloutBatch(tokens, mask, rewards, gids),
-                              scored_spans(mask), WidthBudget(0, False, None), graphdef=graphdef,
-                              loss=LossConfig(filter_constant_groups=False), num_groups=4)
+                              scored_spans(mask), graphdef=graphdef, loss=LossConfig(filter_constant_groups=False),
+                              num_groups=4)
     return graphdef, params, result
 
 
@@ -64,8 +64,8 @@ def _train(graphdef, params, experience: ExperienceResult, optimizer, rows_per_m
     """rl/train.py's one update (one epoch, one mini-batch) on copies of the weights (it donates them)."""
     params = jax.tree.map(jnp.copy, params)
     return train_stage(_run("train", rows_per_micro_batch, chunk=4), params, optimizer.init(params), experience,
-                       WidthBudget(0, False, None), Dispatcher(), graphdef=graphdef, loss=LossConfig(),
-                       optimizer=optimizer, epochs=1, mini_batches=1)
+                       Dispatcher(), graphdef=graphdef, loss=LossConfig(), optimizer=optimizer, epochs=1,
+                       mini_batches=1)
 
 
 def test_experience_old_logp_equals_full_forward_logprobs():
@@ -91,8 +91,7 @@ def test_the_experience_stage_refuses_a_rollout_batch_that_breaks_its_annotation
     for field, value in bad.items():
         with pytest.raises(TypeError, match=rf"^RolloutBatch\.{field} is not [^\n]*\(tokens int32\[8, 16\], [^\n]*\)$"):
             experience_stage(_run("experience"), params, None, dataclasses.replace(good, **{field: value}),
-                             scored_spans(mask), WidthBudget(0, False, None), graphdef=graphdef, loss=LossConfig(),
-                             num_groups=4)
+                             scored_spans(mask), graphdef=graphdef, loss=LossConfig(), num_groups=4)
 
 
 def test_micro_batches_equal_one_batch():

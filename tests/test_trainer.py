@@ -53,7 +53,7 @@ def test_few_new_widths_per_iteration_compile_less_and_change_nothing(tmp_path):
     for k in (0, 1):
         runs[k] = Trainer(with_fields(cfg, run_dir=str(tmp_path / str(k)), new_widths_per_iteration=k), log=False)
         runs[k].run()
-    most = {k: max(len(widths) for widths in t.widths.run_at.values()) for k, t in runs.items()}
+    most = {k: max(len(widths) for widths in t.policy.planner.shapes.run_at.values()) for k, t in runs.items()}
     assert most[0] > 1 and most[1] == 1  # unlimited: several width programs per stage; limited: one
     # Adam's step is ~lr (1e-3) per weight: a micro-batch cut short would move weights by that much, while padding
     # changes only float rounding (seen: 1.7e-6 on one of 49152 weights)

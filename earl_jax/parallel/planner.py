@@ -42,7 +42,9 @@ from earl_jax.parallel.memory import MemoryConfig, candidate_meshes, mesh_proble
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
 from earl_jax.parallel.profile import ProfileTable, is_oom_error
 from earl_jax.parallel.selector import SMALL_BUCKET_EDGES, ParallelismSelector, SelectorConfig
+from earl_jax.parallel.shapes import ProgramShapes
 from earl_jax.parallel.thresholds import parse_thresholds
+from earl_jax.rollout.compile_ahead import spec_of
 from earl_jax.sharding.context import use_mesh_rules
 from earl_jax.sharding.mesh import MeshShape, Rules, batch_axes, logical_sharding, make_mesh, state_shardings
 from earl_jax.sharding.stages import stage_names, stage_spec
@@ -97,6 +99,11 @@ class StageRun:
     mesh: Mesh
     rules: Rules
     programs: "ProgramCache" = dataclasses.field(repr=False, compare=False)
+
+    @property
+    def shapes(self) -> ProgramShapes:
+        """The planner's program service: the widths this stage's micro-batches run at, what compiles ahead."""
+        return self.programs.shapes
 
     @property
     def batch_axes(self) -> tuple[str, ...]:
@@ -170,6 +177,11 @@ class StageRun:
         compiled program per (stage, name, mesh, static settings, argument shapes)."""
         return self.programs.get(self, name, fn, donate, static)
 
+    def ahead(self, program: Callable, *args: Any, output_as_arg: int | None = None) -> None:
+        """`program` (a `jit` of this run) compiled for `args` in the background, if the program service compiles
+        stage programs ahead (`ProgramCache.ahead`)."""
+        self.programs.ahead(program, *args, output_as_arg=output_as_arg)
+
 
 # Experience and train programs on a multi-device GPU mesh compile without XLA's latency-hiding scheduler. With
 # it, a data-parallel grad step of Qwen2.5-1.5B (4 layers, 16 rows x 2048 per device, 2 H100s) asked for 11.8 GiB
@@ -191,9 +203,11 @@ def stage_compiler_options(stage: str, mesh: Mesh) -> dict[str, Any] | None:
 class ProgramCache:
     """The stages' compiled programs: one jit per (stage, name, mesh, static settings), and a record of every
     (stage, name, mesh, argument shapes) that ran, i.e. every compiled program (`len(cache)`), with a log
-    line for each first call."""
+    line for each first call. `ahead` compiles a program for arguments it has not run at yet, in the background (when
+    the program service compiles stage programs ahead); a first call waits for such a compile."""
 
-    def __init__(self):
+    def __init__(self, shapes: ProgramShapes | None = None):
+        self.shapes = shapes if shapes is not None else ProgramShapes()
         self._jits: dict[tuple, Callable] = {}
         self.seen: set[tuple] = set()
 
@@ -213,14 +227,19 @@ class ProgramCache:
             jitted = jax.jit(traced, donate_argnums=donate,
                              compiler_options=stage_compiler_options(run.stage, run.mesh))
 
-            def call(*args):
+            def signature(args) -> tuple:
+                """Every argument's shape and dtype: what makes jit compile again (a 1-D array's length included)."""
                 leaves = [x for x in jax.tree.leaves(args) if hasattr(x, "shape")]
-                # logged: the last 2-D argument (the batch or micro-batch; model programs take the weights first)
-                shapes = tuple(tuple(x.shape) for x in leaves if x.ndim >= 2)
-                # every argument's shape and dtype: what makes jit compile again (a 1-D array's length included)
-                sig = (run.stage, name, str(run.layout.mesh), key[3], tuple((x.shape, str(x.dtype)) for x in leaves))
+                return (run.stage, name, str(run.layout.mesh), key[3], tuple((x.shape, str(x.dtype)) for x in leaves))
+
+            def call(*args):
+                sig = signature(args)
                 if sig in self.seen:
                     return jitted(*args)
+                if self.shapes.stage_queue is not None:
+                    self.shapes.stage_queue.wait(sig)
+                # logged: the last 2-D argument (the batch or micro-batch; model programs take the weights first)
+                shapes = tuple(tuple(x.shape) for x in jax.tree.leaves(args) if hasattr(x, "shape") and x.ndim >= 2)
                 t0 = time.perf_counter()
                 with count_compiles() as c:  # where a first call's time goes: tracing and lowering run every start
                     # compiled here only on devices with a known limit; the call below finds the executable
@@ -237,18 +256,40 @@ class ProgramCache:
                         width, seconds, c.trace_s, c.lower_s, c.backend_s)
                 return out
 
-            call.jitted = jitted  # for compiling ahead (rl/packing.py): jitted.lower(*specs).compile()
+            call.jitted, call.signature = jitted, signature  # for compiling ahead (`ahead`)
             self._jits[key] = call
         return self._jits[key]
+
+    def ahead(self, program: Callable, *args: Any, output_as_arg: int | None = None) -> None:
+        """Compile `program` (one of `get`'s) for `args` (arrays: their specs, taken now, before a call donates them)
+        in the background, when the program service compiles stage programs ahead; its first call waits for it.
+        `output_as_arg=i`: also the variant whose argument i is the program's own output (a gradient accumulator
+        after the first micro-batch carries the program's output shardings, which XLA may choose apart from the
+        fresh one's; jit compiles one program per sharding: the same one, if they agree)."""
+        queue = self.shapes.stage_queue
+        if queue is None or (sig := program.signature(args)) in queue or sig in self.seen:
+            return
+        specs, jitted = jax.tree.map(lambda x: spec_of(x) if isinstance(x, jax.Array) else x, args), program.jitted
+
+        def compile_job():
+            lowered = jitted.lower(*specs)
+            compiled = lowered.compile()
+            if output_as_arg is not None:  # the output's shardings are known once compiled
+                out = jax.tree.map(lambda o, sh: jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=sh),
+                                   lowered.out_info, compiled.output_shardings)
+                jitted.lower(*specs[:output_as_arg], out, *specs[output_as_arg + 1:]).compile()
+
+        queue.submit(sig, compile_job)
 
 
 class StagePlanner:
     """The selector's plan per iteration, a Mesh per mesh shape, and `run`, the stages' one entry point."""
 
     def __init__(self, selector: ParallelismSelector, devices: list[jax.Device], num_responses: int,
-                 first_context_len: int = 64, static: bool = False):
+                 first_context_len: int = 64, static: bool = False, shapes: ProgramShapes | None = None):
         """`static`: keep the first plan for the whole run, no fallback (the baseline the selector is measured
-        against)."""
+        against). `shapes`: the program service (parallel/shapes.py; default: nothing compiled ahead, the plan's
+        micro-batches at their own widths)."""
         self.selector, self.devices, self.static = selector, devices, static
         self.num_responses = num_responses
         self._meshes: dict[MeshShape, Mesh] = {}
@@ -258,17 +299,19 @@ class StagePlanner:
         self.ran: dict[str, StageLayout] = {}  # the layout each stage last ran on (after any fallback)
         self._reported: dict[str, str] = {}  # the layouts ran_log_dict last explained
         self._unlogged: set[str] = set()  # stages planned when they run that ran since their layout was logged
-        self.programs = ProgramCache()
+        self.programs = ProgramCache(shapes)
+        self.shapes = self.programs.shapes
 
     @classmethod
     def from_config(cls, cfg: PlannerConfig, model_cfg: ModelConfig, batch_size: int, *, remat: bool = True,
                     cache_buckets: tuple[int, ...] | None = None, kv_cache_bytes: int = 2,
-                    devices: list[jax.Device] | None = None, stages: tuple[str, ...] | None = None
-                    ) -> "StagePlanner":
+                    devices: list[jax.Device] | None = None, stages: tuple[str, ...] | None = None,
+                    shapes: ProgramShapes | None = None) -> "StagePlanner":
         """The planner of a job of `batch_size` games a rollout; a layout that does not fit the model or the batch
         is refused here, before anything compiles, naming the flag. `devices` (default: --planner.devices of all)
         and `stages` (the ones it plans each iteration; default: those registered so): a share of the devices
-        planned for some stages alone (parallel/split.py)."""
+        planned for some stages alone (parallel/split.py). `shapes`: the job's program service (parallel/shapes.py),
+        shared by the planners of one job."""
         devices = jax.devices()[: cfg.devices or None] if devices is None else list(devices)
         planned = stages or stage_names("each_iteration")
         thresholds = {s: v for s in (stages or stage_names())
@@ -288,7 +331,7 @@ class StagePlanner:
         table = ProfileTable.load(cfg.table) if cfg.table else None
         selector = ParallelismSelector(model_cfg, len(devices), memory=memory, config=sel_cfg, table=table,
                                        device_kind=devices[0].device_kind, batch_rows=batch_size)
-        return cls(selector, devices, batch_size, static=cfg.mode == "static")
+        return cls(selector, devices, batch_size, static=cfg.mode == "static", shapes=shapes)
 
     # ---------------------------------------------------------------- plans
     def mesh_of(self, shape: MeshShape) -> Mesh:

@@ -28,7 +28,6 @@ from earl_jax.parallel.memory import MemoryModel, candidate_meshes
 from earl_jax.parallel.plan import StageLayout
 from earl_jax.parallel.planner import ProgramCache, StageRun
 from earl_jax.parallel.profile import ProfileTable, run_profile
-from earl_jax.rl.experience import WidthBudget
 from earl_jax.rl.losses import LossConfig
 from earl_jax.sharding.mesh import MeshShape, logical_sharding, make_mesh
 from earl_jax.sharding.stages import STAGE_RULES
@@ -111,10 +110,12 @@ class RealMeasure:
                              group_ids=(np.arange(num_responses) // 2).astype(np.int32))
         return batch, np.full(num_responses, context_len)
 
-    def _experience(self, run: StageRun, graphdef, params, batch, spans, widths: WidthBudget):
+    def _experience(self, run: StageRun, graphdef, params, batch, spans):
+        """The trainer's experience stage; its micro-batches at their own widths, as the plan splits them (the
+        ProgramCache's default program service: nothing compiled ahead)."""
         from earl_jax.rl.experience import experience_stage
 
-        return experience_stage(run, params, None, batch, spans, widths, graphdef=graphdef, loss=LOSS,
+        return experience_stage(run, params, None, batch, spans, graphdef=graphdef, loss=LOSS,
                                 num_groups=-(-len(spans) // 2))
 
     def train(self, layout: StageLayout, context_len: int, num_responses: int) -> float:
@@ -127,8 +128,7 @@ class RealMeasure:
         run, graphdef, params = self._run("train", layout)
         optimizer = make_optimizer(1e-6, 10, 1000, 0.0, 1.0)
         batch, spans = self._batch(context_len, num_responses)
-        widths = WidthBudget(0, False, None)  # one micro-batch width: the batch's, as the plan sizes it
-        experience = self._experience(run, graphdef, params, batch, spans, widths)  # on the train layout
+        experience = self._experience(run, graphdef, params, batch, spans)  # on the train layout
         dispatcher = Dispatcher()
         # The step donates the weights it updates: the cached ones go in and the updated ones come back to the cache,
         # so the cell holds one float32 copy as the trainer does (a copy kept beside them is memory the memory model
@@ -138,8 +138,8 @@ class RealMeasure:
         del params
 
         def once():
-            state[0], state[1], metrics = train_stage(run, state[0], state[1], experience, widths,
-                                                      dispatcher, graphdef=graphdef, loss=LOSS, optimizer=optimizer,
+            state[0], state[1], metrics = train_stage(run, state[0], state[1], experience, dispatcher,
+                                                      graphdef=graphdef, loss=LOSS, optimizer=optimizer,
                                                       epochs=1, mini_batches=1)
             return metrics["loss"]
 
@@ -152,8 +152,7 @@ class RealMeasure:
         """One `experience_stage` call (the trainer's) on a host batch of random tokens."""
         run, graphdef, params = self._run("experience", layout)
         batch, spans = self._batch(context_len, num_responses)
-        widths = WidthBudget(0, False, None)
-        seconds = self._timed(lambda: self._experience(run, graphdef, params, batch, spans, widths).batch.advantages)
+        seconds = self._timed(lambda: self._experience(run, graphdef, params, batch, spans).batch.advantages)
         return num_responses * context_len / seconds / layout.mesh.size
 
     def rollout(self, layout: StageLayout, context_len: int, num_responses: int) -> float:

@@ -264,10 +264,8 @@ def trainer_record(trainer, done, batch, times: dict[str, float], exp_metrics: d
                               turn_tokens=cfg.rollout.turn_tokens(t.step - 1), num_devices=len(planner.devices),
                               epochs=cfg.optim.ppo_epochs, decode_groups=t.rollout.decode_groups,
                               no_signal=no_signal, dispatch_bytes=dispatch_bytes)
-    aheads = [sp.ahead for sp in t.rollout.samplers.values() if sp.ahead is not None]
-    aheads += [t.widths.ahead] if t.widths.ahead is not None else []
     compile_metrics = t._compile_stats(compiles, len(planner.programs), t.rollout.compile_count, t._gc.take(),
-                                       aheads)
+                                       planner.shapes.queues())
     return {**record, **staleness_metrics(batch, t.step - 1), "rollout/pipeline_groups": t.rollout.pipeline_groups,
             **compile_metrics, **planner.ran_log_dict(), **(t.overlap.log_dict(done) if t.overlap else {}),
             **device_memory(), **t.matchmaker.metrics(), **opponent_metrics(traj, done.mix_games, league, t.env),

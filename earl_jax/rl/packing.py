@@ -12,9 +12,10 @@ padding (CPU default: mean ~165 tokens, rows of 512). Instead of packing several
    two and the 1.5x steps between), and `length_split` splits the batch into more micro-batches than the plan's
    memory bound asks for when that cuts the padded tokens by more than `SPLIT_GAIN` (the plan's micro-batch is a
    cap: a smaller one needs less memory);
-3. `grouped_logprobs` / `grouped_update` run the model's program once per micro-batch shape (rows, width
-   bucket): a micro-batch at its own width (`limit_new_widths` lets few new widths compile per iteration; the rest
-   run wider). Cutting a micro-batch out and writing its log-probs back are separate small programs, so the
+3. `micro_batch_plan` asks the planner's program service (parallel/shapes.py) which width each micro-batch runs at
+   (few new widths compile per iteration; the rest run wider, and compiling ahead the narrower ones compile in the
+   background); `grouped_logprobs` / `grouped_update` run the model's program once per micro-batch shape (rows,
+   width bucket). Cutting a micro-batch out and writing its log-probs back are separate small programs, so the
    model's programs do not depend on the batch's own padded width or split (on a GPU each new one cost 4-8 s for
    the tiny model, in most of a run's first dozen iterations). Columns past a
    row's length are padding and, with causal attention, change no log-prob before them, so the results equal the
@@ -27,7 +28,7 @@ shard over its divisors). The memory model plans for the widest micro-batch
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +42,7 @@ from earl_jax.parallel.planner import MicroBatches, StageRun
 from earl_jax.rl import stages
 from earl_jax.rl.losses import LossConfig
 from earl_jax.rollout.buckets import DEFAULT_LENGTH_BUCKETS, bucket, scored_spans  # noqa: F401 (re-exported)
-from earl_jax.rollout.compile_ahead import CompileAhead, spec_of
+from earl_jax.rollout.compile_ahead import spec_of
 from earl_jax.sharding.context import constrain
 
 # the narrowest experience / train width: short games (probes, the first turns) are not padded to 64 tokens
@@ -114,106 +115,59 @@ def length_split(run: StageRun, arranged_lengths: Int[np.ndarray, " n"], full_wi
     return micro, widths
 
 
-def limit_new_widths(widths: list[int], compiled: set[int], budget: int) -> list[int]:
-    """`widths` with at most `budget` of them not in `compiled` (0: no limit): the widest new ones stay, every other
-    new width rounds up to the narrowest kept or compiled one above it. Columns past a row's length change no
-    result (causal attention), so this only bounds how many programs one iteration compiles: a cold start pays
-    for one width per stage, not for every width its first batch happens to hold."""
-    if budget <= 0:
-        return list(widths)
-    new = sorted({w for w in widths if w not in compiled}, reverse=True)
-    allowed = compiled | set(new[:budget])  # the widest new width is always allowed: nothing wider may exist
-    return [min(a for a in allowed if a >= w) for w in widths]
+def micro_batch_plan(run: StageRun, arranged_lengths: Int[np.ndarray, " n"], full_width: int
+                     ) -> tuple[MicroBatches, list[int], list[int]]:
+    """(the micro-batches a stage computes a length-arranged batch in, the width each runs at, the widths put off,
+    now compiling in the background): `length_split`'s, finer than the plan only where the planner's program service
+    allows it, at the widths the service chooses (parallel/shapes.py)."""
+    micro, wanted = length_split(run, arranged_lengths, full_width, run.shapes.finer_split)
+    program = (run.stage, str(run.layout.mesh), micro.rows, micro.shards, run.layout.logprob_chunk)
+    return (micro, *run.shapes.widths(program, wanted))
 
 
 def _zeros_like_rows(x):
     return constrain(jnp.zeros(x.shape, jnp.float32), ("batch", None))
 
 
-# (the compile-ahead queue, the widths this iteration deferred: `limit_new_widths`; may be empty)
-Ahead = tuple[CompileAhead, list[int]]
-
-
 def grouped_logprobs(run: StageRun, params: nnx.State, tokens: jax.Array, widths: list[int], micro: MicroBatches, *,
                      graphdef: nnx.GraphDef, choices: jax.Array | None = None, choice_tokens: tuple[int, ...] = (),
-                     ahead: Ahead | None = None) -> jax.Array:
+                     deferred: Sequence[int] = ()) -> jax.Array:
     """log p of every token, micro-batch j computed at widths[j]: the model's program is compiled per micro-batch
     shape (rows, width), whatever the batch's own width and split; cutting and writing back are cheap programs.
-    `ahead`: compile the model's program for the deferred widths in the background (the next iteration's)."""
+    `deferred`: widths whose programs compile ahead, in the background (`micro_batch_plan`: the next iterations')."""
     split = dict(micro_batches=micro.count, shards=micro.shards)
     out = run.jit("zeros", _zeros_like_rows)(tokens)
     model = run.jit("logprobs", stages.micro_logprobs, graphdef=graphdef, chunk=run.layout.logprob_chunk,
                     choice_tokens=choice_tokens)
     put = run.jit("put_logprobs", stages.put_micro, donate=(0,), **split)
     for j, width in enumerate(widths):
-        take = run.jit("micro_tokens", stages.micro_batch, **split, width=width)
-        _wait(ahead, take, micro.rows, width)
-        tok, ch = take((tokens, choices), j)
-        _wait(ahead, model, micro.rows, width)
+        tok, ch = run.jit("micro_tokens", stages.micro_batch, **split, width=width)((tokens, choices), j)
         logp = model(params, tok, ch)
-        if j == 0 and _deferred(ahead):
-            p = _specs(params)
-            _submit(ahead, model, micro.rows, lambda w: (p, spec_of(tok, w), _maybe_spec(ch, w)))
+        if j == 0 and deferred:
+            for w in deferred:
+                run.ahead(model, params, spec_of(tok, w), _maybe_spec(ch, w))
             # and the small programs that cut a micro-batch at those widths and write its log-probs back: else
             # they compile on the critical path when the width is first used (0.3-0.5 s an iteration on one H100)
-            cut = ((spec_of(tokens), _maybe_spec(choices)), 0)
-            for w in _deferred(ahead):  # one cutting program per width (its width is static)
-                _submit_one(ahead, run.jit("micro_tokens", stages.micro_batch, **split, width=w), micro.rows, w, cut)
-            _submit(ahead, put, micro.rows, lambda w: (spec_of(out), spec_of(logp, w), 0))
-        _wait(ahead, put, micro.rows, width)
+            for w in deferred:  # one cutting program per width (its width is static)
+                run.ahead(run.jit("micro_tokens", stages.micro_batch, **split, width=w), (tokens, choices), 0)
+            for w in deferred:
+                run.ahead(put, out, spec_of(logp, w), 0)
         out = put(out, logp, j)
     return out
-
-
-def _specs(tree):
-    return jax.tree.map(spec_of, tree)
 
 
 def _maybe_spec(x, width: int | None = None):
     return None if x is None else spec_of(x, width)
 
 
-def _submit_one(ahead: Ahead, program, rows: int, width: int, specs: tuple) -> None:
-    """Compile `program` ahead for `specs`, keyed as the model programs are (a later `_wait` finds it)."""
-    ahead[0].submit((id(program), rows, width), lambda: program.jitted.lower(*specs).compile())
-
-
-def _deferred(ahead: Ahead | None) -> list[int]:
-    """The widths to compile ahead (none: no argument specs need building)."""
-    return [] if ahead is None else ahead[1]
-
-
-def _wait(ahead: Ahead | None, program, rows: int, width: int) -> None:
-    if ahead is not None:
-        ahead[0].wait((id(program), rows, width))
-
-
-def _submit(ahead: Ahead | None, program, rows: int, specs_at: Callable[[int], tuple],
-            output_as_arg: int | None = None) -> None:
-    """Compile `program` ahead for each deferred width (`specs_at(width)`: its arguments' specs, built now from this
-    call's arguments, whose buffers the next calls may donate). `output_as_arg=i`: also the variant whose argument
-    i is the program's own output (the gradient accumulator after the first micro-batch carries the grad program's
-    output shardings, which XLA may choose apart from the fresh accumulator's; jit compiles one program per
-    sharding: the same program, if they agree)."""
-    for width in _deferred(ahead):
-        def compile_job(args=specs_at(width)):
-            lowered = program.jitted.lower(*args)
-            compiled = lowered.compile()
-            if output_as_arg is not None:  # the output's shardings are known once compiled
-                out = jax.tree.map(lambda o, sh: jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=sh),
-                                   lowered.out_info, compiled.output_shardings)
-                program.jitted.lower(*args[:output_as_arg], out, *args[output_as_arg + 1:]).compile()
-
-        ahead[0].submit((id(program), rows, width), compile_job)
-
-
 def grouped_update(run: StageRun, params: nnx.State, opt_state: Any, batch: stages.ExperienceBatch,
                    widths: list[int], micro: MicroBatches, *, graphdef: nnx.GraphDef, loss: str,
                    loss_cfg: LossConfig | None, optimizer: optax.GradientTransformation, token_weighted: bool,
-                   choice_tokens: tuple[int, ...] = (), ahead: Ahead | None = None
+                   choice_tokens: tuple[int, ...] = (), deferred: Sequence[int] | None = None
                    ) -> tuple[nnx.State, Any, dict[str, jax.Array]]:
     """One optimizer step: gradients accumulated over the micro-batches, each at its width, then applied
-    (skipped when not finite). Donates `params` and `opt_state`. `ahead`: as in `grouped_logprobs`."""
+    (skipped when not finite). Donates `params` and `opt_state`. `deferred`: as in `grouped_logprobs`, and the update
+    compiles ahead beside the first gradient; None: nothing ahead (the SFT stage's few steps)."""
     chunk = run.layout.logprob_chunk
     acc = run.jit(f"{loss}_zero", stages.zero_acc, graphdef=graphdef, loss=loss, loss_cfg=loss_cfg,
                   chunk=chunk, choice_tokens=choice_tokens)(params, batch)
@@ -226,28 +180,21 @@ def grouped_update(run: StageRun, params: nnx.State, opt_state: Any, batch: stag
     model = run.jit(f"{loss}_grad", stages.micro_grad, donate=(1,), graphdef=graphdef, loss=loss, loss_cfg=loss_cfg,
                     chunk=chunk, choice_tokens=choice_tokens)
     apply = run.jit(f"{loss}_apply", stages.apply_step, donate=(0, 1), optimizer=optimizer)
-    if ahead is not None and (id(apply), "apply") not in ahead[0]:  # compiles beside the first gradient program
-        specs = (_specs(params), _specs(opt_state), _specs(acc))
-        ahead[0].submit((id(apply), "apply"), lambda: apply.jitted.lower(*specs).compile())
+    if deferred is not None:  # compiles beside the first gradient program
+        run.ahead(apply, params, opt_state, acc)
 
     def take(width: int):
         return run.jit("micro_batch", stages.take_micro, micro_batches=micro.count, shards=micro.shards, width=width,
                        token_weighted=token_weighted)
 
     for j, width in enumerate(widths):  # the grad program per micro-batch shape, as in grouped_logprobs
-        cut = take(width)
-        _wait(ahead, cut, micro.rows, width)
-        mb, w = cut(batch, j)
-        if j == 0 and _deferred(ahead):  # specs before the call: it donates the accumulator
-            p, a = _specs(params), _specs(acc)
-            _submit(ahead, model, micro.rows, lambda v: (p, a, jax.tree.map(lambda x: spec_of(x, v), mb), spec_of(w)),
-                    output_as_arg=1)
-            for v in _deferred(ahead):  # the cut at those widths too (as in grouped_logprobs)
-                _submit_one(ahead, take(v), micro.rows, v, (_specs(batch), 0))
-        _wait(ahead, model, micro.rows, width)
+        mb, w = take(width)(batch, j)
+        if j == 0 and deferred:  # specs before the call: it donates the accumulator
+            for v in deferred:
+                run.ahead(model, params, acc, jax.tree.map(lambda x: spec_of(x, v), mb), w, output_as_arg=1)
+            for v in deferred:  # the cut at those widths too (as in grouped_logprobs)
+                run.ahead(take(v), batch, 0)
         acc = model(params, acc, mb, w)
-    if ahead is not None:
-        ahead[0].wait((id(apply), "apply"))
     return apply(params, opt_state, acc)
 
 

@@ -22,6 +22,7 @@ from earl_jax.models.config import ModelConfig
 from earl_jax.models.setup import load_model, model_config
 from earl_jax.models.tokenizer import TokenizerInfo, special_ids
 from earl_jax.parallel.planner import StagePlanner
+from earl_jax.parallel.shapes import ProgramShapes
 from earl_jax.parallel.split import split_planners
 from earl_jax.rl.weights import WeightMover
 from earl_jax.rollout.moves import MoveTokens
@@ -69,7 +70,9 @@ def build_policy(cfg) -> tuple[Policy, nnx.State]:
     remat = remat_mode(cfg.planner.remat)
     coarse = geometric_cache_buckets(cfg.rollout.cache_growth) if cfg.rollout.cache_growth else None
     kv_cache_bytes = 4 if cfg.rollout.cache_dtype == "float32" else 2
-    planner_kw = dict(remat=remat != "none", cache_buckets=coarse, kv_cache_bytes=kv_cache_bytes)
+    # one program service for the job: both planners of a split share it (which widths, what compiles ahead, when)
+    planner_kw = dict(remat=remat != "none", cache_buckets=coarse, kv_cache_bytes=kv_cache_bytes,
+                      shapes=ProgramShapes.from_config(cfg.planner, cfg.rollout))
     if cfg.rollout.max_staleness:  # rollout and training at once: on devices of their own where a split fits
         planner, rollout_planner = split_planners(cfg.planner, model_cfg, cfg.batch_size, **planner_kw)
     else:

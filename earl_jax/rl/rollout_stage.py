@@ -5,15 +5,9 @@
 
 Placement: one sampler per rollout mesh (it keeps its compiled decode programs); in a multi-process job whose
 rollout mesh holds a whole model per process, each process plays only its block of the games
-(rollout/process_split.py) and the token columns stay on their process. Policies for the decode's start-up cost:
-
-- compact (`--rollout.compact-finished auto`): finished games leave the decode batch on the CPU always, on
-  accelerators from the second training rollout on: a cold first rollout compiles the smaller batches' programs for
-  longer than they save (a decode step costs about the same at 64 rows as at 16 there);
-- compile ahead (`--rollout.compile-ahead auto`): the next decode programs compile on background threads on
-  accelerators from the second rollout on; in the first they only compete with the foreground's compiles;
-- after the first training rollout, the compacted batches' programs compile during experience and train, so the
-  second rollout does not wait for them.
+(rollout/process_split.py) and the token columns stay on their process. Whether finished games leave the decode batch
+and which decode programs compile ahead, when: the planner's program service decides (parallel/shapes.py), which
+watches every sampler made here.
 """
 
 from __future__ import annotations
@@ -30,28 +24,12 @@ from jax.sharding import Mesh
 from earl_jax.distributed import host_to_global
 from earl_jax.parallel.planner import StageRun
 from earl_jax.rl.policy_setup import Policy
-from earl_jax.rollout.agent_loop import COMPACT_FACTOR, COMPACT_LEVELS, PlayConfig, Trajectories, play_games
+from earl_jax.rollout.agent_loop import PlayConfig, Trajectories, play_games
 from earl_jax.rollout.config import RolloutConfig
 from earl_jax.rollout.frozen_opponent import FrozenPolicyOpponent
 from earl_jax.rollout.policy import SamplerPolicy
 from earl_jax.rollout.process_split import RowView, gather_trajectories, process_block
 from earl_jax.rollout.sampler import DEFAULT_CACHE_BUCKETS, Sampler, SamplingConfig
-
-
-def compile_ahead_now(mode: str, rollouts_done: int, backend: str) -> bool:
-    """--rollout.compile-ahead for the decode programs: auto = on accelerators from the second training rollout on."""
-    return mode == "true" or (mode == "auto" and rollouts_done > 0 and backend != "cpu")
-
-
-def compact_now(mode: str, rollouts_done: int, backend: str) -> bool:
-    """--rollout.compact-finished: auto = on the CPU always, on accelerators from the second training rollout on."""
-    return mode == "true" or (mode == "auto" and (backend == "cpu" or rollouts_done > 0))
-
-
-def stage_ahead_now(mode: str, backend: str) -> bool:
-    """--rollout.compile-ahead for the experience / train programs (deferred widths, the optimizer update): auto = on
-    accelerators from the start; these are never guesses, and the update then compiles beside the first gradient."""
-    return mode == "true" or (mode == "auto" and backend != "cpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +53,7 @@ class RolloutStage:
         self.tokenizer, self.ids, self.codec, self.moves = policy.tokenizer, policy.ids, policy.codec, policy.moves
         self.cache_buckets, self.max_context = policy.cache_buckets or DEFAULT_CACHE_BUCKETS, max_context
         self.samplers: dict[Any, Sampler] = {}  # per rollout mesh (or process block of one)
-        self.rollouts_done = 0  # training rollouts finished (accelerators compile ahead and compact after the first)
+        self.shapes = policy.planner.shapes  # compaction and compiling ahead: when, and which programs
         self.pipeline_groups = 1  # the last rollout's pipeline groups (--rollout.pipeline-groups where it applied)
         self.decode_groups = 1  # the last rollout's decode groups (processes, when the games were split)
         self._league_device: tuple[Any, Any] | None = None  # (snapshot step, rollout mesh), weights there
@@ -100,7 +78,7 @@ class RolloutStage:
         # an accelerator's decode loop holds the thread that launched it: a group must decode from a worker thread
         policies = [SamplerPolicy(sampler, params, sampling, stops, turn_tokens, moves=self.moves,
                                   background=k > 1 and backend != "cpu") for _ in range(k)]
-        compact = compact_now(self.cfg.compact_finished, self.rollouts_done, backend)
+        compact = self.shapes.compact_now()
         unit = k * min_batch  # a pool's rows: whole decode batches in every pipeline group
         slots = 0 if league is not None else -(-self.cfg.slots // unit) * unit  # a frozen opponent draws by its calls
         play_cfg = PlayConfig(turn_tokens, self.cfg.max_turns, self.max_context,
@@ -124,8 +102,7 @@ class RolloutStage:
             if league is not None:
                 env.assign(None)
         if training:  # an evaluation's batch is its own: its programs would only compete with the next rollout's
-            self.rollouts_done += 1
-            self._compaction_ahead(compact, sampler, params)
+            self.shapes.training_rollout_done(sampler, params, compact)
         if at.split:  # the token columns stay on their process: the experience stage places them from there
             traj = gather_trajectories(traj)
         return traj
@@ -153,24 +130,12 @@ class RolloutStage:
     def _sampler(self, key: Any, mesh: Mesh, rules) -> Sampler:
         """The sampler of a rollout mesh, kept with its compiled programs."""
         if key not in self.samplers:
+            impl = self.cfg.decode_impl if mesh.devices.size == 1 else "xla"
             self.samplers[key] = Sampler(self.graphdef, self.model_cfg, mesh=mesh, cache_buckets=self.cache_buckets,
-                                         rules=rules, max_len=self.max_context, cache_dtype=self.cfg.cache_dtype,
-                                         decode_impl=self.cfg.decode_impl if mesh.devices.size == 1 else "xla")
+                                         rules=rules, cache_dtype=self.cfg.cache_dtype, decode_impl=impl)
         sampler = self.samplers[key]
-        if compile_ahead_now(self.cfg.compile_ahead, self.rollouts_done, jax.default_backend()):
-            sampler.start_compiling_ahead()
+        self.shapes.rollout_starts(sampler, self.max_context)  # the service records its shapes, may compile ahead
         return sampler
-
-    def _compaction_ahead(self, compacted: bool, sampler: Sampler, params: Any) -> None:
-        """After a rollout that did not compact, when the next one will (accelerators' first training rollout):
-        compile the compacted batches' decode programs now, in the background during experience and train."""
-        backend = jax.default_backend()
-        if compacted or not compact_now(self.cfg.compact_finished, self.rollouts_done, backend):
-            return
-        if not compile_ahead_now(self.cfg.compile_ahead, self.rollouts_done, backend):
-            return
-        sampler.start_compiling_ahead()
-        sampler.compile_compaction_ahead(params, COMPACT_FACTOR, COMPACT_LEVELS)
 
     def league_params(self, run: StageRun, step: int, snapshot: Any) -> Any:
         """A league snapshot's weights (host, compute dtype) on the rollout layout, kept there while it plays."""

@@ -1,6 +1,6 @@
 """The train stage: PPO epochs of length-grouped policy-gradient updates on the experience batch.
 
-    params, opt_state, metrics = train_stage(run, params, opt_state, experience, widths, ...)
+    params, opt_state, metrics = train_stage(run, params, opt_state, experience, dispatcher, ...)
 
 The weights and optimizer state arrive on the train layout (the dispatcher moved them); the experience stage's batch
 (`ExperienceResult.batch`) is moved to the train layout's row sharding here. `ppo_mini_batches` optimizer steps a pass,
@@ -22,9 +22,9 @@ import optax
 from earl_jax.distributed import global_to_host
 from earl_jax.parallel.dispatch import Dispatcher
 from earl_jax.parallel.planner import StageRun
-from earl_jax.rl.experience import ExperienceResult, WidthBudget
+from earl_jax.rl.experience import ExperienceResult
 from earl_jax.rl.losses import LossConfig
-from earl_jax.rl.packing import grouped_update, length_order, mini_batch_rows, rearrange
+from earl_jax.rl.packing import grouped_update, length_order, micro_batch_plan, mini_batch_rows, rearrange
 
 
 @dataclasses.dataclass
@@ -44,30 +44,29 @@ class TrainState:
         return cls(params, opt_state, jax.tree.map(jnp.copy, params) if reference else None)
 
 
-def train_stage(run: StageRun, params: Any, opt_state: Any, experience: ExperienceResult, widths: WidthBudget,
-                dispatcher: Dispatcher, *, graphdef, loss: LossConfig, optimizer: optax.GradientTransformation,
-                epochs: int, mini_batches: int, choice_tokens: tuple[int, ...] = ()
-                ) -> tuple[Any, Any, dict[str, float]]:
+def train_stage(run: StageRun, params: Any, opt_state: Any, experience: ExperienceResult, dispatcher: Dispatcher, *,
+                graphdef, loss: LossConfig, optimizer: optax.GradientTransformation, epochs: int, mini_batches: int,
+                choice_tokens: tuple[int, ...] = ()) -> tuple[Any, Any, dict[str, float]]:
     """`epochs` passes of `mini_batches` updates on `experience.batch`. Donates `params` and `opt_state`. Metrics: the
     mean over the last epoch's updates, and the batch's dispatch seconds."""
     t0 = time.perf_counter()
     batch, lengths, arranged = experience.batch, experience.lengths, experience.arranged
     batch = dispatcher(batch, jax.tree.map(lambda x: run.row_sharding(x.ndim), batch))
-    parts = []  # (mini-batch, its length split): each in this layout's arrangement (as many shards)
+    parts = []  # (mini-batch, its micro-batch plan): each in this layout's arrangement (as many shards)
     for rows in mini_batch_rows(len(lengths), mini_batches, run.batch_shards):
         perm = rows[length_order(lengths[rows], run.batch_shards)]
         part = rearrange(run, batch, np.argsort(arranged)[perm])
-        parts.append((part, widths.split(run, lengths[perm], part.tokens.shape)))
+        parts.append((part, micro_batch_plan(run, lengths[perm], part.tokens.shape[1])))
     jax.block_until_ready([part for part, _ in parts])
     dispatch_s = time.perf_counter() - t0
     for _ in range(epochs):
         updates = []
-        for part, (micro, width_list, ahead) in parts:
+        for part, (micro, widths, deferred) in parts:
             try:
                 params, opt_state, metrics = grouped_update(
-                    run, params, opt_state, part, width_list, micro, graphdef=graphdef, loss="policy", loss_cfg=loss,
+                    run, params, opt_state, part, widths, micro, graphdef=graphdef, loss="policy", loss_cfg=loss,
                     optimizer=optimizer, token_weighted=loss.aggregation == "token_mean", choice_tokens=choice_tokens,
-                    ahead=ahead)
+                    deferred=deferred)
                 jax.block_until_ready(metrics)
             except Exception as e:
                 if any(x.is_deleted() for x in jax.tree.leaves(params)):  # donated buffers are gone

@@ -29,7 +29,7 @@ from earl_jax.parallel.planner import StageRun
 from earl_jax.rl.checkpoint import Checkpointer, restore_trainer, save_trainer
 from earl_jax.rl.config import JobConfig
 from earl_jax.rl.evaluation import Evaluator
-from earl_jax.rl.experience import ExperienceResult, RolloutBatch, WidthBudget, experience_stage
+from earl_jax.rl.experience import ExperienceResult, RolloutBatch, experience_stage
 from earl_jax.rl.game_seeds import rollout_inputs
 from earl_jax.rl.gc_control import GcClock
 from earl_jax.rl.matchmaking import job_matchmaker
@@ -38,12 +38,11 @@ from earl_jax.rl.optim import with_run_fraction
 from earl_jax.rl.overlap import Overlap
 from earl_jax.rl.packing import scored_spans
 from earl_jax.rl.policy_setup import build_policy
-from earl_jax.rl.rollout_stage import RolloutStage, stage_ahead_now, timed_weights
+from earl_jax.rl.rollout_stage import RolloutStage, timed_weights
 from earl_jax.rl.session import Session, StopRun
 from earl_jax.rl.staleness import Sampled
 from earl_jax.rl.train import TrainState, train_stage
 from earl_jax.rl.warmup import format_warmup, start_of_run
-from earl_jax.rollout.compile_ahead import CompileAhead
 from earl_jax.rollout.sampler import SamplingConfig
 
 
@@ -70,8 +69,6 @@ class Trainer:
         # constrained moves: each action's token (rollout) and the static token tuple the stages score it over
         self.policy = policy.with_moves(self.env.num_actions) if cfg.rollout.constrain_moves else policy
         self.rollout = RolloutStage(cfg.rollout, self.policy, cfg.rollout.max_context)
-        ahead = CompileAhead() if stage_ahead_now(cfg.rollout.compile_ahead, jax.default_backend()) else None
-        self.widths = WidthBudget(cfg.planner.new_widths_per_iteration, cfg.planner.length_split, ahead)
         self.evaluate = Evaluator(cfg.eval, cfg.env, self.matchmaker, lambda *a, **k: self.play(*a, **k)[0],
                                   self.task.eval_factory if self.task else self.env_factory,
                                   task_log=self.task.eval_log if self.task else None)
@@ -130,9 +127,9 @@ class Trainer:
     def _experience(self, run: StageRun, batch: RolloutBatch, spans, rows) -> ExperienceResult:
         p, s = self.policy, self.state
         ref = None if s.ref_params is None else p.weights.for_stage(run, s.ref_params)
-        return experience_stage(run, p.weights.for_stage(run, s.params), ref, batch, spans, self.widths,
-                                graphdef=p.graphdef, loss=self.cfg.loss, num_groups=self.cfg.rollout.groups,
-                                choice_tokens=p.choice_tokens, rows=rows)
+        return experience_stage(run, p.weights.for_stage(run, s.params), ref, batch, spans, graphdef=p.graphdef,
+                                loss=self.cfg.loss, num_groups=self.cfg.rollout.groups, choice_tokens=p.choice_tokens,
+                                rows=rows)
 
     def _train(self, run: StageRun, experience: ExperienceResult) -> dict[str, Any]:
         # the selector may have moved training to another mesh: weights and optimizer state follow
@@ -141,7 +138,7 @@ class Trainer:
         s.opt_state = p.weights.opt_state_for(run, s.params, s.opt_state)
         moved_s = time.perf_counter() - t0
         s.params, s.opt_state, metrics = train_stage(
-            run, s.params, s.opt_state, experience, self.widths, p.weights.dispatcher, graphdef=p.graphdef,
+            run, s.params, s.opt_state, experience, p.weights.dispatcher, graphdef=p.graphdef,
             loss=self.cfg.loss, optimizer=self.optimizer, epochs=self.cfg.optim.ppo_epochs,
             mini_batches=self.cfg.optim.ppo_mini_batches, choice_tokens=p.choice_tokens)
         metrics["dispatch_s"] += moved_s
@@ -177,7 +174,7 @@ class Trainer:
         with count_compiles() as compiles:  # every program traced or compiled in the iteration
             mark, t_start = weights.mark, time.perf_counter()
             done = self.overlap.take(self.step) if self.overlap else self.sample()
-            batch = self.widths.pad_batch(done.batch(self.policy.moves is not None))
+            batch = planner.shapes.pad_batch(done.batch(self.policy.moves is not None))
             traj, s = done.traj, done.traj.stats
             self._observe(batch, s.turn_context_len_mean, traj.num_games, prompt_tokens=s.prompt_tokens,
                           first_cache_len=s.first_cache_len, observation_tokens=s.observation_tokens)

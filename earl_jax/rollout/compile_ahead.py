@@ -6,16 +6,16 @@ smaller batch (take, then generate / extend at that batch). Each is compiled whe
 iteration waits for every compile in turn, and later iterations stall whenever a game first reaches a new
 cache size or batch (on 4 H100s most slow iterations were such compiles).
 
-`CompileAhead` runs `jitted.lower(*specs).compile()` for programs the sampler predicts (the neighbours of the
-shape it just ran: next cache size, next compacted batch) on worker threads. XLA compiles outside the GIL, so
-the host goes on stepping games meanwhile. JAX keeps the executable of an ahead-of-time compile in the same
-cache the jitted call reads (and writes it to the persistent cache), so the real call finds it; a real call
-whose program is still compiling ahead waits for that compile (`wait`) instead of starting a second one.
+`CompileAhead` runs `jitted.lower(*specs).compile()` for predicted programs (the neighbours of the shape a sampler
+just ran: next cache size, next compacted batch; the experience / train widths put off) on worker threads. XLA
+compiles outside the GIL, so the host goes on stepping games meanwhile. JAX keeps the executable of an ahead-of-time
+compile in the same cache the jitted call reads (and writes it to the persistent cache), so the real call finds it; a
+real call whose program is still compiling ahead waits for that compile (`wait`) instead of starting a second one.
 
-A wrong prediction costs only background CPU time; a failed ahead-of-time compile is counted (`failed`, with
-its error) and changes nothing else: the real call compiles (and raises) as it would have. On by default on
-accelerators only (`--rollout.compile-ahead auto`): on a 2-core CPU the compile threads take the cores the rollout
-runs on.
+Which programs, and when: the planner's program service (parallel/shapes.py) decides; a sampler reports the shapes
+it runs to its `SamplerShapes` and waits there before each program. A wrong prediction costs only background CPU
+time; a failed ahead-of-time compile is counted (`failed`, with its error) and changes nothing else: the real call
+compiles (and raises) as it would have.
 """
 
 from __future__ import annotations
@@ -91,3 +91,30 @@ def spec_of(x: Any, width: int | None = None) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct(shape, x.dtype, sharding=x.sharding if committed else None,
                                     weak_type=x.aval.weak_type)
     return jax.ShapeDtypeStruct(shape, np.asarray(x).dtype)
+
+
+class SamplerShapes:
+    """What a `Sampler` tells about the shapes its programs run at, and where it waits before running one. This one
+    records nothing and compiles nothing ahead (a sampler of its own: tests, benchmarks, the profiler); the planner's
+    program service watches a rollout's samplers with its own (parallel/decode_shapes.py)."""
+
+    def wait(self, key: tuple) -> None:
+        """Before the program `key` runs: a compile of it under way finishes first."""
+
+    def needed(self, length: int) -> None:
+        """Rows are about to hold `length` tokens (how fast they grow)."""
+
+    def extended(self, params: Any, state: Any, width: int) -> None:
+        """An extend of `width` (bucketed) new tokens per row ran; `state` is its result."""
+
+    def generating(self, key: tuple, active: int) -> None:
+        """A generate of `active` decoding rows is about to run the program `key` (waits as `wait` does)."""
+        self.wait(key)
+
+    def generated(self, params: Any, state: Any, statics: tuple, rng: Any, temperature: Any,
+                  greedy: Any) -> None:
+        """A generate with these static arguments and runtime values ran; `state` is its result."""
+
+    def prepare_generate(self, params: Any, state: Any, statics: tuple, temperature: Any,
+                         greedy: Any) -> None:
+        """A rollout's first generate, of `state`'s shape, comes after the prompt's extend."""

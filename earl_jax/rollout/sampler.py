@@ -47,8 +47,7 @@ from earl_jax.rollout.buckets import (  # noqa
     bucket,
     geometric_cache_buckets,
 )
-from earl_jax.rollout.compile_ahead import CompileAhead, spec_of as _spec
-from earl_jax.rollout.sampler_ahead import CompilingAhead
+from earl_jax.rollout.compile_ahead import SamplerShapes
 from earl_jax.rollout.sampling import SamplingConfig, program_key, row_keys, runtime_values, sample_logits
 from earl_jax.sharding.context import use_mesh_rules
 from earl_jax.sharding.mesh import Rules, batch_axes, logical_sharding
@@ -99,16 +98,13 @@ def cast_weights(params: nnx.State, dtype) -> nnx.State:
     return jax.tree.map(one, params)
 
 
-class Sampler(CompilingAhead):
+class Sampler:
     def __init__(self, graphdef: nnx.GraphDef, cfg: ModelConfig, *, mesh: Mesh | None = None,
                  rules: Rules | None = None, cache_dtype: Any = jnp.bfloat16,
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
                  cache_buckets: Sequence[int] = DEFAULT_CACHE_BUCKETS, steps_per_check: int = 1,
                  decode_impl: str = "auto", compiler_options: dict[str, Any] | None = None,
-                 compile_ahead: bool = False, max_len: int | None = None, prefill_chunk: int = PREFILL_CHUNK):
-        """`compile_ahead`: compile the programs the rollout is likely to need next (the next cache size, the
-        next compacted batch) on background threads (rollout/compile_ahead.py), cache sizes up to the bucket of
-        `max_len` (the rollout's max context; default: the largest bucket)."""
+                 prefill_chunk: int = PREFILL_CHUNK):
         if (mesh is None) != (rules is None):
             raise ValueError("Sampler: give both mesh and rules, or neither")
         self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, rules
@@ -125,7 +121,6 @@ class Sampler(CompilingAhead):
         self.decode_impl = decode_impl
         self._prepare = jax.jit(lambda params: decode_step.prepare(self._model(params)))
         self._decode_weights: tuple[list, Any] | None = None  # (weakrefs to the weights' arrays, their layout)
-        self._weights_spec: tuple[Any, Any] | None = None  # (weight specs, specs of their decode layout)
         self.length_buckets = tuple(sorted(length_buckets))
         self.cache_buckets = tuple(sorted(cache_buckets))
         self._traces = 0
@@ -138,17 +133,9 @@ class Sampler(CompilingAhead):
         self._generate = jax.jit(self._generate_impl, static_argnums=(4, 5, 6), donate_argnums=(1,),
                                  compiler_options=opts)
         self._pick = jax.jit(self._pick_impl, static_argnums=(6,))
-        self.ahead = CompileAhead() if compile_ahead else None
-        self._ahead_top = self.cache_buckets[-1] if max_len is None else bucket(max_len, self.cache_buckets)
-        self._extend_widths: dict[int, int] = {}  # extend width bucket -> real calls (what to predict)
-        self._generate_like: tuple | None = None  # the last generate's static arguments and scalar specs
-        self._params_specs: tuple[int, Any] | None = None  # (id of the weights, their specs): no reference kept
-        self._needed = (0, 0)  # the last two ensure_capacity lengths
-        self._active = None  # rows the last generate decoded (budget > 0): when to compile the compacted batch ahead
-        # (batch, cache length) -> fewest rows a generate of that shape decoded: where a rollout that did not compact
-        # would have (compile_compaction_ahead)
-        self._fewest: dict[tuple[int, int], int] = {}
-        self._like = None  # specs of a state the sampler ran (any shape: _state_spec resizes them)
+        # told every shape that runs, waited on before each program: the planner's program service compiles a
+        # rollout's next programs ahead there (parallel/shapes.py); nothing by default
+        self.shapes: SamplerShapes = SamplerShapes()
 
     # ---- public API --------------------------------------------------------------------------------
     @property
@@ -162,12 +149,11 @@ class Sampler(CompilingAhead):
 
     def ensure_capacity(self, state: SamplerState, needed_len: int) -> SamplerState:
         """Grow the cache (a copy) to the bucket holding `needed_len` tokens per row, if it is smaller."""
-        if self.ahead is not None:  # how fast rows grow: when to compile the next cache size ahead
-            self._needed = (self._needed[1], needed_len)
+        self.shapes.needed(needed_len)
         if needed_len <= state.max_len:
             return state
         new_len = bucket(needed_len, self.cache_buckets)
-        self._wait(("grow", state.batch_size, state.max_len, new_len))
+        self.shapes.wait(("grow", state.batch_size, state.max_len, new_len))
         return self._grow(state, new_len)
 
     def take_rows(self, state: SamplerState, rows, batch: int) -> SamplerState:
@@ -180,7 +166,7 @@ class Sampler(CompilingAhead):
         idx[:len(rows)] = rows
         valid = np.arange(batch) < len(rows)
         idx, valid = self._put_rows(idx, valid)
-        self._wait(("take", state.batch_size, state.max_len, batch))
+        self.shapes.wait(("take", state.batch_size, state.max_len, batch))
         return self._take(state, idx, batch, valid)
 
     def reset_rows(self, state: SamplerState, rows) -> SamplerState:
@@ -212,11 +198,9 @@ class Sampler(CompilingAhead):
         if tb != t:
             tokens = np.pad(tokens, ((0, 0), (0, tb - t)), constant_values=PAD_TOKEN)
         b, s = state.batch_size, state.max_len
-        self._wait(("extend", b, s, tb))
+        self.shapes.wait(("extend", b, s, tb))
         state = self._extend(params, state, *self._put_rows(tokens, num_new))
-        self._extend_widths[tb] = self._extend_widths.get(tb, 0) + 1
-        if self.ahead is not None:
-            self._look_ahead(params, state, b, s)
+        self.shapes.extended(params, state, tb)
         return state
 
     def generate(self, params: nnx.State, state: SamplerState, rng: jax.Array, *, max_new_tokens: int,
@@ -235,7 +219,6 @@ class Sampler(CompilingAhead):
         program's bucketed width (columns past max_new_tokens are padding), so the caller slices on the host
         instead of two eager device ops."""
         budget = np.broadcast_to(np.asarray(budget, np.int32), (state.batch_size,))
-        self._active = int(np.count_nonzero(budget))
         n_bucket = bucket(max(int(max_new_tokens), 1), self.length_buckets)
         stop_tokens = tuple(int(s) for s in stop_tokens)
         if row_ids is None:
@@ -246,16 +229,11 @@ class Sampler(CompilingAhead):
         # 0: no ids; 1 (== True, as prepare_generate says): ids [b]; 2: (turn, id) rows [b, 2]
         statics = (n_bucket, stop_tokens, program_key(sampling), 0 if row_ids is None else row_ids.ndim)
         b, s = state.batch_size, state.max_len
-        self._wait(("generate", b, s) + statics)
+        self.shapes.generating(("generate", b, s) + statics, int(np.count_nonzero(budget)))
         state, gen = self._generate(params, state, rng, budget, n_bucket, stop_tokens, program_key(sampling),
                                     np.int32(max_new_tokens), row_ids, temperature, greedy,
                                     self.decode_weights(params, s))
-        self._generate_like = (statics, _spec(rng), _spec(temperature), _spec(greedy))
-        self._fewest[b, s] = min(self._active, self._fewest.get((b, s), b))
-        if self._like is None:
-            self._like = jax.tree.map(_spec, state)
-        if self.ahead is not None:
-            self._look_ahead(params, state, b, s)
+        self.shapes.generated(params, state, statics, rng, temperature, greedy)
         if trim and n_bucket != max_new_tokens:
             gen = Generation(gen.tokens[:, :max_new_tokens], gen.logprobs[:, :max_new_tokens],
                              gen.num_tokens, gen.stopped)
@@ -271,24 +249,14 @@ class Sampler(CompilingAhead):
         bits, row_ids = self._put_rows(np.asarray(bits, np.int32), np.asarray(row_ids, np.int32))
         return self._pick(state.next_logits, bits, rng, row_ids, temperature, greedy, tuple(token_ids))
 
-    # ---- compiling ahead (rollout/compile_ahead.py) -------------------------------------------------
     def prepare_generate(self, params: nnx.State, state: SamplerState, *, max_new_tokens: int,
                          stop_tokens: tuple[int, ...] = (), sampling: SamplingConfig = SamplingConfig(),
                          row_ids: bool = True) -> None:
-        """Start compiling the generate program of `state`'s shape now (a rollout's first decode), while the prompt's
-        extend compiles and runs. No-op unless compiling ahead."""
-        if self.ahead is None:
-            return
+        """A rollout's first decode, of `state`'s shape, is next: `shapes` may start compiling its program now, while
+        the prompt's extend compiles and runs."""
         statics = (bucket(max(int(max_new_tokens), 1), self.length_buckets), tuple(int(t) for t in stop_tokens),
                    program_key(sampling), row_ids)
-        last = None if self._generate_like is None else self._generate_like[0]
-        if row_ids and last is not None and last[3] and last[:3] == statics[:3]:
-            statics = last  # row ids of the kind the last generate had ([b], or a pool's (turn, id) rows)
-        if last != statics:
-            temperature, greedy = runtime_values(sampling)
-            self._generate_like = (statics, jax.ShapeDtypeStruct((), jax.random.key(0).dtype), _spec(temperature),
-                                   _spec(greedy))
-        self._ahead_generate(self._specs_of(params), jax.tree.map(_spec, state), state.batch_size, state.max_len)
+        self.shapes.prepare_generate(params, state, statics, *runtime_values(sampling))
 
     def kernel_step(self, cache_len: int) -> bool:
         """Whether a generate call over a cache of `cache_len` slots runs the Pallas decode step."""
@@ -308,7 +276,9 @@ class Sampler(CompilingAhead):
             held = self._decode_weights = ([weakref.ref(x) for x in leaves], self._prepare(params))
         return held[1]
 
-    def _batch_shards(self) -> int:
+    @property
+    def batch_shards(self) -> int:
+        """Rows split over this many shards of the mesh (its batch axes)."""
         return 1 if self.mesh is None else math.prod(self.mesh.shape[a] for a in batch_axes(self.mesh, self.rules))
 
     # ---- sharding helpers --------------------------------------------------------------------------

@@ -81,7 +81,7 @@ def run_case(case: dict) -> dict:
     from earl_jax.parallel.dispatch import Dispatcher
     from earl_jax.parallel.plan import StageLayout
     from earl_jax.parallel.planner import ProgramCache, StageRun
-    from earl_jax.rl.experience import ExperienceResult, RolloutBatch, WidthBudget, experience_stage
+    from earl_jax.rl.experience import ExperienceResult, RolloutBatch, experience_stage
     from earl_jax.rl.losses import LossConfig
     from earl_jax.rl.optim import make_optimizer
     from earl_jax.rl.packing import scored_spans
@@ -99,6 +99,7 @@ def run_case(case: dict) -> dict:
     stage, shape = ("train" if train else "experience"), MeshShape.parse("d1f1t1")
     run = StageRun(stage, StageLayout(shape, b // mb, chunk), make_mesh(shape, [dev]), STAGE_RULES[stage],
                    ProgramCache())  # micro_batch = rows per micro-batch: b // mb rows make mb micro-batches
+    # (ProgramCache's default program service: the plan's split, each at its own width, nothing compiled ahead)
     kw = dict(dtype=jnp.bfloat16, param_dtype=jnp.float32, remat=remat if train else False)
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0), **kw)))
     params = jax.jit(lambda: nnx.state(Qwen2(cfg, rngs=nnx.Rngs(0), **kw), nnx.Param))()
@@ -107,7 +108,7 @@ def run_case(case: dict) -> dict:
     tokens = rng.integers(0, cfg.vocab_size, (b, t)).astype(np.int32)
     prompt = t // 4  # the first quarter is "prompt": no loss there
     mask = np.broadcast_to(np.arange(t)[None] >= prompt, (b, t))
-    spans, widths = scored_spans(mask), WidthBudget(0, False, None)
+    spans = scored_spans(mask)
     loss_cfg = LossConfig(filter_constant_groups=False)
 
     if train:
@@ -123,8 +124,8 @@ def run_case(case: dict) -> dict:
         dispatcher = Dispatcher()
 
         def call():  # donates the weights and optimizer state: the updated ones go into the next call
-            state[0], state[1], metrics = train_stage(run, state[0], state[1], experience, widths,
-                                                      dispatcher, graphdef=graphdef, loss=loss_cfg,
+            state[0], state[1], metrics = train_stage(run, state[0], state[1], experience, dispatcher,
+                                                      graphdef=graphdef, loss=loss_cfg,
                                                       optimizer=optimizer, epochs=1, mini_batches=1)
             return metrics
     else:
@@ -134,7 +135,7 @@ def run_case(case: dict) -> dict:
         batch = RolloutBatch(tokens, mask, rewards, (np.arange(b) % groups).astype(np.int32))
 
         def call():
-            out = experience_stage(run, params, None, batch, spans, widths, graphdef=graphdef, loss=loss_cfg,
+            out = experience_stage(run, params, None, batch, spans, graphdef=graphdef, loss=loss_cfg,
                                    num_groups=groups).batch
             return jax.block_until_ready((out.old_logp, out.advantages))
 
