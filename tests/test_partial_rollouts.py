@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 from types import SimpleNamespace
 
 import jax
@@ -253,12 +254,24 @@ def test_a_budget_nothing_reaches_is_the_run_without_one_bit_for_bit(tmp_path):
 
 
 def test_a_resume_plays_the_carried_groups_again_from_their_start(tmp_path, monkeypatch, caplog):
+    """Stopped after iteration 2's rollout (not trained): the checkpoint of step 1 holds what iteration 1 carried."""
     from earl_jax.rl.game_seeds import rollout_inputs
 
-    cfg = with_fields(GAME, run__steps=2, checkpoint_every=1, run_dir=str(tmp_path))
+    cfg = with_fields(GAME, run__steps=2, run_dir=str(tmp_path))
+    spy = Spy(monkeypatch)
+    take = PartialRollouts.take
+
+    def stop_in_iteration_2(partial, step):
+        done = take(partial, step)
+        if step == 1:
+            signal.raise_signal(signal.SIGTERM)
+        return done
+
+    monkeypatch.setattr(PartialRollouts, "take", stop_in_iteration_2)
     first = Trainer(cfg, log=False)
-    assert first.run(stop_after=1)[0]["rollout/carried_over"] > 0  # and checkpointed them at step 1
-    carry = first.partial.carry
+    first.run()
+    carry = spy.carried[0]
+    assert first.stopped_by == "SIGTERM" and first.step == 1 and len(spy.done) == 2 and carry is not None
     plays = []
     play = Trainer.play
 
@@ -267,6 +280,7 @@ def test_a_resume_plays_the_carried_groups_again_from_their_start(tmp_path, monk
         return play(trainer, env, seeds, *a, **kw)
 
     monkeypatch.setattr(Trainer, "play", spy_play)
+    monkeypatch.setattr(PartialRollouts, "take", take)
     with caplog.at_level(logging.INFO, logger="earl_jax.rl.trainer"):
         resumed = Trainer(with_fields(cfg, resume=True), log=False)
     assert f"resume: {len(carry.rows)} game(s) carried at step 1" in caplog.text
@@ -278,6 +292,14 @@ def test_a_resume_plays_the_carried_groups_again_from_their_start(tmp_path, monk
     assert carried is None and [seeds[r] for r in carry.rows] == [started[r] for r in carry.rows]
     now = rollout_inputs(cfg.rollout, cfg.run.seed, 1, cfg.env.agent_player is None)[0]
     assert [seeds[r] for r in carry.rows] != [now[r] for r in carry.rows]
+
+
+def test_another_env_for_the_next_iteration_plays_the_carried_groups_again(tmp_path):
+    trainer = Trainer(with_fields(GAME, run_dir=str(tmp_path)), log=False)
+    carried = trainer.iteration()["rollout/carried_over"]
+    assert carried > 0
+    trainer.matchmaker._env = None  # as a curriculum promotion does: the next iteration gets a new env
+    assert trainer.iteration()["rollout/replayed"] == carried
 
 
 def test_a_budget_refuses_what_it_cannot_carry_and_warns_once_of_an_uncorrected_loss(caplog):

@@ -53,7 +53,7 @@ def save_trainer(trainer) -> None:
     if t.policy.rollout_planner is not None:
         meta["rollout_planner"] = t.policy.rollout_planner.state_dict()
     if t.partial is not None:
-        meta["carried"] = t.partial.state_dict()
+        meta["carried"] = t.partial.state_dict(t.step)
     t.checkpointer.save(t.step, checkpoint_state(t.state, t.policy.planner, t.cfg.run.seed), meta, pending or None)
 
 

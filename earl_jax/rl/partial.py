@@ -73,7 +73,8 @@ class PartialRollouts:
             raise ValueError("--rollout.token-budget: partial rollouts run in one process only (a carried game stays "
                              "in its process's env rows); use --rollout.token-budget 0")
         self.t, self.budget = trainer, cfg.rollout.token_budget
-        self.carry: CarriedGroups | None = None
+        self.carry: CarriedGroups | None = None  # into the next iteration
+        self._began: tuple[int, CarriedGroups | None] | None = None  # the last iteration taken, and what it carried in
         if cfg.loss.policy_loss not in BEHAVIOUR_LOSSES:
             log.warning("--rollout.token-budget %d with --loss.policy-loss %s: a carried episode's earlier tokens were "
                         "sampled by older weights, and the ratio is taken against the weights at train time with no "
@@ -97,6 +98,7 @@ class PartialRollouts:
                 carried = Carried(carry.rows, carry.episodes, carry.live, carry.legal)
         traj, weights_s = t.play(env, seeds.tolist(), group_ids, rng, t.sampling, token_budget=self.budget,
                                  carried=carried)
+        self._began = (step, self.carry)
         versions = None if carried is None else _versions(traj, step, carry)
         open_rows = np.isin(group_ids, group_ids[traj.unfinished])
         rows = np.flatnonzero(open_rows)
@@ -113,9 +115,10 @@ class PartialRollouts:
         return Sampled(step, step, traj, weights_s, None, t.matchmaker.mix_games(), versions=versions, metrics=metrics)
 
     # ------------------------------------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict[str, list[int]] | None:
-        """The carried groups' rows, seeds and first iterations (what a resumed run plays again)."""
-        c = self.carry
+    def state_dict(self, step: int) -> dict[str, list[int]] | None:
+        """The rows, seeds and first iterations of the groups carried into iteration `step` (what a resumed run plays
+        again): an iteration abandoned after its rollout (a stop signal) did not train, so its carry-in is kept."""
+        c = self._began[1] if self._began is not None and self._began[0] == step else self.carry
         return None if c is None else {"rows": c.rows.tolist(), "seeds": c.seeds.tolist(), "origin": c.origin.tolist()}
 
     def load_state_dict(self, state: dict[str, list[int]] | None, step: int) -> None:
