@@ -144,7 +144,7 @@ class Trajectories:
         return len(self.lengths)
 
     def rows(self, rows: Int[np.ndarray, " k"]) -> "Trajectories":
-        """Rows `rows` only, in that order (the same stats; one process's whole batch)."""
+        """Rows `rows` only, in that order, with the batch's stats (a batch whose token columns are all here)."""
         if self.local_rows is not None:
             raise ValueError("Trajectories.rows: a rollout split by process holds only its own token columns")
         take = {f.name: v[rows] for f in dataclasses.fields(self)
