@@ -43,7 +43,7 @@ def checkpoint_state(state, planner, seed: int) -> dict[str, Any]:
 def save_trainer(trainer) -> None:
     """A `Trainer`'s checkpoint at its step: weights, optimizer state, RNG; the planners' and matchmaker's state, the
     run's time so far; with rollouts overlapping training, the sampled batches of the next iterations
-    (rl/overlap.py)."""
+    (rl/overlap.py); with partial rollouts, the groups carried into the next iteration (rl/partial.py)."""
     t = trainer
     meta = {"step": t.step, "planner": t.policy.planner.state_dict(), "matchmaker": t.matchmaker.state_dict(),
             "run_elapsed_s": t.run_elapsed_s}
@@ -52,6 +52,8 @@ def save_trainer(trainer) -> None:
         pending, meta["pending"] = t.overlap.checkpoint(t.step)
     if t.policy.rollout_planner is not None:
         meta["rollout_planner"] = t.policy.rollout_planner.state_dict()
+    if t.partial is not None:
+        meta["carried"] = t.partial.state_dict(t.step)
     t.checkpointer.save(t.step, checkpoint_state(t.state, t.policy.planner, t.cfg.run.seed), meta, pending or None)
 
 
@@ -69,6 +71,11 @@ def restore_trainer(trainer) -> None:
         logging.getLogger("earl_jax.rl.trainer").info(
             "resume: the checkpoint's sampled batches are not used (--rollout.max-staleness 0 samples every batch "
             "with the current weights)")
+    if t.partial is not None:
+        t.partial.load_state_dict(meta.get("carried"), step)
+    elif meta.get("carried"):
+        logging.getLogger("earl_jax.rl.trainer").info(
+            "resume: the checkpoint's carried groups are not played (--rollout.token-budget 0 starts every group new)")
     t.matchmaker.load_state_dict(meta.get("matchmaker") or {})  # the curriculum's rung
     t.elapsed_before_s = float(meta.get("run_elapsed_s", 0.0))  # --run.max-minutes counts the run's parts together
     t.env = t.matchmaker.train_env()

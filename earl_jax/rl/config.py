@@ -195,6 +195,14 @@ class JobConfig:
              "--resume needs checkpoints: 0 writes none")
         need(not (r.max_staleness and c.league_size), "--rollout.max-staleness",
              "a league's snapshots are taken from the weights of their step: train with --curriculum.league-size 0")
+        if r.token_budget:  # a carried game keeps its env row, its opponent and the batch it will train in
+            need(not r.max_staleness, "--rollout.token-budget", "carries episodes from one rollout to the next in the "
+                 "loop's own thread: use --rollout.max-staleness 0")
+            need(not c.league_size, "--rollout.token-budget", "a league's frozen opponent plays one iteration's "
+                 "games: train with --curriculum.league-size 0")
+            need(not (c.mix_opponent or c.rehearsal_share), "--rollout.token-budget", "a carried game keeps its "
+                 "opponent, and the second opponent's games are counted by iteration: use neither "
+                 "--curriculum.mix-opponent nor --curriculum.rehearsal-share")
         need(not self.planner.rollout_devices or r.max_staleness, "--planner.rollout-devices",
              "applies while rollout and training run at once: it needs --rollout.max-staleness >= 1")
 

@@ -122,7 +122,7 @@ def iteration_record(step: int, traj, times: Mapping[str, float], exp_metrics: M
     t_roll, t_exp, t_train, t_iter = (max(times[k], 1e-9) for k in ("rollout", "experience", "train", "iteration"))
     return {
         "step": step,
-        "episode/return_mean": float(traj.returns.mean()),
+        "episode/return_mean": float(traj.returns.mean() if traj.played is None else traj.returns[traj.played].mean()),
         "episode/win_rate": s.win_rate, "episode/invalid_rate": s.invalid_rate,
         "episode/turns_mean": s.turns_mean, "episode/truncated_rate": s.truncated_rate,
         **({} if s.blunder_rate is None else {"rollout/blunder_rate": s.blunder_rate}),
@@ -269,4 +269,4 @@ def trainer_record(trainer, done, batch, times: dict[str, float], exp_metrics: d
     return {**record, **staleness_metrics(batch, t.step - 1), "rollout/pipeline_groups": t.rollout.pipeline_groups,
             **compile_metrics, **planner.ran_log_dict(), **(t.overlap.log_dict(done) if t.overlap else {}),
             **device_memory(), **t.matchmaker.metrics(), **opponent_metrics(traj, done.mix_games, league, t.env),
-            **(t.task.train_log.drain("task") if t.task else {})}
+            **(t.task.train_log.drain("task") if t.task else {}), **done.metrics}

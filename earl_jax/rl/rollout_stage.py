@@ -24,7 +24,7 @@ from jax.sharding import Mesh
 from earl_jax.distributed import host_to_global
 from earl_jax.parallel.planner import StageRun
 from earl_jax.rl.policy_setup import Policy
-from earl_jax.rollout.agent_loop import PlayConfig, Trajectories, play_games
+from earl_jax.rollout.agent_loop import Carried, PlayConfig, Trajectories, play_games
 from earl_jax.rollout.config import RolloutConfig
 from earl_jax.rollout.frozen_opponent import FrozenPolicyOpponent
 from earl_jax.rollout.policy import SamplerPolicy
@@ -65,10 +65,12 @@ class RolloutStage:
     def __call__(self, run: StageRun, params: Any, env, seeds, group_ids, rng, sampling: SamplingConfig, *,
                  turn_tokens: int, league: tuple | None = None, training: bool = True,
                  league_params: Callable[[StageRun, int, Any], Any] | None = None,
-                 interrupt: Callable[[], None] | None = None) -> Trajectories:
+                 interrupt: Callable[[], None] | None = None, token_budget: int = 0,
+                 carried: Carried | None = None) -> Trajectories:
         """One game per row of `env`, decoded with `params` (already on `run`'s layout). `training` (False: an
         evaluation) decides what the next training rollout's programs are predicted from. `league`: the games a
-        frozen snapshot plays (Matchmaker.league_games), decoded on the same sampler with its own cache."""
+        frozen snapshot plays (Matchmaker.league_games), decoded on the same sampler with its own cache.
+        `token_budget`, `carried`: partial rollouts (rl/partial.py, `PlayConfig.token_budget`)."""
         stops = (self.ids.eos_id,) if self.cfg.stop_at_eos else ()
         split = self.cfg.split_processes and league is None
         at = self._placement(run, params, len(seeds), split)
@@ -83,7 +85,7 @@ class RolloutStage:
         slots = 0 if league is not None else -(-self.cfg.slots // unit) * unit  # a frozen opponent draws by its calls
         play_cfg = PlayConfig(turn_tokens, self.cfg.max_turns, self.max_context,
                               constrain_moves=self.cfg.constrain_moves, compact=compact, pipeline_groups=k,
-                              min_batch=min_batch, slots=slots)
+                              min_batch=min_batch, slots=slots, token_budget=token_budget)
         self.pipeline_groups = k
         self.decode_groups = jax.process_count() if at.split else 1
         if league is not None:
@@ -97,7 +99,7 @@ class RolloutStage:
         try:
             traj = play_games(policies, RowView(env, games) if at.split else env, self.tokenizer, play_cfg, rng,
                               list(seeds)[games], ids, bos_id=self.ids.bos_id, codec=self.codec,
-                              game_offset=games.start, interrupt=interrupt)
+                              game_offset=games.start, interrupt=interrupt, carried=carried)
         finally:
             if league is not None:
                 env.assign(None)

@@ -17,9 +17,10 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+from jaxtyping import Int
 
 from earl_jax.parallel.plan import StageLayout
-from earl_jax.rl.experience import RolloutBatch, rollout_batch
+from earl_jax.rl.experience import RolloutBatch, pad_cols, rollout_batch
 from earl_jax.rollout.episodes import RolloutStats, Trajectories
 from earl_jax.sharding.mesh import MeshShape
 
@@ -44,9 +45,17 @@ class Sampled:
     layout: StageLayout | None = None
     devices: tuple[int, ...] = ()
     wait_s: float = 0.0  # how long the loop waited for it (0: it ran in the iteration's own thread)
+    # partial rollouts (rl/partial.py): each token's version where episodes were carried between rollouts (None: every
+    # token's is `version`), and what the iteration's record adds (rollout/carried_over, ...)
+    versions: Int[np.ndarray, "n t"] | None = None
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def batch(self, constrained: bool) -> RolloutBatch:
-        return rollout_batch(self.traj, constrained, self.version)
+        batch = rollout_batch(self.traj, constrained, self.version)
+        if self.versions is None:
+            return batch
+        versions = pad_cols(self.versions, batch.tokens.shape[1])
+        return dataclasses.replace(batch, versions=np.where(batch.loss_mask, versions, -1).astype(np.int32))
 
 
 def staleness(batch: RolloutBatch, step: int) -> np.ndarray:

@@ -2,16 +2,15 @@
 
 One iteration (`Trainer.iteration`):
     planner.plan()                                  the rollout's layout, from the last batch's context
-    rollout: B groups x G games in lock-step        weights dispatched train layout -> rollout layout (with
-                                                    --rollout.max-staleness K >= 1 sampled ahead: rl/overlap.py)
+    rollout: B groups x G games in lock-step        weights dispatched train layout -> rollout layout (sampled
+                                                    ahead: rl/overlap.py; partial rollouts: rl/partial.py)
     planner.observe(this batch); planner.plan()     experience / train layouts for the batch they process
     experience: old / reference log-probs, then advantages
     train: PPO-clip updates on the train layout     the batch dispatched experience layout -> train layout
     the record: outcomes, contexts, losses, the layouts that ran
 
-Everything random derives from (seed, step), so a run killed and resumed from a checkpoint reaches the same
-weights as one that never stopped (bit-exact on CPU). The stage bodies live beside this file (rollout_stage.py,
-experience.py, train.py, sft.py, evaluation.py); this file only wires them.
+Everything random derives from (seed, step), so a run killed and resumed from a checkpoint reaches the same weights
+as one that never stopped (bit-exact on CPU). The stages live beside this file; this file only wires them.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ from earl_jax.rl.metrics import CompileStats, MetricsLogger, NoSignal, trainer_r
 from earl_jax.rl.optim import with_run_fraction
 from earl_jax.rl.overlap import Overlap
 from earl_jax.rl.packing import scored_spans
+from earl_jax.rl.partial import PartialRollouts
 from earl_jax.rl.policy_setup import build_policy
 from earl_jax.rl.rollout_stage import RolloutStage, timed_weights
 from earl_jax.rl.session import Session, StopRun
@@ -49,10 +49,9 @@ from earl_jax.rollout.sampler import SamplingConfig
 class Trainer:
     def __init__(self, cfg: JobConfig, *, log: bool = True, env_factory: Callable | None = None,
                  job: str | None = None):
-        """`env_factory(env_config)` makes one game (default: the built-in batched games, else OpenSpiel); tests and
-        research forks pass their own environments with the same reset/step interface. `log=False` (tests,
-        evaluate_run.py) writes nothing into the run folder. `job`: the script's name (connect4), kept in config.json
-        so that another script's --resume is refused (rl/job.py)."""
+        """`env_factory(env_config)` makes one game (default: the built-in batched games, else OpenSpiel; forks pass
+        their own envs, with the same reset/step). `log=False` (tests, evaluate_run.py) writes nothing into the run
+        folder. `job`: the script's name (connect4), kept in config.json: another script's --resume is refused."""
         self.cfg, self.run_dir, self.is_main, self.step = cfg, Path(cfg.run.run_dir), jax.process_index() == 0, 0
         # the planner sizes every stage's layout from the model's shape; the model is made on the train layout
         policy, params = build_policy(cfg)
@@ -74,6 +73,7 @@ class Trainer:
                                   task_log=self.task.eval_log if self.task else None)
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", keep=cfg.run.keep_checkpoints)
         self.overlap = Overlap(self) if cfg.rollout.max_staleness else None  # rollouts ahead, during training
+        self.partial = PartialRollouts(self) if cfg.rollout.token_budget else None  # groups carried between rollouts
         if self.checkpointer.resumes(cfg.run.resume, self.run_dir):
             self.restore()
         # config.json, metrics.jsonl and wandb: written by process 0 only, and not at all with log=False
@@ -94,8 +94,8 @@ class Trainer:
         restore_trainer(self)
 
     # ---------------------------------------------------------------- stages
-    def play(self, env, seeds, group_ids, rng, sampling: SamplingConfig, *, league=None, training: bool = True):
-        """(trajectories, weights' dispatch seconds): one game per row of `env` on the planned rollout layout."""
+    def play(self, env, seeds, group_ids, rng, sampling: SamplingConfig, *, league=None, training: bool = True, **kw):
+        """(trajectories, dispatch seconds): `env`'s games on the planned rollout layout (`kw`: rl/partial.py's)."""
         turn_tokens, weights = self.cfg.rollout.turn_tokens(self.step), self.policy.weights
         if self.overlap is not None:  # an evaluation decodes on the training rollout's sampler: not at once
             self.overlap.drain()
@@ -104,7 +104,7 @@ class Trainer:
             params, dispatch_s = timed_weights(lambda: weights.for_stage(run, self.state.params))
             traj = self.rollout(run, params, env, seeds, group_ids, rng, sampling, turn_tokens=turn_tokens,
                                 league=league, training=training, league_params=self.rollout.league_params,
-                                interrupt=self._stop_point if training and jax.process_count() == 1 else None)
+                                interrupt=self._stop_point if training and jax.process_count() == 1 else None, **kw)
             return traj, dispatch_s
 
         return (self.policy.rollout_planner or self.policy.planner).run("rollout", rollout)
@@ -173,7 +173,7 @@ class Trainer:
         self._gc.take()  # time/gc_pause_s counts this iteration's pauses only
         with count_compiles() as compiles:  # every program traced or compiled in the iteration
             mark, t_start = weights.mark, time.perf_counter()
-            done = self.overlap.take(self.step) if self.overlap else self.sample()
+            done = (self.overlap or self.partial).take(self.step) if self.overlap or self.partial else self.sample()
             batch = planner.shapes.pad_batch(done.batch(self.policy.moves is not None))
             traj, s = done.traj, done.traj.stats
             self._observe(batch, s.turn_context_len_mean, traj.num_games, prompt_tokens=s.prompt_tokens,

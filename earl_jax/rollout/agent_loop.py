@@ -20,6 +20,10 @@ What keeps the host and the padding off the critical path:
   no game waits; then the tail compacts as above. Games start at different times, so each row draws from
   fold_in(fold_in(rng, the game's own turn), game id) ((turn, id) row ids): the keys of the lock-step loop, and
   the same games.
+- a token budget (`token_budget`, partial rollouts): once the answers reach it and some GRPO group has ended, no game
+  starts another turn; the games still playing are returned unfinished (`Trajectories.unfinished`), and a later call
+  continues them (`carried`: `Carried`) in the same env rows, first in its pool, each game's cache prefilled again
+  from its tokens and its keys by its own turn, as a pool's.
 
 The policy may be the model (rollout/policy.py) or a policy without one (rollout/host_policies.py: random legal moves,
 a text task's own answers, the expert games' expert), and a turn hook sees every step (`Turn`: the games, their
@@ -44,6 +48,7 @@ import tokenizers
 
 from earl_jax.envs.vector.codec import ObservationCodec
 from earl_jax.rollout.episodes import (  # noqa: F401
+    Carried,
     Decoded,
     Policy,
     RolloutStats,
@@ -68,12 +73,13 @@ class PlayConfig:
     # a row from the start; fewer: a finished game's row takes the next waiting game (module docstring)
     slots: int = 0
     whole_answers: bool = False  # an answer its budget cut ends its game, unwritten (the format warm-up's games)
+    token_budget: int = 0  # answer tokens after which no game starts a turn once a group has ended (0: no budget)
 
     def __post_init__(self):
         if self.pipeline_groups < 1 or self.min_batch < 1:
             raise ValueError(f"PlayConfig: pipeline_groups and min_batch must be >= 1, got {self}")
-        if self.slots < 0:
-            raise ValueError(f"PlayConfig: slots must be >= 0, got {self.slots}")
+        if self.slots < 0 or self.token_budget < 0:
+            raise ValueError(f"PlayConfig: slots and token_budget must be >= 0, got {self}")
 
 
 @dataclasses.dataclass
@@ -99,8 +105,8 @@ def _turn_keys(rng: jax.Array, turns: int) -> tuple[jax.Array, ...]:
 def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizers.Tokenizer, cfg: PlayConfig,
                rng: jax.Array | None, seeds: Sequence[int], group_ids: Sequence[int] | None = None,
                bos_id: int | None = None, codec: ObservationCodec | None = None, game_offset: int = 0,
-               interrupt: Callable[[], None] | None = None, hook: Callable[[Turn], None] | None = None
-               ) -> Trajectories:
+               interrupt: Callable[[], None] | None = None, hook: Callable[[Turn], None] | None = None,
+               carried: Carried | None = None) -> Trajectories:
     """Play one game per row of the vector env `env` (`envs.vector.make_vector_env`) to its end (or a budget).
 
     `seeds[i]` resets game i: games of one GRPO group share a seed, so they start from the same position
@@ -109,16 +115,19 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
     larger batch whose other games are played elsewhere (rollout/process_split.py): a game samples by its id.
     `interrupt()` runs before every turn's host step: it raises to abandon the rollout (a stop signal).
     `rng` None: policies that draw no JAX key (host policies). `hook(turn)` runs after the reset and after every
-    env step (`Turn`)."""
+    env step (`Turn`). `carried`: games an earlier call stopped at its token budget, in their rows of `env` (not
+    reset; `seeds` and `group_ids` as the earlier call had them); `group_ids` name the groups the budget waits for."""
     policies = [policy] if not isinstance(policy, (list, tuple)) else list(policy)
     n = len(seeds)
     if n != env.num_games:
         raise ValueError(f"{n} seeds for an env of {env.num_games} games")
     if n % len(policies):
         raise ValueError(f"{n} games do not split into {len(policies)} pipeline groups")
-    pool = 0 < cfg.slots < n
-    if pool and (cfg.slots % len(policies) or (cfg.slots // len(policies)) % cfg.min_batch):
-        raise ValueError(f"slots={cfg.slots} do not split into {len(policies)} pipeline groups of a multiple of "
+    # carried games continue at their own turns: a pool's path, with a row for every game unless slots are fewer
+    pool = 0 < cfg.slots < n or carried is not None
+    pool_size = cfg.slots if 0 < cfg.slots < n else n
+    if pool and (pool_size % len(policies) or (pool_size // len(policies)) % cfg.min_batch):
+        raise ValueError(f"slots={pool_size} do not split into {len(policies)} pipeline groups of a multiple of "
                          f"min_batch={cfg.min_batch} rows")
     codec = codec or ObservationCodec(tokenizer)
     t_start = time.perf_counter()
@@ -128,30 +137,38 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
     legal = None  # constrained moves: every game's legal moves now
 
     t0 = time.perf_counter()
-    first = env.reset(list(map(int, seeds)))
+    new_games = np.arange(n) if carried is None else np.setdiff1d(np.arange(n), carried.games)
+    # a carried game is not reset: its env row goes on (other envs take no rows=)
+    first = (env.reset(list(map(int, seeds))) if carried is None else
+             env.reset([int(seeds[i]) for i in new_games.tolist()], rows=new_games))
     ids, counts = codec.encode_padded(first.obs)
     if bos_id is not None:
-        ids, counts = np.concatenate([np.full((n, 1), bos_id, np.int32), ids], 1), counts + 1
+        ids, counts = np.concatenate([np.full((len(new_games), 1), bos_id, np.int32), ids], 1), counts + 1
     env_s += time.perf_counter() - t0
-    if counts.max() + 1 > cfg.max_context:
+    if counts.max(initial=0) + 1 > cfg.max_context:
         raise ValueError(f"the first observation is {int(counts.max())} tokens: "
                          f"more than max_context={cfg.max_context}")
     ep = _Episodes(n, cfg.max_turns)
-    ep.append(np.arange(n), ids, counts, False)
-    ep.finish(live, np.arange(n), first)  # games over at reset (possible only in odd games)
+    ep.append(new_games, ids, counts, False)
+    ep.finish(live, new_games, first)  # games over at reset (possible only in odd games)
     if hook is not None:
-        hook(Turn(np.arange(n), first))
+        hook(Turn(new_games, first))
     if cfg.constrain_moves or any(getattr(p, "reads_legal", False) for p in policies):
         if getattr(env, "num_actions", None) is None:
             raise ValueError("constrained moves need an env that knows its number of actions (env.num_actions)")
         legal = _legal_moves(first, env.num_actions)
+    # a pool's games without a row, as a stack (the next last): carried ones first, their first extend their history
+    waiting: list[int] = np.flatnonzero(live)[::-1].tolist() if pool else []
+    if carried is not None:
+        ids, counts, legal = _carry_in(ep, live, carried, new_games, ids, counts, legal)
+        waiting = np.concatenate([carried.games[carried.live], new_games[live[new_games]]])[::-1].tolist()
     prompt_tokens = int(counts.max())
     first_cache_len = min(cfg.max_context, prompt_tokens + cfg.max_turn_tokens)
     observation_tokens = 0  # widest later extend: with the prompt's, what the selector's rollout memory estimate needs
 
     busy_rows = pool_rows = pool_busy = 0  # rows decoding a game; a pool's decode rows and busy rows while games wait
+    answer_tokens, stopped = 0, False  # answer tokens so far; whether the token budget ended the rollout
     groups = []
-    waiting: list[int] = []  # a pool's games without a row yet, as a stack (the next game last)
     first_ids, first_counts = ids, counts  # every game's first observation (a pool extends it when the game starts)
     if not pool:
         size = n // len(policies)
@@ -161,8 +178,7 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
             pol.extend(ids[games], counts[games])
             groups.append(_Group(pol, games, first_batch=len(games)))
     else:  # each group's rows take the next waiting games (not those over at reset): the queue is shared
-        size = cfg.slots // len(policies)
-        waiting = np.flatnonzero(live)[::-1].tolist()
+        size = pool_size // len(policies)
         for pol in policies:
             games = np.full(size, -1, np.int64)
             take = [waiting.pop() for _ in range(min(size, len(waiting)))]
@@ -185,8 +201,16 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
             turn_keys = _turn_keys(rng, cfg.max_turns)
         return turn_keys[turn]
 
+    def stop() -> bool:
+        """Whether the token budget ends the rollout: the answers reached it and some group has ended."""
+        nonlocal stopped
+        if not stopped and cfg.token_budget and answer_tokens >= cfg.token_budget:
+            group_of = np.unique(np.arange(n) if group_ids is None else group_ids, return_inverse=True)[1]
+            stopped = bool((np.bincount(group_of.reshape(-1), weights=live) == 0).any())
+        return stopped
+
     def issue(g: _Group) -> None:
-        """Start the group's next decode, or retire it when none of its games can go on."""
+        """Start the group's next decode, or retire it when none of its games can go on (or the budget is spent)."""
         nonlocal decode_rows, wait_s, busy_rows, pool_rows, pool_busy
         slots = np.flatnonzero(g.games >= 0)
         games = g.games[slots]
@@ -205,7 +229,7 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         ep.truncated[games[out_of_room]] = True
         live[games[out_of_room]] = False
         going &= ~out_of_room
-        if not going.any():
+        if not going.any() or stop():
             g.fetch = None
             return
         budgets = np.zeros(len(g.games), np.int32)
@@ -237,8 +261,9 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
     def answer(g: _Group, out: Decoded, slots: np.ndarray) -> tuple[np.ndarray, ...]:
         """Write the answers of the group's `slots`, step their games: (the games that go on, their slots, their
         next observations' ids and counts)."""
-        nonlocal env_s
+        nonlocal env_s, answer_tokens
         games = g.games[slots]
+        answer_tokens += int(out.counts[slots].sum())
         scored = None if out.scored is None else out.scored[slots]
         start = ep.length[games]
         last = start + _last_scored(out.counts[slots], scored)  # the turn's reward goes here
@@ -296,7 +321,8 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
             new = np.zeros((len(g.games), ids.shape[1]), np.int32)
             new_counts = np.zeros(len(g.games), np.int32)
             new[cont_slots], new_counts[cont_slots] = ids, counts
-            g.policy.extend(new, new_counts)
+            if not stop():  # no game decodes again: a cache extended now would not be read
+                g.policy.extend(new, new_counts)
         g.turn += 1
         if cfg.compact and not (pool and waiting):  # a pool's rows are refilled while games wait
             _compact(g, live, cfg.min_batch)
@@ -313,12 +339,12 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         ep.truncated[cont_games[over]] = True
         live[cont_games[over]] = False
         cont_slots, obs, obs_counts = cont_slots[~over], obs[~over], obs_counts[~over]
-        free = np.flatnonzero((g.games < 0) | ~live[np.maximum(g.games, 0)])[:len(waiting)]
+        free = np.flatnonzero((g.games < 0) | ~live[np.maximum(g.games, 0)])[:0 if stop() else len(waiting)]
         fresh = np.array([waiting.pop() for _ in range(len(free))], np.int64)
         if len(free):
             g.games[free] = fresh
             g.policy.reset_rows(free)
-        if not len(cont_slots) and not len(free):
+        if (not len(cont_slots) and not len(free)) or stop():
             return
         width = max(obs.shape[1] if len(cont_slots) else 0, first_ids.shape[1] if len(free) else 0)
         new, new_counts = np.zeros((len(g.games), width), np.int32), np.zeros(len(g.games), np.int64)
@@ -340,13 +366,37 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
             wait_s += time.perf_counter() - t0
             advance(g, out)
             issue(g)
-    ep.truncated |= live  # still playing after max_turns
+    if not stopped:
+        ep.truncated |= live  # still playing after max_turns
 
     return ep.trajectories(
         np.arange(n) if group_ids is None else group_ids, t_start, env_s=env_s, wait_s=wait_s,
         decode_rows=decode_rows, prompt_tokens=prompt_tokens, first_cache_len=first_cache_len,
         observation_tokens=observation_tokens, busy_rows=busy_rows,
-        pool_occupancy=pool_busy / pool_rows if pool_rows else None)
+        pool_occupancy=pool_busy / pool_rows if pool_rows else None, answer_tokens=answer_tokens,
+        unfinished=None if not cfg.token_budget else live.copy() if stopped else np.zeros(n, bool),
+        legal=legal if cfg.token_budget else None)
+
+
+def _carry_in(ep: _Episodes, live: np.ndarray, carried: Carried, fresh: np.ndarray, ids: np.ndarray,
+              counts: np.ndarray, legal: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The carried games written into `ep` and `live`; every game's first extend ([n, t] ids and counts: a fresh game's
+    first observation, a carried one's tokens so far) and legal moves."""
+    n, hist = ep.n, carried.episodes
+    ep.carry_in(carried.games, hist)
+    live[carried.games] = carried.live
+    width = max(ids.shape[1], int(hist.lengths.max(initial=0)))
+    all_ids, all_counts = np.zeros((n, width), np.int32), np.zeros(n, np.int64)
+    all_ids[fresh, :ids.shape[1]], all_counts[fresh] = ids, counts
+    w = min(width, hist.tokens.shape[1])
+    all_ids[carried.games, :w], all_counts[carried.games] = hist.tokens[:, :w], hist.lengths
+    if legal is None:
+        return all_ids, all_counts, None
+    if carried.legal is None:
+        raise ValueError("play_games: carried games need their legal moves (Carried.legal) for this policy")
+    all_legal = np.zeros((n, legal.shape[1]), bool)
+    all_legal[fresh], all_legal[carried.games] = legal, carried.legal
+    return all_ids, all_counts, all_legal
 
 
 def _last_scored(counts: np.ndarray, scored: np.ndarray | None) -> np.ndarray:

@@ -56,6 +56,10 @@ class RolloutConfig:
     max_staleness: int = _f(0, "K: the next rollouts run on a background thread while the current batch trains, "
                                "sampled with weights at most K train iterations older than those that train on "
                                "them (rl/overlap.py); 0: one stage after the other, every batch fresh")
+    token_budget: int = _f(0, "partial rollouts: an iteration's rollout ends once its answers reach this many tokens "
+                              "(and some group has finished); the groups whose games all ended train, the others are "
+                              "carried whole into the next iteration's rollout, first in its pool, their episodes "
+                              "continued under the new weights (rl/partial.py); 0: every game plays to its end")
     split_processes: bool = _f(True, "in a multi-process job whose rollout mesh holds a whole model per process, each "
                                      "process plays only its share of the games (rollout/process_split.py)")
 
@@ -75,6 +79,7 @@ class RolloutConfig:
              f"must divide the batch (groups x group_size = {self.groups * self.group_size} games)")
         need(self.slots >= 0, "slots", "must be >= 0 (0: off)")
         need(self.max_staleness >= 0, "max_staleness", "must be >= 0 (0: synchronous)")
+        need(self.token_budget >= 0, "token_budget", "must be >= 0 (0: off)")
         need(self.cache_growth == 0 or self.cache_growth >= 1.5, "cache_growth",
              "must be 0 (default buckets) or >= 1.5")
         try:

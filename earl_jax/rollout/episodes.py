@@ -107,6 +107,7 @@ class RolloutStats:
     gather_s: float = 0.0
     gather_wait_s: float = 0.0
     process_rollout_s: tuple[float, ...] = ()
+    answer_tokens: int = 0  # answer tokens this rollout decoded (what PlayConfig.token_budget counts)
 
 
 @dataclasses.dataclass
@@ -131,10 +132,38 @@ class Trajectories:
     # arrays above hold only the batch's rows `local_rows`; every per-row field holds the whole batch, `spans` too.
     local_rows: slice | None = None
     spans: Int[np.ndarray, " n"] | None = None  # packing.scored_spans of every row of the batch
+    # A token budget (PlayConfig.token_budget): the games it stopped before their end (continued by a later call, as
+    # `Carried`), and every game's legal moves then (where the loop tracked them)
+    unfinished: Bool[np.ndarray, " n"] | None = None
+    legal: Bool[np.ndarray, "n a"] | None = None
+    # rows that hold an episode (None: all); a partial rollout's batch leaves the rows of the groups it carried empty
+    played: Bool[np.ndarray, " n"] | None = None
 
     @property
     def num_games(self) -> int:
         return len(self.lengths)
+
+    def rows(self, rows: Int[np.ndarray, " k"]) -> "Trajectories":
+        """Rows `rows` only, in that order, with the batch's stats (a batch whose token columns are all here)."""
+        if self.local_rows is not None:
+            raise ValueError("Trajectories.rows: a rollout split by process holds only its own token columns")
+        take = {f.name: v[rows] for f in dataclasses.fields(self)
+                if isinstance(v := getattr(self, f.name), np.ndarray)}
+        return dataclasses.replace(self, **take, winners=[self.winners[r] for r in rows.tolist()],
+                                   turn_context_lens=[self.turn_context_lens[r] for r in rows.tolist()])
+
+
+@dataclasses.dataclass(frozen=True)
+class Carried:
+    """Episodes an earlier `play_games` left unfinished at its token budget, with the other games of their groups,
+    for the next call to continue in the same env rows: game games[k] starts from episodes.rows(k) as it stood
+    (tokens, loss mask, log-probs, rewards, turns, outcome), its KV cache prefilled again from those tokens under the
+    next call's policy. A game that had ended (`live` False) only waits for its group."""
+
+    games: Int[np.ndarray, " c"]  # their rows in the next call's batch (their env rows)
+    episodes: Trajectories  # c rows
+    live: Bool[np.ndarray, " c"]
+    legal: Bool[np.ndarray, "c a"] | None = None  # their legal moves (where the loop tracks them)
 
 
 class _Episodes:
@@ -173,6 +202,19 @@ class _Episodes:
                               logp, choices))
         self.length[games] += counts
 
+    def carry_in(self, games: np.ndarray, episodes: Trajectories) -> None:
+        """Games `games` start as `episodes` stands (`Carried`): its rows are kept as one append, not copied."""
+        counts = np.asarray(episodes.lengths, np.int64)
+        self._appends.append((games, np.zeros(len(games), np.int64), episodes.tokens, counts, episodes.loss_mask,
+                              episodes.logprobs, episodes.choices))
+        r, c = np.nonzero(episodes.rewards)  # one entry per (game, position): `+=` stays exact
+        self._rewards.append((games[r], c, episodes.rewards[r, c]))
+        self.length[games], self.turns[games] = counts, episodes.num_turns
+        for g, ctx in zip(games.tolist(), episodes.turn_context_lens):
+            self.turn_ctx[g, :len(ctx)] = ctx
+        self.winner[games] = [NO_WINNER if w is None else WINNERS.index(w) for w in episodes.winners]
+        self.invalid[games], self.truncated[games] = episodes.invalid, episodes.truncated
+
     def finish(self, live: np.ndarray, games: np.ndarray, step) -> None:
         """Record the games `step` ended (a vector-env step of `games`): winner, forfeit, truncation; no longer live."""
         done = step.terminated | step.truncated
@@ -210,9 +252,11 @@ class _Episodes:
             flat["rewards"][games * width + positions] += values
         return out
 
-    def trajectories(self, group_ids: Int[np.ndarray, " n"], started: float, **measured) -> Trajectories:
+    def trajectories(self, group_ids: Int[np.ndarray, " n"], started: float, unfinished: np.ndarray | None = None,
+                     legal: np.ndarray | None = None, **measured) -> Trajectories:
         """The finished episodes as a batch for the experience stage. `started`: the rollout's perf_counter start;
-        `measured`: the other `RolloutStats` fields the loop timed and counted."""
+        `unfinished`, `legal`: a token budget's (`Trajectories`); `measured`: the other `RolloutStats` fields the loop
+        timed and counted."""
         a = self.arrays()
         stats = RolloutStats(
             **episode_stats(self.winner, self.invalid, self.length, self.turn_ctx, self.turns, self.truncated,
@@ -225,7 +269,7 @@ class _Episodes:
             lengths=self.length.astype(np.int32), returns=rewards.sum(1), num_turns=self.turns,
             truncated=self.truncated, group_ids=np.asarray(group_ids, np.int32),
             winners=[None if w == NO_WINNER else WINNERS[w] for w in self.winner.tolist()], invalid=self.invalid,
-            turn_context_lens=_turn_contexts(self.turn_ctx), stats=stats)
+            turn_context_lens=_turn_contexts(self.turn_ctx), stats=stats, unfinished=unfinished, legal=legal)
 
 
 def _turn_contexts(turn_ctx: np.ndarray) -> list[list[int]]:

@@ -1,0 +1,320 @@
+"""Partial rollouts (--rollout.token-budget N): a rollout ends at a token budget, the groups whose games all ended
+train, the others are carried whole into the next rollout and continued there (CPU, 8 fake devices, a tiny model).
+
+In the agent loop: a carried game continues exactly where it stopped (same env row, its cache prefilled again from its
+tokens), first in the next pool. In the trainer: a budget nothing reaches is the run without one, bit for bit; with a
+small one, carried episodes train in a later iteration with each token's version and its sampler log-prob, which the
+old weights reproduce; groups are never split; a resume plays the carried groups again from their start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from earl_jax.cli import ConfigError
+from earl_jax.envs import EnvConfig
+from earl_jax.envs.vector import make_vector_env
+from earl_jax.models.config import ModelConfig
+from earl_jax.models.qwen2 import Qwen2
+from earl_jax.models.tokenizer import game_tokenizer, special_ids
+from earl_jax.rl.partial import PartialRollouts
+from earl_jax.rl.trainer import Trainer
+from earl_jax.rollout.agent_loop import Carried, PlayConfig, play_games
+from earl_jax.rollout.host_policies import ScriptedPolicy
+from earl_jax.rollout.policy import SamplerPolicy
+from earl_jax.rollout.sampler import Sampler, SamplingConfig
+from jobs import job, with_fields
+
+TOK = game_tokenizer()
+IDS = special_ids(TOK)
+N, G = 8, 2  # games, games per group
+GROUPS = np.repeat(np.arange(N // G), G)
+SEEDS = [11 + i // G for i in range(N)]  # a group's games share a start
+CFG = PlayConfig(max_turn_tokens=3, max_turns=12, max_context=512)
+EPISODE = ("tokens", "loss_mask", "rewards", "lengths", "num_turns", "truncated", "invalid")
+
+
+def _lowest_legal(context: str) -> str:
+    return context.rsplit("moves:", 1)[1].split()[0]
+
+
+def _env():
+    return make_vector_env(EnvConfig(game="connect_four", max_retries=1), N)
+
+
+def _same_rows(a, b, rows_a, rows_b=None):
+    rows_b = rows_a if rows_b is None else rows_b
+    for field in EPISODE:
+        x, y = getattr(a, field)[rows_a], getattr(b, field)[rows_b]
+        if x.ndim == 2:
+            w = max(x.shape[1], y.shape[1])
+            x, y = (np.pad(v, ((0, 0), (0, w - v.shape[1]))) for v in (x, y))
+        np.testing.assert_array_equal(x, y, err_msg=field)
+    assert [a.winners[r] for r in rows_a] == [b.winners[r] for r in rows_b]
+    assert [a.turn_context_lens[r] for r in rows_a] == [b.turn_context_lens[r] for r in rows_b]
+
+
+def _carry(part) -> Carried:
+    """The groups `part` left unfinished, whole."""
+    rows = np.flatnonzero(np.isin(GROUPS, GROUPS[part.unfinished]))
+    return Carried(rows, part.rows(rows), part.unfinished[rows], None if part.legal is None else part.legal[rows])
+
+
+class Recorded(ScriptedPolicy):
+    """A scripted policy that records the (turn, game) rows of each decode."""
+
+    def generate(self, budgets, rng, row_ids, legal=None):
+        ids = np.asarray(row_ids)  # [b] ids in lock-step, [b, 2] (turn, id) where games are at their own turns
+        self.decodes.append([tuple(r) if ids.ndim == 2 else r for r, b in zip(ids.tolist(), budgets) if b > 0])
+        return super().generate(budgets, rng, row_ids, legal)
+
+
+def _recorded():
+    policy = Recorded(_lowest_legal, TOK, IDS.eos_id)
+    policy.decodes = []
+    return policy
+
+
+@pytest.mark.parametrize("slots", [0, 4])
+def test_a_carried_game_continues_where_the_budget_stopped_it_first_in_the_next_pool(slots):
+    """Scripted answers (a function of the context): the games played in two calls are the games played in one."""
+    whole = play_games(_recorded(), _env(), TOK, CFG, None, SEEDS, GROUPS, bos_id=IDS.bos_id)
+    cfg = dataclasses.replace(CFG, slots=slots)
+    env = _env()
+    first = play_games(_recorded(), env, TOK, dataclasses.replace(cfg, token_budget=12), None, SEEDS, GROUPS,
+                       bos_id=IDS.bos_id)
+    assert first.unfinished.any() and not first.truncated[first.unfinished].any()
+    ended = np.flatnonzero(~np.isin(GROUPS, GROUPS[first.unfinished]))  # whole groups that ended
+    assert len(ended) and first.stats.answer_tokens >= 12
+    _same_rows(first, whole, ended)
+    carried = _carry(first)
+    policy = _recorded()
+    second = play_games(policy, env, TOK, cfg, None, SEEDS, GROUPS, bos_id=IDS.bos_id, carried=carried)
+    _same_rows(second, whole, np.arange(N))  # the carried games went on in their env rows; the others began anew
+    # the carried games still playing decoded first, each at its own turn: its keys, had the policy drawn any
+    live = carried.games[carried.live]
+    assert policy.decodes[0][:len(live)] == [(int(first.num_turns[g]), int(g)) for g in live]
+    assert second.stats.answer_tokens == int(second.loss_mask.sum() - carried.episodes.loss_mask.sum())
+
+
+def test_a_budget_that_is_never_reached_changes_nothing():
+    whole = play_games(_recorded(), _env(), TOK, CFG, None, SEEDS, GROUPS, bos_id=IDS.bos_id)
+    budget = play_games(_recorded(), _env(), TOK, dataclasses.replace(CFG, token_budget=10**6), None, SEEDS, GROUPS,
+                        bos_id=IDS.bos_id)
+    _same_rows(whole, budget, np.arange(N))
+    assert not budget.unfinished.any() and whole.unfinished is None
+
+
+@pytest.fixture(scope="module")
+def model():
+    cfg = ModelConfig.tiny(vocab_size=TOK.get_vocab_size()).replace(num_hidden_layers=2, hidden_size=64,
+                                                                     intermediate_size=128)
+    graphdef, params = nnx.split(Qwen2(cfg, rngs=nnx.Rngs(0), dtype=jnp.float32))
+    return params, Sampler(graphdef, cfg, cache_dtype=jnp.float32)
+
+
+def test_a_carried_game_sampled_again_from_a_prefilled_cache_draws_the_same_tokens(model):
+    """The model as the policy, the same weights and key in both calls: a carried game's cache, prefilled again from
+    its tokens, gives the next turns the logits the growing cache gave, and its keys are its own turn's."""
+    params, sampler = model
+
+    def play(env, budget=0, carried=None):
+        policy = SamplerPolicy(sampler, params, SamplingConfig(temperature=1.0), (IDS.eos_id,), 3)
+        return play_games(policy, env, TOK, dataclasses.replace(CFG, token_budget=budget), jax.random.key(4), SEEDS,
+                          GROUPS, bos_id=IDS.bos_id, carried=carried)
+
+    whole = play(_env())
+    env = _env()
+    first = play(env, budget=40)
+    assert first.unfinished.any()
+    second = play(env, carried=_carry(first))
+    assert len(set(whole.num_turns.tolist())) > 1
+    _same_rows(second, whole, np.arange(N))
+    np.testing.assert_allclose(second.logprobs[:, :whole.tokens.shape[1]], whole.logprobs, atol=2e-5)
+
+
+# ---- the trainer -----------------------------------------------------------------------------------------------------
+GAME = job(groups=8, group_size=G, run__steps=3, eval__every=0, eval__games=8, checkpoint_every=100,
+           checkpoint_minutes=0, max_turns=20, max_context=512, constrain_moves=True, devices=8,
+           policy_loss="decoupled_ppo", group_seeds="per_game", cache_dtype="float32", token_budget=40,
+           entropy_coef=0.01, filter_constant_groups=False, warmup_steps=0)  # a gradient every iteration
+TASK = with_fields(GAME, env__task="test_token_exact:make_echo_task", constrain_moves=False, max_turn_tokens=5,
+                   max_turns=4, max_context=256, token_budget=24, sft__steps=0)
+
+
+class Spy:
+    """Per iteration: the batch it trained (`Sampled`), the groups it carried out, and its weights (version k)."""
+
+    def __init__(self, monkeypatch):
+        self.done, self.carried, self.weights = [], [], []
+        take = PartialRollouts.take
+
+        def spy_take(partial, step):
+            self.weights.append(jax.tree.map(jnp.copy, partial.t.state.params))  # the train stage donates them
+            done = take(partial, step)
+            self.done.append(done)
+            self.carried.append(partial.carry)
+            return done
+
+        monkeypatch.setattr(PartialRollouts, "take", spy_take)
+
+
+def _scored(trainer, params, batch) -> np.ndarray:
+    """The experience stage's log-probs of `batch`'s tokens under `params`, in the batch's row order."""
+    from earl_jax.rl.packing import scored_spans
+
+    kept, trainer.state.params = trainer.state.params, params
+    try:
+        out = trainer.policy.planner.run("experience",
+                                         lambda run: trainer._experience(run, batch, scored_spans(batch.loss_mask),
+                                                                         None))
+    finally:
+        trainer.state.params = kept
+    old = np.empty(np.shape(out.batch.old_logp), np.float32)
+    old[out.arranged] = np.asarray(out.batch.old_logp)
+    return old
+
+
+def _check_carried_run(trainer, spy, history) -> None:
+    constrained, groups = trainer.policy.moves is not None, trainer.cfg.rollout.groups
+    later = 0  # carried groups that trained in a later iteration
+    for k, (done, record) in enumerate(zip(spy.done, history)):
+        carry, batch, traj = spy.carried[k], done.batch(constrained), done.traj
+        # whole groups: a group's rows all trained or all carried (left empty, after the trained ones)
+        played = np.ones(len(traj.lengths), bool) if traj.played is None else traj.played
+        trained_groups, counts = np.unique(traj.group_ids[played], return_counts=True)
+        assert (counts == G).all() and not played[np.argmin(played):].any()
+        assert not np.isin(traj.group_ids[~played], trained_groups).any() and not batch.loss_mask[~played].any()
+        assert record["rollout/carried_over"] == (0 if carry is None else len(carry.rows))
+        assert record["rollout/trained_groups"] == len(trained_groups) == groups - record["rollout/carried_over"] // G
+        # each scored token's sampler log-prob is what the weights of its version give it, and only those
+        scored = batch.loss_mask
+        for v in np.unique(batch.versions[scored]):
+            at = scored & (batch.versions == v)
+            gap = np.abs(_scored(trainer, spy.weights[v], batch)[at] - batch.sampler_logp[at])
+            assert gap.max() <= 2e-5, (k, v, gap.max())
+            if v < k:  # the newer weights give an older token another log-prob: the versions matter
+                assert np.abs(_scored(trainer, spy.weights[k], batch)[at] - batch.sampler_logp[at]).max() > 1e-3
+        if k == 0 or spy.carried[k - 1] is None:
+            continue
+        before = spy.carried[k - 1]  # groups carried into this iteration: those that trained now kept their tokens
+        for j, row in enumerate(before.rows.tolist()):
+            slot, within = divmod(row, G)
+            if slot not in trained_groups:
+                continue
+            r = np.flatnonzero(traj.group_ids == slot)[within]
+            n = int(before.episodes.lengths[j])
+            np.testing.assert_array_equal(traj.tokens[r, :n], before.episodes.tokens[j, :n])
+            np.testing.assert_array_equal(traj.loss_mask[r, :n], before.episodes.loss_mask[j, :n])
+            np.testing.assert_array_equal(traj.logprobs[r, :n], before.episodes.logprobs[j, :n])
+            mask, versions = batch.loss_mask[r], batch.versions[r]  # older tokens keep their version
+            np.testing.assert_array_equal(versions[:n][mask[:n]], before.versions[j, :n][mask[:n]])
+            assert (versions[n:][mask[n:]] == k).all() and (versions[mask] < k).any()
+            later += bool(before.live[j] and mask[n:].any())
+    assert later, "no carried episode went on in a later iteration"
+    assert max(r["rollout/staleness_max"] for r in history) >= 1
+
+
+@pytest.mark.parametrize("kind", ["game", "task"])
+def test_carried_episodes_train_later_with_the_version_and_log_prob_of_each_token(tmp_path, monkeypatch, kind):
+    spy = Spy(monkeypatch)
+    trainer = Trainer(with_fields(GAME if kind == "game" else TASK, run_dir=str(tmp_path)), log=False)
+    history = trainer.run()
+    assert sum(r["rollout/carried_over"] for r in history) > 0
+    if kind == "task":  # tool results came back mid-episode, some in a later iteration than the call
+        assert sum(r.get("task/tool_calls", 0) for r in history) > 0
+    _check_carried_run(trainer, spy, history)
+
+
+CLOCKED = {f"rollout/{k}" for k in ("env_frac", "wait_frac", "gather_frac", "gather_wait_frac", "process_min_s",
+                                    "process_max_s")}
+
+
+def _compared(record: dict) -> dict:
+    """A record's numbers that do not depend on the clock."""
+    return {k: v for k, v in record.items()
+            if not k.startswith(("time/", "compile/", "throughput/", "memory/")) and k not in CLOCKED}
+
+
+def test_a_budget_nothing_reaches_is_the_run_without_one_bit_for_bit(tmp_path):
+    base = with_fields(GAME, token_budget=0, run__steps=2)
+    plain = Trainer(with_fields(base, run_dir=str(tmp_path / "a")), log=False)
+    budget = Trainer(with_fields(base, token_budget=10**9, run_dir=str(tmp_path / "b")), log=False)
+    want, got = plain.run(), budget.run()
+    assert [r["rollout/carried_over"] for r in got] == [0, 0]
+    assert [_compared(r) for r in want] == [{k: v for k, v in _compared(r).items() if k in _compared(w)}
+                                            for r, w in zip(got, want)]
+    for a, b in zip(jax.tree.leaves(plain.params), jax.tree.leaves(budget.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_resume_plays_the_carried_groups_again_from_their_start(tmp_path, monkeypatch, caplog):
+    """Stopped after iteration 2's rollout (not trained): the checkpoint of step 1 holds what iteration 1 carried."""
+    from earl_jax.rl.game_seeds import rollout_inputs
+
+    cfg = with_fields(GAME, run__steps=2, run_dir=str(tmp_path))
+    spy = Spy(monkeypatch)
+    take = PartialRollouts.take
+
+    def stop_in_iteration_2(partial, step):
+        done = take(partial, step)
+        if step == 1:
+            signal.raise_signal(signal.SIGTERM)
+        return done
+
+    monkeypatch.setattr(PartialRollouts, "take", stop_in_iteration_2)
+    first = Trainer(cfg, log=False)
+    first.run()
+    carry = spy.carried[0]
+    assert first.stopped_by == "SIGTERM" and first.step == 1 and len(spy.done) == 2 and carry is not None
+    plays = []
+    play = Trainer.play
+
+    def spy_play(trainer, env, seeds, *a, **kw):
+        plays.append((list(seeds), kw.get("carried")))
+        return play(trainer, env, seeds, *a, **kw)
+
+    monkeypatch.setattr(Trainer, "play", spy_play)
+    monkeypatch.setattr(PartialRollouts, "take", take)
+    with caplog.at_level(logging.INFO, logger="earl_jax.rl.trainer"):
+        resumed = Trainer(with_fields(cfg, resume=True), log=False)
+    assert f"resume: {len(carry.rows)} game(s) carried at step 1" in caplog.text
+    np.testing.assert_array_equal(resumed.partial.carry.rows, carry.rows)
+    record = resumed.run()[0]
+    assert record["rollout/replayed"] == len(carry.rows)
+    seeds, carried = plays[0]  # in iteration 2 the carried groups began again, in their slots, with iteration 1's seeds
+    started = rollout_inputs(cfg.rollout, cfg.run.seed, 0, cfg.env.agent_player is None)[0]
+    assert carried is None and [seeds[r] for r in carry.rows] == [started[r] for r in carry.rows]
+    now = rollout_inputs(cfg.rollout, cfg.run.seed, 1, cfg.env.agent_player is None)[0]
+    assert [seeds[r] for r in carry.rows] != [now[r] for r in carry.rows]
+
+
+def test_another_env_for_the_next_iteration_plays_the_carried_groups_again(tmp_path):
+    trainer = Trainer(with_fields(GAME, run_dir=str(tmp_path)), log=False)
+    carried = trainer.iteration()["rollout/carried_over"]
+    assert carried > 0
+    trainer.matchmaker._env = None  # as a curriculum promotion does: the next iteration gets a new env
+    assert trainer.iteration()["rollout/replayed"] == carried
+
+
+def test_a_budget_refuses_what_it_cannot_carry_and_warns_once_of_an_uncorrected_loss(caplog):
+    for fields, says in ((dict(max_staleness=1), "--rollout.max-staleness 0"),
+                         (dict(league_size=2), "--curriculum.league-size 0"),
+                         (dict(rehearsal_share=0.25, ladder="random,alphabeta:1"), "--curriculum.rehearsal-share"),
+                         (dict(mix_opponent="alphabeta:1"), "--curriculum.mix-opponent")):
+        with pytest.raises(ConfigError, match=f"--rollout.token-budget: .*{says}"):
+            with_fields(GAME, **fields)
+    with caplog.at_level(logging.WARNING, logger="earl_jax.rl.trainer"):
+        PartialRollouts(SimpleNamespace(cfg=with_fields(GAME, policy_loss="ppo_clip")))
+        PartialRollouts(SimpleNamespace(cfg=GAME))
+    warned = [r for r in caplog.records if "--rollout.token-budget" in r.getMessage()]
+    assert len(warned) == 1 and "decoupled_ppo corrects it" in warned[0].getMessage()
