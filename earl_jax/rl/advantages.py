@@ -14,14 +14,22 @@ ones are at the bottom); `LossConfig(estimator=name)` then runs it.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import Callable, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, Shaped
 
-if TYPE_CHECKING:
-    from earl_jax.rl.losses import LossConfig
+
+class EstimatorOptions(Protocol):
+    """What the estimators read of their config: rl/losses.py's `LossConfig` has these fields (a Protocol, so that
+    this module needs nothing of the losses that use it)."""
+
+    estimator: str
+    adv_eps: float
+    gamma: float
+    between_group_weight: float
+    turn_discount: float
 
 # Nonzero = token the policy generated (bool, int or float).
 TokenMask = Shaped[Array, "n t"]
@@ -265,7 +273,7 @@ class AdvantageInputs(NamedTuple):
 
 
 class Estimator(NamedTuple):
-    fn: Callable[[AdvantageInputs, "LossConfig"], Float[Array, "n t"]]
+    fn: Callable[[AdvantageInputs, EstimatorOptions], Float[Array, "n t"]]
     grouped: bool  # relative to the game's group: the group filter, between-group term and turn discount apply
 
 
@@ -273,7 +281,7 @@ ESTIMATORS: dict[str, Estimator] = {}
 
 
 def register_estimator(name: str, *, grouped: bool) -> Callable:
-    """Register `fn(x: AdvantageInputs, cfg: LossConfig) -> advantages [n, t]` (0 on masked-out tokens) as `name`.
+    """Register `fn(x: AdvantageInputs, cfg: EstimatorOptions) -> advantages [n, t]` (0 on masked-out tokens) as `name`.
 
     grouped=True: advantages are relative to the game's group, so LossConfig's group options (filter_constant_groups,
     between_group_weight, turn_discount) apply and the job needs groups of at least two games. `fn` runs inside
@@ -289,25 +297,25 @@ def register_estimator(name: str, *, grouped: bool) -> Callable:
 
 
 @register_estimator("grpo", grouped=True)
-def grpo(x: AdvantageInputs, cfg: LossConfig) -> Float[Array, "n t"]:
+def grpo(x: AdvantageInputs, cfg: EstimatorOptions) -> Float[Array, "n t"]:
     """GRPO: (R - group mean) / (group std + eps)."""
     return grpo_advantages(x.rewards, x.loss_mask, x.group_ids, x.num_groups, True, cfg.adv_eps)
 
 
 @register_estimator("dr_grpo", grouped=True)
-def dr_grpo(x: AdvantageInputs, cfg: LossConfig) -> Float[Array, "n t"]:
+def dr_grpo(x: AdvantageInputs, cfg: EstimatorOptions) -> Float[Array, "n t"]:
     """Dr. GRPO: R - group mean, no std division (pair with aggregation="seq_mean_token_sum" for the paper's loss)."""
     return grpo_advantages(x.rewards, x.loss_mask, x.group_ids, x.num_groups, False, cfg.adv_eps)
 
 
 @register_estimator("rloo", grouped=True)
-def rloo(x: AdvantageInputs, cfg: LossConfig) -> Float[Array, "n t"]:
+def rloo(x: AdvantageInputs, cfg: EstimatorOptions) -> Float[Array, "n t"]:
     """RLOO: R - mean of the other group members' returns."""
     return rloo_advantages(x.rewards, x.loss_mask, x.group_ids, x.num_groups)
 
 
 @register_estimator("reinforce_pp", grouped=False)
-def reinforce_pp(x: AdvantageInputs, cfg: LossConfig) -> Float[Array, "n t"]:
+def reinforce_pp(x: AdvantageInputs, cfg: EstimatorOptions) -> Float[Array, "n t"]:
     """REINFORCE++: returns-to-go discounted by cfg.gamma per generated token, whitened over the batch."""
     return reinforce_pp_advantages(x.rewards, x.loss_mask, cfg.gamma, cfg.adv_eps)
 
@@ -318,7 +326,7 @@ def compute_advantages(
     loss_mask: TokenMask,
     group_ids: Int[Array, " n"],
     num_groups: int,
-    cfg: LossConfig,
+    cfg: EstimatorOptions,
     *,
     old_logp: Float[Array, "n t"] | None = None,
     ref_logp: Float[Array, "n t"] | None = None,
