@@ -145,7 +145,7 @@ def gather_trajectories(local: Trajectories) -> Trajectories:
     time: its own games, then the gather (`gather_s`), which waits for the slowest process (`gather_wait_s`)
     and moves the data; `process_rollout_s` holds every process's own time. `env_s` and `wait_s` are the
     processes' means (their fractions of `rollout_s` stay comparable with one process), `decode_rows`, `busy_rows` and
-    the blunder counts are sums (a pool's occupancy is this process's), the prompt / observation widths maxima."""
+    the blunder and answer-token counts are sums (a pool's occupancy is this process's), the prompt / observation widths maxima."""
     t0 = time.perf_counter()
     s = local.stats
     turns = max(max((len(t) for t in local.turn_context_lens), default=0), 1)
@@ -153,7 +153,7 @@ def gather_trajectories(local: Trajectories) -> Trajectories:
     blunders = round((s.blunder_rate or 0.0) * judged)
     micro = [round(getattr(s, k) * 1e6) for k in _TIMES]  # int32 microseconds: up to ~35 minutes
     rows = gather_ints(local.tokens.shape[1], turns, s.decode_rows, s.prompt_tokens, s.first_cache_len,
-                       s.observation_tokens, judged, blunders, *micro, s.busy_rows)
+                       s.observation_tokens, judged, blunders, *micro, s.busy_rows, s.answer_tokens)
     t_synced = time.perf_counter()  # every process has finished its games
     width = max(r[0] for r in rows)  # the widest game's width, as play_games returns it
     # rounded up: process_allgather compiles a program per shape (a new one every iteration cost ~1 s on 4 H100s)
@@ -177,10 +177,10 @@ def gather_trajectories(local: Trajectories) -> Trajectories:
         env_s=float(times[:, 0].mean()), wait_s=float(times[:, 1].mean()),
         rollout_s=s.rollout_s + gather_s, gather_s=gather_s, gather_wait_s=t_synced - t0,
         process_rollout_s=tuple(times[:, 2].tolist()),
-        decode_rows=sum(r[2] for r in rows), busy_rows=sum(r[-1] for r in rows), prompt_tokens=max(r[3] for r in rows),
+        decode_rows=sum(r[2] for r in rows), busy_rows=sum(r[-2] for r in rows), prompt_tokens=max(r[3] for r in rows),
         first_cache_len=max(r[4] for r in rows), observation_tokens=max(r[5] for r in rows),
         blunder_rate=total_blunders / total_judged if total_judged else None, judged=total_judged,
-        pool_occupancy=s.pool_occupancy)
+        pool_occupancy=s.pool_occupancy, answer_tokens=sum(r[-1] for r in rows))
     start = jax.process_index() * local.num_games  # process_block gives every process an equal share
     return Trajectories(
         **{k: np.pad(getattr(local, k), ((0, 0), (0, width - local.tokens.shape[1]))) for k in _COLS},
