@@ -20,10 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load(name: str):
-    """A script from experiments/ (the paper's figures) or experiments/benchmarks/ (the rest)."""
-    path = ROOT / "experiments" / f"{name}.py"
-    if not path.exists():
-        path = ROOT / "experiments" / "benchmarks" / f"{name}.py"
+    """A script from experiments/ (the paper's figures), experiments/benchmarks/ or experiments/lab/ (probes)."""
+    path = next(p for d in ("", "benchmarks", "lab") if (p := ROOT / "experiments" / d / f"{name}.py").exists())
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

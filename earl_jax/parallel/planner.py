@@ -188,7 +188,7 @@ class StageRun:
 # of temp against 3.8 on one device: the scheduler moves work early to overlap the gradient all-reduces and
 # keeps activations alive for it, sized to the whole device's memory rather than to the stage's share, which
 # the memory model cannot see (the 4-H100 pod run's train stage asked for 50 GiB and ran out of memory). Off:
-# 3.85 GiB, the one-device plan (experiments/benchmarks/probe_train_collectives.py). The rollout keeps it:
+# 3.85 GiB, the one-device plan (experiments/lab/probe_train_collectives.py). The rollout keeps it:
 # its memory is the cache, an argument. EARL_XLA_LHS=1 keeps the scheduler everywhere.
 NO_LATENCY_HIDING = {"xla_gpu_enable_latency_hiding_scheduler": False}
 

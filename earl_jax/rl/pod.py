@@ -47,7 +47,7 @@ GAMES_PER_DEVICE = 16
 GROUP_SIZE = 8
 # rollout_cache_growth 4: the cold first iteration on 4 H100s was 122 s of decode compiles (one program per batch x
 # cache size as games grow); KV sizes 512, 2048, 8192 compile 16 sampler programs for the first evaluation and
-# iteration of this job where the default sizes compile 33 (experiments/benchmarks/count_decode_programs.py), at up
+# iteration of this job where the default sizes compile 33 (experiments/lab/count_decode_programs.py), at up
 # to 4x padded decode attention.
 # Free-text answers (constrain_moves off): the pod job is EARL's setting, whose contexts grow with the answers.
 RANDOM_INIT = {("env", "prompt_style"): "compact", ("rollout", "max_turn_tokens"): 8, ("rollout", "max_context"): 4096,

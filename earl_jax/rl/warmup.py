@@ -29,7 +29,7 @@ def random_legal_games(env: Any, tokenizer: tokenizers.Tokenizer, seeds: Sequenc
                        ) -> tuple[Int[np.ndarray, "n t"], Bool[np.ndarray, "n t"], Int[np.ndarray, " n"]]:
     """One game per row of the vector env `env`: token ids (right-padded with 0), a mask on the answers, and
     each game's length. `choose(env, rows, legal)`: the moves of games `rows` (default: uniform among `legal`;
-    experiments/benchmarks/ttt_imitation_check.py passes the solver's). A text task's rows answer with their
+    experiments/lab/ttt_imitation_check.py passes the solver's). A text task's rows answer with their
     expert's texts (`expert_answer()`, its demonstrations), or with `task_answers="format"` answers drawn from its
     action_space (`format_answer()`: the format, not the answer). An answer that does not fit in `max_context` ends
     its game."""

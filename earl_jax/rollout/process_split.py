@@ -144,8 +144,9 @@ def gather_trajectories(local: Trajectories) -> Trajectories:
     Outcomes, lengths and token counts are recomputed from the whole batch. `rollout_s` is this process's wall
     time: its own games, then the gather (`gather_s`), which waits for the slowest process (`gather_wait_s`)
     and moves the data; `process_rollout_s` holds every process's own time. `env_s` and `wait_s` are the
-    processes' means (their fractions of `rollout_s` stay comparable with one process), `decode_rows`, `busy_rows` and
-    the blunder and answer-token counts are sums (a pool's occupancy is this process's), the prompt / observation widths maxima."""
+    processes' means (their fractions of `rollout_s` stay comparable with one process), `decode_rows`, `busy_rows`,
+    the blunder and the answer-token counts are sums (a pool's occupancy is this process's), the prompt / observation
+    widths maxima."""
     t0 = time.perf_counter()
     s = local.stats
     turns = max(max((len(t) for t in local.turn_context_lens), default=0), 1)

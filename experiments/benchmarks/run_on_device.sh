@@ -336,7 +336,7 @@ cmd_connect4() {
   fi
   if [ "$names" != "a b" ]; then (cd "$OUT" && tar czf /tmp/runs.tgz $names device.txt && rm -rf $names device.txt \
     && mv /tmp/runs.tgz .); fi  # few files come back from a call: one archive
-  echo "then: python experiments/benchmarks/summarize_connect4_gpu_ab.py OUT_DIR --labels ..."
+  echo "then: python experiments/lab/summarize_connect4_gpu_ab.py OUT_DIR --labels ..."
 }
 
 sub=${1:-}; shift || true

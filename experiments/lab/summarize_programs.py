@@ -1,7 +1,7 @@
 """The bounded-programs check of `run_on_device.sh programs` as one JSON and PNG: per iteration of the pod preset, the
 seconds, the foreground compile seconds and the seconds spent waiting for programs compiling in the background.
 
-    python experiments/benchmarks/summarize_programs.py --run LABEL DIR [--run LABEL DIR ...] --device nvidia_h200
+    python experiments/lab/summarize_programs.py --run LABEL DIR [--run LABEL DIR ...] --device nvidia_h200
 
 Each DIR holds pod_cold.jsonl and pod_warm.jsonl (the run folders' metrics.jsonl) and programs.txt (the call's output).
 """

@@ -11,8 +11,8 @@ Two checks beside experiments/ttt_imitation_check.py (which runs the format warm
                is d1 (read one fixed position), --task set: any of the five, uniformly (best loss ln 5 = 1.61,
                the kind of target the solver's best set gives).
 
-    python experiments/benchmarks/ttt_learning_speed.py turns --lr 1e-3 --steps 60
-    python experiments/benchmarks/ttt_learning_speed.py synthetic --task set --lr 1e-3 --steps 150
+    python experiments/lab/ttt_learning_speed.py turns --lr 1e-3 --steps 60
+    python experiments/lab/ttt_learning_speed.py synthetic --task set --lr 1e-3 --steps 150
 
 Probes of the plateau (learning notes 16), each a change to the tiny model or its optimiser, monkeypatched here
 (teacher-forced forward only): --qk-norm (RMSNorm on each head's q and k, as Qwen3), --attn-scale (attention logits
@@ -21,7 +21,7 @@ none), --logit-scale (output logits times this), --embed-mult (input embeddings 
 the tiny preset, e.g. num_hidden_layers=2,hidden_size=256), --init-scale (multiply the initial parameters of these
 names, e.g. o_nhd=0,down_fd=0), --b2/--eps/--warmup/--embed-lr-mult (Adam), --seed.
 
-    python experiments/benchmarks/ttt_learning_speed.py synthetic --task set --lr 3e-4 --steps 150 --log-every 5 \
+    python experiments/lab/ttt_learning_speed.py synthetic --task set --lr 3e-4 --steps 150 --log-every 5 \
         --logit-scale 8
 """
 

@@ -2,11 +2,11 @@
 runs it) against the memory model's estimate, per layer count, tokens and remat: the temp bytes XLA assigns
 (compile only, nothing runs).
 
-    python experiments/benchmarks/probe_train_memory.py                 # this machine's first device, 2 and 4 layers
-    python experiments/benchmarks/probe_train_memory.py --full  # all 28 layers at 16 and 4 rows x 2048 (printed)
-    python experiments/benchmarks/probe_train_memory.py --mesh d2f1t1 4 32 2048   # one case on a train mesh (printed);
+    python experiments/lab/probe_train_memory.py                 # this machine's first device, 2 and 4 layers
+    python experiments/lab/probe_train_memory.py --full  # all 28 layers at 16 and 4 rows x 2048 (printed)
+    python experiments/lab/probe_train_memory.py --mesh d2f1t1 4 32 2048   # one case on a train mesh (printed);
     EARL_PER_SHARD_CUDNN=0 ...                                          # cuDNN attention left to XLA's partitioner
-    JAX_PLATFORMS=cpu python experiments/benchmarks/probe_train_memory.py
+    JAX_PLATFORMS=cpu python experiments/lab/probe_train_memory.py
 
 Why: on 4 H100s a 1.5B train step planned at 16 rows x 2048 tokens per device (estimate ~31 GiB) asked XLA for a
 50 GiB temp buffer and ran out of memory; the slope of temp over layers and tokens says what is kept per layer.

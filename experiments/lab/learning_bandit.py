@@ -5,7 +5,7 @@ it is the digit k, `miss` for another digit, -1 for anything else. Used to sweep
 size quickly (docs/learning.md, "What limits the tiny model"); tests/test_learning.py runs the Trainer-level probe.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=1 taskset -c 1 \\
-        python experiments/benchmarks/learning_bandit.py K=10 lr=1e-3 B=16 G=8 steps=300
+        python experiments/lab/learning_bandit.py K=10 lr=1e-3 B=16 G=8 steps=300
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ steady) into
 experiments/results/compile_ahead_<device>.{json,png}: the cold first iterations, and per iteration of the 512-game
 job the rollout seconds and the programs compiled in the foreground, without and with compiling ahead.
 
-    python experiments/benchmarks/summarize_compile_ahead.py --first DIR_OF_CALL_1 --steady DIR_OF_CALL_2 \
+    python experiments/lab/summarize_compile_ahead.py --first DIR_OF_CALL_1 --steady DIR_OF_CALL_2 \
         --device nvidia_h100x2
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "experiments" / "benchmarks"))  # summarize_steady.py beside it
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # summarize_steady.py beside it
 
 from summarize_steady import per_iteration_bars  # noqa: E402
 

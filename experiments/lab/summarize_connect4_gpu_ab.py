@@ -2,7 +2,7 @@
 each, one device call) into one JSON (summarize_connect4_gpu.summarize per run) and a PNG of both curves.
 `--reference RESULT.json LABEL` draws a run of an earlier result beside them (its evaluation points only).
 
-    python experiments/benchmarks/summarize_connect4_gpu_ab.py OUT_DIR --labels "shared seeds" "per-game seeds" \
+    python experiments/lab/summarize_connect4_gpu_ab.py OUT_DIR --labels "shared seeds" "per-game seeds" \
         --what "--rollout.group-seeds shared vs per_game" \
         --out experiments/results/connect4_gpu_group_seeds_nvidia_h100x2
 """

@@ -1,6 +1,6 @@
 """The selector sweep's result file from its trial folders (issue 12 item 5): JSON + PNG.
 
-    python experiments/benchmarks/sweep_table.py /tmp/sw1 /tmp/sw2 --device nvidia_h100x4
+    python experiments/lab/sweep_table.py /tmp/sw1 /tmp/sw2 --device nvidia_h100x4
 
 Each folder is a `sweep.py --out` folder (or the trials.tgz of `run_on_device.sh sweep` unpacked): trial.json per
 trial (parameters, status) and the trial's metrics.jsonl. A trial found in several folders keeps its last run.

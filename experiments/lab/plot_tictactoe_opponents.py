@@ -3,7 +3,7 @@ random (non-loss) and against the solver (draws) of the default run (random oppo
 half or three quarters of the groups against the solver (`--curriculum.mix-opponent`, the latter also with
 `--env.blunder-penalty 0.5`), with the 512-game evaluation after each run as a marker.
 
-    python experiments/benchmarks/plot_tictactoe_opponents.py   # -> experiments/results/tictactoe_cpu_opponents.png
+    python experiments/lab/plot_tictactoe_opponents.py   # -> experiments/results/tictactoe_cpu_opponents.png
 
 Reads experiments/results/tictactoe_cpu_default.json and tictactoe_cpu_ablations.json (runs `vs_solver`,
 `mix_solver_half`, `mix_solver_three_quarters`, `vs_solver_mix_random_quarter_blunder`); docs/learning.md

@@ -2,10 +2,10 @@
 the collectives XLA put into one micro-batch step (`rl.stages.take_micro` + `micro_grad`, as rl/packing.py runs
 it) and the largest buffers it assigned.
 
-    python experiments/benchmarks/probe_train_collectives.py d1f1t1 4 16 2048 d2f1t1 4 32 2048  # pairs: mesh layers
+    python experiments/lab/probe_train_collectives.py d1f1t1 4 16 2048 d2f1t1 4 32 2048  # pairs: mesh layers
                                                                                                  # rows t
     XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu \
-        python experiments/benchmarks/probe_train_collectives.py d4f1t1 2 8 512
+        python experiments/lab/probe_train_collectives.py d4f1t1 2 8 512
 
 Compile only (nothing runs), with the options the planner gives the train stage (`stage_compiler_options`;
 EARL_XLA_LHS=1 for XLA's defaults). Prints one JSON line per case: XLA's temp bytes, the collectives by kind and

@@ -1,7 +1,7 @@
 """How many sampler programs (init, grow, take, extend, generate) the first evaluation and the first RL iteration
 of the pod-shaped job compile, with the default KV cache sizes and with --rollout.cache-growth 4.
 
-    python experiments/benchmarks/count_decode_programs.py  # CPU, 4 fake devices, tiny model (counts do not depend on
+    python experiments/lab/count_decode_programs.py  # CPU, 4 fake devices, tiny model (counts do not depend on
                                                             # size)
 
 Compact prompts, 8-token answers, max context 4096, 64 games: the pod preset's rollout shape. Writes

@@ -1,7 +1,7 @@
 """Per-iteration seconds of two side-by-side runs of `run_on_device.sh steady` (A, B) ->
 experiments/results/<name>.{json,png}.
 
-    python experiments/benchmarks/summarize_steady.py DIR --name steady_packing_nvidia_h100x2 --a "label of A" \
+    python experiments/lab/summarize_steady.py DIR --name steady_packing_nvidia_h100x2 --a "label of A" \
         --b "label of B"
 """
 from __future__ import annotations

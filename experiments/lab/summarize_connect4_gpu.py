@@ -1,6 +1,6 @@
 """Summarize the issue-14 GPU run (`run_on_device.sh connect4 MINUTES` with ONLY_A=1) into a JSON file and a PNG plot.
 
-    python experiments/benchmarks/summarize_connect4_gpu.py runs/connect4-gpu \
+    python experiments/lab/summarize_connect4_gpu.py runs/connect4-gpu \
         --device "NVIDIA H100 80GB HBM3" --out experiments/results/connect4_gpu_nvidia_h100
 
 Reads <run>/metrics.jsonl (one record per iteration; step 0 is the format warm-up's evaluation) and

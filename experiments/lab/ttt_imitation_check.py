@@ -7,7 +7,7 @@ agent's moves drawn uniformly among the SOLVER's best moves instead of among all
 same model, prompts and opponent as `python experiments/tictactoe.py`; then greedy games against random and the
 solver. A diagnostic, not a training recipe: it imitates the solver, so it says nothing about what RL learns.
 
-    python experiments/benchmarks/ttt_imitation_check.py --steps 30 150 --games 64 --eval-games 512
+    python experiments/lab/ttt_imitation_check.py --steps 30 150 --games 64 --eval-games 512
 """
 
 from __future__ import annotations

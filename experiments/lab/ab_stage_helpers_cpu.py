@@ -4,8 +4,8 @@ lowered in the foreground (`compile/lowered`, `compile/slowest`) and those submi
 the runs recorded in the result file (`--against`). Compile seconds are not comparable (a run finds the persistent
 cache an earlier one left); the counts are.
 
-    python experiments/benchmarks/ab_stage_helpers_cpu.py                    # run this checkout, add it to the file
-    python experiments/benchmarks/ab_stage_helpers_cpu.py --summarize /tmp/helpers_run  # a run folder made earlier
+    python experiments/lab/ab_stage_helpers_cpu.py                    # run this checkout, add it to the file
+    python experiments/lab/ab_stage_helpers_cpu.py --summarize /tmp/helpers_run  # a run folder made earlier
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ weights are made: the model is abstract (`nnx.eval_shape`), so this runs on the 
 are what a warm start still pays (the compile cache saves only XLA's compile): on 4 H100s tracing this program for
 Qwen2.5-1.5B took 8.7 s of a warm start (docs/results.md, "Start-up").
 
-    python experiments/benchmarks/trace_time.py [--model qwen2.5-1.5b] [--rows 8] [--width 1536] [--repeats 3]
+    python experiments/lab/trace_time.py [--model qwen2.5-1.5b] [--rows 8] [--width 1536] [--repeats 3]
 
 Appends a run to experiments/results/trace_time_<backend>.json (medians over fresh traces of each variant, alternated).
 """
