@@ -3,7 +3,7 @@
     python experiments/connect4.py                          # embedded default: CPU, tiny model, random opponent
     python experiments/connect4.py --help                   # every field, grouped by component
     python experiments/connect4.py --preset gpu             # one GPU, 15 minutes (configs/connect4/gpu.toml)
-    python experiments/connect4.py --preset pod             # GPUs: the largest model that fits them (rl/pod.py)
+    python experiments/connect4.py --preset pod             # GPUs: the largest model that fits them (rl/job/pod.py)
     python experiments/connect4.py --preset qwen0.5b --model.hf-checkpoint /path/to/Qwen2.5-0.5B-Instruct
     python experiments/connect4.py --config my.toml --rollout.temperature 0.7
 
@@ -20,6 +20,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 CONFIGS = Path(__file__).resolve().parent / "configs" / "connect4"
 
 if __name__ == "__main__":
-    from earl_jax.rl.job import main
+    from earl_jax.rl.job.entry import main
 
     sys.exit(main(name="connect4", configs=CONFIGS, description=__doc__))

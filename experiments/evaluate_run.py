@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 def load_run_config(run_dir: Path, paths: dict | None = None):
     """The JobConfig a run was started with (its config.json), with `paths` ({(section, field): value}) set."""
     from earl_jax.cli import ConfigError, replace_paths
-    from earl_jax.rl.config import JobConfig, OldRunConfig
+    from earl_jax.rl.job.job_config import JobConfig, OldRunConfig
 
     path = run_dir / "config.json"
     if not path.is_file():
@@ -55,8 +55,8 @@ def load_base_config(folder: Path, paths: dict):
 
     from earl_jax.cli import replace_paths
     from earl_jax.models.export import read_base_info
-    from earl_jax.rl.job import parse_job
-    from earl_jax.rl.validate import apply_base
+    from earl_jax.rl.job.entry import parse_job
+    from earl_jax.rl.job.validate import apply_base
 
     game = read_base_info(folder)["game"]
     configs = {"connect_four": "connect4", "tic_tac_toe": "tictactoe"}[game]
@@ -67,7 +67,7 @@ def load_base_config(folder: Path, paths: dict):
 
 
 def evaluate_run(run_dir: Path, opponents: tuple[str, ...], games: int) -> dict:
-    from earl_jax.rl.trainer import Trainer
+    from earl_jax.rl.loop.trainer import Trainer
 
     paths = {("eval", "opponents"): opponents, ("eval", "games"): games, ("run", "wandb_mode"): "disabled",
              ("run", "progress"): False}

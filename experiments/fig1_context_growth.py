@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a clone: no install needed
 
 from earl_jax.parallel.profile import device_slug  # noqa: E402
-from earl_jax.rl.metrics import read_metrics  # noqa: E402
+from earl_jax.rl.loop.metrics import read_metrics  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory")

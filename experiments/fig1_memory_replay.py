@@ -25,11 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone: no install needed
 
-from earl_jax.models.config import get_config
+from earl_jax.models.model_config import get_config
 from earl_jax.parallel.memory import MemoryConfig, MemoryModel, candidate_meshes
 from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.selector import NoFeasibleLayoutError, ParallelismSelector, SelectorConfig
-from earl_jax.rl.metrics import read_metrics
+from earl_jax.rl.loop.metrics import read_metrics
 
 GiB = 2**30
 

@@ -8,7 +8,7 @@ configuration (one mesh for the whole grid).
     python experiments/fig3_selector_heatmap.py --synthetic
     # from a saved profile table:
     python experiments/fig3_selector_heatmap.py --table experiments/results/profile_72b.json
-    # measuring on this machine's devices (earl_jax.rl.measure.RealMeasure):
+    # measuring on this machine's devices (earl_jax.rl.job.measure.RealMeasure):
     python experiments/fig3_selector_heatmap.py --gpu --remeasure
     # split over device calls: first measurement, then the rest + the second (scoring) measurement, each
     # table saved after every context row; a call cut short is drawn afterwards from its tables, on the CPU:
@@ -44,12 +44,12 @@ if "--small" in sys.argv or os.environ.get("JAX_PLATFORMS", "") == "cpu":
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from earl_jax.models.config import get_config
+from earl_jax.models.model_config import get_config
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel, candidate_meshes
 from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.profile import HUNG, ProfileTable, SyntheticThroughput, device_slug, run_profile
 from earl_jax.parallel.selector import NoFeasibleLayoutError, ParallelismSelector, SelectorConfig
-from earl_jax.rl.measure import RealMeasure, profile_rows
+from earl_jax.rl.job.measure import RealMeasure, profile_rows
 from earl_jax.sharding.mesh import MeshShape
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -74,7 +74,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import adaptivity_summary  # noqa: E402
 from earl_jax.parallel.profile import SCRATCH_OOM  # noqa: E402
-from earl_jax.rollout.config import parse_schedule  # noqa: E402
+from earl_jax.rollout.rollout_config import parse_schedule  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory")  # and SCRATCH_OOM (run_one)
@@ -124,7 +124,7 @@ def probe_devices(env: dict[str, str], count: int) -> dict:
 
 def rollout_meshes(model: str, num_devices: int, batch: int) -> list[str]:
     """Every rollout layout of the model over the devices (fsdp 1) whose data axis divides the batch."""
-    from earl_jax.models.config import get_config
+    from earl_jax.models.model_config import get_config
     from earl_jax.models.tokenizer import game_tokenizer
     from earl_jax.parallel.memory import candidate_meshes
 
@@ -151,7 +151,7 @@ def error_line(output: str) -> str | None:
 def run_one(name: str, flags: list[str], run_dir: Path, budget_s: float, env: dict[str, str],
             schedule: list[tuple[int, int]]) -> dict:
     """One training run in a subprocess, stopped after `budget_s`; how it ended and its per-iteration trace."""
-    from earl_jax.rl.metrics import read_metrics
+    from earl_jax.rl.loop.metrics import read_metrics
 
     cmd = [sys.executable, str(ROOT / "experiments" / "connect4.py"),
            *flags, "--run-dir", str(run_dir)]
@@ -181,7 +181,7 @@ def run_one(name: str, flags: list[str], run_dir: Path, budget_s: float, env: di
 
 def auto_table(result: dict, path: Path) -> Path:
     """The static runs' rollout throughput per phase as a ProfileTable for the auto run (`--planner.table`)."""
-    from earl_jax.models.config import get_config
+    from earl_jax.models.model_config import get_config
     from earl_jax.parallel.profile import ProfileEntry, ProfileTable
     from earl_jax.parallel.selector import DEFAULT_BUCKET_EDGES, SMALL_BUCKET_EDGES
     from earl_jax.sharding.mesh import MeshShape

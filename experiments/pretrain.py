@@ -10,8 +10,8 @@ the rollout limits the transcripts follow. With none, the game's CPU default job
 tiny-cpu.toml): the base then speaks exactly what that job's rollout writes, and the job starts from it with
 `--model.hf-checkpoint DIR`.
 
-Steps: expert games (rl/expert_games.py; deduplicated, split by game into train and held-out), `--sft-steps`
-supervised steps of `--sft-games` games each through the SFT stage (rl/sft.py run_sft, on the planner's "sft"
+Steps: expert games (rl/supervised/expert_games.py; deduplicated, split by game into train and held-out), `--sft-steps`
+supervised steps of `--sft-games` games each through the SFT stage (rl/supervised/sft.py run_sft, on the planner's "sft"
 layout), held-out move accuracy against the expert every `--accuracy-every` steps, greedy games against the game's
 evaluation opponents, then the Hugging Face folder (models/export.py; with --dtype bfloat16 the evaluation and the
 accuracy are of the rounded weights that ship). Writes experiments/results/pretrain_<game><--name>.{json,png}.
@@ -37,7 +37,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from earl_jax.rl.expert_games import (  # noqa: E402
+from earl_jax.rl.supervised.expert_games import (  # noqa: E402
     ExpertGames,
     ExpertSpec,
     concat_games,
@@ -61,8 +61,8 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--solver", type=int, default=0,
                    help="Connect Four: the expert is the near-exact solver, this many thousand nodes a move "
                         "(envs/connect_four_solver.py; 0: alpha-beta at --depth)")
-    p.add_argument("--opening-plies", type=int, default=None, help="random plies opening a game, at most "
-                                                                   "(default: the game's, rl/expert_games.py)")
+    p.add_argument("--opening-plies", type=int, default=None,
+                   help="random plies opening a game, at most (default: the game's, rl/supervised/expert_games.py)")
     p.add_argument("--held-out", type=float, default=0.05, help="share of the games held out for move accuracy")
     p.add_argument("--sft-steps", type=int, default=600, help="supervised steps")
     p.add_argument("--sft-minutes", type=float, default=0.0,
@@ -88,7 +88,7 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                                                                   "games of these settings, else written")
     p.add_argument("--games-from", type=Path, default=None,
                    help=".npz expert games of any prompt style or limits (a --games-cache file), played again in this "
-                        "job's (rl/expert_replay.py): no search")
+                        "job's (rl/supervised/expert_replay.py): no search")
     p.add_argument("--mirror", action="store_true", help="add the mirror image of every train game (not the held-out)")
     p.add_argument("--sft-target", choices=["move", "best"], default="move",
                    help="what an expert turn teaches: the move played, or its set of equally best moves (the "
@@ -98,7 +98,7 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def job_config(args, rest: list[str]):
-    from earl_jax.rl.job import parse_job
+    from earl_jax.rl.job.entry import parse_job
 
     _, opponents = GAMES[args.game]
     defaults = ["--eval.opponents", ",".join(opponents), "--run.wandb-mode", "disabled", "--run.progress", "false",
@@ -143,7 +143,7 @@ def _limits(cfg) -> dict:
 
 def _replayed(args, cfg, tokenizer, ids, limits: dict) -> tuple[ExpertGames, dict]:
     """The games of --games-from, played again in this job's prompt style and limits."""
-    from earl_jax.rl.expert_replay import replay_games
+    from earl_jax.rl.supervised.expert_replay import replay_games
 
     if not args.games_from.exists():
         raise SystemExit(f"pretrain: --games-from {args.games_from}: no such file")
@@ -261,11 +261,11 @@ def main(argv: list[str] | None = None) -> dict:
     from earl_jax.envs.games import get_game
     from earl_jax.models.export import save_pretrained
     from earl_jax.progress import show_progress_logs
-    from earl_jax.rl.evaluation import policy_evaluator
-    from earl_jax.rl.optim import make_optimizer
-    from earl_jax.rl.policy_setup import build_policy
-    from earl_jax.rl.sft import run_sft
-    from earl_jax.rl.train import TrainState
+    from earl_jax.rl.algorithm.optim import make_optimizer
+    from earl_jax.rl.loop.evaluation import policy_evaluator
+    from earl_jax.rl.loop.policy_setup import build_policy
+    from earl_jax.rl.loop.train_stage import TrainState
+    from earl_jax.rl.supervised.sft import run_sft
 
     show_progress_logs(True)
     cfg = job_config(args, rest)
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
     unique = dedup_games(games)
     train, held = split_games(unique, args.held_out, seed=cfg.run.seed)
     if args.mirror:  # after the split: a held-out game's reflection would be a train game seen from the other side
-        from earl_jax.rl.expert_replay import replay_games
+        from earl_jax.rl.supervised.expert_replay import replay_games
 
         mirrored = replay_games(train, cfg.env, policy.tokenizer, eos_id=policy.ids.eos_id,
                                 bos_id=policy.ids.bos_id, mirror=True, **_limits(cfg))

@@ -21,6 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 CONFIGS = Path(__file__).resolve().parent / "configs" / "train"
 
 if __name__ == "__main__":
-    from earl_jax.rl.job import main
+    from earl_jax.rl.job.entry import main
 
     sys.exit(main(name="train", configs=CONFIGS, description=__doc__))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from earl_jax.rl.job import parse_job
+from earl_jax.rl.job.entry import parse_job
 
 # Connect Four with constrained moves and with free text: the two decode paths and the warm-up; Tic-Tac-Toe's rules
 # and the trainer's other paths have their own tests.

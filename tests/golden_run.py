@@ -41,7 +41,7 @@ def main(case: str, run_dir: str, out: str) -> None:
     import numpy as np
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from earl_jax.rl.trainer import Trainer
+    from earl_jax.rl.loop.trainer import Trainer
     from golden_configs import golden_config
 
     trainer = Trainer(golden_config(case, run_dir), log=False)

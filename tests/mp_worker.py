@@ -28,8 +28,8 @@ def dispatch_round_trip(out_path: str) -> None:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
     from earl_jax.distributed import global_to_host, host_to_global
-    from earl_jax.models.config import get_config
     from earl_jax.models.init import init_sharded
+    from earl_jax.models.model_config import get_config
     from earl_jax.parallel.dispatch import Dispatcher
     from earl_jax.sharding.mesh import MeshShape, make_mesh, state_shardings
     from earl_jax.sharding.stages import STAGE_RULES
@@ -120,7 +120,7 @@ def oom_fallback(out_prefix: str) -> None:
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from earl_jax.distributed import global_to_host, host_to_global
-    from earl_jax.models.config import get_config
+    from earl_jax.models.model_config import get_config
     from earl_jax.parallel.memory import GiB, MemoryConfig
     from earl_jax.parallel.plan import ContextStats
     from earl_jax.parallel.planner import run_with_oom_fallback

@@ -1,7 +1,8 @@
 """The padded reference the tests compare the product's stages against: experience and train as ONE program each,
 every micro-batch at the batch's full width (a `fori_loop` over the same micro-batch steps the product runs).
 
-The product (rl/experience.py, rl/train.py through rl/packing.py) runs each micro-batch at its own width as its own
+The product (rl/loop/experience_stage.py, rl/loop/train_stage.py through rl/algorithm/packing.py) runs each
+micro-batch at its own width as its own
 program; tests check it computes the same numbers as this padded computation (test_packing, test_plan_contract).
 """
 
@@ -15,8 +16,8 @@ import optax
 from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
-from earl_jax.rl.losses import LossConfig
-from earl_jax.rl.stages import (
+from earl_jax.rl.algorithm.losses import LossConfig
+from earl_jax.rl.algorithm.micro_steps import (
     ExperienceBatch,
     advantage_step,
     apply_step,

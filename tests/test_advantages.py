@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from earl_jax.rl.advantages import (
+from earl_jax.rl.algorithm.advantages import (
     between_group_advantages,
     compute_advantages,
     discount_by_turn,
@@ -23,7 +23,7 @@ from earl_jax.rl.advantages import (
     rloo_advantages,
     sequence_returns,
 )
-from earl_jax.rl.losses import LossConfig
+from earl_jax.rl.algorithm.losses import LossConfig
 
 # Five games in two groups, not contiguous: ids [0, 1, 0, 1, 1]. T = 6, two turns each:
 # generated tokens at t = 1, 2 (turn 1) and t = 4, 5 (turn 2); t = 0 prompt, t = 3 observation.
@@ -244,7 +244,7 @@ def test_compute_advantages_dispatch_and_jit():
 
 def test_advantages_feed_policy_loss():
     """End to end: GRPO advantages into the loss; on-policy gradient pushes winners' tokens up."""
-    from earl_jax.rl.losses import policy_loss
+    from earl_jax.rl.algorithm.losses import policy_loss
 
     cfg = LossConfig(estimator="grpo")
     adv = compute_advantages(jnp.asarray(REWARDS), jnp.asarray(MASK), jnp.asarray(GROUP_IDS), 2, cfg)

@@ -10,12 +10,12 @@ import pytest
 from flax import nnx
 
 from earl_jax.cli import ConfigError
-from earl_jax.models.config import get_config
 from earl_jax.models.export import save_pretrained
+from earl_jax.models.model_config import get_config
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.models.tokenizer import game_tokenizer
-from earl_jax.rl import job
-from earl_jax.rl.validate import apply_base
+from earl_jax.rl.job import entry as job
+from earl_jax.rl.job.validate import apply_base
 
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 

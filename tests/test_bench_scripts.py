@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from earl_jax.models.config import ModelConfig
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.models.qwen2 import Qwen2
-from earl_jax.rl.logprobs import token_logprobs
+from earl_jax.rl.algorithm.logprobs import token_logprobs
 from earl_jax.sharding.mesh import MeshShape
 
 ROOT = Path(__file__).resolve().parents[1]

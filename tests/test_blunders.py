@@ -117,7 +117,7 @@ def test_blunder_penalty_needs_the_batched_env_and_valid_settings():
 
 
 def test_the_trainer_plays_with_the_penalty_and_logs_the_blunder_rate(tmp_path):
-    from earl_jax.rl.trainer import Trainer
+    from earl_jax.rl.loop.trainer import Trainer
 
     cfg = job(game="tic_tac_toe", run__steps=1, groups=2, group_size=2, max_turns=9, max_context=256,
               prompt_style="compact", constrain_moves=True, blunder_penalty=0.3, sft__steps=0,

@@ -7,8 +7,8 @@ import numpy as np
 
 from earl_jax.parallel.planner import StagePlanner
 from earl_jax.parallel.shapes import ProgramShapes
-from earl_jax.rl.experience import RolloutBatch
-from earl_jax.rl.packing import length_order, micro_batch_plan
+from earl_jax.rl.algorithm.packing import length_order, micro_batch_plan
+from earl_jax.rl.loop.experience_stage import RolloutBatch
 from jobs import job
 
 
@@ -23,7 +23,7 @@ def _shapes(ahead: bool) -> ProgramShapes:
 
 
 def _planner(ahead: bool):
-    from earl_jax.models.config import get_config
+    from earl_jax.models.model_config import get_config
 
     cfg = job(groups=16, group_size=4, devices=4, micro_batch_tokens=1024)
     return StagePlanner.from_config(cfg.planner, get_config("tiny", vocab_size=101), cfg.batch_size,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import jax
 import pytest
 
-from earl_jax.models.config import ModelConfig
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.parallel.memory import MemoryConfig, MemoryModel
-from earl_jax.rl.trainer import Trainer
+from earl_jax.rl.loop.trainer import Trainer
 from earl_jax.rollout.sampler import DEFAULT_CACHE_BUCKETS, geometric_cache_buckets
 from earl_jax.sharding.mesh import MeshShape
 from jobs import job, with_fields

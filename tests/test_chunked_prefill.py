@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from earl_jax.models.config import get_config
+from earl_jax.models.model_config import get_config
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.parallel.memory import MemoryConfig, MemoryModel
 from earl_jax.parallel.plan import RolloutExtends

@@ -9,12 +9,12 @@ import pytest
 from flax import nnx
 
 from earl_jax.compile_cache import count_compiles
-from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import init_sharded
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.parallel.decode_shapes import DecodeShapes
 from earl_jax.parallel.shapes import ProgramShapes
-from earl_jax.rl.trainer import Trainer
+from earl_jax.rl.loop.trainer import Trainer
 from earl_jax.rollout.agent_loop import COMPACT_FACTOR, COMPACT_LEVELS
 from earl_jax.rollout.compile_ahead import CompileAhead
 from earl_jax.rollout.sampler import Sampler
@@ -173,9 +173,9 @@ def test_deferred_widths_of_experience_and_train_are_compiled_ahead():
     import optax
 
     from earl_jax.parallel.planner import ProgramCache, StageLayout, StageRun
-    from earl_jax.rl import stages
-    from earl_jax.rl.losses import LossConfig
-    from earl_jax.rl.packing import grouped_logprobs, grouped_update
+    from earl_jax.rl.algorithm import micro_steps as stages
+    from earl_jax.rl.algorithm.losses import LossConfig
+    from earl_jax.rl.algorithm.packing import grouped_logprobs, grouped_update
     from earl_jax.sharding.stages import STAGE_RULES
 
     shape = MeshShape.parse("d2f1t1")

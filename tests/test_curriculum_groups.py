@@ -12,11 +12,11 @@ import pytest
 from earl_jax.cli import ConfigError
 from earl_jax.envs import EnvConfig
 from earl_jax.envs.vector import make_vector_env
-from earl_jax.rl import job as job_cli
-from earl_jax.rl.evaluation import Evaluator
-from earl_jax.rl.group_plan import plan_groups
-from earl_jax.rl.trainer import Trainer
-from earl_jax.rl.validate import check_job
+from earl_jax.rl.job import entry as job_cli
+from earl_jax.rl.job.validate import check_job
+from earl_jax.rl.loop.evaluation import Evaluator
+from earl_jax.rl.loop.trainer import Trainer
+from earl_jax.rl.matchups.group_plan import plan_groups
 from jobs import job, with_fields
 from test_vector_envs import replay
 

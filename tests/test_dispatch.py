@@ -408,8 +408,8 @@ def test_real_model_state_train_to_rollout(capfd):
     """The trainer's own move: an nnx.State of the Qwen2 model, targets from mesh.state_shardings."""
     from flax import nnx
 
-    from earl_jax.models.config import ModelConfig
     from earl_jax.models.init import init_sharded
+    from earl_jax.models.model_config import ModelConfig
     from earl_jax.sharding.mesh import state_shardings
 
     train_mesh, rollout_mesh = make_mesh(MeshShape(1, 8, 1)), make_mesh(MeshShape(2, 1, 4))

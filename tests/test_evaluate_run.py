@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from earl_jax.cli import ConfigError
-from earl_jax.rl.trainer import Trainer
+from earl_jax.rl.loop.trainer import Trainer
 from jobs import job, with_fields
 
 ROOT = Path(__file__).resolve().parents[1]

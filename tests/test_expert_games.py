@@ -1,4 +1,5 @@
-"""rl/expert_games.py: expert transcripts are exactly what the agent loop writes for a policy that plays the same
+"""rl/supervised/expert_games.py: expert transcripts are exactly what the agent loop writes for a policy that plays
+the same
 moves (constrained and free text, the minimal, compact and chat styles, truncation); only the expert's moves are in
 the loss mask and each is one of its best; dedup by move sequence; a seeded train / held-out split by game."""
 
@@ -8,12 +9,12 @@ import jax
 import numpy as np
 import pytest
 
-from earl_jax.envs.config import EnvConfig
+from earl_jax.envs.env_config import EnvConfig
 from earl_jax.envs.games import tic_tac_toe
 from earl_jax.envs.vector import VectorTextEnv
-from earl_jax.envs.vector.opponents import BatchedOpponent
+from earl_jax.envs.vector.batched_opponents import BatchedOpponent
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
-from earl_jax.rl.expert_games import (
+from earl_jax.rl.supervised.expert_games import (
     ExpertGames,
     ExpertSpec,
     concat_games,

@@ -1,4 +1,5 @@
-"""rl/expert_replay.py: a replay in the same format is the same games; in another prompt style it keeps every expert
+"""rl/supervised/expert_replay.py: a replay in the same format is the same games; in another prompt style it keeps
+every expert
 turn and its best set; a mirror image is the reflected game (moves, move sets, winner), and mirroring twice is the
 identity; the SFT stage's best-set target is the log-probability of any best move."""
 
@@ -8,11 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from earl_jax.envs.config import EnvConfig
+from earl_jax.envs.env_config import EnvConfig
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
-from earl_jax.rl.expert_games import TOKEN_FIELDS, ExpertSpec, expert_games
-from earl_jax.rl.expert_replay import MIRRORS, replay_games
-from earl_jax.rl.stages import LOSSES, sft_batch
+from earl_jax.rl.algorithm.micro_steps import LOSSES, sft_batch
+from earl_jax.rl.supervised.expert_games import TOKEN_FIELDS, ExpertSpec, expert_games
+from earl_jax.rl.supervised.expert_replay import MIRRORS, replay_games
 
 TOK = game_tokenizer()
 IDS = special_ids(TOK)
@@ -78,7 +79,7 @@ def test_bad_replays_are_refused():
 def test_the_best_set_target_is_the_log_probability_of_any_best_move():
     from flax import nnx
 
-    from earl_jax.models.config import ModelConfig
+    from earl_jax.models.model_config import ModelConfig
     from earl_jax.models.qwen2 import Qwen2
     from earl_jax.rollout.moves import MoveTokens
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from earl_jax.models.config import get_config
 from earl_jax.models.export import BASE_INFO, read_base_info, save_pretrained
 from earl_jax.models.loader import from_pretrained
+from earl_jax.models.model_config import get_config
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.models.tokenizer import game_tokenizer
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from earl_jax.models.attention import EXTEND_SCORES_BYTES, extend_query_block
-from earl_jax.models.config import get_config
+from earl_jax.models.model_config import get_config
 from earl_jax.models.qwen2 import cached_attention
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel
 from earl_jax.sharding.context import use_mesh_rules

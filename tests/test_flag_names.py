@@ -22,7 +22,7 @@ PLACEHOLDER = re.compile(r"(\{\}|\*|<[^>]*>|\b[A-Z][A-Z0-9_]*\b)")
 # Flags of other programs, named where their command lines are built: not ours to check.
 OTHER_PROGRAMS = {
     "--query-gpu", "--format",  # nvidia-smi, asked for the GPU's name and memory (fig1_context_growth.py)
-    "--manual-gc",  # Megatron-LM's, which --run.gc-every copies (earl_jax/rl/gc_control.py)
+    "--manual-gc",  # Megatron-LM's, which --run.gc-every copies (earl_jax/rl/loop/gc_control.py)
     "--short",  # git rev-parse's (a benchmark records the commit it ran)
     "--devices-per-process",  # launch/local.py's, in the launch command a benchmark builds
 }
@@ -33,7 +33,7 @@ XLA = "--xla_"  # XLA's own flags (XLA_FLAGS), whatever their name
 def job_flags() -> frozenset[str]:
     """The option strings of the job's own parser, caught as earl_jax.cli builds it for experiments/connect4.py."""
     from earl_jax import cli
-    from earl_jax.rl.job import parse_job
+    from earl_jax.rl.job.entry import parse_job
 
     parsers = []
     parse_args = cli._Parser.parse_args

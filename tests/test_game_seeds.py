@@ -4,7 +4,7 @@ import pytest
 
 from earl_jax.envs import EnvConfig
 from earl_jax.envs.vector import make_vector_env
-from earl_jax.rl.game_seeds import game_seeds, seat_of_seed
+from earl_jax.rl.matchups.game_seeds import game_seeds, seat_of_seed
 
 
 def test_shared_repeats_each_group_seed():
@@ -42,7 +42,7 @@ def test_per_game_seeds_keep_the_seat_and_vary_the_opponent():
 
 
 def test_trainer_rollout_inputs_follow_the_flag():
-    from earl_jax.rl.trainer import Trainer
+    from earl_jax.rl.loop.trainer import Trainer
     from jobs import job
 
     class T:  # rollout_inputs reads cfg and step only

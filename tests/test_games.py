@@ -11,9 +11,9 @@ import pytest
 from earl_jax.envs import EnvConfig, OpenSpielTextEnv, game_text, games, make_opponent
 from earl_jax.envs.games import OpponentSpec, get_game
 from earl_jax.envs.vector import make_vector_env
+from earl_jax.envs.vector.batched_opponents import BatchedOpponent, make_vector_opponent
 from earl_jax.envs.vector.env import VectorTextEnv
-from earl_jax.envs.vector.opponents import BatchedOpponent, make_vector_opponent
-from earl_jax.rl.curriculum import default_ladder, parse_ladder
+from earl_jax.rl.matchups.curriculum import default_ladder, parse_ladder
 from test_vector_envs import replay
 
 NAMES = games.game_names()
@@ -143,7 +143,7 @@ def test_a_changed_spec_reaches_every_reader(forked):
 
 def test_the_opponent_help_says_which_games_refuse_the_solver(monkeypatch):
     from earl_jax.cli import fields_of
-    from earl_jax.rl.config import JobConfig
+    from earl_jax.rl.job.job_config import JobConfig
 
     def shown() -> str:  # --env.opponent's help, as the job's --help shows it
         return next(f.help for f in fields_of(JobConfig()) if f.path == ("env", "opponent"))

@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from earl_jax.rl.gc_control import GcClock, StartupPause, manual_gc
+from earl_jax.rl.loop.gc_control import GcClock, StartupPause, manual_gc
 
 
 def test_clock_times_collections_while_entered():
@@ -48,7 +48,7 @@ def test_startup_pause_holds_the_collector_until_the_first_iteration_ends():
 
 
 def test_the_trainer_collects_automatically_again_after_its_first_iteration(tmp_path, monkeypatch):
-    from earl_jax.rl.trainer import Trainer
+    from earl_jax.rl.loop.trainer import Trainer
     from jobs import job
 
     cfg = job(groups=2, group_size=4, run__steps=2, sft__steps=0, devices=1, eval__games=4, eval__every=0,

@@ -17,8 +17,8 @@ from hypothesis import assume, given, settings, strategies as st
 from safetensors.numpy import load_file, save_file
 
 from earl_jax.models import loader
-from earl_jax.models.config import ModelConfig
 from earl_jax.models.loader import CheckpointError, from_pretrained, save_pretrained
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.models.tokenizer import GAME_CHARS, GAME_SPECIALS, game_tokenizer, load_tokenizer, special_ids
 from earl_jax.sharding.mesh import INFERENCE_RULES, TRAIN_RULES, MeshShape, make_mesh, state_shardings
 

@@ -4,7 +4,7 @@ and constrained moves), a cut answer says what was written, the turn hook sees e
 
 import numpy as np
 
-from earl_jax.envs.config import EnvConfig
+from earl_jax.envs.env_config import EnvConfig
 from earl_jax.envs.vector import VectorTextEnv
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
 from earl_jax.rollout.agent_loop import PlayConfig, play_games

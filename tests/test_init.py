@@ -13,7 +13,7 @@ from flax import nnx
 
 from earl_jax.compile_cache import count_compiles
 from earl_jax.models import init
-from earl_jax.models.config import PRESETS, ModelConfig
+from earl_jax.models.model_config import PRESETS, ModelConfig
 from earl_jax.models.qwen2 import INITIALIZERS
 from earl_jax.sharding.mesh import INFERENCE_RULES, TRAIN_RULES, MeshShape, make_mesh, state_shardings
 

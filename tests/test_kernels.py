@@ -12,7 +12,7 @@ from earl_jax.kernels import tuning
 from earl_jax.kernels.decode_attention import decode_attention, decode_attention_xla, inv_frequencies, num_splits
 from earl_jax.kernels.linear import LinearConfig, linear, linear_xla
 from earl_jax.models.cache import LayerCache
-from earl_jax.models.config import ModelConfig
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.rollout.sampler import AUTO_MIN_CACHE, Sampler
 from earl_jax.rollout.sampling import SamplingConfig

@@ -22,7 +22,7 @@ FLOORS = (
     ("earl_jax.rl",),  # the job: stages, trainer, curriculum
 )
 NO_OPENSPIEL = ("earl_jax.rollout.sampler", "earl_jax.rollout.agent_loop", "earl_jax.parallel.planner",
-                "earl_jax.parallel.memory", "earl_jax.envs.config", "earl_jax.envs.games")
+                "earl_jax.parallel.memory", "earl_jax.envs.env_config", "earl_jax.envs.games")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 

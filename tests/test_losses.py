@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from earl_jax.rl.losses import (
+from earl_jax.rl.algorithm.losses import (
     POLICY_LOSSES,
     LossConfig,
     aggregate,
@@ -245,7 +245,7 @@ def test_jit_and_bf16_inputs():
 
 
 def test_a_loss_metric_named_as_one_of_the_stages_is_refused():
-    from earl_jax.rl.losses import POLICY_LOSSES, register_policy_loss
+    from earl_jax.rl.algorithm.losses import POLICY_LOSSES, register_policy_loss
 
     register_policy_loss("shadows_kl")(lambda logp, old, adv, mask, cfg: (-adv * logp, {"kl": logp}))
     try:

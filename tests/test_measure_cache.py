@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from earl_jax.models.config import get_config
+from earl_jax.models.model_config import get_config
 from earl_jax.parallel.plan import StageLayout
-from earl_jax.rl.measure import RealMeasure
+from earl_jax.rl.job.measure import RealMeasure
 from earl_jax.sharding.mesh import MeshShape
 
 

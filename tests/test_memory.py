@@ -7,7 +7,7 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from earl_jax.models.attention import extend_query_block
-from earl_jax.models.config import PRESETS, get_config
+from earl_jax.models.model_config import PRESETS, get_config
 from earl_jax.parallel.memory import (
     GiB,
     MemoryConfig,

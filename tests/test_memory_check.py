@@ -13,7 +13,7 @@ from earl_jax.compile_cache import count_compiles
 from earl_jax.parallel import memory_check
 from earl_jax.parallel.memory_check import GIB, ProgramMemoryError, check_fits, program_bytes
 from earl_jax.parallel.profile import is_oom_error
-from earl_jax.rl.trainer import Trainer
+from earl_jax.rl.loop.trainer import Trainer
 from jobs import with_fields
 from tests.test_trainer import SMALL
 

@@ -7,8 +7,8 @@ import pytest
 from flax import nnx
 
 from earl_jax.models.cache import cache_shardings, init_cache
-from earl_jax.models.config import PRESETS, ModelConfig
 from earl_jax.models.init import abstract_model, init_sharded
+from earl_jax.models.model_config import PRESETS, ModelConfig
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.sharding.context import use_mesh_rules
 from earl_jax.sharding.mesh import INFERENCE_RULES, TRAIN_RULES, MeshShape, make_mesh

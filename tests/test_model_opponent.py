@@ -13,7 +13,7 @@ from flax import nnx
 from earl_jax.envs import EnvConfig, OpenSpielTextEnv
 from earl_jax.envs.vector import ObservationCodec
 from earl_jax.envs.vector.model_opponent import ModelOpponentEnv
-from earl_jax.models.config import ModelConfig
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
 from earl_jax.rollout.agent_loop import PlayConfig, play_games

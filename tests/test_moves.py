@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
-from earl_jax.rl.experience import rollout_batch
-from earl_jax.rl.packing import scored_spans
-from earl_jax.rl.trainer import Trainer
+from earl_jax.rl.algorithm.packing import scored_spans
+from earl_jax.rl.loop.experience_stage import rollout_batch
+from earl_jax.rl.loop.trainer import Trainer
 from earl_jax.rollout.agent_loop import PlayConfig, play_games
 from earl_jax.rollout.moves import MoveTokens, bits_to_mask, choice_logprobs, legal_bits, pick_moves
 from earl_jax.rollout.policy import SamplerPolicy, _prepend
@@ -40,7 +40,7 @@ def test_move_tokens_are_one_token_per_action():
                                         ("hex", "121 actions; at most 31")])
 def test_a_game_the_tokenizer_cannot_constrain_is_refused_before_setup(game, says):
     from earl_jax.cli import ConfigError
-    from earl_jax.rl.validate import check_job
+    from earl_jax.rl.job.validate import check_job
 
     with pytest.raises(ConfigError, match=f"^--rollout.constrain-moves: .*{says}.*--env.game {game}"):
         check_job(job(game=game, constrain_moves=True))

@@ -12,11 +12,11 @@ import pytest
 
 from earl_jax.models.setup import model_config
 from earl_jax.parallel.split import rank_splits, split_candidates, split_planners
-from earl_jax.rl import trainer as trainer_mod
-from earl_jax.rl.experience import RolloutBatch
-from earl_jax.rl.overlap import Overlap
-from earl_jax.rl.rollout_stage import RolloutStage
-from earl_jax.rl.staleness import (
+from earl_jax.rl.loop import trainer as trainer_mod
+from earl_jax.rl.loop.experience_stage import RolloutBatch
+from earl_jax.rl.loop.overlap import Overlap
+from earl_jax.rl.loop.rollout_stage import RolloutStage
+from earl_jax.rl.loop.staleness import (
     Sampled,
     StalenessError,
     check_bound,
@@ -24,7 +24,7 @@ from earl_jax.rl.staleness import (
     staleness_metrics,
     to_checkpoint,
 )
-from earl_jax.rl.trainer import Trainer
+from earl_jax.rl.loop.trainer import Trainer
 from earl_jax.rollout.episodes import RolloutStats, Trajectories
 from jobs import job, with_fields
 

@@ -11,13 +11,13 @@ import pytest
 from flax import nnx
 
 import reference_stages
-from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import init_sharded
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.parallel.plan import StageLayout
 from earl_jax.parallel.planner import ProgramCache, StageRun
 from earl_jax.parallel.shapes import limit_new_widths
-from earl_jax.rl.losses import LossConfig
-from earl_jax.rl.packing import (
+from earl_jax.rl.algorithm.losses import LossConfig
+from earl_jax.rl.algorithm.packing import (
     MIN_SPLIT_ROWS,
     WIDTH_BUCKETS,
     grouped_logprobs,

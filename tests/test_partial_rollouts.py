@@ -23,11 +23,11 @@ from flax import nnx
 from earl_jax.cli import ConfigError
 from earl_jax.envs import EnvConfig
 from earl_jax.envs.vector import make_vector_env
-from earl_jax.models.config import ModelConfig
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
-from earl_jax.rl.partial import PartialRollouts
-from earl_jax.rl.trainer import Trainer
+from earl_jax.rl.loop.partial import PartialRollouts
+from earl_jax.rl.loop.trainer import Trainer
 from earl_jax.rollout.agent_loop import Carried, PlayConfig, play_games
 from earl_jax.rollout.host_policies import ScriptedPolicy
 from earl_jax.rollout.policy import SamplerPolicy
@@ -170,7 +170,7 @@ class Spy:
 
 def _scored(trainer, params, batch) -> np.ndarray:
     """The experience stage's log-probs of `batch`'s tokens under `params`, in the batch's row order."""
-    from earl_jax.rl.packing import scored_spans
+    from earl_jax.rl.algorithm.packing import scored_spans
 
     kept, trainer.state.params = trainer.state.params, params
     try:
@@ -259,7 +259,7 @@ def test_a_budget_nothing_reaches_is_the_run_without_one_bit_for_bit(tmp_path):
 
 def test_a_resume_plays_the_carried_groups_again_from_their_start(tmp_path, monkeypatch, caplog):
     """Stopped after iteration 2's rollout (not trained): the checkpoint of step 1 holds what iteration 1 carried."""
-    from earl_jax.rl.game_seeds import rollout_inputs
+    from earl_jax.rl.matchups.game_seeds import rollout_inputs
 
     cfg = with_fields(GAME, run__steps=2, run_dir=str(tmp_path))
     spy = Spy(monkeypatch)
@@ -285,7 +285,7 @@ def test_a_resume_plays_the_carried_groups_again_from_their_start(tmp_path, monk
 
     monkeypatch.setattr(Trainer, "play", spy_play)
     monkeypatch.setattr(PartialRollouts, "take", take)
-    with caplog.at_level(logging.INFO, logger="earl_jax.rl.trainer"):
+    with caplog.at_level(logging.INFO, logger="earl_jax.rl.loop.trainer"):
         resumed = Trainer(with_fields(cfg, resume=True), log=False)
     assert f"resume: {len(carry.rows)} game(s) carried at step 1" in caplog.text
     np.testing.assert_array_equal(resumed.partial.carry.rows, carry.rows)
@@ -313,7 +313,7 @@ def test_a_budget_refuses_what_it_cannot_carry_and_warns_once_of_an_uncorrected_
                          (dict(mix_opponent="alphabeta:1"), "--curriculum.mix-opponent")):
         with pytest.raises(ConfigError, match=f"--rollout.token-budget: .*{says}"):
             with_fields(GAME, **fields)
-    with caplog.at_level(logging.WARNING, logger="earl_jax.rl.trainer"):
+    with caplog.at_level(logging.WARNING, logger="earl_jax.rl.loop.trainer"):
         PartialRollouts(SimpleNamespace(cfg=with_fields(GAME, policy_loss="ppo_clip")))
         PartialRollouts(SimpleNamespace(cfg=GAME))
     warned = [r for r in caplog.records if "--rollout.token-budget" in r.getMessage()]

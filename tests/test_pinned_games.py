@@ -14,13 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from earl_jax.envs.config import EnvConfig
+from earl_jax.envs.env_config import EnvConfig
 from earl_jax.envs.vector import ObservationCodec, VectorTextEnv, make_vector_env
 from earl_jax.envs.vector.per_game import PerGameVectorEnv
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
-from earl_jax.rl.expert_games import TOKEN_FIELDS, ExpertSpec, expert_games
-from earl_jax.rl.expert_replay import replay_games
-from earl_jax.rl.warmup import random_legal_games
+from earl_jax.rl.supervised.expert_games import TOKEN_FIELDS, ExpertSpec, expert_games
+from earl_jax.rl.supervised.expert_replay import replay_games
+from earl_jax.rl.supervised.warmup import random_legal_games
 
 FIXTURE = Path(__file__).parent / "fixtures" / "pinned_games.json"
 RECORD = os.environ.get("EARL_RECORD_PINNED") == "1"

@@ -1,7 +1,8 @@
 """The StagePlan is what runs: every layout field reaches its stage, and micro-batching changes no numbers.
 
 8 fake CPU devices. The trainer-level tests force a plan (static mode keeps it) and spy on what the stages the
-trainer runs (rl/experience.py, rl/train.py) and their programs receive: the layout, the mesh and row sharding of the
+trainer runs (rl/loop/experience_stage.py, rl/loop/train_stage.py) and their programs receive: the layout, the mesh
+and row sharding of the
 programs' inputs, the rows of each micro-batch and the log-prob chunk seen when `token_logprobs` is traced.
 """
 
@@ -20,17 +21,18 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import init_sharded
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.parallel.dispatch import Dispatcher
 from earl_jax.parallel.plan import StageLayout, StagePlan
 from earl_jax.parallel.planner import ProgramCache, StagePlanner, StageRun
-from earl_jax.rl import stages, trainer as trainer_mod
-from earl_jax.rl.experience import ExperienceResult, RolloutBatch, experience_stage
-from earl_jax.rl.losses import LossConfig
-from earl_jax.rl.packing import scored_spans
-from earl_jax.rl.train import train_stage
-from earl_jax.rl.trainer import Trainer
+from earl_jax.rl.algorithm import micro_steps as stages
+from earl_jax.rl.algorithm.losses import LossConfig
+from earl_jax.rl.algorithm.packing import scored_spans
+from earl_jax.rl.loop import trainer as trainer_mod
+from earl_jax.rl.loop.experience_stage import ExperienceResult, RolloutBatch, experience_stage
+from earl_jax.rl.loop.train_stage import train_stage
+from earl_jax.rl.loop.trainer import Trainer
 from earl_jax.sharding.mesh import MeshShape, make_mesh, state_shardings
 from earl_jax.sharding.stages import STAGE_RULES, stage_names, stage_spec
 from jobs import job, with_fields
@@ -204,7 +206,8 @@ def _run(stage: str, mesh: str, mb: int, chunk: int, programs: ProgramCache, par
                                          ("train", "d8f1t1"), ("train", "d1f8t1"), ("train", "d2f2t2"),
                                          ("train", "d2f1t4")])
 def test_micro_batched_stages_equal_one_batch_on_every_mesh(stage, mesh):
-    """rl/experience.py and rl/train.py (what the trainer runs) at the plan's split: one micro-batch, then the most."""
+    """rl/loop/experience_stage.py and rl/loop/train_stage.py (what the trainer runs) at the plan's split: one
+    micro-batch, then the most."""
     model = init_sharded(CFG, make_mesh(M("d8f1t1")), STAGE_RULES["train"], seed=0, dtype=jnp.float32)
     graphdef, params = nnx.split(model)
     params = jax.device_get(params)

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from earl_jax.cli import ConfigError
-from earl_jax.models.config import get_config
+from earl_jax.models.model_config import get_config
 from earl_jax.parallel.memory import GiB
 from earl_jax.parallel.planner import StagePlanner
-from earl_jax.rl.checkpoint import Checkpointer
-from earl_jax.rl.job import parse_job
-from earl_jax.rl.pod import POD_MODELS, PodTooSmallError, pod_preset, train_fit
-from earl_jax.rl.trainer import Trainer
+from earl_jax.rl.job.entry import parse_job
+from earl_jax.rl.job.pod import POD_MODELS, PodTooSmallError, pod_preset, train_fit
+from earl_jax.rl.loop.checkpoint import Checkpointer
+from earl_jax.rl.loop.trainer import Trainer
 from jobs import job, with_fields
 
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"

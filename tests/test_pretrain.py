@@ -21,7 +21,7 @@ TINY = ["tictactoe", "--games", "96", "--sft-steps", "8", "--sft-games", "8", "-
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory):
-    from earl_jax.rl.trainer import Trainer
+    from earl_jax.rl.loop.trainer import Trainer
 
     def no_trainer(*args, **kwargs):
         raise AssertionError("a base's build constructed an RL Trainer")
@@ -50,8 +50,8 @@ def test_a_tiny_build_trains_measures_and_writes_a_loadable_base(build):
 
 
 def test_the_job_loads_the_base_and_plays_the_games_the_build_reported(build):
-    from earl_jax.rl.job import parse_job
-    from earl_jax.rl.trainer import Trainer
+    from earl_jax.rl.job.entry import parse_job
+    from earl_jax.rl.loop.trainer import Trainer
 
     out, result = build
     cfg = parse_job(["--model.hf-checkpoint", str(out / "base"), "--eval.games", "8", "--eval.opponents",

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from earl_jax.parallel.plan import StageLayout, StagePlan
-from earl_jax.rl import rollout_stage
-from earl_jax.rl.experience import rollout_batch
-from earl_jax.rl.trainer import Trainer
+from earl_jax.rl.loop import rollout_stage
+from earl_jax.rl.loop.experience_stage import rollout_batch
+from earl_jax.rl.loop.trainer import Trainer
 from earl_jax.rollout import process_split
 from earl_jax.rollout.agent_loop import Trajectories
 from earl_jax.sharding.mesh import MeshShape
@@ -96,7 +96,7 @@ def test_columns_left_on_their_process_give_the_same_experience_batch(tmp_path):
     # gather_trajectories: per-row fields and spans of the whole batch, the token columns of this process's rows
     # only; the experience stage places them per process and arranges them on the devices. On one
     # process its share is the whole batch, so that path must give the gathered path's batch exactly.
-    from earl_jax.rl.packing import scored_spans
+    from earl_jax.rl.algorithm.packing import scored_spans
 
     trainer = Trainer(with_fields(CFG, run_dir=str(tmp_path / "run"), devices=8), log=False)
     seeds, groups, rng = list(range(8)), np.repeat(np.arange(4), 2), jax.random.key(5)

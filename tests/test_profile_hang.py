@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from earl_jax.models.config import get_config
+from earl_jax.models.model_config import get_config
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel
 from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.profile import HUNG, HUNG_EXIT, OK, ProfileTable, run_profile
@@ -31,7 +31,7 @@ def test_a_stuck_cell_ends_its_process_and_the_next_run_records_it_hung(tmp_path
     path = tmp_path / "table.json"
     child = textwrap.dedent(f"""
         import time
-        from earl_jax.models.config import get_config
+        from earl_jax.models.model_config import get_config
         from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel
         from earl_jax.parallel.profile import run_profile
         from earl_jax.sharding.mesh import MeshShape

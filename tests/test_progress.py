@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from earl_jax.progress import ProgressBar, progress_handler
-from earl_jax.rl.metrics import MetricsLogger
+from earl_jax.rl.loop.metrics import MetricsLogger
 
 RECORD = {"episode/return_mean": 0.25, "rollout/context_len_mean": 31.0, "train/loss": -0.0125,
           "parallel/rollout_mesh": "d1f1t1"}
@@ -98,7 +98,7 @@ def test_wandb_is_silent_unless_asked_and_one_line_says_where_the_run_went(tmp_p
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_SILENT", raising=False)
     said = io.StringIO()
-    log = logging.getLogger("earl_jax.rl.metrics")
+    log = logging.getLogger("earl_jax.rl.loop.metrics")
     handler = logging.StreamHandler(said)
     log.addHandler(handler)
     level = log.level

@@ -16,7 +16,7 @@ from flax import nnx
 
 from earl_jax.envs import EnvConfig
 from earl_jax.envs.vector import make_vector_env
-from earl_jax.models.config import ModelConfig
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
 from earl_jax.rollout.agent_loop import PlayConfig, play_games
@@ -97,7 +97,7 @@ def test_the_job_pipelines_a_task_rollout_without_changing_an_episode(tmp_path, 
     """--rollout.pipeline-groups 2: the job's rollout stage decodes two groups in turn while the host steps the
     other's episodes (task steps, tool calls); --env.step-workers 4 steps the episodes on four threads: every
     episode is the one a single group, stepped one by one, plays."""
-    from earl_jax.rl.trainer import Trainer
+    from earl_jax.rl.loop.trainer import Trainer
     from jobs import job
     from test_token_exact import BASE, KINDS
 
@@ -115,7 +115,7 @@ def test_the_job_pipelines_a_task_rollout_without_changing_an_episode(tmp_path, 
 
 
 def test_pipeline_groups_must_divide_the_batch():
-    from earl_jax.rollout.config import RolloutConfig
+    from earl_jax.rollout.rollout_config import RolloutConfig
 
     with pytest.raises(ValueError, match="pipeline_groups: must divide the batch"):
         RolloutConfig(groups=3, group_size=3, pipeline_groups=2)

@@ -15,7 +15,7 @@ from flax import nnx
 
 from earl_jax.envs import EnvConfig
 from earl_jax.envs.vector import make_vector_env
-from earl_jax.models.config import ModelConfig
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
 from earl_jax.rollout.agent_loop import PlayConfig, play_games
@@ -146,7 +146,7 @@ def test_slots_must_split_into_the_groups(model):
 def test_the_job_plays_the_same_rollout_with_a_pool(tmp_path, kind):
     """--rollout.slots 3 (8 games): the job's rollout stage plays every episode the lock-step stage plays; with two
     pipeline groups the slots round up to whole groups (4)."""
-    from earl_jax.rl.trainer import Trainer
+    from earl_jax.rl.loop.trainer import Trainer
     from jobs import job
     from test_rollout_pipeline import _same as same_job
     from test_token_exact import BASE as JOB, KINDS
@@ -165,7 +165,7 @@ def test_the_job_plays_the_same_rollout_with_a_pool(tmp_path, kind):
 
 
 def test_slots_must_not_be_negative_in_the_job_config():
-    from earl_jax.rollout.config import RolloutConfig
+    from earl_jax.rollout.rollout_config import RolloutConfig
 
     with pytest.raises(ValueError, match="slots"):
         RolloutConfig(slots=-1)

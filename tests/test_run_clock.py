@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from earl_jax.cli import ConfigError
-from earl_jax.rl import job as job_cli
-from earl_jax.rl.config import JobConfig
-from earl_jax.rl.curriculum import Curriculum
-from earl_jax.rl.optim import OptimConfig, run_fraction, timed_learning_rate, with_run_fraction
-from earl_jax.rl.trainer import Trainer
+from earl_jax.rl.algorithm.optim import OptimConfig, run_fraction, timed_learning_rate, with_run_fraction
+from earl_jax.rl.job import entry as job_cli
+from earl_jax.rl.job.job_config import JobConfig
+from earl_jax.rl.loop.trainer import Trainer
+from earl_jax.rl.matchups.curriculum import Curriculum
 from jobs import job, with_fields
 
 SMALL = job(groups=4, group_size=2, run__steps=2, eval__every=0, eval__games=4, sft__steps=0, devices=2,
@@ -104,7 +104,7 @@ def test_two_processes_read_the_same_clock(monkeypatch):
     import time
 
     import earl_jax.distributed as dist
-    from earl_jax.rl.session import Session
+    from earl_jax.rl.loop.session import Session
 
     session = Session.__new__(Session)  # the clock only: no signals, watchdog or progress bar
     session.cfg, session.elapsed_before_s, session.started = SMALL.run, 60.0, time.perf_counter()

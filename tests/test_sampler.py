@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import init_sharded
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.rollout.sampler import Sampler
 from earl_jax.rollout.sampling import SamplingConfig, program_key, runtime_values, sample_logits

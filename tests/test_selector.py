@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from earl_jax import distributed
-from earl_jax.models.config import get_config
+from earl_jax.models.model_config import get_config
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel, candidate_meshes
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
 from earl_jax.parallel.planner import OtherProcessFailedError, OtherProcessOOMError, run_with_oom_fallback

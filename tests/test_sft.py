@@ -7,10 +7,10 @@ import jax
 import numpy as np
 
 from earl_jax.parallel.plan import StageLayout
-from earl_jax.rl.optim import make_optimizer
-from earl_jax.rl.sft import run_sft
-from earl_jax.rl.trainer import Trainer
-from earl_jax.rl.warmup import random_legal_games
+from earl_jax.rl.algorithm.optim import make_optimizer
+from earl_jax.rl.loop.trainer import Trainer
+from earl_jax.rl.supervised.sft import run_sft
+from earl_jax.rl.supervised.warmup import random_legal_games
 from earl_jax.sharding.mesh import MeshShape
 from jobs import job
 

@@ -131,7 +131,7 @@ def test_format_answers_are_the_action_space_never_the_expert():
 
     from earl_jax.envs.vector.per_game import PerGameVectorEnv
     from earl_jax.models.tokenizer import game_tokenizer, special_ids
-    from earl_jax.rl.warmup import random_legal_games
+    from earl_jax.rl.supervised.warmup import random_legal_games
     from earl_jax.tasks import task_env_factory
 
     tok = game_tokenizer()

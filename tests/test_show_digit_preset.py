@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from earl_jax.rl.job import parse_job
+from earl_jax.rl.job.entry import parse_job
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "experiments" / "configs" / "train"

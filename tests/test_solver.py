@@ -12,7 +12,7 @@ import pytest
 from earl_jax.envs import connect_four_solver as solver
 from earl_jax.envs.connect_four_search import BOTTOM, COLUMN, bitboards_from_history, is_win
 from earl_jax.envs.opponents import make_opponent
-from earl_jax.envs.vector.opponents import make_vector_opponent
+from earl_jax.envs.vector.batched_opponents import make_vector_opponent
 
 
 def board(rows: str) -> tuple[int, int, int]:
@@ -160,7 +160,7 @@ def test_solver_specs_and_refusals():
 
 
 def test_the_solver_is_an_expert_of_the_expert_games():
-    from earl_jax.rl.expert_games import EXPERTS, ExpertSpec, expert_of
+    from earl_jax.rl.supervised.expert_games import EXPERTS, ExpertSpec, expert_of
 
     expert, strength = expert_of(ExpertSpec(games=1, solver=2), "connect_four")
     assert strength == 2000

@@ -12,8 +12,8 @@ import pytest
 from flax import nnx
 
 from earl_jax.parallel.selector import SelectorConfig
-from earl_jax.rl import stages
-from earl_jax.rl.trainer import Trainer
+from earl_jax.rl.algorithm import micro_steps as stages
+from earl_jax.rl.loop.trainer import Trainer
 from earl_jax.sharding.mesh import INFERENCE_RULES, TRAIN_RULES
 from earl_jax.sharding.stages import StageSpec, register_stage, stage_names, stage_spec
 from jobs import job
@@ -73,7 +73,7 @@ def test_the_layout_panel_plots_every_stage_the_records_name():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from earl_jax.rl.plots import _layouts
+    from earl_jax.rl.job.plots import _layouts
 
     rows = [{"step": 1, "parallel/rollout_mesh": "d8f1t1", "parallel/train_mesh": "d1f8t1"},
             {"step": 2, "parallel/rollout_mesh": "d8f1t1", "parallel/train_mesh": "d2f4t1",

@@ -1,4 +1,5 @@
-"""Experience and train stages as the trainer runs them (rl/experience.py, rl/train.py): old log-probs equal a full
+"""Experience and train stages as the trainer runs them (rl/loop/experience_stage.py, rl/loop/train_stage.py): old
+log-probs equal a full
 forward pass; micro-batching equals one big batch; NaN never reaches the weights; an estimator and a loss registered by
 a fork run in the job's stages."""
 
@@ -12,19 +13,19 @@ import optax
 import pytest
 from flax import nnx
 
-from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import init_sharded
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.parallel.dispatch import Dispatcher
 from earl_jax.parallel.plan import StageLayout
 from earl_jax.parallel.planner import ProgramCache, StageRun
-from earl_jax.rl.advantages import ESTIMATORS, register_estimator
-from earl_jax.rl.experience import ExperienceResult, RolloutBatch, experience_stage
-from earl_jax.rl.logprobs import token_logprobs
-from earl_jax.rl.losses import POLICY_LOSSES, LossConfig, register_policy_loss
-from earl_jax.rl.optim import make_optimizer
-from earl_jax.rl.packing import grouped_update, scored_spans
-from earl_jax.rl.stages import ExperienceBatch, advantage_step
-from earl_jax.rl.train import train_stage
+from earl_jax.rl.algorithm.advantages import ESTIMATORS, register_estimator
+from earl_jax.rl.algorithm.logprobs import token_logprobs
+from earl_jax.rl.algorithm.losses import POLICY_LOSSES, LossConfig, register_policy_loss
+from earl_jax.rl.algorithm.micro_steps import ExperienceBatch, advantage_step
+from earl_jax.rl.algorithm.optim import make_optimizer
+from earl_jax.rl.algorithm.packing import grouped_update, scored_spans
+from earl_jax.rl.loop.experience_stage import ExperienceResult, RolloutBatch, experience_stage
+from earl_jax.rl.loop.train_stage import train_stage
 from earl_jax.sharding.mesh import MeshShape, make_mesh
 from earl_jax.sharding.stages import STAGE_RULES
 
@@ -61,7 +62,7 @@ def _batch() -> tuple[Any, Any, ExperienceResult]:
 
 
 def _train(graphdef, params, experience: ExperienceResult, optimizer, rows_per_micro_batch):
-    """rl/train.py's one update (one epoch, one mini-batch) on copies of the weights (it donates them)."""
+    """rl/loop/train_stage.py's one update (one epoch, one mini-batch) on copies of the weights (it donates them)."""
     params = jax.tree.map(jnp.copy, params)
     return train_stage(_run("train", rows_per_micro_batch, chunk=4), params, optimizer.init(params), experience,
                        Dispatcher(), graphdef=graphdef, loss=LossConfig(), optimizer=optimizer, epochs=1,

@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import sweep  # noqa: E402
 from earl_jax.parallel.thresholds import parse_thresholds  # noqa: E402
-from earl_jax.rl.job import parse_job  # noqa: E402
+from earl_jax.rl.job.entry import parse_job  # noqa: E402
 
 SELECTOR_YAML = ROOT / "launch" / "sweep_selector.yaml"
 LEARNING_YAML = ROOT / "launch" / "sweep_learning.yaml"
@@ -33,7 +33,7 @@ def _varying(spec) -> set[str]:
 
 
 def test_selector_sweep_maximizes_throughput_over_the_selector_knobs_with_learning_fixed():
-    from earl_jax.models.config import get_config
+    from earl_jax.models.model_config import get_config
     from earl_jax.parallel.memory import mesh_problem
 
     spec = sweep.load_sweep(SELECTOR_YAML)

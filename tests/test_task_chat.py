@@ -16,11 +16,11 @@ from flax import nnx
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from earl_jax.cli import ConfigError
-from earl_jax.models.config import get_config
 from earl_jax.models.loader import save_pretrained
+from earl_jax.models.model_config import get_config
 from earl_jax.models.qwen2 import Qwen2
-from earl_jax.rl.trainer import Trainer
-from earl_jax.rl.validate import check_job
+from earl_jax.rl.job.validate import check_job
+from earl_jax.rl.loop.trainer import Trainer
 from earl_jax.tasks.chat import ChatTemplate, ChatTemplateError, read_chat_template
 from earl_jax.tasks.guess_number import GuessNumber
 from earl_jax.tasks.tools import CHARSET

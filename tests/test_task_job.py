@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from earl_jax.rl.job import main
+from earl_jax.rl.job.entry import main
 from earl_jax.tasks import TaskEnv, TaskLog, load_task
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,7 +131,7 @@ def test_evaluate_run_plays_a_task_runs_held_out_split(tmp_path):
 def test_task_metrics_count_only_the_policys_episodes(tmp_path):
     """The SFT stage's demonstrations go through the task's envs too (all expert successes): the first iteration's
     task/success_rate is the rollout's own, as episode/win_rate says."""
-    from earl_jax.rl.trainer import Trainer
+    from earl_jax.rl.loop.trainer import Trainer
     from jobs import job
 
     cfg = job(env__task="earl_jax/GuessNumber-v0", sft__steps=2, sft__games=16, groups=4, group_size=4,

@@ -22,13 +22,13 @@ from tokenizers import Tokenizer, decoders, models, trainers
 
 from earl_jax.envs import EnvConfig
 from earl_jax.envs.vector import make_vector_env
-from earl_jax.models.config import get_config
 from earl_jax.models.loader import save_pretrained
+from earl_jax.models.model_config import get_config
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.models.tokenizer import GAME_SPECIALS, game_tokenizer, special_ids
-from earl_jax.rl.experience import rollout_batch
-from earl_jax.rl.packing import scored_spans
-from earl_jax.rl.trainer import Trainer
+from earl_jax.rl.algorithm.packing import scored_spans
+from earl_jax.rl.loop.experience_stage import rollout_batch
+from earl_jax.rl.loop.trainer import Trainer
 from earl_jax.rollout.agent_loop import PlayConfig, Trajectories, play_games
 from earl_jax.rollout.host_policies import ScriptedPolicy
 from earl_jax.tasks import task_env_factory
@@ -126,7 +126,7 @@ def test_the_loss_can_take_the_samplers_log_probs_as_the_behaviour_policy(tmp_pa
     record = trainer.iteration()
     assert np.isfinite(record["train/loss"]) and record["train/grad_norm"] > 0
     with pytest.raises(Exception, match="--rollout.temperature"):
-        from earl_jax.rl.validate import check_job
+        from earl_jax.rl.job.validate import check_job
         check_job(with_fields(job(), **{**BASE, **KINDS["text_task"], "loss__behaviour": "sampler",
                                         "rollout__temperature": 0.7}))
 

@@ -12,9 +12,9 @@ import pytest
 
 from earl_jax.cli import ConfigError
 from earl_jax.parallel.plan import ContextStats
-from earl_jax.rl import job as job_cli
-from earl_jax.rl.metrics import REQUIRED_METRICS, read_metrics
-from earl_jax.rl.trainer import Trainer
+from earl_jax.rl.job import entry as job_cli
+from earl_jax.rl.loop.metrics import REQUIRED_METRICS, read_metrics
+from earl_jax.rl.loop.trainer import Trainer
 from jobs import job, with_fields
 
 SMALL = job(groups=4, group_size=2, run__steps=3, eval__every=2, eval__games=8, sft__steps=1, devices=2,
@@ -88,7 +88,7 @@ def abs_reinforce():
     """A fork's loss with a metric of its own, registered for one test (the registry is process-wide)."""
     import jax.numpy as jnp
 
-    from earl_jax.rl.losses import POLICY_LOSSES, register_policy_loss
+    from earl_jax.rl.algorithm.losses import POLICY_LOSSES, register_policy_loss
 
     @register_policy_loss("abs_reinforce")
     def abs_reinforce(logp, old_logp, advantages, loss_mask, cfg):
@@ -109,7 +109,7 @@ def test_a_registered_loss_logs_its_own_metrics_and_is_listed_in_the_help(tmp_pa
     with pytest.raises(SystemExit):
         job_cli.parse_job(["--help"], CONFIGS / "connect4")
     shown = " ".join(capsys.readouterr().out.split())  # the help's lines, unwrapped
-    assert ("--loss.policy-loss TEXT policy loss by registered name (rl/losses.py): ppo_clip, decoupled_ppo, "
+    assert ("--loss.policy-loss TEXT policy loss by registered name (rl/algorithm/losses.py): ppo_clip, decoupled_ppo, "
             "reinforce, abs_reinforce (default: ppo_clip)") in shown
 
 

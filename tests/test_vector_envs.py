@@ -31,8 +31,8 @@ from earl_jax.envs.vector import (
     make_vector_env,
     parse_actions,
 )
-from earl_jax.envs.vector.opponents import StreamBank
-from earl_jax.envs.vector.parser import MoveCache
+from earl_jax.envs.vector.batched_opponents import StreamBank
+from earl_jax.envs.vector.batched_parser import MoveCache
 from earl_jax.models.tokenizer import game_tokenizer
 from test_envs import drawing, history_from_drawing  # the per-game tests' drawings, same conventions
 

@@ -19,7 +19,7 @@ from jaxtyping import Array, Bool, Float, Int
 from earl_jax.distributed import global_to_host
 from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.planner import StageRun
-from earl_jax.rl.packing import grouped_logprobs
+from earl_jax.rl.algorithm.packing import grouped_logprobs
 from earl_jax.sharding.mesh import INFERENCE_RULES
 from earl_jax.sharding.stages import StageSpec, register_stage
 

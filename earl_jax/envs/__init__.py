@@ -12,7 +12,7 @@ observations, rewards and infos as these per-game envs; `earl_jax.envs.games` ho
 batched game (docs/fork.md: adding a game).
 
 The names below load on first use (PEP 562), so importing a module of this package that needs no game
-(`envs.parser`, `envs.outcomes`, `envs.config`: what the sampler, the agent loop and the job's config read) does
+(`envs.parser`, `envs.outcomes`, `envs.env_config`: what the sampler, the agent loop and the job's config read) does
 not load OpenSpiel.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from earl_jax import ENV_IDS
 
 _LAZY = {
-    "EnvConfig": "config", "OpenSpielTextEnv": "openspiel_env",
+    "EnvConfig": "env_config", "OpenSpielTextEnv": "openspiel_env",
     "Opponent": "opponents", "make_opponent": "opponents",
     "canonical_action_text": "parser", "parse_action": "parser",
     "COMPACT_ALPHABET": "text", "PROMPT_STYLES": "text", "GameText": "games.game_text", "format_observation": "text",
@@ -33,7 +33,7 @@ _LAZY = {
 __all__ = ["ENV_IDS", *sorted(_LAZY)]
 
 if TYPE_CHECKING:
-    from earl_jax.envs.config import EnvConfig
+    from earl_jax.envs.env_config import EnvConfig
     from earl_jax.envs.games.game_text import GameText
     from earl_jax.envs.openspiel_env import OpenSpielTextEnv
     from earl_jax.envs.opponents import Opponent, make_opponent

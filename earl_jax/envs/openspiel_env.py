@@ -17,12 +17,12 @@ from typing import Any
 import gymnasium as gym
 import pyspiel
 
-from earl_jax.envs.config import EnvConfig
+from earl_jax.envs.env_config import EnvConfig
 from earl_jax.envs.opponents import make_opponent
 from earl_jax.envs.parser import parse_action
 from earl_jax.envs.text import format_observation, game_text, observation_alphabet
 
-__all__ = ["EnvConfig", "OpenSpielTextEnv"]  # EnvConfig lives in envs/config.py (no OpenSpiel there)
+__all__ = ["EnvConfig", "OpenSpielTextEnv"]  # EnvConfig lives in envs/env_config.py (no OpenSpiel there)
 
 
 class OpenSpielTextEnv(gym.Env):

@@ -21,7 +21,7 @@ import os
 
 from earl_jax.kernels.decode_attention import block_size, num_splits
 from earl_jax.kernels.linear import LinearConfig, default_config, fit_smem
-from earl_jax.models.config import ModelConfig
+from earl_jax.models.model_config import ModelConfig
 
 OPS = ("qkv", "out", "gate_up", "down", "logits")
 

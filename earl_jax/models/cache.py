@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jaxtyping import Array, Float, Int
 
-from earl_jax.models.config import ModelConfig
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.sharding.mesh import Rules, logical_sharding
 
 CACHE_AXES = ("batch", "act_kv_heads", "cache_length", None)

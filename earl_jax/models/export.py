@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from earl_jax.models.config import ModelConfig
+from earl_jax.models.model_config import ModelConfig
 
 BASE_INFO = "earl_base.json"
 BASE_FORMAT = "earl-base/1"

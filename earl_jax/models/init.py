@@ -29,7 +29,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from earl_jax.models.config import ModelConfig
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.models.qwen2 import INITIALIZERS, Qwen2, shapes_only
 from earl_jax.progress import mesh_str, params_str, phase
 from earl_jax.sharding.mesh import Rules, state_shardings

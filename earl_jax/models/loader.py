@@ -28,8 +28,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from earl_jax.errors import CheckpointError
-from earl_jax.models.config import ModelConfig
 from earl_jax.models.init import abstract_model
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.models.tokenizer import load_tokenizer
 from earl_jax.progress import mesh_str, params_str, phase, track

@@ -23,7 +23,7 @@ from jaxtyping import Array, Float, Int
 
 from earl_jax.models.attention import EXTEND_SCORES_BYTES, causal_attention, extend_query_block
 from earl_jax.models.cache import KVCache, LayerCache
-from earl_jax.models.config import ModelConfig
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.sharding.context import constrain, current_mesh_rules
 from earl_jax.sharding.mesh import logical_sharding
 

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from earl_jax.cli import field_help as _f
 from earl_jax.errors import CheckpointError
-from earl_jax.models.config import ModelConfig, get_config
+from earl_jax.models.model_config import ModelConfig, get_config
 from earl_jax.models.tokenizer import game_tokenizer
 
 

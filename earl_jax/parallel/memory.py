@@ -44,7 +44,7 @@ from typing import Iterator
 import jax
 
 from earl_jax.models.attention import Q_BLOCK, extend_query_block
-from earl_jax.models.config import ModelConfig
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.parallel.plan import RolloutExtends
 from earl_jax.rollout.buckets import PREFILL_CHUNK, bucket
 from earl_jax.sharding.mesh import MeshShape, logical_to_spec

@@ -34,12 +34,12 @@ from jax.sharding import Mesh, NamedSharding
 
 from earl_jax import distributed
 from earl_jax.compile_cache import count_compiles
-from earl_jax.models.config import ModelConfig
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.parallel import memory_check
-from earl_jax.parallel.config import PlannerConfig
 from earl_jax.parallel.fallback import OtherProcessFailedError, OtherProcessOOMError, run_with_oom_fallback  # noqa: F401
 from earl_jax.parallel.memory import MemoryConfig, candidate_meshes, mesh_problem
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
+from earl_jax.parallel.planner_config import PlannerConfig
 from earl_jax.parallel.profile import ProfileTable, is_oom_error
 from earl_jax.parallel.selector import SMALL_BUCKET_EDGES, ParallelismSelector, SelectorConfig
 from earl_jax.parallel.shapes import ProgramShapes

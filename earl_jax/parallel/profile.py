@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Sequence
 
 import jax
 
-from earl_jax.models.config import ModelConfig
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.parallel.memory import MemoryModel, candidate_meshes
 from earl_jax.parallel.plan import StageLayout
 from earl_jax.sharding.mesh import MeshShape

@@ -37,7 +37,7 @@ import logging
 import math
 from typing import Any, Literal, Mapping, Sequence
 
-from earl_jax.models.config import ModelConfig
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.parallel.memory import MemoryConfig, MemoryModel, candidate_meshes, mesh_problem
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
 from earl_jax.parallel.profile import HUNG, OK, OOM, ProfileTable

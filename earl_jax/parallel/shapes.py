@@ -36,11 +36,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from earl_jax.parallel.config import PlannerConfig
 from earl_jax.parallel.decode_shapes import DecodeShapes
+from earl_jax.parallel.planner_config import PlannerConfig
 from earl_jax.rollout.agent_loop import COMPACT_FACTOR, COMPACT_LEVELS
 from earl_jax.rollout.compile_ahead import CompileAhead
-from earl_jax.rollout.config import RolloutConfig
+from earl_jax.rollout.rollout_config import RolloutConfig
 from earl_jax.rollout.sampler import Sampler
 
 

@@ -1,7 +1,7 @@
 """How many devices roll out and how many learn (experience and train) while both run at once.
 
-With `--rollout.max-staleness K >= 1` the next rollout runs while the current batch trains (rl/overlap.py). On devices
-of their own the two never queue behind each other on a device (Libra's split of the GPUs between rollout and
+With `--rollout.max-staleness K >= 1` the next rollout runs while the current batch trains (rl/loop/overlap.py). On
+devices of their own the two never queue behind each other on a device (Libra's split of the GPUs between rollout and
 training); each side keeps EARL's selector for its own layouts:
 
     learn, rollout = split_planners(cfg.planner, model_cfg, batch_size)   # rollout None: the stages share devices
@@ -20,10 +20,10 @@ import logging
 
 import jax
 
-from earl_jax.models.config import ModelConfig
-from earl_jax.parallel.config import PlannerConfig
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.parallel.memory import candidate_meshes
 from earl_jax.parallel.planner import StagePlanner
+from earl_jax.parallel.planner_config import PlannerConfig
 from earl_jax.parallel.selector import NoFeasibleLayoutError
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from earl_jax.kernels.decode_attention import decode_attention, decode_attention
 from earl_jax.kernels.linear import LinearConfig, linear, linear_xla
 from earl_jax.kernels.tuning import DecodePlan
 from earl_jax.models.cache import KVCache
-from earl_jax.models.config import ModelConfig
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.models.qwen2 import Qwen2
 
 

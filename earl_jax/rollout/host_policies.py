@@ -1,7 +1,8 @@
 """Policies without a model, for the agent loop (`play_games`): the answers are chosen on the host.
 
 One loop plays every game the project writes: the RL rollout (the model, `rollout/policy.py`), the format warm-up's
-games of random legal moves (`random_legal`, a text task's `env_answers`) and the expert games (rl/expert_games.py).
+games of random legal moves (`random_legal`, a text task's `env_answers`) and the expert games
+(rl/supervised/expert_games.py).
 A `HostPolicy` writes each answer as the model would write it (constrained: the move's token and the stop token; free
 text: the answer's tokens and the stop token, cut by the turn budget) and tells the loop what each answer says (the
 move, the text), so the env reads exactly what was written without parsing it. What a caller records beside the

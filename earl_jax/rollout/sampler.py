@@ -38,7 +38,7 @@ from earl_jax.distributed import hosts_to_global
 from earl_jax.kernels.decode_attention import block_size
 from earl_jax.kernels.tuning import plan as decode_plan
 from earl_jax.models.cache import KVCache, LayerCache, cache_shardings, init_cache
-from earl_jax.models.config import ModelConfig
+from earl_jax.models.model_config import ModelConfig
 from earl_jax.rollout import decode_step, moves
 from earl_jax.rollout.buckets import (  # noqa
     DEFAULT_CACHE_BUCKETS,

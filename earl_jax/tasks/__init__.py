@@ -14,7 +14,7 @@ import importlib
 import inspect
 from typing import Any, Callable
 
-from earl_jax.envs.config import parse_task_args
+from earl_jax.envs.env_config import parse_task_args
 from earl_jax.tasks.chat import ChatTemplate
 from earl_jax.tasks.protocol import TaskEnv, TaskLog
 

@@ -60,7 +60,7 @@ CASES["gpu"]["gpu8192"] = ["--rollout.groups", "1024", "--rollout.group-size", "
                            "--env.prompt-style", "compact"]
 CASES["gpu"]["gpu8192_4proc"] = (CASES["gpu"]["gpu8192"][:-4] + ["--steps", "14", "--env.prompt-style", "compact"]
                                  + ["--rollout.split-processes", "true"])
-# ... and split with the collector run on a schedule (earl_jax/rl/gc_control.py): do the stragglers go away?
+# ... and split with the collector run on a schedule (earl_jax/rl/loop/gc_control.py): do the stragglers go away?
 CASES["gpu"]["gpu2048_4proc_gc"] = CASES["gpu"]["gpu2048_4proc"] + ["--run.gc-every", "1"]
 LAUNCH = {name: ["-n", "4", "--devices-per-process", "1"]
           for name in ("gpu2048_4proc", "gpu2048_4proc_nosplit", "gpu2048_4proc_gc", "gpu8192_4proc",

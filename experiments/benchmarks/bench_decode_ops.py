@@ -40,7 +40,7 @@ from earl_jax.kernels.decode_attention import (  # noqa: E402
 from earl_jax.kernels.linear import LinearConfig, default_config, fit_smem, linear, linear_xla  # noqa: E402
 from earl_jax.kernels.tuning import op_shapes  # noqa: E402
 from earl_jax.models.cache import LayerCache  # noqa: E402
-from earl_jax.models.config import get_config  # noqa: E402
+from earl_jax.models.model_config import get_config  # noqa: E402
 
 BF16 = jnp.bfloat16
 CALLS = 20

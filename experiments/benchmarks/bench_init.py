@@ -46,7 +46,7 @@ def run_case(model: str, mesh_name: str, impl: str, rules_name: str, abstract: b
 
     from earl_jax.compile_cache import count_compiles
     from earl_jax.models import init
-    from earl_jax.models.config import get_config
+    from earl_jax.models.model_config import get_config
     from earl_jax.sharding.mesh import MeshShape, make_mesh, state_shardings
     from earl_jax.sharding.stages import STAGE_RULES
 

@@ -44,7 +44,7 @@ def make_slow_arithmetic(tool_ms: float = 0.0, **kw):
 
 
 def rollout(k: int, games: int, rounds: int, run_dir: Path, workers: int = 1, tool_ms: float = 0.0):
-    from earl_jax.rl.trainer import Trainer
+    from earl_jax.rl.loop.trainer import Trainer
     from jobs import job
 
     cfg = job(env__task="bench_pipeline:make_slow_arithmetic",

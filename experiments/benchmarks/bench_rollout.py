@@ -229,7 +229,7 @@ def measure_row(name: str, spec, impls: list[str], runs: int, bw: float, profile
     import jax.numpy as jnp
     import numpy as np
 
-    from earl_jax.models.config import get_config
+    from earl_jax.models.model_config import get_config
     from earl_jax.rollout.sampler import DEFAULT_CACHE_BUCKETS, Sampler, bucket
     from earl_jax.rollout.sampling import SamplingConfig
 

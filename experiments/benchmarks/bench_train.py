@@ -1,7 +1,7 @@
 """Train-stage and experience-stage throughput of earl-jax on one device: Qwen2.5-0.5B shape, bf16 compute,
-float32 master weights, AdamW (`rl.optim.make_optimizer`), GRPO/PPO-clip loss; the stages the trainer runs
-(`rl.train.train_stage`, `rl.experience.experience_stage`: one policy, no reference) on random tokens, rewards and
-advantages, at the plan's micro-batch split (one layout on one device, no finer length split).
+float32 master weights, AdamW (`rl.algorithm.optim.make_optimizer`), GRPO/PPO-clip loss; the stages the trainer runs
+(`rl.loop.train_stage.train_stage`, `rl.loop.experience_stage.experience_stage`: one policy, no reference) on random
+tokens, rewards and advantages, at the plan's micro-batch split (one layout on one device, no finer length split).
 
 Reports tokens/s, MFU = (6 N tokens + causal attention flops) / time / peak (2 N + attention for the
 forward-only experience stage; N = all parameters, the tied embedding counted once, as
@@ -76,17 +76,17 @@ def run_case(case: dict) -> dict:
     import numpy as np
     from flax import nnx
 
-    from earl_jax.models.config import ModelConfig, get_config
+    from earl_jax.models.model_config import ModelConfig, get_config
     from earl_jax.models.qwen2 import Qwen2
     from earl_jax.parallel.dispatch import Dispatcher
     from earl_jax.parallel.plan import StageLayout
     from earl_jax.parallel.planner import ProgramCache, StageRun
-    from earl_jax.rl.experience import ExperienceResult, RolloutBatch, experience_stage
-    from earl_jax.rl.losses import LossConfig
-    from earl_jax.rl.optim import make_optimizer
-    from earl_jax.rl.packing import scored_spans
-    from earl_jax.rl.stages import ExperienceBatch
-    from earl_jax.rl.train import train_stage
+    from earl_jax.rl.algorithm.losses import LossConfig
+    from earl_jax.rl.algorithm.micro_steps import ExperienceBatch
+    from earl_jax.rl.algorithm.optim import make_optimizer
+    from earl_jax.rl.algorithm.packing import scored_spans
+    from earl_jax.rl.loop.experience_stage import ExperienceResult, RolloutBatch, experience_stage
+    from earl_jax.rl.loop.train_stage import train_stage
     from earl_jax.sharding.mesh import MeshShape, make_mesh
     from earl_jax.sharding.stages import STAGE_RULES
 

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GPU_JOB = ["--rollout.groups", "64", "--rollout.group-size", "8", "--env.prompt-style", "compact",
            "--rollout.constrain-moves", "false", "--sft.steps", "0", "--eval.every", "0", "--eval.games", "8",
            "--run.checkpoint-every", "0"]
-# the pod preset's job shape (rl/pod.py RANDOM_INIT) with the tiny model on 4 fake CPU devices, free text
+# the pod preset's job shape (rl/job/pod.py RANDOM_INIT) with the tiny model on 4 fake CPU devices, free text
 POD_CPU_JOB = ["--rollout.groups", "8", "--rollout.group-size", "8", "--env.prompt-style", "compact",
                "--rollout.max-turn-tokens", "8", "--rollout.max-context", "4096", "--rollout.cache-growth", "4",
                "--sft.steps", "0", "--eval.games", "16", "--devices", "4", "--run.checkpoint-every", "0",

@@ -40,8 +40,8 @@ def main(argv=None) -> dict:
 
     from earl_jax.compile_cache import enable_compile_cache
     from earl_jax.parallel.profile import device_slug
-    from earl_jax.rl.job import parse_job
-    from earl_jax.rl.trainer import Trainer
+    from earl_jax.rl.job.entry import parse_job
+    from earl_jax.rl.loop.trainer import Trainer
     from earl_jax.rollout.sampler import Sampler
 
     flags = ["--sft.steps", "0", "--eval.every", "0", "--run.checkpoint-every", "0", "--run.wandb-mode", "disabled",

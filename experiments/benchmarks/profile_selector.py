@@ -1,6 +1,6 @@
 """Profile mode of the Parallelism Selector on this machine: measure TGS (tokens per device per second) of each
 stage on every candidate mesh x context length x response count with the real code (the Sampler for rollout,
-the experience and train stages; `earl_jax.rl.measure.RealMeasure`), and save the ProfileTable JSON that
+the experience and train stages; `earl_jax.rl.job.measure.RealMeasure`), and save the ProfileTable JSON that
 the trainer loads with `--planner.table` (PlannerConfig.table). Cells the memory model rejects are
 recorded "infeasible", out-of-memory cells "oom". The table is saved after every context row, so a run cut
 short by `--time-budget` (or a timeout) still leaves a usable table.
@@ -30,10 +30,10 @@ if "--small" in sys.argv:  # 8 fake CPU devices: the flags must precede jax's st
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                    + " --xla_force_host_platform_device_count=8").strip()
 
-from earl_jax.models.config import get_config  # noqa: E402
+from earl_jax.models.model_config import get_config  # noqa: E402
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel  # noqa: E402
 from earl_jax.parallel.profile import ProfileTable  # noqa: E402
-from earl_jax.rl.measure import RealMeasure, profile_rows  # noqa: E402
+from earl_jax.rl.job.measure import RealMeasure, profile_rows  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
 

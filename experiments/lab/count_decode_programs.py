@@ -21,8 +21,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from earl_jax.rl.config import JobConfig  # noqa: E402
-from earl_jax.rl.trainer import Trainer  # noqa: E402
+from earl_jax.rl.job.job_config import JobConfig  # noqa: E402
+from earl_jax.rl.loop.trainer import Trainer  # noqa: E402
 from earl_jax.rollout import sampler as sampler_module  # noqa: E402
 
 KINDS = {"_init_impl": lambda a: a[:2], "_grow_impl": lambda a: a[1:2], "_take_impl": lambda a: a[2:3],

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from earl_jax.models.config import get_config
+from earl_jax.models.model_config import get_config
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.models.tokenizer import game_tokenizer
 

@@ -1,6 +1,6 @@
 """Why a data-parallel train step needs more memory per device than the same per-device work on one device:
-the collectives XLA put into one micro-batch step (`rl.stages.take_micro` + `micro_grad`, as rl/packing.py runs
-it) and the largest buffers it assigned.
+the collectives XLA put into one micro-batch step (`rl.algorithm.micro_steps.take_micro` + `micro_grad`, as
+rl/algorithm/packing.py runs it) and the largest buffers it assigned.
 
     python experiments/lab/probe_train_collectives.py d1f1t1 4 16 2048 d2f1t1 4 32 2048  # pairs: mesh layers
                                                                                                  # rows t
@@ -33,11 +33,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from earl_jax.models.config import get_config  # noqa: E402
 from earl_jax.models.init import abstract_model  # noqa: E402
+from earl_jax.models.model_config import get_config  # noqa: E402
 from earl_jax.parallel.planner import stage_compiler_options  # noqa: E402
-from earl_jax.rl import stages  # noqa: E402
-from earl_jax.rl.losses import LossConfig  # noqa: E402
+from earl_jax.rl.algorithm import micro_steps as stages  # noqa: E402
+from earl_jax.rl.algorithm.losses import LossConfig  # noqa: E402
 from earl_jax.sharding.context import use_mesh_rules  # noqa: E402
 from earl_jax.sharding.mesh import MeshShape, logical_sharding, make_mesh, state_shardings  # noqa: E402
 from earl_jax.sharding.stages import STAGE_RULES  # noqa: E402

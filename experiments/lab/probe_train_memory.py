@@ -1,4 +1,5 @@
-"""XLA's own memory plan of one train micro-batch step (`rl.stages.take_micro` + `micro_grad`, as rl/packing.py
+"""XLA's own memory plan of one train micro-batch step (`rl.algorithm.micro_steps.take_micro` + `micro_grad`, as
+rl/algorithm/packing.py
 runs it) against the memory model's estimate, per layer count, tokens and remat: the temp bytes XLA assigns
 (compile only, nothing runs).
 
@@ -26,12 +27,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from earl_jax.models.config import get_config  # noqa: E402
 from earl_jax.models.init import abstract_model  # noqa: E402
+from earl_jax.models.model_config import get_config  # noqa: E402
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel  # noqa: E402
 from earl_jax.parallel.profile import device_slug  # noqa: E402
-from earl_jax.rl import stages  # noqa: E402
-from earl_jax.rl.losses import LossConfig  # noqa: E402
+from earl_jax.rl.algorithm import micro_steps as stages  # noqa: E402
+from earl_jax.rl.algorithm.losses import LossConfig  # noqa: E402
 from earl_jax.sharding.mesh import MeshShape  # noqa: E402
 
 

@@ -27,9 +27,9 @@ def measure(model: str, rows: int, width: int, repeats: int) -> dict:
     from flax import nnx
 
     from earl_jax.models import qwen2
-    from earl_jax.models.config import PRESETS
-    from earl_jax.rl import stages
-    from earl_jax.rl.losses import LossConfig
+    from earl_jax.models.model_config import PRESETS
+    from earl_jax.rl.algorithm import micro_steps as stages
+    from earl_jax.rl.algorithm.losses import LossConfig
 
     cfg = PRESETS[model]()
     abstract = nnx.eval_shape(lambda: qwen2.Qwen2(cfg, rngs=nnx.Rngs(0), dtype=jnp.bfloat16))

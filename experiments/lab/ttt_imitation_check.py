@@ -30,10 +30,12 @@ from flax import nnx  # noqa: E402
 
 from earl_jax.envs.vector import make_vector_env  # noqa: E402
 from earl_jax.envs.vector.blunders import move_classes  # noqa: E402
-from earl_jax.rl import optim as optim_mod, trainer as trainer_mod, warmup as warmup_mod  # noqa: E402
-from earl_jax.rl.experience import pad_cols  # noqa: E402
-from earl_jax.rl.job import parse_job  # noqa: E402
-from earl_jax.rl.warmup import random_legal_games  # noqa: E402
+from earl_jax.rl.algorithm import optim as optim_mod  # noqa: E402
+from earl_jax.rl.job.entry import parse_job  # noqa: E402
+from earl_jax.rl.loop import trainer as trainer_mod  # noqa: E402
+from earl_jax.rl.loop.experience_stage import pad_cols  # noqa: E402
+from earl_jax.rl.supervised import warmup as warmup_mod  # noqa: E402
+from earl_jax.rl.supervised.warmup import random_legal_games  # noqa: E402
 
 
 def solver_moves(rng: np.random.Generator, env, rows: np.ndarray, legal: list[list[int]]) -> np.ndarray:

@@ -86,14 +86,14 @@ class GameSpec:
     name: str  # OpenSpiel's short name ("connect_four"): the game it is, with its default parameters
     rules: Rules
     text: GameText  # how its boards and moves read (envs/text.py); board_shape is the printed board's
-    ladder: tuple[str, ...]  # the default curriculum, weakest first (rl/curriculum.py)
+    ladder: tuple[str, ...]  # the default curriculum, weakest first (rl/matchups/curriculum.py)
     # Outcome class (+1 wins by force, 0 open, -1 loses by force) of every move of the side to move (`me`), for
     # --env.blunder-penalty (envs/vector/blunders.py); `depth`: plies a search may look ahead. None: no blunder check.
     move_classes: MoveClasses | None = None
     # Opponent kinds only this game has, by the kind of their spec ("alphabeta"):
     # per game over an OpenSpiel state, (spec, seed) -> an `envs.opponents.Opponent`, the reference ...
     opponents: Mapping[str, Callable[[OpponentSpec, int], Any]] = dataclasses.field(default_factory=dict)
-    # ... and batched, (spec, num_games) -> a `vector.opponents.BatchedOpponent` that replays it move for move.
+    # ... and batched, (spec, num_games) -> a `vector.batched_opponents.BatchedOpponent` that replays it move for move.
     # A generic kind (solver) may be batched here too; without an entry a kind plays per game (make_vector_env).
     batched_opponents: Mapping[str, Callable[[OpponentSpec, int], Any]] = dataclasses.field(default_factory=dict)
     # generic kinds ("solver", "mcts") this game refuses, with the reason the error gives

@@ -19,7 +19,7 @@ from jaxtyping import Bool, Int, UInt64
 from earl_jax.envs import connect_four_search as _ref, connect_four_solver as _solver
 from earl_jax.envs.games import GameSpec, Rules, register_game
 from earl_jax.envs.games.game_text import GameText
-from earl_jax.envs.vector.opponents import BatchedOpponent, kth_true
+from earl_jax.envs.vector.batched_opponents import BatchedOpponent, kth_true
 
 ROWS, COLS = 6, 7
 NUM_ACTIONS = COLS

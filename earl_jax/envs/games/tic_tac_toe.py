@@ -15,7 +15,7 @@ from jaxtyping import Bool, Int, Int8, UInt16, UInt64
 
 from earl_jax.envs.games import GameSpec, OpponentSpec, Rules, register_game
 from earl_jax.envs.games.game_text import GameText
-from earl_jax.envs.vector.opponents import BatchedOpponent, kth_true
+from earl_jax.envs.vector.batched_opponents import BatchedOpponent, kth_true
 
 NUM_ACTIONS = 9
 BOARD_SHAPE = (3, 3)

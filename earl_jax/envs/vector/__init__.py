@@ -8,10 +8,10 @@ thousands of games through both, OpenSpiel being the reference). What is game-sp
 Connect Four's vectorized full-width negamax and Tic-Tac-Toe's perfect-play table, the text, the batched
 opponents, the blunder classes) is the game's GameSpec in envs/games/; this package is the same for every game.
 
-    opponents.py      per-game seeded RNG streams, the batched opponents' base, random for any game
+    batched_opponents.py  per-game seeded RNG streams, the batched opponents' base, random for any game
     blunders.py       the outcome classes a move gives away (--env.blunder-penalty), from the game's spec
     render.py         board text and observation strings for a batch
-    parser.py         parse_actions: parser.parse_action for a batch
+    batched_parser.py parse_actions: envs.parser.parse_action for a batch
     codec.py          ObservationCodec: observations -> token ids, answer ids -> moves
     env.py            VectorTextEnv
     per_game.py       PerGameVectorEnv (any OpenSpiel game, mcts, user envs) and make_vector_env
@@ -67,16 +67,16 @@ import importlib
 from typing import TYPE_CHECKING
 
 _LAZY = {
-    "ObservationCodec": "codec", "VectorTextEnv": "env", "parse_actions": "parser",
+    "ObservationCodec": "codec", "VectorTextEnv": "env", "parse_actions": "batched_parser",
     "PerGameVectorEnv": "per_game", "make_vector_env": "per_game", "NO_WINNER": "step", "VectorStep": "step",
 }
 
 __all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:
+    from earl_jax.envs.vector.batched_parser import parse_actions
     from earl_jax.envs.vector.codec import ObservationCodec
     from earl_jax.envs.vector.env import VectorTextEnv
-    from earl_jax.envs.vector.parser import parse_actions
     from earl_jax.envs.vector.per_game import PerGameVectorEnv, make_vector_env
     from earl_jax.envs.vector.step import NO_WINNER, VectorStep
 

@@ -19,7 +19,7 @@ import tokenizers
 from jaxtyping import Bool, Int
 
 from earl_jax.envs.parser import parse_action
-from earl_jax.envs.vector.parser import MAX_BATCHED_CHARS, MoveCache, pad_rows, parse_actions, parse_bytes
+from earl_jax.envs.vector.batched_parser import MAX_BATCHED_CHARS, MoveCache, pad_rows, parse_actions, parse_bytes
 
 _SKIP, _OTHER = -1, -2  # id -> byte table: a special token (decode drops it), anything else not one byte
 _NOT_FAST = 255  # byte -> id table: a character the table does not vouch for (no character's id is 255)

@@ -21,8 +21,8 @@ from jaxtyping import Int
 from earl_jax.envs.games import game_names, spec_for
 from earl_jax.envs.openspiel_env import EnvConfig, OpenSpielTextEnv
 from earl_jax.envs.outcomes import WINNERS
+from earl_jax.envs.vector.batched_parser import parse_actions
 from earl_jax.envs.vector.blunders import blunders
-from earl_jax.envs.vector.parser import parse_actions
 from earl_jax.envs.vector.per_game_opponents import any_opponent
 from earl_jax.envs.vector.render import BoardRenderer
 from earl_jax.envs.vector.step import NO_WINNER, VectorStep, check_answers, check_reset, check_rows

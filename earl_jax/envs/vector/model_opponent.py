@@ -27,8 +27,8 @@ from typing import Protocol, Sequence
 import numpy as np
 from jaxtyping import Int
 
+from earl_jax.envs.vector.batched_opponents import kth_true
 from earl_jax.envs.vector.env import VectorTextEnv
-from earl_jax.envs.vector.opponents import kth_true
 from earl_jax.envs.vector.step import VectorStep
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from earl_jax.envs.vector.opponents import BatchedOpponent, make_vector_opponent
+from earl_jax.envs.vector.batched_opponents import BatchedOpponent, make_vector_opponent
 
 
 def any_opponent(spec: str, game: str, num_games: int, per_game: bool = True) -> BatchedOpponent:
