@@ -15,7 +15,7 @@ supervised steps of `--sft-games` games each through the SFT stage (rl/supervise
 layout), held-out move accuracy against the expert every `--accuracy-every` steps, greedy games against the game's
 evaluation opponents, then the Hugging Face folder (models/export.py; with --dtype bfloat16 the evaluation and the
 accuracy are of the rounded weights that ship). Writes experiments/results/pretrain_<game><--name>.{json,png}.
-The same command and seed build the same base on the same machine (tests/test_pretrain.py).
+The same command and seed build the same base on the same machine (tests/scripts/test_pretrain.py).
 """
 
 from __future__ import annotations

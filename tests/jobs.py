@@ -55,3 +55,8 @@ def with_fields(cfg: JobConfig, **fields: Any) -> JobConfig:
 def job(**fields: Any) -> JobConfig:
     """JobConfig() (the library defaults, not a script's preset) with `fields`, quiet unless given."""
     return with_fields(JobConfig(), **{**QUIET, **fields})
+
+
+# a three-iteration game job on two devices, evaluating and checkpointing every two iterations
+SMALL = job(groups=4, group_size=2, run__steps=3, eval__every=2, eval__games=8, sft__steps=1, devices=2,
+            checkpoint_every=2, max_turns=6, max_context=256, micro_batch_tokens=1024)

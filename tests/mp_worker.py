@@ -1,4 +1,4 @@
-"""One process of the multi-process tests (tests/test_multiprocess.py starts two of these).
+"""One process of the multi-process tests (tests/rl/loop/test_multiprocess.py starts two of these).
 
     python tests/mp_worker.py dispatch OUT.json     # EARL_COORDINATOR / EARL_NUM_PROCESSES / EARL_PROCESS_ID set
     python tests/mp_worker.py oom_fallback OUT      # each process writes OUT.<process index>.json

@@ -47,8 +47,7 @@ def test_training_beats_at_every_phase_under_the_configured_timeout(tmp_path, mo
     """Trainer.run runs under a Watchdog of --run.stall-minutes and beats before each phase that can hang (what ends a
     silent process is the test above): the start, every iteration, evaluation and checkpoint, by name."""
     from earl_jax.rl.loop import session as session_mod, trainer as trainer_mod
-    from jobs import with_fields
-    from tests.test_trainer import SMALL
+    from jobs import SMALL, with_fields
 
     made = []
 

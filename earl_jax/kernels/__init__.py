@@ -6,5 +6,5 @@ step's neighbours fused into it: the RMS norm's row scale, bias, SwiGLU, the res
 valid cache prefix, split along the cache for long contexts.
 `tuning`: the launch parameters per shape, and which op runs in Pallas or XLA, as measured.
 
-Every kernel runs under `interpret=True` on CPU (tests/test_kernels.py compares it with XLA there).
+Every kernel runs under `interpret=True` on CPU (tests/models/test_kernels.py compares it with XLA there).
 """

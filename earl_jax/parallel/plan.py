@@ -2,7 +2,7 @@
 
 The selector writes a `StagePlan` (one `StageLayout` per registered stage, sharding/stages.py);
 `planner.StagePlanner.run` hands each stage its layout, and every field below is read by the stage it describes
-(tests/test_plan_contract.py fails for a field no stage reads):
+(tests/parallel/test_plan_contract.py fails for a field no stage reads):
 
 - `mesh`            every stage: the data x fsdp x tensor mesh its program is compiled for;
 - `micro_batch`     score and update stages (experience, train, sft): rows per batch shard in one micro-batch (a

@@ -45,7 +45,7 @@ class RolloutConfig:
                 "pallas = every Pallas kernel, one device (earl_jax/kernels/)")
     cache_dtype: Literal["bfloat16", "float32"] = _f(
         "bfloat16", "the KV cache's dtype: float32 makes the sampler's log-probs equal the trainer's to ~1e-6 "
-                    "(tests/test_token_exact.py) at twice the cache memory")
+                    "(tests/tasks/test_token_exact.py) at twice the cache memory")
     pipeline_groups: int = _f(1, "the batch decodes as this many groups that take turns on the device, so the host "
                                  "steps one group's games (tools, task steps, tokenization) while another decodes; "
                                  "same games as 1 (each game samples by its own key); one process, no league")

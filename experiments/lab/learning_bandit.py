@@ -2,7 +2,8 @@
 
 The context is "<bos>d k\\n> " with k drawn from 0 .. K-1 (one k per group of G); ONE token is sampled; reward +1 if
 it is the digit k, `miss` for another digit, -1 for anything else. Used to sweep learning rate x batch x group
-size quickly (docs/learning.md, "What limits the tiny model"); tests/test_learning.py runs the Trainer-level probe.
+size quickly (docs/learning.md, "What limits the tiny model"); tests/rl/loop/test_learning.py runs the Trainer-level
+probe.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=1 taskset -c 1 \\
         python experiments/lab/learning_bandit.py K=10 lr=1e-3 B=16 G=8 steps=300

@@ -19,7 +19,7 @@ padding (CPU default: mean ~165 tokens, rows of 512). Instead of packing several
    model's programs do not depend on the batch's own padded width or split (on a GPU each new one cost 4-8 s for
    the tiny model, in most of a run's first dozen iterations). Columns past a
    row's length are padding and, with causal attention, change no log-prob before them, so the results equal the
-   padded computation (tests/test_packing.py).
+   padded computation (tests/rl/algorithm/test_packing.py).
 
 The number of model programs is bounded by the width buckets times the micro-batch row counts (the rows per
 shard over its divisors). The memory model plans for the widest micro-batch

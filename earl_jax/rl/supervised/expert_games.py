@@ -16,8 +16,8 @@ split into train and held-out by game.
 
 The games are played by the agent loop (`rollout.agent_loop.play_games`) with the expert as a host policy
 (rollout/host_policies.py), so a transcript is what the loop records for any policy that plays the same moves
-(tests/test_expert_games.py compares both): the first observation (after the bos token, if any), then per turn the
-answer and the next observation, truncated by `max_turns` / `max_context` as the loop truncates.
+(tests/rl/supervised/test_expert_games.py compares both): the first observation (after the bos token, if any), then
+per turn the answer and the next observation, truncated by `max_turns` / `max_context` as the loop truncates.
 - constrained moves: an answer is [the move's token, the stop token]; the loss mask holds the move token of expert
   turns; `choices` holds the legal-move bitmask on every move token (random turns too, as the loop records it; a
   token outside the mask is never scored, so only the expert's count).
