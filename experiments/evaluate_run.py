@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 def load_run_config(run_dir: Path, paths: dict | None = None):
     """The JobConfig a run was started with (its config.json), with `paths` ({(section, field): value}) set."""
     from earl_jax.cli import ConfigError, replace_paths
-    from earl_jax.rl.job.job_config import JobConfig, OldRunConfig
+    from earl_jax.rl.loop.job_config import JobConfig, OldRunConfig
 
     path = run_dir / "config.json"
     if not path.is_file():

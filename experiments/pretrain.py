@@ -262,9 +262,9 @@ def main(argv: list[str] | None = None) -> dict:
     from earl_jax.models.export import save_pretrained
     from earl_jax.progress import show_progress_logs
     from earl_jax.rl.algorithm.optim import make_optimizer
-    from earl_jax.rl.loop.evaluation import policy_evaluator
-    from earl_jax.rl.loop.policy_setup import build_policy
-    from earl_jax.rl.loop.train_stage import TrainState
+    from earl_jax.rl.stages.evaluation import policy_evaluator
+    from earl_jax.rl.stages.policy_setup import build_policy
+    from earl_jax.rl.stages.train_stage import TrainState
     from earl_jax.rl.supervised.sft import run_sft
 
     show_progress_logs(True)

@@ -49,7 +49,7 @@ class UpgradeError(ValueError):
 
 def _fields() -> dict[tuple[str, ...], Any]:
     from earl_jax.cli import fields_of
-    from earl_jax.rl.job.job_config import JobConfig
+    from earl_jax.rl.loop.job_config import JobConfig
 
     return {f.path: f.type for f in fields_of(JobConfig())}
 
@@ -97,7 +97,7 @@ def upgrade(config: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
 def upgrade_run(run_dir: Path) -> str:
     """Convert `run_dir`/config.json in place (the old one kept as config.json.bak); the line to print."""
     from earl_jax.cli import ConfigError
-    from earl_jax.rl.job.job_config import JobConfig, OldRunConfig
+    from earl_jax.rl.loop.job_config import JobConfig, OldRunConfig
 
     path, backup = run_dir / "config.json", run_dir / "config.json.bak"
     if not path.is_file():

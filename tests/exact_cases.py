@@ -7,8 +7,8 @@ import gymnasium
 import numpy as np
 
 from earl_jax.rl.algorithm.packing import scored_spans
-from earl_jax.rl.loop.experience_stage import rollout_batch
 from earl_jax.rl.loop.trainer import Trainer
+from earl_jax.rl.stages.experience_stage import rollout_batch
 from earl_jax.tasks.tools import Tool, ToolCall, ToolUse, register_call_parser
 from jobs import job, with_fields
 

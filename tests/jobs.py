@@ -10,7 +10,7 @@ import functools
 from typing import Any
 
 from earl_jax.cli import fields_of, replace_paths
-from earl_jax.rl.job.job_config import JobConfig
+from earl_jax.rl.loop.job_config import JobConfig
 
 # tests' usual settings: quiet, no wandb
 QUIET = dict(run__progress=False, run__wandb_mode="disabled")

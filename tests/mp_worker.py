@@ -32,7 +32,7 @@ def dispatch_round_trip(out_path: str) -> None:
     from earl_jax.models.model_config import get_config
     from earl_jax.parallel.dispatch import Dispatcher
     from earl_jax.sharding.mesh import MeshShape, make_mesh, state_shardings
-    from earl_jax.sharding.stages import STAGE_RULES
+    from earl_jax.sharding.stage_registry import STAGE_RULES
 
     assert jax.process_count() == int(os.environ["EARL_NUM_PROCESSES"]) > 1, jax.process_count()
     d = Dispatcher()

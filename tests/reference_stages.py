@@ -1,7 +1,7 @@
 """The padded reference the tests compare the product's stages against: experience and train as ONE program each,
 every micro-batch at the batch's full width (a `fori_loop` over the same micro-batch steps the product runs).
 
-The product (rl/loop/experience_stage.py, rl/loop/train_stage.py through rl/algorithm/packing.py) runs each
+The product (rl/stages/experience_stage.py, rl/stages/train_stage.py through rl/algorithm/packing.py) runs each
 micro-batch at its own width as its own
 program; tests check it computes the same numbers as this padded computation (test_packing, test_plan_contract).
 """

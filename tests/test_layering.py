@@ -19,7 +19,12 @@ FLOORS = (
     ("earl_jax.models", "earl_jax.kernels"),  # the decoder and its kernels
     ("earl_jax.rollout",),  # sampler, agent loop
     ("earl_jax.parallel",),  # memory model, profile, selector, planner, dispatcher
-    ("earl_jax.rl",),  # the job: stages, trainer, curriculum
+    # the RL job, by concern: the algorithm and who plays whom, the stages, a supervised start, the loop, the job
+    ("earl_jax.rl", "earl_jax.rl.algorithm", "earl_jax.rl.matchups"),
+    ("earl_jax.rl.stages",),
+    ("earl_jax.rl.supervised",),
+    ("earl_jax.rl.loop",),
+    ("earl_jax.rl.job",),
 )
 NO_OPENSPIEL = ("earl_jax.rollout.sampler", "earl_jax.rollout.agent_loop", "earl_jax.parallel.planner",
                 "earl_jax.parallel.memory", "earl_jax.envs.env_config", "earl_jax.envs.games")

@@ -21,7 +21,7 @@ from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.planner import StageRun
 from earl_jax.rl.algorithm.packing import grouped_logprobs
 from earl_jax.sharding.mesh import INFERENCE_RULES
-from earl_jax.sharding.stages import StageSpec, register_stage
+from earl_jax.sharding.stage_registry import StageSpec, register_stage
 
 # It only runs the model: the rollout's rules (weights over tensor, rows over data), priced like the experience
 # stage (a forward pass of a micro-batch), planned when it runs rather than with every iteration's plan.

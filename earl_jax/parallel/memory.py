@@ -29,8 +29,8 @@ dimension is split over its mesh axis only when the axis size divides it, otherw
   log-softmax) and 3 in training (logits, softmax, gradient).
 * `reserve_bytes` for what is not modeled (XLA scratch, CUDA context, fragmentation).
 
-A stage is priced by its registered memory kind (sharding/stages.py): decode as the rollout, score as experience,
-update as training. A candidate fits when total <= budget x safety_fraction.
+A stage is priced by its registered memory kind (sharding/stage_registry.py): decode as the rollout, score as
+experience, update as training. A candidate fits when total <= budget x safety_fraction.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from earl_jax.models.model_config import ModelConfig
 from earl_jax.parallel.plan import RolloutExtends
 from earl_jax.rollout.buckets import PREFILL_CHUNK, bucket
 from earl_jax.sharding.mesh import MeshShape, logical_to_spec
-from earl_jax.sharding.stages import names_of, stage_names, stage_spec
+from earl_jax.sharding.stage_registry import names_of, stage_names, stage_spec
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_CPU_BUDGET = 4 * GiB
@@ -345,7 +345,7 @@ class MemoryModel:
         concurrently, default all of the shard's; experience / train: per forward(-backward), default 1);
         `logprob_chunk` the sequence chunk whose logits are materialized at once. `extends`: the rollout's
         measured extend widths (default: `prefill_len` tokens against the whole context). What is priced is the
-        stage's registered memory kind (sharding/stages.py)."""
+        stage's registered memory kind (sharding/stage_registry.py)."""
         spec = stage_spec(stage)
         c, m = self.cfg, self.mem
         ctx, t = int(context_len), mesh.tensor

@@ -1,6 +1,6 @@
 """The contract between the Parallelism Selector and the stages: `StagePlan`, `StageLayout`, `ContextStats`.
 
-The selector writes a `StagePlan` (one `StageLayout` per registered stage, sharding/stages.py);
+The selector writes a `StagePlan` (one `StageLayout` per registered stage, sharding/stage_registry.py);
 `planner.StagePlanner.run` hands each stage its layout, and every field below is read by the stage it describes
 (tests/parallel/test_plan_contract.py fails for a field no stage reads):
 
@@ -20,7 +20,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from earl_jax.sharding.mesh import MeshShape
-from earl_jax.sharding.stages import stage_names, stage_spec
+from earl_jax.sharding.stage_registry import stage_names, stage_spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +52,8 @@ _CONTEXT_FIELDS = ("context_bucket", "smoothed_context_len")
 
 @dataclasses.dataclass(frozen=True, init=False)
 class StagePlan:
-    """A layout per registered stage (sharding/stages.py) for one context bucket. `plan["train"]` and `plan.train`
+    """A layout per registered stage (sharding/stage_registry.py) for one context bucket. `plan["train"]` and
+    `plan.train`
     are a stage's layout, None when this plan leaves it out (a stage planned when it runs, before it is)."""
 
     layouts: Mapping[str, StageLayout]  # registered stage -> its layout, in registration order

@@ -47,7 +47,7 @@ from earl_jax.parallel.thresholds import parse_thresholds
 from earl_jax.rollout.compile_ahead import spec_of
 from earl_jax.sharding.context import use_mesh_rules
 from earl_jax.sharding.mesh import MeshShape, Rules, batch_axes, logical_sharding, make_mesh, state_shardings
-from earl_jax.sharding.stages import stage_names, stage_spec
+from earl_jax.sharding.stage_registry import stage_names, stage_spec
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -35,7 +35,7 @@ from earl_jax.models.model_config import ModelConfig
 from earl_jax.parallel.memory import MemoryModel, candidate_meshes
 from earl_jax.parallel.plan import StageLayout
 from earl_jax.sharding.mesh import MeshShape
-from earl_jax.sharding.stages import stage_names, stage_spec
+from earl_jax.sharding.stage_registry import stage_names, stage_spec
 from earl_jax.watchdog import EXIT_CODE, Watchdog
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Parallelism Selector: the layout (mesh shape, micro-batch, log-prob chunk) of every stage for the
 current context length (EARL, arXiv 2510.05943, section 3; EARL adapts rollout only, we do all stages).
-The stages are those registered in sharding/stages.py: `plan` plans the ones planned each iteration,
+The stages are those registered in sharding/stage_registry.py: `plan` plans the ones planned each iteration,
 `select` any other when it runs.
 
 Each iteration the trainer calls
@@ -42,7 +42,7 @@ from earl_jax.parallel.memory import MemoryConfig, MemoryModel, candidate_meshes
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
 from earl_jax.parallel.profile import HUNG, OK, OOM, ProfileTable
 from earl_jax.sharding.mesh import MeshShape
-from earl_jax.sharding.stages import stage_names, stage_spec
+from earl_jax.sharding.stage_registry import stage_names, stage_spec
 
 log = logging.getLogger(__name__)
 

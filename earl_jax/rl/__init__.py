@@ -1,8 +1,9 @@
-"""The RL job, by concern (each subpackage may use those listed before it, never one after):
+"""The RL job, by concern; a subpackage imports only those above it in this list (tests/test_layering.py):
 
     algorithm/   advantages, losses, log-probs, the optimizer, the micro-batch steps, packing: pure functions
-    supervised/  the SFT stage, the format warm-up, expert games and their replay
     matchups/    who the policy plays: curriculum, league, matchmaking, group seeds and plans
-    loop/        the RL loop and its stages (rollout, experience, train), weights, checkpoints, metrics
-    job/         the command-line job: its config, checks, presets, plots and the selector's profile mode
+    stages/      the rollout, experience and train stages, the policy bundle, weights between layouts, evaluation
+    supervised/  the SFT stage, the format warm-up, expert games and their replay
+    loop/        the job's typed config, the Trainer, overlap and partial rollouts, checkpoints, metrics
+    job/         the command-line job: checks, the pod preset, plots, the selector's profile mode
 """

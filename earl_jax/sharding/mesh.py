@@ -30,7 +30,7 @@ INFERENCE_RULES: Rules = {
 }
 # Training: parameters (and so gradients and optimizer state) also split over fsdp along embed.
 TRAIN_RULES: Rules = {**INFERENCE_RULES, "embed": FSDP, "batch": (DATA, FSDP)}
-# Each stage names its table when it registers (sharding/stages.py: STAGE_RULES).
+# Each stage names its table when it registers (sharding/stage_registry.py: STAGE_RULES).
 
 
 @dataclasses.dataclass(frozen=True, order=True)

@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 from earl_jax.models.model_config import ModelConfig, get_config  # noqa: E402
 from earl_jax.parallel.dispatch import Dispatcher  # noqa: E402
 from earl_jax.sharding.mesh import MeshShape, logical_sharding, make_mesh  # noqa: E402
-from earl_jax.sharding.stages import STAGE_RULES  # noqa: E402
+from earl_jax.sharding.stage_registry import STAGE_RULES  # noqa: E402
 from timing import fresh_copy, median_ms  # noqa: E402
 
 

@@ -48,7 +48,7 @@ def run_case(model: str, mesh_name: str, impl: str, rules_name: str, abstract: b
     from earl_jax.models import init
     from earl_jax.models.model_config import get_config
     from earl_jax.sharding.mesh import MeshShape, make_mesh, state_shardings
-    from earl_jax.sharding.stages import STAGE_RULES
+    from earl_jax.sharding.stage_registry import STAGE_RULES
 
     cfg = get_config(model)
     shape = MeshShape.parse(mesh_name)

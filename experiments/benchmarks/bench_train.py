@@ -1,6 +1,6 @@
 """Train-stage and experience-stage throughput of earl-jax on one device: Qwen2.5-0.5B shape, bf16 compute,
 float32 master weights, AdamW (`rl.algorithm.optim.make_optimizer`), GRPO/PPO-clip loss; the stages the trainer runs
-(`rl.loop.train_stage.train_stage`, `rl.loop.experience_stage.experience_stage`: one policy, no reference) on random
+(`rl.stages.train_stage.train_stage`, `rl.stages.experience_stage.experience_stage`: one policy, no reference) on random
 tokens, rewards and advantages, at the plan's micro-batch split (one layout on one device, no finer length split).
 
 Reports tokens/s, MFU = (6 N tokens + causal attention flops) / time / peak (2 N + attention for the
@@ -85,10 +85,10 @@ def run_case(case: dict) -> dict:
     from earl_jax.rl.algorithm.micro_steps import ExperienceBatch
     from earl_jax.rl.algorithm.optim import make_optimizer
     from earl_jax.rl.algorithm.packing import scored_spans
-    from earl_jax.rl.loop.experience_stage import ExperienceResult, RolloutBatch, experience_stage
-    from earl_jax.rl.loop.train_stage import train_stage
+    from earl_jax.rl.stages.experience_stage import ExperienceResult, RolloutBatch, experience_stage
+    from earl_jax.rl.stages.train_stage import train_stage
     from earl_jax.sharding.mesh import MeshShape, make_mesh
-    from earl_jax.sharding.stages import STAGE_RULES
+    from earl_jax.sharding.stage_registry import STAGE_RULES
 
     cfg = (ModelConfig.tiny(vocab_size=2048).replace(num_hidden_layers=2) if case["model"] == "tiny"
            else get_config(case["model"]))

@@ -57,7 +57,7 @@ check_flags() {  # check_flags FLAGS...: fails naming a flag connect4.py does no
   PYTHONPATH="$REPO:${PYTHONPATH:-}" python3 - "$@" <<'PY'
 import sys
 from earl_jax.cli import fields_of
-from earl_jax.rl.job.job_config import JobConfig
+from earl_jax.rl.loop.job_config import JobConfig
 from earl_jax.rl.job.entry import ALIASES
 known = {f.flag for f in fields_of(JobConfig())} | set(ALIASES) | {"--preset", "--config", "--debug"}
 bad = [a.split("=")[0] for a in sys.argv[1:] if a.startswith("--") and a.split("=")[0].replace("_", "-") not in known]

@@ -21,7 +21,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from earl_jax.rl.job.job_config import JobConfig  # noqa: E402
+from earl_jax.rl.loop.job_config import JobConfig  # noqa: E402
 from earl_jax.rl.loop.trainer import Trainer  # noqa: E402
 from earl_jax.rollout import sampler as sampler_module  # noqa: E402
 

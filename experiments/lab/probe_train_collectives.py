@@ -40,7 +40,7 @@ from earl_jax.rl.algorithm import micro_steps as stages  # noqa: E402
 from earl_jax.rl.algorithm.losses import LossConfig  # noqa: E402
 from earl_jax.sharding.context import use_mesh_rules  # noqa: E402
 from earl_jax.sharding.mesh import MeshShape, logical_sharding, make_mesh, state_shardings  # noqa: E402
-from earl_jax.sharding.stages import STAGE_RULES  # noqa: E402
+from earl_jax.sharding.stage_registry import STAGE_RULES  # noqa: E402
 
 COLLECTIVE = re.compile(r"= (.+?) (all-gather|all-reduce|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
 ALLOC = re.compile(r"allocation (\d+): size (\d+)(.*)")

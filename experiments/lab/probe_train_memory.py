@@ -43,7 +43,7 @@ def probe(model_name: str, layers: int, rows: int, t: int, remat: bool, mesh: st
 
     from earl_jax.sharding.context import use_mesh_rules
     from earl_jax.sharding.mesh import logical_sharding, make_mesh, state_shardings
-    from earl_jax.sharding.stages import STAGE_RULES
+    from earl_jax.sharding.stage_registry import STAGE_RULES
 
     cfg = get_config(model_name, vocab_size=101).replace(num_hidden_layers=layers)
     model = abstract_model(cfg, dtype=jnp.bfloat16)

@@ -33,7 +33,7 @@ from earl_jax.envs.vector.blunders import move_classes  # noqa: E402
 from earl_jax.rl.algorithm import optim as optim_mod  # noqa: E402
 from earl_jax.rl.job.entry import parse_job  # noqa: E402
 from earl_jax.rl.loop import trainer as trainer_mod  # noqa: E402
-from earl_jax.rl.loop.experience_stage import pad_cols  # noqa: E402
+from earl_jax.rl.stages.experience_stage import pad_cols  # noqa: E402
 from earl_jax.rl.supervised import warmup as warmup_mod  # noqa: E402
 from earl_jax.rl.supervised.warmup import random_legal_games  # noqa: E402
 

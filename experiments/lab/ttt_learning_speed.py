@@ -48,7 +48,7 @@ from earl_jax.envs.vector import make_vector_env  # noqa: E402
 from earl_jax.rl.algorithm.logprobs import token_logprobs  # noqa: E402
 from earl_jax.rl.job.entry import parse_job  # noqa: E402
 from earl_jax.rl.loop import trainer as trainer_mod  # noqa: E402
-from earl_jax.rl.loop.experience_stage import pad_cols  # noqa: E402
+from earl_jax.rl.stages.experience_stage import pad_cols  # noqa: E402
 from earl_jax.rl.supervised.warmup import random_legal_games  # noqa: E402
 
 

@@ -143,7 +143,7 @@ def test_a_changed_spec_reaches_every_reader(forked):
 
 def test_the_opponent_help_says_which_games_refuse_the_solver(monkeypatch):
     from earl_jax.cli import fields_of
-    from earl_jax.rl.job.job_config import JobConfig
+    from earl_jax.rl.loop.job_config import JobConfig
 
     def shown() -> str:  # --env.opponent's help, as the job's --help shows it
         return next(f.help for f in fields_of(JobConfig()) if f.path == ("env", "opponent"))

@@ -9,7 +9,7 @@ import pytest
 from earl_jax.models.attention import _per_shard
 from earl_jax.sharding.context import use_mesh_rules
 from earl_jax.sharding.mesh import MeshShape, make_mesh
-from earl_jax.sharding.stages import STAGE_RULES
+from earl_jax.sharding.stage_registry import STAGE_RULES
 
 
 def _xla(q, k, v):

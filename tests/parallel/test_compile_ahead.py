@@ -176,7 +176,7 @@ def test_deferred_widths_of_experience_and_train_are_compiled_ahead():
     from earl_jax.rl.algorithm import micro_steps as stages
     from earl_jax.rl.algorithm.losses import LossConfig
     from earl_jax.rl.algorithm.packing import grouped_logprobs, grouped_update
-    from earl_jax.sharding.stages import STAGE_RULES
+    from earl_jax.sharding.stage_registry import STAGE_RULES
 
     shape = MeshShape.parse("d2f1t1")
     mesh = make_mesh(shape, jax.devices()[:2])

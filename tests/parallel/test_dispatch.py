@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from earl_jax.parallel.dispatch import Dispatcher, dispatch
 from earl_jax.parallel.layout import device_ids
 from earl_jax.sharding.mesh import MeshShape, logical_sharding, make_mesh
-from earl_jax.sharding.stages import STAGE_RULES
+from earl_jax.sharding.stage_registry import STAGE_RULES
 
 SHAPES8 = [MeshShape(d, f, t) for d in (1, 2, 4, 8) for f in (1, 2, 4, 8) for t in (1, 2, 4, 8) if d * f * t == 8]
 INFER8 = [s for s in SHAPES8 if s.fsdp == 1]

@@ -197,7 +197,7 @@ def test_params_per_device_matches_real_shardings_of_the_model(name):
 
     from earl_jax.models.qwen2 import Qwen2
     from earl_jax.sharding.mesh import make_mesh, state_shardings
-    from earl_jax.sharding.stages import STAGE_RULES
+    from earl_jax.sharding.stage_registry import STAGE_RULES
 
     cfg = get_config(name)
     state = nnx.state(nnx.eval_shape(lambda: Qwen2(cfg, rngs=nnx.Rngs(0))), nnx.Param)
@@ -216,7 +216,7 @@ def test_kv_cache_matches_real_cache_shardings(name):
 
     from earl_jax.models.cache import cache_shardings, init_cache
     from earl_jax.sharding.mesh import make_mesh
-    from earl_jax.sharding.stages import STAGE_RULES
+    from earl_jax.sharding.stage_registry import STAGE_RULES
 
     cfg = get_config(name)
     mm = MemoryModel(cfg, MemoryConfig(budget_bytes=H100))

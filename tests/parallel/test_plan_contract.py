@@ -1,7 +1,7 @@
 """The StagePlan is what runs: every layout field reaches its stage, and micro-batching changes no numbers.
 
 8 fake CPU devices. The trainer-level tests force a plan (static mode keeps it) and spy on what the stages the
-trainer runs (rl/loop/experience_stage.py, rl/loop/train_stage.py) and their programs receive: the layout, the mesh
+trainer runs (rl/stages/experience_stage.py, rl/stages/train_stage.py) and their programs receive: the layout, the mesh
 and row sharding of the
 programs' inputs, the rows of each micro-batch and the log-prob chunk seen when `token_logprobs` is traced.
 """
@@ -30,11 +30,11 @@ from earl_jax.rl.algorithm import micro_steps as stages
 from earl_jax.rl.algorithm.losses import LossConfig
 from earl_jax.rl.algorithm.packing import scored_spans
 from earl_jax.rl.loop import trainer as trainer_mod
-from earl_jax.rl.loop.experience_stage import ExperienceResult, RolloutBatch, experience_stage
-from earl_jax.rl.loop.train_stage import train_stage
 from earl_jax.rl.loop.trainer import Trainer
+from earl_jax.rl.stages.experience_stage import ExperienceResult, RolloutBatch, experience_stage
+from earl_jax.rl.stages.train_stage import train_stage
 from earl_jax.sharding.mesh import MeshShape, make_mesh, state_shardings
-from earl_jax.sharding.stages import STAGE_RULES, stage_names, stage_spec
+from earl_jax.sharding.stage_registry import STAGE_RULES, stage_names, stage_spec
 from jobs import job, with_fields
 
 M = MeshShape.parse
@@ -206,7 +206,7 @@ def _run(stage: str, mesh: str, mb: int, chunk: int, programs: ProgramCache, par
                                          ("train", "d8f1t1"), ("train", "d1f8t1"), ("train", "d2f2t2"),
                                          ("train", "d2f1t4")])
 def test_micro_batched_stages_equal_one_batch_on_every_mesh(stage, mesh):
-    """rl/loop/experience_stage.py and rl/loop/train_stage.py (what the trainer runs) at the plan's split: one
+    """rl/stages/experience_stage.py and rl/stages/train_stage.py (what the trainer runs) at the plan's split: one
     micro-batch, then the most."""
     model = init_sharded(CFG, make_mesh(M("d8f1t1")), STAGE_RULES["train"], seed=0, dtype=jnp.float32)
     graphdef, params = nnx.split(model)

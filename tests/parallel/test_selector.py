@@ -31,7 +31,7 @@ from earl_jax.parallel.selector import (
     SelectorConfig,
 )
 from earl_jax.sharding.mesh import TRAIN_RULES, MeshShape, make_mesh
-from earl_jax.sharding.stages import StageSpec, stage_names
+from earl_jax.sharding.stage_registry import StageSpec, stage_names
 
 STAGES = stage_names("each_iteration")  # the stages plan() plans
 
@@ -288,7 +288,7 @@ def test_run_with_oom_fallback_reruns_same_batch_on_next_candidate():
 
 
 def test_a_stage_registered_each_iteration_is_planned_with_the_others(monkeypatch):
-    from earl_jax.sharding import stages as registry
+    from earl_jax.sharding import stage_registry as registry
 
     critic = StageSpec("critic", TRAIN_RULES, memory="update", updates_weights=True, planned="each_iteration")
     monkeypatch.setitem(registry._REGISTRY, "critic", critic)  # registered for this test only

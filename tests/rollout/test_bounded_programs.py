@@ -8,7 +8,7 @@ import numpy as np
 from earl_jax.parallel.planner import StagePlanner
 from earl_jax.parallel.shapes import ProgramShapes
 from earl_jax.rl.algorithm.packing import length_order, micro_batch_plan
-from earl_jax.rl.loop.experience_stage import RolloutBatch
+from earl_jax.rl.stages.experience_stage import RolloutBatch
 from jobs import job
 
 

@@ -12,7 +12,7 @@ from earl_jax.models.qwen2 import cached_attention
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel
 from earl_jax.sharding.context import use_mesh_rules
 from earl_jax.sharding.mesh import MeshShape, make_mesh
-from earl_jax.sharding.stages import STAGE_RULES
+from earl_jax.sharding.stage_registry import STAGE_RULES
 
 
 def test_block_is_everything_when_it_fits_else_the_largest_power_of_two_that_does():

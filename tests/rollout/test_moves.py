@@ -12,8 +12,8 @@ import pytest
 
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
 from earl_jax.rl.algorithm.packing import scored_spans
-from earl_jax.rl.loop.experience_stage import rollout_batch
 from earl_jax.rl.loop.trainer import Trainer
+from earl_jax.rl.stages.experience_stage import rollout_batch
 from earl_jax.rollout.agent_loop import PlayConfig, play_games
 from earl_jax.rollout.moves import MoveTokens, bits_to_mask, choice_logprobs, legal_bits, pick_moves
 from earl_jax.rollout.policy import SamplerPolicy, _prepend

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from earl_jax.parallel.plan import StageLayout, StagePlan
-from earl_jax.rl.loop import rollout_stage
-from earl_jax.rl.loop.experience_stage import rollout_batch
 from earl_jax.rl.loop.trainer import Trainer
+from earl_jax.rl.stages import rollout_stage
+from earl_jax.rl.stages.experience_stage import rollout_batch
 from earl_jax.rollout import process_split
 from earl_jax.rollout.agent_loop import Trajectories
 from earl_jax.sharding.mesh import MeshShape

@@ -15,7 +15,7 @@ from earl_jax.parallel.selector import SelectorConfig
 from earl_jax.rl.algorithm import micro_steps as stages
 from earl_jax.rl.loop.trainer import Trainer
 from earl_jax.sharding.mesh import INFERENCE_RULES, TRAIN_RULES
-from earl_jax.sharding.stages import StageSpec, register_stage, stage_names, stage_spec
+from earl_jax.sharding.stage_registry import StageSpec, register_stage, stage_names, stage_spec
 from jobs import job
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"

@@ -3,7 +3,7 @@ batch traced): cut micro-batch j out of the batch, its log-probs, its weighted l
 step over the whole batch and the optimizer update.
 
 rl/algorithm/packing.py compiles each under `planner.StageRun.jit` per micro-batch shape, and
-rl/loop/experience_stage.py and rl/loop/train_stage.py
+rl/stages/experience_stage.py and rl/stages/train_stage.py
 (the stages the trainer and the profiler run) call it; nothing here knows which mesh it runs on. What the plan decides
 arrives as arguments: `micro_batches` and `shards` (how rows split, from `StageRun.micro_batches`) and `chunk` (the
 layout's log-prob chunk).

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from earl_jax.cli import ConfigError, Parsed, load_file, parse
 from earl_jax.errors import CheckpointError
-from earl_jax.rl.job.job_config import JobConfig, OldRunConfig
+from earl_jax.rl.loop.job_config import JobConfig, OldRunConfig
 from earl_jax.rl.loop.session import EXIT_CODES
 
 DEFAULT_PRESET = "tiny-cpu"
@@ -120,8 +120,8 @@ def drop_default_curriculum(cfg: JobConfig, typed) -> JobConfig:
     the default preset's base is dropped for a shape it was not made for (rl/job/validate.py apply_base). Typed ones are
     still refused, naming the flag."""
     from earl_jax.cli import replace_paths
-    from earl_jax.rl.job.job_config import CurriculumConfig
     from earl_jax.rl.job.validate import CURRICULUM_ONLY
+    from earl_jax.rl.loop.job_config import CurriculumConfig
 
     if ("env", "opponent") not in typed or cfg.env.opponent == "curriculum":
         return cfg

@@ -30,7 +30,7 @@ from earl_jax.parallel.planner import ProgramCache, StageRun
 from earl_jax.parallel.profile import ProfileTable, run_profile
 from earl_jax.rl.algorithm.losses import LossConfig
 from earl_jax.sharding.mesh import MeshShape, logical_sharding, make_mesh
-from earl_jax.sharding.stages import STAGE_RULES
+from earl_jax.sharding.stage_registry import STAGE_RULES
 
 LOSS = LossConfig(filter_constant_groups=False)  # GRPO and PPO-clip, the job's default loss
 
@@ -101,7 +101,7 @@ class RealMeasure:
     def _batch(self, context_len: int, num_responses: int):
         """A host batch as the rollout hands it to the experience stage: random tokens, every position scored, groups
         of 2 (GRPO needs a group), random rewards; and each row's scored span (the whole row)."""
-        from earl_jax.rl.loop.experience_stage import RolloutBatch
+        from earl_jax.rl.stages.experience_stage import RolloutBatch
 
         rng = np.random.default_rng(self.seed)
         shape = (num_responses, context_len)
@@ -113,7 +113,7 @@ class RealMeasure:
     def _experience(self, run: StageRun, graphdef, params, batch, spans):
         """The trainer's experience stage; its micro-batches at their own widths, as the plan splits them (the
         ProgramCache's default program service: nothing compiled ahead)."""
-        from earl_jax.rl.loop.experience_stage import experience_stage
+        from earl_jax.rl.stages.experience_stage import experience_stage
 
         return experience_stage(run, params, None, batch, spans, graphdef=graphdef, loss=LOSS,
                                 num_groups=-(-len(spans) // 2))
@@ -123,7 +123,7 @@ class RealMeasure:
         batch made by `experience_stage` on the same layout (not timed)."""
         from earl_jax.parallel.dispatch import Dispatcher
         from earl_jax.rl.algorithm.optim import make_optimizer
-        from earl_jax.rl.loop.train_stage import train_stage
+        from earl_jax.rl.stages.train_stage import train_stage
 
         run, graphdef, params = self._run("train", layout)
         optimizer = make_optimizer(1e-6, 10, 1000, 0.0, 1.0)

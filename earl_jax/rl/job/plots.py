@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from earl_jax.rl.loop.metrics import read_metrics
-from earl_jax.sharding.stages import stage_names
+from earl_jax.sharding.stage_registry import stage_names
 
 _MESH_KEY = re.compile(r"parallel/(\w+)_mesh")
 

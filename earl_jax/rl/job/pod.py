@@ -37,7 +37,7 @@ from typing import Any, Mapping
 from earl_jax.cli import replace_paths
 from earl_jax.models.model_config import ModelConfig, get_config
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel, candidate_meshes
-from earl_jax.rl.job.job_config import JobConfig
+from earl_jax.rl.loop.job_config import JobConfig
 from earl_jax.sharding.mesh import MeshShape
 
 POD_MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b",

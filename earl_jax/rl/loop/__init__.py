@@ -1,2 +1,2 @@
-"""The RL loop: the Trainer (plan -> rollout -> experience -> train -> evaluate -> log), its stages, the policy's
-weights moved between layouts, overlap and partial rollouts, checkpoints, evaluation and metrics."""
+"""The RL loop: the job's typed config, the Trainer (plan -> rollout -> experience -> train -> evaluate -> log), the
+session around it (stop signals, progress), overlapped and partial rollouts, checkpoints, metrics."""

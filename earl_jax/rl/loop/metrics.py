@@ -252,11 +252,12 @@ def device_memory() -> dict[str, float]:
 
 def trainer_record(trainer, done, batch, times: dict[str, float], exp_metrics: dict[str, Any],
                    train_metrics: dict[str, Any], compiles, *, no_signal, dispatch_bytes: int) -> dict[str, Any]:
-    """A `Trainer.iteration`'s record of the batch `done` (rl/loop/staleness.py's `Sampled`; `batch` its RolloutBatch):
+    """A `Trainer.iteration`'s record of the batch `done` (rl/stages/staleness.py's `Sampled`; `batch` its
+    RolloutBatch):
     `iteration_record`, the batch's staleness, then the rollout's pipeline, the compiles (and those compiled ahead),
     the layouts that ran (with rollouts ahead, the one that sampled this batch), device memory, the opponents played
     and a text task's episode log."""
-    from earl_jax.rl.loop.staleness import staleness_metrics
+    from earl_jax.rl.stages.staleness import staleness_metrics
 
     t, cfg, traj, league = trainer, trainer.cfg, done.traj, done.league
     planner = t.policy.planner

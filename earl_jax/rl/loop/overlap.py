@@ -9,7 +9,8 @@ One background thread plays the training rollouts, in step order, while the loop
                   submitted
 
 So batch j is sampled by version max(0, j - K), whatever the threads' timing: a run is a function of (seed, K) as
-the synchronous one is of its seed, and `check_bound` (rl/loop/staleness.py) refuses any batch older than K. The weights
+the synchronous one is of its seed, and `check_bound` (rl/stages/staleness.py) refuses any batch older than K. The
+weights
 version of a batch is fixed when it is submitted, so the rollout of batch k + K starts as soon as batch k + K - 1 is
 done (one thread), during iteration k's experience and train.
 
@@ -35,8 +36,8 @@ import jax.numpy as jnp
 
 from earl_jax.parallel.plan import ContextStats
 from earl_jax.rl.algorithm.losses import BEHAVIOUR_LOSSES
-from earl_jax.rl.loop.staleness import Sampled, check_bound, from_checkpoint, to_checkpoint
 from earl_jax.rl.matchups.game_seeds import rollout_inputs
+from earl_jax.rl.stages.staleness import Sampled, check_bound, from_checkpoint, to_checkpoint
 
 log = logging.getLogger("earl_jax.rl.loop.trainer")
 

@@ -13,7 +13,7 @@ that ended waits for the rest of its group. The batch keeps its B x G rows, the 
 token: no estimator, loss or metric counts them), so the plan, the micro-batches and every program keep their shapes;
 the trained rows come first, so a PPO mini-batch is filled with them before any empty row.
 
-Each token keeps the version of the weights that sampled it (`Sampled.versions`; rl/loop/staleness.py), a carried
+Each token keeps the version of the weights that sampled it (`Sampled.versions`; rl/stages/staleness.py), a carried
 episode's
 earlier tokens their older one, and its sampler log-prob: `--loss.policy-loss decoupled_ppo` weighs each token by
 proximal / behaviour with that log-prob as the behaviour policy; any other loss is warned about once.
@@ -41,7 +41,7 @@ from jaxtyping import Bool, Int
 
 from earl_jax.envs.outcomes import NO_WINNER, WINNERS
 from earl_jax.rl.algorithm.losses import BEHAVIOUR_LOSSES
-from earl_jax.rl.loop.staleness import Sampled
+from earl_jax.rl.stages.staleness import Sampled
 from earl_jax.rollout.episodes import Carried, RolloutStats, Trajectories, episode_stats
 
 log = logging.getLogger("earl_jax.rl.loop.trainer")

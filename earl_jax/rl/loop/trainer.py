@@ -27,21 +27,21 @@ from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.planner import StageRun
 from earl_jax.rl.algorithm.optim import with_run_fraction
 from earl_jax.rl.algorithm.packing import scored_spans
-from earl_jax.rl.job.job_config import JobConfig
 from earl_jax.rl.loop.checkpoint import Checkpointer, restore_trainer, save_trainer
-from earl_jax.rl.loop.evaluation import Evaluator
-from earl_jax.rl.loop.experience_stage import ExperienceResult, RolloutBatch, experience_stage
 from earl_jax.rl.loop.gc_control import GcClock
+from earl_jax.rl.loop.job_config import JobConfig
 from earl_jax.rl.loop.metrics import CompileStats, MetricsLogger, NoSignal, trainer_record
 from earl_jax.rl.loop.overlap import Overlap
 from earl_jax.rl.loop.partial import PartialRollouts
-from earl_jax.rl.loop.policy_setup import build_policy
-from earl_jax.rl.loop.rollout_stage import RolloutStage, timed_weights
 from earl_jax.rl.loop.session import Session, StopRun
-from earl_jax.rl.loop.staleness import Sampled
-from earl_jax.rl.loop.train_stage import TrainState, train_stage
 from earl_jax.rl.matchups.game_seeds import rollout_inputs
 from earl_jax.rl.matchups.matchmaking import job_matchmaker
+from earl_jax.rl.stages.evaluation import Evaluator
+from earl_jax.rl.stages.experience_stage import ExperienceResult, RolloutBatch, experience_stage
+from earl_jax.rl.stages.policy_setup import build_policy
+from earl_jax.rl.stages.rollout_stage import RolloutStage, timed_weights
+from earl_jax.rl.stages.staleness import Sampled
+from earl_jax.rl.stages.train_stage import TrainState, train_stage
 from earl_jax.rl.supervised.warmup import format_warmup, start_of_run
 from earl_jax.rollout.sampler import SamplingConfig
 

@@ -24,8 +24,8 @@ from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.planner import StageRun
 from earl_jax.rl.algorithm.micro_steps import sft_batch
 from earl_jax.rl.algorithm.packing import grouped_update, length_order
-from earl_jax.rl.loop.policy_setup import Policy
-from earl_jax.rl.loop.train_stage import TrainState
+from earl_jax.rl.stages.policy_setup import Policy
+from earl_jax.rl.stages.train_stage import TrainState
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,7 +74,7 @@ def format_warmup(policy, state, cfg, env, opponent: str, *, env_factory=None, t
     from earl_jax.envs.vector import make_vector_env
     from earl_jax.rl.algorithm.optim import make_optimizer
     from earl_jax.rl.algorithm.packing import batch_width
-    from earl_jax.rl.loop.experience_stage import pad_cols
+    from earl_jax.rl.stages.experience_stage import pad_cols
     from earl_jax.rl.supervised.sft import run_sft
 
     rng = np.random.default_rng(cfg.run.seed + 12345)

@@ -29,7 +29,7 @@ from earl_jax.rl.algorithm.packing import (
     rearrange,
 )
 from earl_jax.sharding.mesh import MeshShape, make_mesh
-from earl_jax.sharding.stages import STAGE_RULES
+from earl_jax.sharding.stage_registry import STAGE_RULES
 
 CFG = ModelConfig.tiny(vocab_size=32).replace(num_hidden_layers=2, hidden_size=64, intermediate_size=128)
 N, T = 16, 256

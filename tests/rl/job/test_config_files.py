@@ -8,7 +8,7 @@ import pytest
 
 from earl_jax.cli import ConfigError, read_toml
 from earl_jax.rl.job import entry as job
-from earl_jax.rl.job.job_config import JobConfig
+from earl_jax.rl.loop.job_config import JobConfig
 
 CONFIGS = Path(__file__).resolve().parents[3] / "experiments" / "configs" / "connect4"
 

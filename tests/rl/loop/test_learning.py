@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from earl_jax.rl.algorithm.packing import scored_spans
-from earl_jax.rl.loop.experience_stage import rollout_batch
 from earl_jax.rl.loop.trainer import Trainer
+from earl_jax.rl.stages.experience_stage import rollout_batch
 from earl_jax.rollout.sampler import Sampler
 from jobs import job, with_fields
 from probe import ShowDigitEnv

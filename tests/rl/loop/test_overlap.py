@@ -13,10 +13,11 @@ import pytest
 from earl_jax.models.setup import model_config
 from earl_jax.parallel.split import rank_splits, split_candidates, split_planners
 from earl_jax.rl.loop import trainer as trainer_mod
-from earl_jax.rl.loop.experience_stage import RolloutBatch
 from earl_jax.rl.loop.overlap import Overlap
-from earl_jax.rl.loop.rollout_stage import RolloutStage
-from earl_jax.rl.loop.staleness import (
+from earl_jax.rl.loop.trainer import Trainer
+from earl_jax.rl.stages.experience_stage import RolloutBatch
+from earl_jax.rl.stages.rollout_stage import RolloutStage
+from earl_jax.rl.stages.staleness import (
     Sampled,
     StalenessError,
     check_bound,
@@ -24,7 +25,6 @@ from earl_jax.rl.loop.staleness import (
     staleness_metrics,
     to_checkpoint,
 )
-from earl_jax.rl.loop.trainer import Trainer
 from earl_jax.rollout.episodes import RolloutStats, Trajectories
 from jobs import job, with_fields
 

@@ -14,7 +14,7 @@ import pytest
 from earl_jax.cli import ConfigError
 from earl_jax.rl.algorithm.optim import OptimConfig, run_fraction, timed_learning_rate, with_run_fraction
 from earl_jax.rl.job import entry as job_cli
-from earl_jax.rl.job.job_config import JobConfig
+from earl_jax.rl.loop.job_config import JobConfig
 from earl_jax.rl.loop.trainer import Trainer
 from earl_jax.rl.matchups.curriculum import Curriculum
 from jobs import job, with_fields

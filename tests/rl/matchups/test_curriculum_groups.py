@@ -14,9 +14,9 @@ from earl_jax.envs import EnvConfig
 from earl_jax.envs.vector import make_vector_env
 from earl_jax.rl.job import entry as job_cli
 from earl_jax.rl.job.validate import check_job
-from earl_jax.rl.loop.evaluation import Evaluator
 from earl_jax.rl.loop.trainer import Trainer
 from earl_jax.rl.matchups.group_plan import plan_groups
+from earl_jax.rl.stages.evaluation import Evaluator
 from env_replay import replay
 from jobs import job, with_fields
 

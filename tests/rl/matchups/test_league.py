@@ -13,11 +13,11 @@ import pytest
 from earl_jax.cli import ConfigError
 from earl_jax.rl.job import entry as job_cli
 from earl_jax.rl.job.validate import check_job
-from earl_jax.rl.loop.evaluation import Evaluator
 from earl_jax.rl.loop.metrics import read_metrics
 from earl_jax.rl.loop.trainer import Trainer
 from earl_jax.rl.matchups.curriculum import Curriculum, parse_ladder
 from earl_jax.rl.matchups.league import League
+from earl_jax.rl.stages.evaluation import Evaluator
 from jobs import job, with_fields
 
 SMALL = job(groups=4, group_size=2, run__steps=2, eval__every=1, eval__games=4, sft__steps=0, devices=2,

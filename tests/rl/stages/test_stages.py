@@ -1,4 +1,4 @@
-"""Experience and train stages as the trainer runs them (rl/loop/experience_stage.py, rl/loop/train_stage.py): old
+"""Experience and train stages as the trainer runs them (rl/stages/experience_stage.py, rl/stages/train_stage.py): old
 log-probs equal a full
 forward pass; micro-batching equals one big batch; NaN never reaches the weights; an estimator and a loss registered by
 a fork run in the job's stages."""
@@ -24,10 +24,10 @@ from earl_jax.rl.algorithm.losses import POLICY_LOSSES, LossConfig, register_pol
 from earl_jax.rl.algorithm.micro_steps import ExperienceBatch, advantage_step
 from earl_jax.rl.algorithm.optim import make_optimizer
 from earl_jax.rl.algorithm.packing import grouped_update, scored_spans
-from earl_jax.rl.loop.experience_stage import ExperienceResult, RolloutBatch, experience_stage
-from earl_jax.rl.loop.train_stage import train_stage
+from earl_jax.rl.stages.experience_stage import ExperienceResult, RolloutBatch, experience_stage
+from earl_jax.rl.stages.train_stage import train_stage
 from earl_jax.sharding.mesh import MeshShape, make_mesh
-from earl_jax.sharding.stages import STAGE_RULES
+from earl_jax.sharding.stage_registry import STAGE_RULES
 
 CFG = ModelConfig.tiny(vocab_size=32).replace(num_hidden_layers=2, hidden_size=64, intermediate_size=128)
 N = 8  # rows
@@ -62,7 +62,7 @@ def _batch() -> tuple[Any, Any, ExperienceResult]:
 
 
 def _train(graphdef, params, experience: ExperienceResult, optimizer, rows_per_micro_batch):
-    """rl/loop/train_stage.py's one update (one epoch, one mini-batch) on copies of the weights (it donates them)."""
+    """rl/stages/train_stage.py's one update (one epoch, one mini-batch) on copies of the weights (it donates them)."""
     params = jax.tree.map(jnp.copy, params)
     return train_stage(_run("train", rows_per_micro_batch, chunk=4), params, optimizer.init(params), experience,
                        Dispatcher(), graphdef=graphdef, loss=LossConfig(), optimizer=optimizer, epochs=1,

@@ -24,7 +24,7 @@ from earl_jax.models.tokenizer import TokenizerInfo, special_ids
 from earl_jax.parallel.planner import StagePlanner
 from earl_jax.parallel.shapes import ProgramShapes
 from earl_jax.parallel.split import split_planners
-from earl_jax.rl.loop.weights import WeightMover
+from earl_jax.rl.stages.weights import WeightMover
 from earl_jax.rollout.moves import MoveTokens
 from earl_jax.rollout.sampler import geometric_cache_buckets
 

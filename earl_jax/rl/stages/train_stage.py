@@ -24,7 +24,7 @@ from earl_jax.parallel.dispatch import Dispatcher
 from earl_jax.parallel.planner import StageRun
 from earl_jax.rl.algorithm.losses import LossConfig
 from earl_jax.rl.algorithm.packing import grouped_update, length_order, micro_batch_plan, mini_batch_rows, rearrange
-from earl_jax.rl.loop.experience_stage import ExperienceResult
+from earl_jax.rl.stages.experience_stage import ExperienceResult
 
 
 @dataclasses.dataclass

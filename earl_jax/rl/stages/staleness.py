@@ -20,7 +20,7 @@ import numpy as np
 from jaxtyping import Int
 
 from earl_jax.parallel.plan import StageLayout
-from earl_jax.rl.loop.experience_stage import RolloutBatch, pad_cols, rollout_batch
+from earl_jax.rl.stages.experience_stage import RolloutBatch, pad_cols, rollout_batch
 from earl_jax.rollout.episodes import RolloutStats, Trajectories
 from earl_jax.sharding.mesh import MeshShape
 

@@ -23,7 +23,7 @@ from jax.sharding import Mesh
 
 from earl_jax.distributed import host_to_global
 from earl_jax.parallel.planner import StageRun
-from earl_jax.rl.loop.policy_setup import Policy
+from earl_jax.rl.stages.policy_setup import Policy
 from earl_jax.rollout.agent_loop import Carried, PlayConfig, Trajectories, play_games
 from earl_jax.rollout.frozen_opponent import FrozenPolicyOpponent
 from earl_jax.rollout.policy import SamplerPolicy

@@ -51,7 +51,7 @@ class RolloutBatch:
     sampler_logp: Float[np.ndarray, "n t"] | None = None  # the sampler's log-prob of each sampled token
     choices: Int[np.ndarray, "n t"] | None = None  # legal-move bitmask of a constrained move token; None: free text
     # the policy version (train iterations done) of the weights that sampled each scored token (where loss_mask is
-    # set); kept on the host: what the staleness bound and its metrics read (rl/loop/staleness.py)
+    # set); kept on the host: what the staleness bound and its metrics read (rl/stages/staleness.py)
     versions: Int[np.ndarray, "n t"] | None = None
 
     def check(self) -> RolloutBatch:

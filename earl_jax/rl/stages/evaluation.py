@@ -15,8 +15,8 @@ import jax
 
 from earl_jax.envs.vector import make_vector_env
 from earl_jax.progress import phase
-from earl_jax.rl.loop.policy_setup import Policy
-from earl_jax.rl.loop.rollout_stage import RolloutStage
+from earl_jax.rl.stages.policy_setup import Policy
+from earl_jax.rl.stages.rollout_stage import RolloutStage
 from earl_jax.rollout.sampler import SamplingConfig
 
 EVAL_SEED = 20_000_000

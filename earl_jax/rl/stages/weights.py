@@ -18,7 +18,7 @@ from earl_jax.parallel.dispatch import Dispatcher
 from earl_jax.parallel.planner import StageRun
 from earl_jax.rl.matchups.league import host_copy
 from earl_jax.rollout.sampler import cast_weights
-from earl_jax.sharding.stages import stage_spec
+from earl_jax.sharding.stage_registry import stage_spec
 
 
 class WeightMover:
