@@ -153,7 +153,7 @@ def test_a_scripted_tool_task_episode_is_the_one_built_by_hand():
         n = re.match(r"n (\d+)", context).group(1)
         return ["wxyz", "ab", n][context.count("> ") - 1]
 
-    traj = _scripted("test_token_exact:make_echo_task", "{}", seeds, answer)
+    traj = _scripted("exact_cases:make_echo_task", "{}", seeds, answer)
     expected = []
     for seed in seeds:
         first, _ = _Count().reset(seed=seed)

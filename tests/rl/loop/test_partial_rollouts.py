@@ -147,7 +147,7 @@ GAME = job(groups=8, group_size=G, run__steps=3, eval__every=0, eval__games=8, c
            checkpoint_minutes=0, max_turns=20, max_context=512, constrain_moves=True, devices=8,
            policy_loss="decoupled_ppo", group_seeds="per_game", cache_dtype="float32", token_budget=40,
            entropy_coef=0.01, filter_constant_groups=False, warmup_steps=0)  # a gradient every iteration
-TASK = with_fields(GAME, env__task="test_token_exact:make_echo_task", constrain_moves=False, max_turn_tokens=5,
+TASK = with_fields(GAME, env__task="exact_cases:make_echo_task", constrain_moves=False, max_turn_tokens=5,
                    max_turns=4, max_context=256, token_budget=24, sft__steps=0)
 
 
