@@ -1,5 +1,5 @@
-"""Checkpoints with orbax: everything resuming needs (params, optimizer state, RNG, step, selector state and, with
-rollouts overlapping training, the batches sampled for the next iterations).
+"""Checkpoints with orbax: everything resuming needs (params, optimizer state, RNG, step, selector state, the KL
+term's reference weights and, with rollouts overlapping training, the batches sampled for the next iterations).
 
 Orbax writes each step into a temporary folder and renames it when complete, so a crash mid-save never
 replaces the last good checkpoint. `restore_latest` resumes from the newest checkpoint that reads back:
@@ -54,14 +54,22 @@ def save_trainer(trainer) -> None:
         meta["rollout_planner"] = t.policy.rollout_planner.state_dict()
     if t.partial is not None:
         meta["carried"] = t.partial.state_dict(t.step)
-    t.checkpointer.save(t.step, checkpoint_state(t.state, t.policy.planner, t.cfg.run.seed), meta, pending or None)
+    t.checkpointer.save(t.step, checkpoint_state(t.state, t.policy.planner, t.cfg.run.seed), meta, pending or None,
+                        reference=t.state.ref_params)
 
 
 def restore_trainer(trainer) -> None:
     """A `Trainer` back at its newest readable checkpoint (its train env: the curriculum's rung there)."""
     t = trainer
-    step, state, meta = t.checkpointer.restore_latest(checkpoint_state(t.state, t.policy.planner, t.cfg.run.seed))
+    step, state, meta = t.checkpointer.restore_latest(checkpoint_state(t.state, t.policy.planner, t.cfg.run.seed),
+                                                      t.state.ref_params)
     t.state.params, t.state.opt_state, t.step = state["params"], state["opt_state"], step
+    if "reference" in meta:
+        t.state.ref_params = meta.pop("reference")
+    elif t.state.ref_params is not None:
+        logging.getLogger("earl_jax.rl.loop.trainer").warning(
+            "resume: the checkpoint holds no KL reference (written before references were saved): the KL term "
+            "compares with the run's initial weights, not those after its warm-up")
     t.policy.planner.load_state_dict(meta.get("planner", {}))
     if t.policy.rollout_planner is not None:
         t.policy.rollout_planner.load_state_dict(meta.get("rollout_planner", {}))
@@ -132,21 +140,29 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return None if self.manager is None else self.manager.latest_step()
 
-    def save(self, step: int, state: Any, meta: dict[str, Any], pending: dict[str, Any] | None = None) -> None:
+    def save(self, step: int, state: Any, meta: dict[str, Any], pending: dict[str, Any] | None = None,
+             reference: Any | None = None) -> None:
         """`pending`: host arrays (numpy, none empty) saved beside the state as they are; restored into
-        meta["pending_arrays"]."""
+        meta["pending_arrays"]. `reference`: the KL term's frozen weights, restored into meta["reference"]."""
         if self.manager is None:  # keep=0: checkpoints are off
             return
         items = dict(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         if pending:
             items["pending"] = ocp.args.StandardSave(pending)
+        if reference is not None:
+            items["reference"] = ocp.args.StandardSave(reference)
         self.manager.save(step, args=ocp.args.Composite(**items))
         self.manager.wait_until_finished()
 
-    def restore(self, abstract_state: Any, step: int) -> tuple[int, Any, dict[str, Any]]:
-        """Restore `step` into the structure, dtypes and shardings of `abstract_state` (e.g. the fresh state)."""
+    def restore(self, abstract_state: Any, step: int, abstract_reference: Any | None = None
+                ) -> tuple[int, Any, dict[str, Any]]:
+        """Restore `step` into the structure, dtypes and shardings of `abstract_state` (e.g. the fresh state); the
+        KL reference too where the checkpoint has one and `abstract_reference` is given."""
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
         items = dict(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
+        if abstract_reference is not None and (self.directory / str(step) / "reference").is_dir():
+            items["reference"] = ocp.args.StandardRestore(
+                jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_reference))
         if (self.directory / str(step) / "pending").is_dir():
             items["pending"] = ocp.args.StandardRestore()
         _quiet_closed_loop_errors()
@@ -159,9 +175,12 @@ class Checkpointer:
         meta = dict(out.meta)
         if "pending" in items:
             meta["pending_arrays"] = out.pending
+        if "reference" in items:
+            meta["reference"] = out.reference
         return step, out.state, meta
 
-    def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]]:
+    def restore_latest(self, abstract_state: Any, abstract_reference: Any | None = None
+                       ) -> tuple[int, Any, dict[str, Any]]:
         """The newest checkpoint that reads back; newer unreadable ones are moved aside with a warning."""
         steps = [] if self.manager is None else sorted(self.manager.all_steps(), reverse=True)
         if not steps:
@@ -169,7 +188,7 @@ class Checkpointer:
         errors = []
         for step in steps:
             try:
-                out = self.restore(abstract_state, step)
+                out = self.restore(abstract_state, step, abstract_reference)
             except CheckpointError as e:
                 errors.append(e)
                 continue

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import tokenizers
 from jaxtyping import Bool, Int
@@ -106,8 +108,8 @@ def format_warmup(policy, state, cfg, env, opponent: str, *, env_factory=None, t
 
 def start_of_run(trainer, session) -> dict[str, Any]:
     """Step 0 of a run (`Trainer.run`): the format warm-up (free-text moves: constrained moves have no format to
-    learn), then the first evaluation, logged as step 0. Returns the evaluation's metrics (carried into the records
-    until the next one)."""
+    learn), whose weights become the KL term's reference, then the first evaluation, logged as step 0. Returns the
+    evaluation's metrics (carried into the records until the next one)."""
     cfg, warm = trainer.cfg, {}
     if cfg.sft.steps and not cfg.rollout.constrain_moves:
         shown = "format answers" if cfg.sft.answers == "format" else "expert demonstrations"
@@ -116,6 +118,8 @@ def start_of_run(trainer, session) -> dict[str, Any]:
         with phase(f"format warm-up: {cfg.sft.steps} supervised steps on {what}"):
             warm = {f"warmup/{k}": v for k, v in trainer.format_warmup().items()}
         warm.update(trainer.policy.planner.stage_log_dict("sft"))
+        if trainer.state.ref_params is not None:  # the KL term holds RL near where RL starts: after the warm-up
+            trainer.state.ref_params = jax.tree.map(jnp.copy, trainer.state.params)
     last_eval = trainer.evaluate.logged(trainer.step, session.bar.status)
     trainer.logger.log({"step": 0, **warm, **last_eval, "eval/fresh": True})
     return last_eval

@@ -241,3 +241,21 @@ def test_main_jobs_start_from_a_clone_without_install(tmp_path, script):
     out = subprocess.run([sys.executable, str(root / "experiments" / script), "--help"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "--planner.mode" in out.stdout, out.stderr[-2000:]
+
+
+def test_the_kl_reference_is_the_warmed_up_policy_and_a_resume_keeps_it(tmp_path):
+    """With a warm-up (SFT) before RL, the KL term holds the policy near where RL starts, not near the random init:
+    at the first iteration the policy is its reference (KL 0), and the reference comes back with a checkpoint."""
+    cfg = with_fields(SMALL, run__steps=2, eval__every=0, sft__steps=20, checkpoint_every=1, kl_coef=0.1,
+                      run_dir=str(tmp_path / "run"))
+    trainer = Trainer(cfg, log=False)
+    init = [np.asarray(x).copy() for x in jax.tree.leaves(trainer.state.ref_params)]
+    history = trainer.run()
+    assert history[0]["train/kl"] == pytest.approx(0.0, abs=1e-6)  # the warmed-up weights sampled the first batch
+    assert history[1]["train/kl"] > 0  # one update later they differ
+    ref = [np.asarray(x) for x in jax.tree.leaves(trainer.state.ref_params)]
+    assert any(not np.array_equal(a, b) for a, b in zip(ref, init))  # not the random init
+
+    resumed = Trainer(with_fields(cfg, run__steps=3, resume="true"), log=False)
+    for a, b in zip(ref, jax.tree.leaves(resumed.state.ref_params)):
+        np.testing.assert_array_equal(a, np.asarray(b))
