@@ -53,3 +53,10 @@ def test_a_bad_config_file_is_one_line_before_setup(tmp_path, capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [f"connect4: error: config file {tmp_path / 'my.toml'}: run.steps: expected an integer, got 2.5"]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("path", sorted((CONFIGS.parent).glob("*/*.toml")), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_shipped_preset_reads_as_its_script_would(path):
+    """Each TOML preset under experiments/configs/<script>/ parses over that script's default into a valid config."""
+    cfg = job.parse_job(["--preset", path.stem], path.parent).config
+    assert isinstance(cfg, JobConfig)
