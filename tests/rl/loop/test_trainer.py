@@ -246,7 +246,7 @@ def test_main_jobs_start_from_a_clone_without_install(tmp_path, script):
 def test_the_kl_reference_is_the_warmed_up_policy_and_a_resume_keeps_it(tmp_path):
     """With a warm-up (SFT) before RL, the KL term holds the policy near where RL starts, not near the random init:
     at the first iteration the policy is its reference (KL 0), and the reference comes back with a checkpoint."""
-    cfg = with_fields(SMALL, run__steps=2, eval__every=0, sft__steps=20, checkpoint_every=1, kl_coef=0.1,
+    cfg = with_fields(SMALL, run__steps=2, eval__every=0, sft__steps=4, checkpoint_every=1, kl_coef=0.1,
                       run_dir=str(tmp_path / "run"))
     trainer = Trainer(cfg, log=False)
     init = [np.asarray(x).copy() for x in jax.tree.leaves(trainer.state.ref_params)]
