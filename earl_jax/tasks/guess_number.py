@@ -6,6 +6,8 @@ without an integer gets `a number\\n> ` and -0.1, counts as a turn, and is marke
 After `max_turns` turns without the secret the episode ends with success False (reward 0.0 on that turn). The score
 is 1.0 on success, else 0.0. `expert_answer()` is the binary search over what the feedback has left, which always
 succeeds when `high < 2 ** max_turns`.
+`off_range_penalty` (default 0) is a per-turn reward of minus that much for a guess outside what the feedback has
+left; the score and success do not change.
 
 With `offsets > 1` each episode's range is shifted, `[lo, lo + high)` for `lo` drawn from `range(offsets)`, and
 the held-out split is over the range: "test" when a hash of `lo` is 0 mod 4, so a test episode searches a range
@@ -41,13 +43,16 @@ class GuessNumber(gymnasium.Env):
     """A secret in `[lo, lo + high)`, found in at most `max_turns` guesses; see the module docstring."""
 
     def __init__(self, high: int = 32, max_turns: int = 6, split: str = "train", offsets: int = 1,
-                 show_range: bool = False):
+                 show_range: bool = False, off_range_penalty: float = 0.0):
         if split not in ("train", "test"):
             raise ValueError(f"split: 'train' or 'test' (got {split!r})")
         if high < 2 or max_turns < 1 or offsets < 1:
             raise ValueError(f"need high >= 2, max_turns >= 1, offsets >= 1 (got {high}, {max_turns}, {offsets})")
         self.high, self.max_turns, self.split, self.offsets = high, max_turns, split, offsets
         self.show_range = show_range  # feedback restates what is left ("higher 14-31"): no need to recall it
+        # a guess outside what the feedback left costs this: a failed episode that kept to the range still ranks
+        # above one that did not, so a group of failures has something to compare (the score is unchanged)
+        self.off_range_penalty = off_range_penalty
         self.observation_space = gymnasium.spaces.Text(max_length=32, min_length=0, charset=CHARSET)
         self.action_space = gymnasium.spaces.Text(max_length=16, min_length=0, charset=CHARSET)
         self.lo = self.secret = self.turns = 0
@@ -76,13 +81,14 @@ class GuessNumber(gymnasium.Env):
         guess = int(match.group())
         if guess == self.secret:
             return "", 1.0, True, False, {"invalid_answer": False, **self._end(True, True)}
+        reward = 0.0 if self.low <= guess <= self.top else -self.off_range_penalty
         if guess < self.secret:
             self.low, feedback = max(self.low, guess + 1), "higher"
         else:
             self.top, feedback = min(self.top, guess - 1), "lower"
         info = {"invalid_answer": False, **self._end(False, last)}
         left = f" {self.low}-{self.top}" if self.show_range else ""
-        return ("" if last else f"{feedback}{left}\n> "), 0.0, last, False, info
+        return ("" if last else f"{feedback}{left}\n> "), reward, last, False, info
 
     def _end(self, success: bool, done: bool) -> dict:
         """The outcome keys of a final step's info (none before)."""

@@ -99,6 +99,21 @@ def test_guess_number_feedback_grows_and_max_turns():
     assert (obs, reward, terminated, truncated, info["success"], info["score"]) == ("", 0.0, True, False, False, 0.0)
 
 
+def test_guess_number_off_range_penalty_costs_only_guesses_outside_what_is_left():
+    env = make_guess_number(high=32, max_turns=6, show_range=True, off_range_penalty=0.2)
+    env.reset(seed=5)
+    secret = env.unwrapped.secret
+    low, high = (0, secret - 1) if secret > 0 else (1, 31)  # a first wrong guess, inside the range
+    first = high if secret > 0 else low
+    obs, reward, *_ = env.step(str(first))
+    assert reward == 0.0 and obs.endswith(f"{env.unwrapped.low}-{env.unwrapped.top}\n> ")
+    outside = first  # the same guess again: the feedback already ruled it out
+    _, reward, _, _, info = env.step(str(outside))
+    assert reward == -0.2 and not info.get("success")
+    _, reward, terminated, _, info = env.step(str(secret))
+    assert (reward, terminated, info["score"]) == (1.0, True, 1.0)  # the score is the task's, not the penalty's
+
+
 def test_guess_number_offsets_range():
     env = make_guess_number(high=16, max_turns=5, offsets=10)
     for seed in range(20):
