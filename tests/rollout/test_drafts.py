@@ -18,6 +18,7 @@ from flax import nnx
 from earl_jax.cli import ConfigError
 from earl_jax.envs import EnvConfig
 from earl_jax.envs.vector import make_vector_env
+from earl_jax.models.init import init_sharded
 from earl_jax.models.model_config import ModelConfig
 from earl_jax.models.qwen2 import Qwen2
 from earl_jax.models.tokenizer import game_tokenizer, special_ids
@@ -29,6 +30,7 @@ from earl_jax.rollout.policy import SamplerPolicy
 from earl_jax.rollout.rollout_config import RolloutConfig
 from earl_jax.rollout.sampler import Sampler, SamplingConfig
 from earl_jax.rollout.sampling import truncate
+from earl_jax.sharding.mesh import INFERENCE_RULES, MeshShape, make_mesh
 from exact_cases import _trainer
 from jobs import job
 
@@ -192,8 +194,31 @@ def test_greedy_drafts_give_plain_greedy_tokens_and_logprobs(untied):
     np.testing.assert_allclose(drafted.logprobs, plain.logprobs, atol=1e-5)
     assert policy.speculation.proposed == plain.counts[0] + 3 + 3 + 2 + 2 + 1
     assert policy.speculation.accepted == plain.counts[0] + 1 + 3 + 2 + 1
-    for r, context in enumerate(contexts):  # each row's tail, the next turn's key: its context and answer's last tokens
-        np.testing.assert_array_equal(policy.speculation.tails[r], _tail((context + g[r][:plain.counts[r]])[-8:]))
+    tails = [_tail((context + g[r][:plain.counts[r]])[-8:]) for r, context in enumerate(contexts)]
+    np.testing.assert_array_equal(policy.speculation.tails, tails)  # each row's key next turn: its last tokens
+    policy.take_rows(np.array([3, 0]), 4)  # compaction and a pool's emptied row move and clear the tails too
+    policy.reset_rows(np.array([1]))
+    np.testing.assert_array_equal(policy.speculation.tails, [tails[3], _tail([]), _tail([]), _tail([])])
+
+
+@pytest.mark.parametrize("shape", ["d4f2t1", "d2f1t4"])
+def test_drafts_verify_on_a_mesh_as_on_one_device(untied, shape):
+    graphdef, params = untied
+    cfg = nnx.merge(graphdef, params).cfg
+    contexts = [CONTEXT, [2, 2, 1], [4, 0, 3, 3, 1], [3], [0, 2, 2, 4], [1, 4], [3, 1, 1], [2]]
+    plain, _ = _answers(untied, None, GREEDY, rows=8, budget=4, contexts=contexts, stops=(STOP,))
+    g = plain.tokens.tolist()
+    drafts = [g[0][:4], [g[1][0], (g[1][1] + 1) % V], [], g[3][:2], [STOP], [g[5][0]], [1, 1, 1], g[7][:1]]
+    mesh = make_mesh(MeshShape.parse(shape))
+    sharded_graphdef, layout = nnx.split(init_sharded(cfg, mesh, INFERENCE_RULES, seed=0, dtype=jnp.float32))
+    sharded = jax.tree.map(lambda w, x: jax.device_put(w, x.sharding), params, layout)
+    sampler = Sampler(sharded_graphdef, cfg, mesh=mesh, rules=INFERENCE_RULES, cache_dtype=jnp.float32)
+    drafted, policy = _answers((sharded_graphdef, sharded), Fixed(drafts), GREEDY, rows=8, budget=4,
+                               contexts=contexts, stops=(STOP,), sampler=sampler)
+    np.testing.assert_array_equal(drafted.tokens, plain.tokens)
+    np.testing.assert_array_equal(drafted.counts, plain.counts)
+    np.testing.assert_allclose(drafted.logprobs, plain.logprobs, atol=1e-4)
+    assert policy.speculation.accepted > 0
 
 
 N = 8
@@ -203,27 +228,28 @@ GAME_CFG = ModelConfig.tiny(vocab_size=TOK.get_vocab_size()).replace(num_hidden_
                                                                       intermediate_size=128)
 
 
-@pytest.mark.parametrize("slots", [0, 4])
-def test_a_greedy_rollout_drafted_from_its_own_answers_plays_the_same_games(slots):
+@pytest.mark.parametrize("slots,groups", [(0, 1), (4, 1), (0, 2)])
+def test_a_greedy_rollout_drafted_from_its_own_answers_plays_the_same_games(slots, groups):
     graphdef, params = nnx.split(Qwen2(GAME_CFG, rngs=nnx.Rngs(0), dtype=jnp.float32))
     sampler = Sampler(graphdef, GAME_CFG, cache_dtype=jnp.float32)
-    cfg = PlayConfig(max_turn_tokens=4, max_turns=6, max_context=256, slots=slots)
+    cfg = PlayConfig(max_turn_tokens=4, max_turns=6, max_context=256, slots=slots, pipeline_groups=groups)
     seeds = [3 + i // 2 for i in range(N)]
 
     def rollout(index):
         env = make_vector_env(EnvConfig(game="tic_tac_toe", prompt_style="minimal", max_retries=2), N)
-        policy = SamplerPolicy(sampler, params, GREEDY, (IDS.eos_id,), cfg.max_turn_tokens, drafts=index)
-        return play_games(policy, env, TOK, cfg, jax.random.key(0), seeds, bos_id=IDS.bos_id), policy
+        policies = [SamplerPolicy(sampler, params, GREEDY, (IDS.eos_id,), cfg.max_turn_tokens, drafts=index)
+                    for _ in range(groups)]
+        return play_games(policies, env, TOK, cfg, jax.random.key(0), seeds, bos_id=IDS.bos_id), policies
 
     index = DraftIndex(width=4)
     reference, _ = rollout(None)
     index.add_trajectories(reference)
-    drafted, policy = rollout(index)
+    drafted, policies = rollout(index)
     for field in ("tokens", "loss_mask", "rewards", "lengths", "num_turns"):
         np.testing.assert_array_equal(getattr(drafted, field), getattr(reference, field), err_msg=field)
     np.testing.assert_allclose(drafted.logprobs, reference.logprobs, atol=1e-5)
-    s = policy.speculation
-    assert s.proposed >= reference.loss_mask.sum() // 2 and s.accepted >= 0.8 * s.proposed, (s.proposed, s.accepted)
+    proposed, accepted = (sum(getattr(p.speculation, k) for p in policies) for k in ("proposed", "accepted"))
+    assert proposed >= reference.loss_mask.sum() // 2 and accepted >= 0.8 * proposed, (proposed, accepted)
 
 
 @nnx.jit
