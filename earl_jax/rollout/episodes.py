@@ -108,6 +108,9 @@ class RolloutStats:
     gather_wait_s: float = 0.0
     process_rollout_s: tuple[float, ...] = ()
     answer_tokens: int = 0  # answer tokens this rollout decoded (what PlayConfig.token_budget counts)
+    # drafts (--rollout.drafts, rollout/speculate.py): draft tokens proposed and accepted; None: drafts off
+    draft_proposed: int | None = None
+    draft_accepted: int | None = None
 
 
 @dataclasses.dataclass

@@ -11,17 +11,21 @@ from flax import nnx
 
 from earl_jax.distributed import global_to_host
 from earl_jax.rollout.agent_loop import Decoded
+from earl_jax.rollout.drafts import DraftIndex
 from earl_jax.rollout.moves import MoveTokens, legal_bits
 from earl_jax.rollout.sampler import Sampler, SamplingConfig, bucket
+from earl_jax.rollout.speculate import Speculation
 
 
 class SamplerPolicy:
     """Free-text answers (`generate`: a decode loop up to the turn budget), or, with `moves`, constrained moves:
     each turn's answer is one legal move's token drawn from the logits the last extend left (no decode loop)
-    and the stop token; both are appended to the cache with the next extend (`_pending`)."""
+    and the stop token; both are appended to the cache with the next extend (`_pending`). With `drafts`, free-text
+    answers start from drafts out of earlier rollouts, verified exactly (rollout/speculate.py)."""
 
     def __init__(self, sampler: Sampler, params: nnx.State, sampling: SamplingConfig, stop_tokens: Sequence[int],
-                 max_new_tokens: int, moves: MoveTokens | None = None, background: bool = False):
+                 max_new_tokens: int, moves: MoveTokens | None = None, background: bool = False,
+                 drafts: DraftIndex | None = None):
         """`background`: decode in a worker thread. On GPUs a decode program's `lax.while_loop` is driven by the
         thread that launched it (the host reads the loop condition every step), so the launch returns only when
         the loop is done; from a worker thread the caller goes on stepping other games meanwhile, and groups on
@@ -30,12 +34,17 @@ class SamplerPolicy:
         self.sampler, self.params, self.sampling = sampler, params, sampling
         self.stop_tokens, self.max_new_tokens, self.moves = tuple(stop_tokens), max_new_tokens, moves
         self.background = background
+        if drafts is not None and moves is not None:
+            raise ValueError("SamplerPolicy: drafts need free-text answers (a constrained move is one token a turn)")
+        self.speculation = Speculation(drafts) if drafts is not None else None
 
     def reset(self, batch: int, max_len: int) -> None:
         self.state = self.sampler.init_state(batch, max_len)
         self.lengths = np.zeros(batch, np.int64)
         self._pending = np.zeros((batch, 2), np.int32)  # constrained answers not yet in the cache
         self._pending_n = np.zeros(batch, np.int64)
+        if self.speculation is not None:
+            self.speculation.reset(batch)
         if self.moves is None:  # the first decode compiles while the prompt's extend does (when compiling ahead)
             self.sampler.prepare_generate(self.params, self.state, max_new_tokens=self.max_new_tokens,
                                           stop_tokens=self.stop_tokens, sampling=self.sampling)
@@ -48,6 +57,8 @@ class SamplerPolicy:
             self._pending_n[counts > 0] = 0  # rows not extended now keep theirs
         if not counts.any():
             return
+        if self.speculation is not None:
+            self.speculation.extended(tokens, counts)
         self.state = self.sampler.ensure_capacity(self.state, int((self.lengths + counts).max()))
         self.state = self.sampler.extend(self.params, self.state, tokens, counts)  # it pads to its length bucket
         self.lengths += counts
@@ -59,6 +70,8 @@ class SamplerPolicy:
         if legal is not None:
             raise ValueError("SamplerPolicy: legal moves given to a free-text policy (build it with moves=)")
         self.state = self.sampler.ensure_capacity(self.state, int((self.lengths + budgets).max()))
+        if self.speculation is not None:
+            return self._drafted(budgets, rng, row_ids)
 
         def launch() -> tuple[Any, Any]:
             return self.sampler.generate(self.params, self.state, rng, max_new_tokens=self.max_new_tokens,
@@ -76,6 +89,27 @@ class SamplerPolicy:
         else:
             launched = launch()
             result = lambda: to_host(*launched)  # noqa: E731
+
+        def fetch() -> Decoded:
+            self.state, (tokens, logprobs, counts, stopped) = result()
+            self.lengths += counts
+            return Decoded(tokens, logprobs, counts, stopped)
+
+        return fetch
+
+    def _drafted(self, budgets: np.ndarray, rng: jax.Array, row_ids: np.ndarray) -> Callable[[], Decoded]:
+        """`generate` with drafts: each row's draft verified in one forward, then decoded on (rollout/speculate.py)."""
+
+        def launch() -> tuple[Any, Callable[[], tuple[np.ndarray, ...]]]:
+            return self.speculation.generate(self.sampler, self.params, self.state, rng, budgets, row_ids,
+                                             max_new_tokens=self.max_new_tokens, stop_tokens=self.stop_tokens,
+                                             sampling=self.sampling)
+
+        if self.background:
+            result = _pool().submit(lambda: (lambda state, answers: (state, answers()))(*launch())).result
+        else:
+            state, answers = launch()
+            result = lambda: (state, answers())  # noqa: E731
 
         def fetch() -> Decoded:
             self.state, (tokens, logprobs, counts, stopped) = result()
@@ -119,12 +153,16 @@ class SamplerPolicy:
         self.state = self.sampler.reset_rows(self.state, rows)
         self.lengths[rows] = 0
         self._pending_n[rows] = 0  # a finished game's last constrained answer is not the new game's
+        if self.speculation is not None:
+            self.speculation.reset_rows(rows)
 
     def take_rows(self, rows: np.ndarray, batch: int) -> None:
         self.state = self.sampler.take_rows(self.state, rows, batch)
         self.lengths = np.concatenate([self.lengths[rows], np.zeros(batch - len(rows), np.int64)])
         self._pending = np.concatenate([self._pending[rows], np.zeros((batch - len(rows), 2), np.int32)])
         self._pending_n = np.concatenate([self._pending_n[rows], np.zeros(batch - len(rows), np.int64)])
+        if self.speculation is not None:
+            self.speculation.take_rows(rows, batch)
 
 
 _POOL: ThreadPoolExecutor | None = None

@@ -60,6 +60,11 @@ class RolloutConfig:
                               "(and some group has finished); the groups whose games all ended train, the others are "
                               "carried whole into the next iteration's rollout, first in its pool, their episodes "
                               "continued under the new weights (rl/loop/partial.py); 0: every game plays to its end")
+    drafts: int = _f(0, "K: speculative decoding of free-text answers with drafts of up to K tokens taken from the "
+                        "last 2 training rollouts' answers to the same context tail (its last 8 tokens), each verified "
+                        "in one forward pass with the exact sampling rule, so the answers' distribution is unchanged "
+                        "(rollout/speculate.py); pays where answers repeat (a trained policy), as "
+                        "rollout/draft_acceptance shows; 0: off; not with constrained moves; one process only")
     split_processes: bool = _f(True, "in a multi-process job whose rollout mesh holds a whole model per process, each "
                                      "process plays only its share of the games (rollout/process_split.py)")
 
@@ -80,6 +85,9 @@ class RolloutConfig:
         need(self.slots >= 0, "slots", "must be >= 0 (0: off)")
         need(self.max_staleness >= 0, "max_staleness", "must be >= 0 (0: synchronous)")
         need(self.token_budget >= 0, "token_budget", "must be >= 0 (0: off)")
+        need(self.drafts >= 0, "drafts", "must be >= 0 (0: off)")
+        need(not (self.drafts and self.constrain_moves), "drafts", "a constrained move is one token a turn: nothing "
+             "to draft; use --rollout.drafts 0 or --rollout.constrain-moves false")
         need(self.cache_growth == 0 or self.cache_growth >= 1.5, "cache_growth",
              "must be 0 (default buckets) or >= 1.5")
         try:

@@ -34,8 +34,9 @@ class SamplingConfig:
         return self.greedy or self.temperature <= 0.0
 
 
-def _truncate(scaled: Float[Array, "b v"], top_k: int, top_p: float) -> Float[Array, "b v"]:
-    """Mask (to -inf) every token outside the top-k and outside the smallest nucleus of mass top_p."""
+def truncate(scaled: Float[Array, "... v"], top_k: int, top_p: float) -> Float[Array, "... v"]:
+    """Mask (to the dtype's lowest value) every token outside the top-k and outside the smallest nucleus of mass
+    top_p, over the last axis."""
     neg = jnp.finfo(scaled.dtype).min
     if top_k > 0 and top_k < scaled.shape[-1]:
         sorted_desc, _ = jax.lax.top_k(scaled, top_k)  # b k, descending
@@ -125,7 +126,7 @@ def sample_logits(rng: jax.Array, logits: Float[Array, "b v"], cfg: SamplingConf
     elif cfg.top_k == 0 and cfg.top_p >= 1.0:
         tokens, lse = _sample_inverse_cdf(rng, scaled)
     else:
-        masked = _truncate(scaled, cfg.top_k, cfg.top_p)
+        masked = truncate(scaled, cfg.top_k, cfg.top_p)
         if rng.ndim == 0:
             tokens = jax.random.categorical(rng, masked, axis=-1)
         else:

@@ -134,6 +134,9 @@ def iteration_record(step: int, traj, times: Mapping[str, float], exp_metrics: M
         # decode rows that held a game decoding (a pool of games, --rollout.slots: while games waited)
         "rollout/occupancy": s.busy_rows / max(s.decode_rows, 1),
         **({} if s.pool_occupancy is None else {"rollout/pool_occupancy": s.pool_occupancy}),
+        **({} if s.draft_proposed is None else {
+            "rollout/draft_proposed": s.draft_proposed, "rollout/draft_accepted": s.draft_accepted,
+            "rollout/draft_acceptance": s.draft_accepted / max(s.draft_proposed, 1)}),
         "rollout/gather_frac": s.gather_s / max(s.rollout_s, 1e-9),
         "rollout/gather_wait_frac": s.gather_wait_s / max(s.rollout_s, 1e-9),
         # each process's own games (a rollout split by process; one process: the rollout itself)

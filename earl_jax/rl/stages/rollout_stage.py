@@ -7,7 +7,9 @@ Placement: one sampler per rollout mesh (it keeps its compiled decode programs);
 rollout mesh holds a whole model per process, each process plays only its block of the games
 (rollout/process_split.py) and the token columns stay on their process. Whether finished games leave the decode batch
 and which decode programs compile ahead, when: the planner's program service decides (parallel/shapes.py), which
-watches every sampler made here.
+watches every sampler made here. With `--rollout.drafts K` the stage keeps a `DraftIndex` (rollout/drafts.py) across
+iterations, fed by every training rollout and read by the next ones' model policies; it is not checkpointed (a resumed
+run starts with an empty one).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from earl_jax.distributed import host_to_global
 from earl_jax.parallel.planner import StageRun
 from earl_jax.rl.stages.policy_setup import Policy
 from earl_jax.rollout.agent_loop import Carried, PlayConfig, Trajectories, play_games
+from earl_jax.rollout.drafts import DraftIndex
 from earl_jax.rollout.frozen_opponent import FrozenPolicyOpponent
 from earl_jax.rollout.policy import SamplerPolicy
 from earl_jax.rollout.process_split import RowView, gather_trajectories, process_block
@@ -57,6 +60,10 @@ class RolloutStage:
         self.pipeline_groups = 1  # the last rollout's pipeline groups (--rollout.pipeline-groups where it applied)
         self.decode_groups = 1  # the last rollout's decode groups (processes, when the games were split)
         self._league_device: tuple[Any, Any] | None = None  # (snapshot step, rollout mesh), weights there
+        if cfg.drafts and jax.process_count() > 1:
+            raise ValueError("--rollout.drafts: drafts run in one process only (each process would need the same "
+                             "index and rows); use --rollout.drafts 0")
+        self.drafts = DraftIndex(cfg.drafts) if cfg.drafts else None  # training rollouts' answers, for the next ones
 
     @property
     def compile_count(self) -> int:
@@ -77,9 +84,10 @@ class RolloutStage:
         games, sampler, min_batch, params = at.games, at.sampler, at.min_batch, at.params
         backend = jax.default_backend()
         k = self._pipeline_groups(len(range(len(seeds))[games]), min_batch, at.split or league is not None)
+        drafts = self.drafts if training else None  # evaluations decode as they always have
         # an accelerator's decode loop holds the thread that launched it: a group must decode from a worker thread
         policies = [SamplerPolicy(sampler, params, sampling, stops, turn_tokens, moves=self.moves,
-                                  background=k > 1 and backend != "cpu") for _ in range(k)]
+                                  background=k > 1 and backend != "cpu", drafts=drafts) for _ in range(k)]
         compact = self.shapes.compact_now()
         unit = k * min_batch  # a pool's rows: whole decode batches in every pipeline group
         slots = 0 if league is not None else -(-self.cfg.slots // unit) * unit  # a frozen opponent draws by its calls
@@ -107,6 +115,10 @@ class RolloutStage:
             self.shapes.training_rollout_done(sampler, params, compact)
         if at.split:  # the token columns stay on their process: the experience stage places them from there
             traj = gather_trajectories(traj)
+        if drafts is not None:
+            traj.stats = dataclasses.replace(traj.stats, draft_proposed=sum(p.speculation.proposed for p in policies),
+                                             draft_accepted=sum(p.speculation.accepted for p in policies))
+            drafts.add_trajectories(traj)
         return traj
 
     def _pipeline_groups(self, n_games: int, min_batch: int, shared: bool) -> int:
