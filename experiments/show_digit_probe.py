@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BASE = ["--env.task", "earl_jax/ShowDigit-v0", "--env.task-args", "{}", "--sft.steps", "0",
         "--rollout.groups", "32", "--rollout.group-size", "4", "--rollout.max-turns", "1", "--run.steps", "300",
         "--eval.every", "0", "--eval.games", "32", "--run.resume", "auto", "--run.wandb-mode", "disabled",
-        "--run.progress", "false"]
+        "--run.progress", "false",
+        # what the runs had: the library's rate, no KL term (train.py's default preset fine-tunes an SFT base instead)
+        "--optim.learning-rate", "1e-3", "--optim.ppo-mini-batches", "1", "--loss.kl-coef", "0"]
 FORMAT = ["--sft.steps", "20", "--sft.answers", "format"]
 MIXED = ["--loss.between-group-weight", "1.0", "--loss.filter-constant-groups", "false"]
 CANDIDATES = {

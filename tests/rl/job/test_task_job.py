@@ -15,8 +15,9 @@ from earl_jax.tasks import TaskEnv, TaskLog, load_task
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "docs" / "examples"
+# small and quiet; 16 games make one mini-batch over the 8 test devices (the preset's 4 need 64)
 QUIET = ["--run.progress", "false", "--run.wandb-mode", "disabled", "--rollout.groups", "4", "--eval.games", "8",
-         "--sft.steps", "2"]
+         "--sft.steps", "2", "--optim.ppo-mini-batches", "1"]
 
 
 @pytest.fixture(autouse=True)
