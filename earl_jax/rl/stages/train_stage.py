@@ -37,11 +37,18 @@ class TrainState:
 
     @classmethod
     def start(cls, policy, params: Any, optimizer: optax.GradientTransformation, *, reference: bool) -> "TrainState":
-        """Fresh AdamW state on the train layout; with `reference`, a frozen copy of the weights for the KL term (the
-        train stage donates, so overwrites, the policy's buffers)."""
+        """Fresh AdamW state on the train layout; with `reference`, a frozen copy of the weights for the KL term."""
         opt_state = policy.weights.opt_state_for(policy.planner.stage_run("train"), params,
                                                  jax.jit(optimizer.init)(params))
-        return cls(params, opt_state, jax.tree.map(jnp.copy, params) if reference else None)
+        state = cls(params, opt_state)
+        if reference:
+            state.rebase_reference()
+        return state
+
+    def rebase_reference(self) -> None:
+        """The KL term's reference becomes a frozen copy of the current weights (the train stage donates, so
+        overwrites, their buffers): at the start, and again after a warm-up changed them."""
+        self.ref_params = jax.tree.map(jnp.copy, self.params)
 
 
 def train_stage(run: StageRun, params: Any, opt_state: Any, experience: ExperienceResult, dispatcher: Dispatcher, *,

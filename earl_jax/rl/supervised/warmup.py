@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import tokenizers
 from jaxtyping import Bool, Int
@@ -119,7 +117,7 @@ def start_of_run(trainer, session) -> dict[str, Any]:
             warm = {f"warmup/{k}": v for k, v in trainer.format_warmup().items()}
         warm.update(trainer.policy.planner.stage_log_dict("sft"))
         if trainer.state.ref_params is not None:  # the KL term holds RL near where RL starts: after the warm-up
-            trainer.state.ref_params = jax.tree.map(jnp.copy, trainer.state.params)
+            trainer.state.rebase_reference()
     last_eval = trainer.evaluate.logged(trainer.step, session.bar.status)
     trainer.logger.log({"step": 0, **warm, **last_eval, "eval/fresh": True})
     return last_eval
