@@ -36,6 +36,13 @@
 #                                CORE0, 4): JOBS="name|game|seeds|flag,flag ..." (seeds comma-separated); then
 #                                evaluate_run.py over each job's seeds (GAMES, 256; OPPONENTS, the game's ladder) and
 #                                over BASE_<name> when set; runs stop at LIMIT (520) s; results in $OUT/seeds.tgz
+#   presets                      preset runs side by side on GPU 0, in parts: RUNS="name|script|preset|seed[|flag,flag]
+#                                ..." (script: train, connect4 or tictactoe); run folders in /tmp/runs, kept on a warm
+#                                machine between calls, so the next call resumes them (--resume auto) until their
+#                                --run.max-minutes ends them; a part ends at LIMIT (540) s with SIGTERM (a checkpoint);
+#                                no memory is preallocated (MEM, 0.3: each process's cap); EVAL=1 instead evaluates each
+#                                finished run (GAMES, 256; OPPONENTS, the game's ladder; none for a task) and DRAFTS=1
+#                                runs bench_drafts.py beside it; results in $OUT/presets.tgz
 #   connect4 MINUTES             `connect4.py --preset gpu` runs side by side, one GPU each, flags in A, B (C, D),
 #                                then evaluate_run.py against the ladder; ONLY_A=1 (one run), SAME_GPU=1 (all on GPU 0),
 #                                SAVE=1 (return each run as NAME/state.tgz) and STATE="dir/*.tgz" (resume them):
@@ -308,6 +315,47 @@ cmd_cpu_seeds() {
   (cd "$OUT" && tar czf seeds.tgz seeds && rm -rf seeds)
 }
 
+cmd_presets() {
+  install_wheels
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_MEM_FRACTION=${MEM:-0.3} CUDA_VISIBLE_DEVICES=0
+  local spec name script preset seed flags run rc opponents
+  mkdir -p /tmp/runs "$OUT/presets"
+  for spec in ${RUNS:?RUNS=\"name|script|preset|seed[|flag,flag] ...\"}; do
+    IFS='|' read -r name script preset seed flags <<< "$spec"; run=/tmp/runs/$name
+    if [ -n "${EVAL:-}" ]; then
+      [ -f "$run/DONE" ] || echo "$name: not finished (evaluating its newest checkpoint)"
+      case $script in connect4) opponents=${OPPONENTS:-random,alphabeta:1,alphabeta:2,alphabeta:3,mcts:100} ;;
+        tictactoe) opponents=${OPPONENTS:-random,solver} ;; *) opponents=random ;; esac
+      timeout "${LIMIT:-540}" python3 experiments/evaluate_run.py "$run" --opponents "$opponents" \
+        --games "${GAMES:-256}" > "$OUT/presets/$name.eval.log" 2>&1 &
+      continue
+    fi
+    [ -f "$run/DONE" ] && { echo "$name: finished in an earlier part"; continue; }
+    # shellcheck disable=SC2086
+    ( EARL_COMPILE_CACHE=/tmp/cc_$preset timeout -s TERM -k 60 "${LIMIT:-540}" python3 "experiments/$script.py" \
+        --preset "$preset" --seed "$seed" --resume auto --run.wandb-mode disabled --run.progress false \
+        --run-dir "$run" ${flags//,/ } >> "/tmp/runs/$name.log" 2>&1
+      rc=$?; echo "$name: exit $rc"; [ $rc -eq 0 ] && touch "$run/DONE" ) &
+  done
+  if [ -n "${DRAFTS:-}" ]; then
+    for args in "tiny-cpu --groups 128 --group-size 8" "arithmetic --drafts 16 --sft-steps 300 --groups 128 --group-size 8"
+    do  # shellcheck disable=SC2086
+      python3 experiments/benchmarks/bench_drafts.py --preset $args --out "$OUT/presets/drafts_${args%% *}.json" \
+        > "$OUT/presets/drafts_${args%% *}.log" 2>&1
+    done &
+  fi
+  wait
+  for spec in $RUNS; do
+    name=${spec%%|*}; run=/tmp/runs/$name
+    for f in metrics.jsonl config.json evaluation.json; do
+      [ -f "$run/$f" ] && cp "$run/$f" "$OUT/presets/$name.$f"; done
+    tail -n 60 "/tmp/runs/$name.log" > "$OUT/presets/$name.log_tail.txt" 2>/dev/null
+    echo "== $name"; grep -E "^train:|Traceback|Error|promot" "/tmp/runs/$name.log" | tail -n 4
+    [ -f "$OUT/presets/$name.eval.log" ] && tail -n 8 "$OUT/presets/$name.eval.log"
+  done
+  (cd "$OUT" && tar czf presets.tgz presets && rm -rf presets)
+}
+
 cmd_connect4() {
   local minutes=${1:?connect4 MINUTES} names="a b" n gpu=0 flags_var f
   [ -n "${ONLY_A:-}" ] && names="a"
@@ -341,7 +389,7 @@ cmd_connect4() {
 
 sub=${1:-}; shift || true
 case "$sub" in
-  train|fig1|fig3|fig4|e2e|sweep|init|steady|programs|connect4|bases) device; "cmd_$sub" "$@" ;;
+  train|fig1|fig3|fig4|e2e|sweep|init|steady|programs|connect4|bases|presets) device; "cmd_$sub" "$@" ;;
   agent-loop|agent-loop-4gpu|pod-first-iteration|first-iteration|profile-rollout|cpu-seeds) device; "cmd_${sub//-/_}" "$@" ;;
   *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" >&2; [ -z "$sub" ] || echo "run_on_device.sh: unknown subcommand '$sub'" >&2; exit 2 ;;
 esac
