@@ -1,7 +1,9 @@
 """The table of experiments/task_seeds.sh: per run folder OUT/<preset>-<seed>, the SFT base (step 0's held-out
 evaluation), RL's last held-out evaluation, the last training success, and per preset the gain's mean and spread.
 
-    python experiments/summarize_task_seeds.py OUT [--out experiments/results/X.json]
+    python experiments/summarize_task_seeds.py OUT [--out experiments/results/X.json] [--plot X.png]
+
+--plot draws each preset's held-out success over the run's minutes, one line per seed (the base at 0).
 """
 
 from __future__ import annotations
@@ -28,10 +30,31 @@ def run_summary(run: Path) -> dict | None:
             "iterations": evals[-1]["step"], "elapsed_s": rows[-1].get("time/elapsed_s")}
 
 
+def plot(out_dir: Path, presets: list[str], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(presets), figsize=(5 * len(presets), 3.6), squeeze=False)
+    for ax, preset in zip(axes[0], presets):
+        for run in sorted(out_dir.glob(f"{preset}-*")):
+            rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            evals = [r for r in rows if r.get("eval/fresh") and "eval/success_rate" in r]
+            minutes = [r.get("time/run_elapsed_s", r.get("time/elapsed_s", 0)) / 60 for r in evals]
+            ax.plot(minutes, [r["eval/success_rate"] for r in evals], label=f"seed {run.name.rpartition('-')[2]}")
+        ax.set(title=f"--preset {preset}", xlabel="minutes", ylabel="held-out success", ylim=(0, 1))
+        ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    print(f"wrote {png}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir", type=Path)
     p.add_argument("--out", type=Path)
+    p.add_argument("--plot", type=Path, help="PNG: held-out success over the minutes, per preset and seed")
     a = p.parse_args()
     presets: dict[str, dict] = {}
     for run in sorted(d for d in a.out_dir.iterdir() if d.is_dir()):
@@ -47,6 +70,8 @@ def main() -> None:
                   f"(training success {s['train_success_last10']}, {s['iterations']} iterations)")
     for name, v in presets.items():
         print(f"{name}: RL - base {v['gain_mean']:+.3f} +- {v['gain_std']:.3f} over {len(v['seeds'])} seeds")
+    if a.plot:
+        plot(a.out_dir, sorted(presets), a.plot)
     if a.out:
         a.out.write_text(json.dumps({"script": "experiments/task_seeds.sh + experiments/summarize_task_seeds.py",
                                      "runs": presets}, indent=1))

@@ -1,8 +1,9 @@
 """Drafts from history (`--rollout.drafts K`): acceptance and decode time of a rollout with and without them.
 
-A policy that repeats itself: the tiny model after a shipped task preset's SFT stage on the task's expert episodes
-(`experiments/train.py --preset P`: `tiny-cpu`, guess-the-number by binary search, answers of 2-3 tokens; `arithmetic`,
-a calculator call `[calc 417*83]` then the product, answers of 6-14 tokens), `--sft-steps` steps. Its rollout of
+A policy that repeats itself: the tiny model (or `--model`'s shape) after a shipped task preset's SFT stage on the
+task's expert episodes (`experiments/train.py --preset P`: `tiny-cpu`, guess-the-number by binary search, answers of
+2-3 tokens; `arithmetic`, a calculator call `[calc 417*83]` then the product, answers of 6-14 tokens), `--sft-steps`
+steps. Its rollout of
 iteration 0 fills the draft index (as a job's previous iteration does); then the same trained policy plays a rollout
 with and without drafts, `--rounds` times each, alternating, after one of each that compiles:
 
@@ -20,6 +21,7 @@ device; on a shared CPU they are only that.
 
     python experiments/benchmarks/bench_drafts.py                          # guess-the-number, 64 episodes, K = 6
     python experiments/benchmarks/bench_drafts.py --preset arithmetic --drafts 16 --sft-steps 300
+    python experiments/benchmarks/bench_drafts.py --preset arithmetic --drafts 16 --model qwen2.5-1.5b   # a GPU
 
 Writes experiments/results/bench_drafts_<preset>_n<context>_<device>.json.
 """
@@ -43,6 +45,7 @@ RESULTS = ROOT / "experiments" / "results"
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="tiny-cpu", choices=["tiny-cpu", "arithmetic"])
+    p.add_argument("--model", default="", help="a model shape (--model.name), e.g. qwen2.5-1.5b; default the preset's")
     p.add_argument("--sft-steps", type=int, default=200, help="SFT steps on the task's expert episodes")
     p.add_argument("--groups", type=int, default=16)
     p.add_argument("--group-size", type=int, default=4)
@@ -66,7 +69,8 @@ def main() -> None:
                          "--rollout.groups", str(a.groups), "--rollout.group-size", str(a.group_size),
                          "--rollout.drafts", str(a.drafts),
                          "--run.seed", str(a.seed), "--eval.every", "0", "--run.checkpoint-every", "0",
-                         "--run.progress", "false", "--run.wandb-mode", "disabled"], CONFIGS).config
+                         "--run.progress", "false", "--run.wandb-mode", "disabled"]
+                        + (["--model.name", a.model] if a.model else []), CONFIGS).config
         trainer = Trainer(cfg, log=False)
         sft = trainer.format_warmup()
         stage = trainer.rollout
@@ -121,13 +125,14 @@ def main() -> None:
               f"{row['plain']['success_rate']:.3f} / {row['drafts']['success_rate']:.3f}", flush=True)
     device = jax.devices()[0].device_kind
     result = {"script": "experiments/benchmarks/bench_drafts.py", "argv": sys.argv[1:], "preset": a.preset,
-              "device": device,
+              "model": cfg.model.name, "device": device,
               "backend": jax.default_backend(), "jax": jax.__version__, "task": cfg.env.task,
               "task_args": cfg.env.task_args, "episodes": a.groups * a.group_size, "drafts": a.drafts,
               "context": a.context,
               "answer_budget": cfg.rollout.max_turn_tokens, "sft_steps": a.sft_steps, "rounds": a.rounds,
               "sft": {k: float(v) for k, v in sft.items()}, "rows": rows}
-    out = a.out or RESULTS / f"bench_drafts_{a.preset}_n{a.context}_{device_slug(device)}.json"
+    shape = f"_{a.model}" if a.model else ""
+    out = a.out or RESULTS / f"bench_drafts_{a.preset}{shape}_n{a.context}_{device_slug(device)}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out}")
 
