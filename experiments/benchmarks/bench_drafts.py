@@ -3,9 +3,8 @@
 A policy that repeats itself: the tiny model (or `--model`'s shape) after a shipped task preset's SFT stage on the
 task's expert episodes (`experiments/train.py --preset P`: `tiny-cpu`, guess-the-number by binary search, answers of
 2-3 tokens; `arithmetic`, a calculator call `[calc 417*83]` then the product, answers of 6-14 tokens), `--sft-steps`
-steps. Its rollout of
-iteration 0 fills the draft index (as a job's previous iteration does); then the same trained policy plays a rollout
-with and without drafts, `--rounds` times each, alternating, after one of each that compiles:
+steps. Its rollout of iteration 0 fills the draft index (as a job's previous iteration does); then the same trained
+policy plays a rollout with and without drafts, `--rounds` times each, alternating, after one of each that compiles:
 
 - `next`: later iterations' problems (other seeds; round r plays iteration r + 1's), drafts from iteration 0's answers:
   what a job sees;
