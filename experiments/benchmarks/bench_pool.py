@@ -1,0 +1,150 @@
+"""Continuous batching (`--rollout.slots S`) against lock-step waves on a long-tailed load, same episodes.
+
+The load (fixed before any run): `LongTail`, a text task whose episode lasts 2 turns with probability 0.75, 8 turns
+with 0.20 and 32 turns with 0.05, drawn from the episode's seed (mean 4.7 turns); every answer is accepted, the
+last turn pays 1. Random weights answer up to `--turn-tokens` tokens a turn (the built-in tokenizer's end token is
+rarely sampled), so the work is the turns: a 128-episode batch almost surely holds a 32-turn episode (1 - 0.95^128).
+
+Three ways to play the same N episodes (their seeds equal; a wave samples with its own rows' keys, so its answers
+differ from the others' by ~1% of the tokens), when memory holds S decode rows:
+- `waves`: lock-step batches of S episodes one after another (today's path: finished rows compact, and each wave
+  lasts as long as its longest episode);
+- `pool`: one rollout with S slots over the N episodes (a finished episode's row takes the next waiting one);
+- `all`: the N episodes lock-step at once, a reference for a device with room for N rows.
+
+Reported per mode, medians of `--rounds` after one round that compiles: wall seconds, answer tokens per second,
+decode-row occupancy (busy rows / decode rows) and, for the pool, its occupancy while episodes waited.
+
+    python experiments/benchmarks/bench_pool.py                                   # CPU: N 256, S 64
+    python experiments/benchmarks/bench_pool.py --episodes 1024 --slots 128       # one GPU
+    python experiments/benchmarks/bench_pool.py --episodes 1024 --slots 128 --model qwen2.5-1.5b
+
+Writes experiments/results/bench_pool_<model>_<device>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import gymnasium
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path[:0] = [str(ROOT), str(HERE)]  # run from a clone; the job imports this file's task as bench_pool:...
+CONFIGS = ROOT / "experiments" / "configs" / "train"
+RESULTS = ROOT / "experiments" / "results"
+TURNS, SHARES = (2, 8, 32), (0.75, 0.20, 0.05)
+
+
+class LongTail(gymnasium.Env):
+    """Episodes of 2, 8 or 32 turns (probabilities 0.75 / 0.20 / 0.05, from the reset's seed); any answer goes."""
+
+    def __init__(self, split: str = "train"):
+        self.observation_space = gymnasium.spaces.Text(max_length=16)
+        self.action_space = gymnasium.spaces.Text(max_length=64)
+        self.turns, self.turn = 0, 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.turns, self.turn = int(self.np_random.choice(TURNS, p=SHARES)), 0
+        return "go\n> ", {}
+
+    def step(self, answer: str):
+        self.turn += 1
+        done = self.turn >= self.turns
+        return ("" if done else f"{self.turn}\n> "), float(done), done, False, {"success": done}
+
+
+def make_long_tail(**kw) -> gymnasium.Env:
+    return LongTail(**kw)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--episodes", type=int, default=256, help="N")
+    p.add_argument("--slots", type=int, default=64, help="S: the decode rows memory holds")
+    p.add_argument("--turn-tokens", type=int, default=8, help="answer budget a turn")
+    p.add_argument("--max-context", type=int, default=512, help="a 32-turn episode needs ~32 x (budget + 4)")
+    p.add_argument("--model", default="tiny", help="a model shape (--model.name), random weights")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--modes", default="waves,pool,all")
+    p.add_argument("--out", type=Path)
+    a = p.parse_args()
+    if a.episodes % a.slots:
+        p.error(f"--episodes ({a.episodes}) must be a multiple of --slots ({a.slots}): whole waves")
+
+    import jax
+
+    from earl_jax.parallel.profile import device_slug
+    from earl_jax.rl.job.entry import parse_job
+    from earl_jax.rl.loop.trainer import Trainer
+    from earl_jax.rollout.sampler import SamplingConfig
+
+    def trainer(episodes: int, run_dir: str) -> Trainer:
+        cfg = parse_job(["--preset", "tiny-cpu", "--run.run-dir", run_dir, "--env.task", "bench_pool:make_long_tail",
+                         "--env.task-args", "{}", "--model.name", a.model, "--sft.steps", "0",
+                         "--rollout.groups", str(episodes // 2), "--rollout.group-size", "2",
+                         "--rollout.max-turns", str(max(TURNS)), "--rollout.max-turn-tokens", str(a.turn_tokens),
+                         "--rollout.max-context", str(a.max_context), "--eval.every", "0",
+                         "--run.checkpoint-every", "0", "--run.progress", "false", "--run.wandb-mode", "disabled"],
+                        CONFIGS).config
+        return Trainer(cfg, log=False)
+
+    sampling = SamplingConfig(temperature=1.0)
+    seeds, rng = list(range(1000, 1000 + a.episodes)), jax.random.key(0)
+    with tempfile.TemporaryDirectory() as d:
+        full, wave = trainer(a.episodes, f"{d}/full"), trainer(a.slots, f"{d}/wave")
+        full_env, wave_env = full.matchmaker.train_env(0), wave.matchmaker.train_env(0)
+        lock_step = full.rollout.cfg
+
+        def play(mode: str) -> list:
+            if mode == "waves":
+                return [wave.play(wave_env, seeds[i:i + a.slots], np.arange(i, i + a.slots), rng, sampling)[0].stats
+                        for i in range(0, a.episodes, a.slots)]
+            full.rollout.cfg = dataclasses.replace(lock_step, slots=a.slots if mode == "pool" else 0)
+            return [full.play(full_env, seeds, np.arange(a.episodes), rng, sampling)[0].stats]
+
+        modes = a.modes.split(",")
+        runs: dict[str, list] = {m: [] for m in modes}
+        for m in modes:  # one round that compiles
+            play(m)
+        for r in range(a.rounds):
+            for m in (modes if r % 2 == 0 else modes[::-1]):
+                runs[m].append(play(m))
+    rows = {}
+    for m, rounds in runs.items():
+        def total(f, rounds=rounds):
+            return [sum(f(s) for s in parts) for parts in rounds]
+        seconds, tokens = total(lambda s: s.rollout_s), total(lambda s: s.answer_tokens)
+        busy, decode_rows = total(lambda s: s.busy_rows), total(lambda s: s.decode_rows)
+        rows[m] = {"rollout_s": statistics.median(seconds), "rollout_s_each": [round(x, 4) for x in seconds],
+                   "answer_tokens": tokens[0],
+                   "tokens_per_s": statistics.median(t / s for t, s in zip(tokens, seconds)),
+                   "occupancy": busy[0] / max(decode_rows[0], 1), "decode_rows": decode_rows[0],
+                   "turns_mean": statistics.fmean(s.turns_mean for s in rounds[0]),
+                   "pool_occupancy": rounds[0][0].pool_occupancy if m == "pool" else None}
+        print(f"{m:>6}: {rows[m]['rollout_s']:.3f} s, {rows[m]['tokens_per_s']:.0f} answer tokens/s, occupancy "
+              f"{rows[m]['occupancy']:.2f}" + (f", while episodes waited {rows[m]['pool_occupancy']:.2f}"
+                                               if rows[m]["pool_occupancy"] is not None else ""), flush=True)
+    if "waves" in rows and "pool" in rows:
+        speedup = rows["pool"]["tokens_per_s"] / rows["waves"]["tokens_per_s"]
+        print(f"pool / waves: {speedup:.2f}x answer tokens per second")
+    device = jax.devices()[0].device_kind
+    result = {"script": "experiments/benchmarks/bench_pool.py", "argv": sys.argv[1:], "device": device,
+              "backend": jax.default_backend(), "jax": jax.__version__, "model": a.model, "episodes": a.episodes,
+              "slots": a.slots, "turn_tokens": a.turn_tokens, "load": {"turns": TURNS, "shares": SHARES},
+              "rounds": a.rounds, "modes": rows}
+    out = a.out or RESULTS / f"bench_pool_{a.model}_{device_slug(device)}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
