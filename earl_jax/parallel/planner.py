@@ -306,12 +306,13 @@ class StagePlanner:
     def from_config(cls, cfg: PlannerConfig, model_cfg: ModelConfig, batch_size: int, *, remat: bool = True,
                     cache_buckets: tuple[int, ...] | None = None, kv_cache_bytes: int = 2,
                     devices: list[jax.Device] | None = None, stages: tuple[str, ...] | None = None,
-                    shapes: ProgramShapes | None = None) -> "StagePlanner":
+                    shapes: ProgramShapes | None = None, decode_rows: int = 0) -> "StagePlanner":
         """The planner of a job of `batch_size` games a rollout; a layout that does not fit the model or the batch
         is refused here, before anything compiles, naming the flag. `devices` (default: --planner.devices of all)
         and `stages` (the ones it plans each iteration; default: those registered so): a share of the devices
         planned for some stages alone (parallel/split.py). `shapes`: the job's program service (parallel/shapes.py),
-        shared by the planners of one job."""
+        shared by the planners of one job. `decode_rows`: --rollout.slots (the rollout holds that many rows at once:
+        its memory is planned for them; 0: every game)."""
         devices = jax.devices()[: cfg.devices or None] if devices is None else list(devices)
         planned = stages or stage_names("each_iteration")
         thresholds = {s: v for s in (stages or stage_names())
@@ -330,7 +331,8 @@ class StagePlanner:
                               kv_cache_bytes=kv_cache_bytes)
         table = ProfileTable.load(cfg.table) if cfg.table else None
         selector = ParallelismSelector(model_cfg, len(devices), memory=memory, config=sel_cfg, table=table,
-                                       device_kind=devices[0].device_kind, batch_rows=batch_size)
+                                       device_kind=devices[0].device_kind, batch_rows=batch_size,
+                                       decode_rows=decode_rows)
         return cls(selector, devices, batch_size, static=cfg.mode == "static", shapes=shapes)
 
     # ---------------------------------------------------------------- plans

@@ -207,10 +207,13 @@ class Choice:
 class ParallelismSelector:
     def __init__(self, cfg: ModelConfig, num_devices: int, *, memory: MemoryModel | MemoryConfig | None = None,
                  config: SelectorConfig | None = None, table: ProfileTable | None = None,
-                 device_kind: str | None = None, batch_rows: int | None = None):
+                 device_kind: str | None = None, batch_rows: int | None = None, decode_rows: int = 0):
         """`batch_rows`: the rows of an iteration's batch; a stage planned each iteration processes it, so only its
-        meshes whose batch shards (data x fsdp) divide them are candidates (None: no such limit)."""
+        meshes whose batch shards (data x fsdp) divide them are candidates (None: no such limit). `decode_rows`: the
+        rows a decode stage holds at once when fewer than its responses (a pool of games, `--rollout.slots`; 0: all):
+        its memory and measured throughput are those of that many rows."""
         self.cfg, self.num_devices, self.batch_rows = cfg, int(num_devices), batch_rows
+        self.decode_rows = int(decode_rows)
         self.memory = memory if isinstance(memory, MemoryModel) else MemoryModel(cfg, memory)
         self.config = config or SelectorConfig()
         self.table = table
@@ -280,6 +283,13 @@ class ParallelismSelector:
     def _check_len(self, bucket: int, stats: ContextStats) -> int:
         return max(int(bucket), int(stats.max_context_len))
 
+    def rows_of(self, stage: str, stats: ContextStats) -> int:
+        """The sequences `stage` holds at once: a decode stage's pool rows (`decode_rows`) when fewer."""
+        n = stats.num_responses
+        if self.decode_rows and stage_spec(stage).memory == "decode":
+            return min(n, self.decode_rows)
+        return n
+
     def _heuristic_key(self, mesh: MeshShape, fit) -> tuple:
         return (mesh.tensor, mesh.fsdp, -(fit.micro_batch or 0))
 
@@ -290,7 +300,7 @@ class ParallelismSelector:
     def _ranked(self, stage: str, bucket: int, stats: ContextStats) -> list[tuple[StageLayout, float | None, int]]:
         """`ranked_layouts` with each layout's memory estimate per device (bytes)."""
         ctx = self._check_len(bucket, stats)
-        n = stats.num_responses
+        n = self.rows_of(stage, stats)
         scored = []
         tctx = tn = None
         if self.table is not None:
@@ -321,7 +331,7 @@ class ParallelismSelector:
         mesh = entries[self._thr[stage].index][1]
         if (stage, mesh, bucket) in self.oom_marks:
             return None
-        fit = self.memory.choose(stage, mesh, self._check_len(bucket, stats), stats.num_responses,
+        fit = self.memory.choose(stage, mesh, self._check_len(bucket, stats), self.rows_of(stage, stats),
                                  self.micro_batch_caps.get((stage, mesh, bucket)), extends=stats.extends)
         if fit is None:
             ctx = self._check_len(bucket, stats)
@@ -348,17 +358,19 @@ class ParallelismSelector:
         return ranked[0][0]
 
     def _explain(self, stage: str, bucket: int, stats: ContextStats) -> str:
-        ctx = self._check_len(bucket, stats)
+        ctx, n = self._check_len(bucket, stats), self.rows_of(stage, stats)
         lines = [f"no {stage} layout of {self.cfg.name} on {self.num_devices} devices fits context {ctx} x "
-                 f"{stats.num_responses} responses in {self.memory.usable_bytes / 2**30:.2f} GiB per device "
+                 f"{n} responses in {self.memory.usable_bytes / 2**30:.2f} GiB per device "
                  f"(budget {self.memory.budget_bytes / 2**30:.2f} GiB x safety {self.memory.mem.safety_fraction}):"]
         for mesh in self.candidates_of(stage):
             if (stage, mesh, bucket) in self.oom_marks:
                 lines.append(f"  {mesh}: ran out of memory at bucket {bucket}")
             else:
-                lines.append("  " + self.memory.estimate(stage, mesh, ctx, stats.num_responses,
-                                                         extends=stats.extends).describe())
-        lines.append("Shorten the context, use fewer responses per iteration, or add devices.")
+                lines.append("  " + self.memory.estimate(stage, mesh, ctx, n, extends=stats.extends).describe())
+        pool = (" or fewer" if self.decode_rows else "") if stage_spec(stage).memory == "decode" else None
+        lines.append("Shorten the context, use fewer responses per iteration, or add devices"
+                     + (f" (or decode them in --rollout.slots rows{pool}: continuous batching)." if pool is not None
+                        else "."))
         return "\n".join(lines)
 
     # -- the per-iteration call ----------------------------------------------------------------------

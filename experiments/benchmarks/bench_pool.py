@@ -10,7 +10,8 @@ differ from the others' by ~1% of the tokens), when memory holds S decode rows:
 - `waves`: lock-step batches of S episodes one after another (today's path: finished rows compact, and each wave
   lasts as long as its longest episode);
 - `pool`: one rollout with S slots over the N episodes (a finished episode's row takes the next waiting one);
-- `all`: the N episodes lock-step at once, a reference for a device with room for N rows.
+- `all`: the N episodes lock-step at once, a reference for a device with room for N rows (a small model: the
+  rollout's layout is the one planned for S rows).
 
 Reported per mode, medians of `--rounds` after one round that compiles: wall seconds, answer tokens per second,
 decode-row occupancy (busy rows / decode rows) and, for the pool, its occupancy while episodes waited.
@@ -87,8 +88,9 @@ def main() -> None:
     from earl_jax.rl.loop.trainer import Trainer
     from earl_jax.rollout.sampler import SamplingConfig
 
-    def trainer(episodes: int, run_dir: str) -> Trainer:
-        cfg = parse_job(["--preset", "tiny-cpu", "--run.run-dir", run_dir, "--env.task", "bench_pool:make_long_tail",
+    def trainer(episodes: int, run_dir: str, slots: int = 0) -> Trainer:
+        cfg = parse_job(["--preset", "tiny-cpu", "--run.run-dir", run_dir, "--rollout.slots", str(slots),
+                         "--env.task", "bench_pool:make_long_tail",
                          "--env.task-args", "{}", "--model.name", a.model, "--sft.steps", "0",
                          "--rollout.groups", str(episodes // 2), "--rollout.group-size", "2",
                          "--rollout.max-turns", str(max(TURNS)), "--rollout.max-turn-tokens", str(a.turn_tokens),
@@ -100,7 +102,8 @@ def main() -> None:
     sampling = SamplingConfig(temperature=1.0)
     seeds, rng = list(range(1000, 1000 + a.episodes)), jax.random.key(0)
     with tempfile.TemporaryDirectory() as d:
-        full, wave = trainer(a.episodes, f"{d}/full"), trainer(a.slots, f"{d}/wave")
+        # the pool's planner sizes the rollout for S rows, as a job with --rollout.slots does
+        full, wave = trainer(a.episodes, f"{d}/full", a.slots), trainer(a.slots, f"{d}/wave")
         full_env, wave_env = full.matchmaker.train_env(0), wave.matchmaker.train_env(0)
         lock_step = full.rollout.cfg
 
@@ -114,6 +117,7 @@ def main() -> None:
         modes = a.modes.split(",")
         runs: dict[str, list] = {m: [] for m in modes}
         for m in modes:  # one round that compiles
+            print(f"{m}: a first round (compiles)", flush=True)
             play(m)
         for r in range(a.rounds):
             for m in (modes if r % 2 == 0 else modes[::-1]):

@@ -399,6 +399,35 @@ def test_no_feasible_layout_error_is_clear():
         sel.plan(stats(1000, 8))
 
 
+def test_a_pool_of_games_plans_the_rollout_for_its_rows_only():
+    """--rollout.slots S: the rollout holds S rows at once, so its memory (and the error) are for S, not every game;
+    experience and train still process the whole batch."""
+    big = get_config("qwen2.5-1.5b")
+    memory = MemoryConfig(budget_bytes=40 * GiB)
+    whole = ParallelismSelector(big, 1, memory=memory, batch_rows=1024)
+    with pytest.raises(NoFeasibleLayoutError, match=r"(?s)1024 x 1024 responses.*--rollout.slots rows"):
+        whole.select("rollout", 1024, stats(1000, 1024, 1024))
+    pooled = ParallelismSelector(big, 1, memory=memory, batch_rows=1024, decode_rows=128)
+    layout = pooled.select("rollout", 1024, stats(1000, 1024, 1024))
+    ranked = pooled._ranked("rollout", 1024, stats(1000, 1024, 1024))
+    assert ranked[0][0] == layout
+    assert ranked[0][2] == pooled.memory.estimate("rollout", layout.mesh, 1024, 128, layout.micro_batch,
+                                                  layout.logprob_chunk).total
+    assert pooled.rows_of("rollout", stats(1000, 1024, 1024)) == 128
+    assert pooled.rows_of("rollout", stats(1000, 64, 64)) == 64  # fewer games than slots: all of them
+    assert pooled.rows_of("train", stats(1000, 1024, 1024)) == 1024
+
+
+def test_the_job_s_slots_reach_the_rollout_planner():
+    from earl_jax.rl.stages.policy_setup import build_policy
+    from jobs import SMALL, with_fields
+
+    policy, _ = build_policy(with_fields(SMALL, slots=4))
+    assert policy.planner.selector.decode_rows == 4
+    policy, _ = build_policy(SMALL)
+    assert policy.planner.selector.decode_rows == 0
+
+
 def test_stage_plan_is_frozen():
     plan = tiny_selector().plan(stats(100))
     with pytest.raises(Exception):
