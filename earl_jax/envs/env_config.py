@@ -62,6 +62,8 @@ class EnvConfig:
     step_workers: int = _f(1, "a task's episodes stepped by this many threads at once, so tool calls that wait "
                               "(a search, a sandbox) overlap; 1 = one after another; the task's env objects must "
                               "not share state")
+    search_workers: int = _f(0, "processes that search for a per-game opponent (mcts:N) at once, each for its share "
+                                "of the games (the same moves as one process); 0 = in the job's process")
     game: str = _f("connect_four", "OpenSpiel game: connect_four, tic_tac_toe (batched: envs/games/), or any "
                                    "two-player turn-based game string, e.g. breakthrough(rows=6)")
     opponent: str = _f("random", opponent_help)
@@ -92,6 +94,7 @@ class EnvConfig:
         need(self.prompt_style in PROMPT_STYLES, "prompt_style", f"must be one of {', '.join(PROMPT_STYLES)}")
         need(self.chat_template in ("auto", "on", "off"), "chat_template", "must be auto, on or off")
         need(self.step_workers >= 1, "step_workers", "must be >= 1")
+        need(self.search_workers >= 0, "search_workers", "must be >= 0")
         need(self.agent_player in (0, 1, None), "agent_player", "must be 0, 1 or none")
         need(self.max_retries >= 0, "max_retries", "must be >= 0")
         need(self.blunder_penalty >= 0, "blunder_penalty", "must be >= 0")

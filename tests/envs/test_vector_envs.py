@@ -419,6 +419,47 @@ def test_per_game_wrapper_matches_its_envs(cfg):
             infos[i] = want[4]
 
 
+def _mcts_games(workers: int, assigned: bool = False):
+    """12 Connect Four games against mcts:8 (the env's own opponent, or assigned to half the games), the agent's
+    moves drawn from one seeded stream: every step's observations, rewards and outcomes."""
+    cfg = EnvConfig.connect_four(opponent="random" if assigned else "mcts:8", search_workers=workers)
+    env = VectorTextEnv(cfg, 12, per_game_opponents=True)
+    if assigned:
+        env.assign_opponent("mcts:8", np.arange(0, 12, 2))
+    rng, out = np.random.default_rng(0), []
+    for round_ in range(2):  # the second round resets the kept opponents' games
+        if assigned:
+            env.assign_opponents([("mcts:8", np.arange(0, 12, 2)), ("alphabeta:1", [1])])
+        out.append(env.reset(list(range(100 + 12 * round_, 112 + 12 * round_))).obs)
+        while env.live.any():
+            rows = np.flatnonzero(env.live)
+            moves = np.array([rng.choice(np.flatnonzero(env.legal[r])) for r in rows])
+            step = env.step(rows, moves=moves)
+            out.append((rows.tolist(), step.obs, step.reward.tolist(), step.winners))
+    return out, env
+
+
+@pytest.mark.parametrize("assigned", [False, True])
+def test_search_workers_play_the_moves_one_process_plays(assigned):
+    one, _ = _mcts_games(0, assigned)
+    several, env = _mcts_games(3, assigned)
+    assert one == several
+    opponent = env._others[0][0] if assigned else env.opponent
+    assert type(opponent).__name__ == "WorkerOpponents" and opponent.workers == 3
+    opponent.close()
+
+
+def test_a_failing_search_worker_names_itself():
+    from earl_jax.envs.vector.per_game_opponents import WorkerOpponents
+
+    opponent = WorkerOpponents("mcts:4", "connect_four", 4, 2)
+    opponent.reset([0, 1, 2, 3], [1, 2, 3, 4])
+    bad = np.full(4, np.uint64(2**63))  # no Connect Four position has this stone
+    with pytest.raises(RuntimeError, match=r"(?s)search worker \d.*not reachable"):
+        opponent.act(np.arange(4), bad, bad, np.ones((4, 7), bool))
+    opponent.close()
+
+
 def test_per_game_wrapper_over_a_user_env():
     env = make_vector_env(EnvConfig(), 3, env_factory=ParrotEnv)
     assert isinstance(env, PerGameVectorEnv) and not env.accepts_moves

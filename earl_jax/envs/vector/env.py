@@ -72,7 +72,7 @@ class VectorTextEnv:
         self.num_games = n = num_games
         self.rules = self.spec.rules
         self.num_actions = self.rules.num_actions
-        self.opponent = any_opponent(cfg.opponent, self.spec.name, n, per_game_opponents)
+        self.opponent = any_opponent(cfg.opponent, self.spec.name, n, per_game_opponents, cfg.search_workers)
         self._others: list[tuple[Any, np.ndarray, str]] = []  # (opponent, its games, spec): assign_opponents
         # > 0: every agent move is judged for blunders at this depth even without --env.blunder-penalty (evaluation's
         # eval/<opponent>/blunder_rate); the reward is not changed
@@ -112,6 +112,8 @@ class VectorTextEnv:
         """`assign_opponent` for several opponents at once, each on its own games (which may not overlap); an
         opponent with no batched version (mcts:N) plays its games one at a time (PerGameOpponents)."""
         others, taken = [], np.zeros(self.num_games, bool)
+        # a per-game opponent is kept for its spec: its bots (and search workers) are reset per game, not rebuilt
+        kept = {spec: opponent for opponent, _, spec in self._others if getattr(opponent, "per_game", False)}
         for spec, games in assignments:
             mask = np.zeros(self.num_games, bool)
             if games is not None:
@@ -120,7 +122,11 @@ class VectorTextEnv:
                 raise ValueError(f"assign_opponents: {spec!r}'s games overlap another opponent's")
             taken |= mask
             OpenSpielTextEnv(dataclasses.replace(self.config, opponent=spec))  # the reference's checks: a clear error
-            others.append((any_opponent(spec, self.spec.name, self.num_games), mask, spec))
+            opponent = kept.pop(spec, None) or any_opponent(spec, self.spec.name, self.num_games,
+                                                            workers=self.config.search_workers)
+            others.append((opponent, mask, spec))
+        for opponent in kept.values():
+            getattr(opponent, "close", lambda: None)()
         self._others = others
 
     @property

@@ -11,17 +11,26 @@ game reset to a history) is rebuilt from its stones by replaying them in an orde
 Why: the slow search opponents (mcts:N: ~4.6 minutes for a 2048-game iteration at N=100, all games per game) can then
 take a bounded share of a batch's groups beside batched opponents (`VectorTextEnv.assign_opponents`), and evaluation
 against them judges blunders as the batched env does.
+
+`workers` W > 1 (`--env.search-workers`): the games are split over W worker processes (game i in worker i mod W, each
+holding its games' bots and states), which search at once: OpenSpiel's MCTS is Python, so threads would not. Every
+game's moves are those of one process (its bot and state are the same objects' copies, reset with the same seeds).
+The workers start on first use (spawned: the parent may hold JAX's threads) and stop with the opponent.
 """
 from __future__ import annotations
+
+import multiprocessing
+import traceback
+import weakref
 
 import numpy as np
 
 from earl_jax.envs.vector.batched_opponents import BatchedOpponent, make_vector_opponent
 
 
-def any_opponent(spec: str, game: str, num_games: int, per_game: bool = True) -> BatchedOpponent:
+def any_opponent(spec: str, game: str, num_games: int, per_game: bool = True, workers: int = 0) -> BatchedOpponent:
     """`make_vector_opponent`, or for a spec with no batched version (mcts:N) in a registered game, with `per_game`,
-    the per-game opponent stepped one game at a time."""
+    the per-game opponent stepped one game at a time (in `workers` processes when > 1)."""
     from earl_jax.envs.games import find_game
 
     try:
@@ -29,6 +38,8 @@ def any_opponent(spec: str, game: str, num_games: int, per_game: bool = True) ->
     except ValueError:
         if not per_game or find_game(game) is None:
             raise
+    if workers > 1:
+        return WorkerOpponents(spec, game, num_games, workers)
     return PerGameOpponents(spec, game, num_games)
 
 
@@ -115,3 +126,86 @@ class PerGameOpponents(BatchedOpponent):
         for a in moves:
             state.apply_action(a)
         return state
+
+
+def _serve(conn, spec: str, game: str, num_games: int) -> None:
+    """A worker: a PerGameOpponents of its own, answering ("reset", rows, seeds) and ("act", rows, me, opp, legal)."""
+    opponent = None
+    while (msg := conn.recv()) is not None:
+        try:
+            opponent = opponent or PerGameOpponents(spec, game, num_games)
+            op, *args = msg
+            conn.send(("ok", opponent.reset(*args) if op == "reset" else opponent.act(*args)))
+        except Exception:  # noqa: BLE001 - the parent re-raises it with the worker's traceback
+            conn.send(("error", traceback.format_exc()))
+
+
+def _stop(conns: list, procs: list) -> None:
+    for conn in conns:
+        try:
+            conn.send(None)
+            conn.close()
+        except (OSError, BrokenPipeError):
+            pass
+    for proc in procs:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+
+
+class WorkerOpponents(BatchedOpponent):
+    """PerGameOpponents over `workers` processes (the module docstring); the same moves as one process."""
+
+    per_game = True
+
+    def __init__(self, spec: str, game: str, num_games: int, workers: int):
+        PerGameOpponents(spec, game, 1)  # a bad spec fails here, in this process, with the factory's message
+        super().__init__(num_games)
+        self.spec, self.game, self.num_games, self.workers = spec, game, num_games, min(int(workers), num_games)
+        self._conns: list = []
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        procs = []
+        for _ in range(self.workers):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(child, self.spec, self.game, self.num_games), daemon=True,
+                               name=f"search-{self.spec}")
+            proc.start()
+            child.close()
+            self._conns.append(parent)
+            procs.append(proc)
+        self._finalizer = weakref.finalize(self, _stop, list(self._conns), procs)
+
+    def close(self) -> None:
+        if self._conns:
+            self._finalizer()
+            self._conns = []
+
+    def _call(self, op: str, rows: np.ndarray, *columns: np.ndarray) -> list:
+        """Send each worker its games' share of `columns`, then gather: (worker's positions in rows, its result)."""
+        if not self._conns:
+            self._start()
+        rows = np.asarray(rows)
+        parts = [np.flatnonzero(rows % self.workers == w) for w in range(self.workers)]
+        busy = [w for w, at in enumerate(parts) if len(at)]
+        for w in busy:
+            self._conns[w].send((op, rows[parts[w]], *(np.asarray(c)[parts[w]] for c in columns)))
+        out = []
+        for w in busy:
+            status, value = self._conns[w].recv()
+            if status == "error":
+                raise RuntimeError(f"opponent {self.spec!r}, search worker {w}:\n{value}")
+            out.append((parts[w], value))
+        return out
+
+    def reset(self, rows, seeds) -> None:
+        super().reset(rows, seeds)
+        self._call("reset", rows, np.asarray(seeds, dtype=object))
+
+    def act(self, rows, me, opp, legal):
+        out = np.zeros(len(rows), np.int64)
+        for at, actions in self._call("act", rows, me, opp, legal):
+            out[at] = actions
+        return out
+
