@@ -457,6 +457,11 @@ def test_a_failing_search_worker_names_itself():
     bad = np.full(4, np.uint64(2**63))  # no Connect Four position has this stone
     with pytest.raises(RuntimeError, match=r"(?s)search worker \d.*not reachable"):
         opponent.act(np.arange(4), bad, bad, np.ones((4, 7), bool))
+    opponent.reset([0, 1, 2, 3], [1, 2, 3, 4])  # both workers answered: the next call reads its own replies
+    opponent._procs[1].kill()
+    opponent._procs[1].join()
+    with pytest.raises(RuntimeError, match="search worker 1:\nthe process exited"):
+        opponent.reset([0, 1], [5, 6])
     opponent.close()
 
 

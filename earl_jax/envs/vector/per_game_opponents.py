@@ -175,6 +175,7 @@ class WorkerOpponents(BatchedOpponent):
             child.close()
             self._conns.append(parent)
             procs.append(proc)
+        self._procs = procs
         self._finalizer = weakref.finalize(self, _stop, list(self._conns), procs)
 
     def close(self) -> None:
@@ -189,14 +190,27 @@ class WorkerOpponents(BatchedOpponent):
         rows = np.asarray(rows)
         parts = [np.flatnonzero(rows % self.workers == w) for w in range(self.workers)]
         busy = [w for w, at in enumerate(parts) if len(at)]
+        sent = []
         for w in busy:
-            self._conns[w].send((op, rows[parts[w]], *(np.asarray(c)[parts[w]] for c in columns)))
-        out = []
-        for w in busy:
-            status, value = self._conns[w].recv()
+            try:
+                self._conns[w].send((op, rows[parts[w]], *(np.asarray(c)[parts[w]] for c in columns)))
+                sent.append(w)
+            except OSError:  # a broken pipe: the worker is gone (said below)
+                pass
+        out, errors = [], []
+        for w in busy:  # every reply is read, so a failure leaves no answer behind in another worker's pipe
+            try:
+                status, value = self._conns[w].recv() if w in sent else ("error", None)
+            except EOFError:
+                status, value = "error", None
+            if status == "error" and value is None:
+                self._procs[w].join(timeout=1)
+                value = f"the process exited (code {self._procs[w].exitcode})"
             if status == "error":
-                raise RuntimeError(f"opponent {self.spec!r}, search worker {w}:\n{value}")
+                errors.append(f"opponent {self.spec!r}, search worker {w}:\n{value}")
             out.append((parts[w], value))
+        if errors:
+            raise RuntimeError(errors[0])
         return out
 
     def reset(self, rows, seeds) -> None:
