@@ -93,6 +93,7 @@ def main() -> None:
                          "--env.task", "bench_pool:make_long_tail",
                          "--env.task-args", "{}", "--model.name", a.model, "--sft.steps", "0",
                          "--rollout.groups", str(episodes // 2), "--rollout.group-size", "2",
+                         "--optim.ppo-mini-batches", "1",
                          "--rollout.max-turns", str(max(TURNS)), "--rollout.max-turn-tokens", str(a.turn_tokens),
                          "--rollout.max-context", str(a.max_context), "--eval.every", "0",
                          "--run.checkpoint-every", "0", "--run.progress", "false", "--run.wandb-mode", "disabled"],
@@ -122,6 +123,9 @@ def main() -> None:
         for r in range(a.rounds):
             for m in (modes if r % 2 == 0 else modes[::-1]):
                 runs[m].append(play(m))
+    if "pool" in runs and runs["pool"][0][0].pool_occupancy is None:
+        sys.exit(f"bench_pool: --slots {a.slots} rounded up to whole decode batches hold all {a.episodes} episodes: "
+                 "no pool was played (use more --episodes)")
     rows = {}
     for m, rounds in runs.items():
         def total(f, rounds=rounds):

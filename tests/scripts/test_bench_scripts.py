@@ -227,3 +227,22 @@ def test_bench_rollout_plot_redraws_the_png_from_its_json(tmp_path, monkeypatch)
     monkeypatch.setattr("sys.argv", ["bench_rollout.py", "--plot", str(path)])
     mod.main()
     assert path.with_suffix(".png").stat().st_size > 10_000
+
+
+def test_bench_search_workers_plays_the_same_games_in_workers(tmp_path, monkeypatch):
+    out = tmp_path / "sw.json"
+    monkeypatch.setattr("sys.argv", ["bench_search_workers.py", "--opponent", "mcts:4", "--games", "6",
+                                     "--workers", "0", "2", "--out", str(out)])
+    _load("bench_search_workers").main()  # exits non-zero if the workers' games differ
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["workers"] for r in rows] == [0, 2] and all(r["seconds"] > 0 for r in rows)
+
+
+def test_bench_pool_plays_the_same_episodes_each_way(tmp_path, monkeypatch):
+    out = tmp_path / "pool.json"
+    monkeypatch.setattr("sys.argv", ["bench_pool.py", "--episodes", "32", "--slots", "8", "--rounds", "1",
+                                     "--turn-tokens", "2", "--modes", "waves,pool", "--out", str(out)])
+    _load("bench_pool").main()
+    modes = json.loads(out.read_text())["modes"]
+    assert modes["pool"]["turns_mean"] == modes["waves"]["turns_mean"]  # the same episodes (turns from the seeds)
+    assert modes["pool"]["pool_occupancy"] == 1.0
