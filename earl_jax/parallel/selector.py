@@ -367,10 +367,11 @@ class ParallelismSelector:
                 lines.append(f"  {mesh}: ran out of memory at bucket {bucket}")
             else:
                 lines.append("  " + self.memory.estimate(stage, mesh, ctx, n, extends=stats.extends).describe())
-        pool = (" or fewer" if self.decode_rows else "") if stage_spec(stage).memory == "decode" else None
-        lines.append("Shorten the context, use fewer responses per iteration, or add devices"
-                     + (f" (or decode them in --rollout.slots rows{pool}: continuous batching)." if pool is not None
-                        else "."))
+        hint = "Shorten the context, use fewer responses per iteration, or add devices"
+        if stage_spec(stage).memory == "decode":  # a pool of games holds only its slots' rows at once
+            fewer = " or fewer" if self.decode_rows else ""
+            hint += f" (or decode them in --rollout.slots rows{fewer}: continuous batching)"
+        lines.append(hint + ".")
         return "\n".join(lines)
 
     # -- the per-iteration call ----------------------------------------------------------------------

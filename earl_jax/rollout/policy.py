@@ -84,18 +84,7 @@ class SamplerPolicy:
             width = self.max_new_tokens  # the program's bucketed width, trimmed here (no device op)
             return state, (tokens[:, :width], logprobs[:, :width], counts, stopped)
 
-        if self.background:
-            result = _pool().submit(lambda: to_host(*launch())).result
-        else:
-            launched = launch()
-            result = lambda: to_host(*launched)  # noqa: E731
-
-        def fetch() -> Decoded:
-            self.state, (tokens, logprobs, counts, stopped) = result()
-            self.lengths += counts
-            return Decoded(tokens, logprobs, counts, stopped)
-
-        return fetch
+        return self._fetch_later(launch, to_host)
 
     def _drafted(self, budgets: np.ndarray, rng: jax.Array, row_ids: np.ndarray) -> Callable[[], Decoded]:
         """`generate` with drafts: each row's draft verified in one forward, then decoded on (rollout/speculate.py)."""
@@ -105,11 +94,16 @@ class SamplerPolicy:
                                              max_new_tokens=self.max_new_tokens, stop_tokens=self.stop_tokens,
                                              sampling=self.sampling)
 
+        return self._fetch_later(launch, lambda state, answers: (state, answers()))
+
+    def _fetch_later(self, launch: Callable[[], tuple], to_host: Callable[..., tuple]) -> Callable[[], Decoded]:
+        """`launch()` now (on the decode thread with `background`); the returned fetch takes `to_host(*launched)`'s
+        (state, (tokens, logprobs, counts, stopped)), keeps the state and advances the rows' lengths."""
         if self.background:
-            result = _pool().submit(lambda: (lambda state, answers: (state, answers()))(*launch())).result
+            result = _pool().submit(lambda: to_host(*launch())).result
         else:
-            state, answers = launch()
-            result = lambda: (state, answers())  # noqa: E731
+            launched = launch()
+            result = lambda: to_host(*launched)  # noqa: E731
 
         def fetch() -> Decoded:
             self.state, (tokens, logprobs, counts, stopped) = result()

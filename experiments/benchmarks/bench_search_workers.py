@@ -41,7 +41,7 @@ def play(spec: str, games: int, workers: int) -> dict:
         step = env.step(rows, moves=np.array([rng.choice(np.flatnonzero(env.legal[r])) for r in rows]))
         winners += [w for w in step.winners if w is not None]
     seconds = time.perf_counter() - t0
-    getattr(env.opponent, "close", lambda: None)()
+    env.opponent.close()
     return {"workers": workers, "seconds": seconds, "start_s": start_s, "outcomes": winners}
 
 

@@ -151,6 +151,9 @@ class BatchedOpponent:
         """A move per row for the side to move (`me`: its stones; `opp`: the agent's)."""
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release what the opponent holds beyond its arrays (search worker processes); nothing by default."""
+
 
 class RandomOpponents(BatchedOpponent):
     def act(self, rows, me, opp, legal):

@@ -126,7 +126,7 @@ class VectorTextEnv:
                                                             workers=self.config.search_workers)
             others.append((opponent, mask, spec))
         for opponent in kept.values():
-            getattr(opponent, "close", lambda: None)()
+            opponent.close()
         self._others = others
 
     @property

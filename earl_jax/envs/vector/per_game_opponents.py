@@ -190,22 +190,18 @@ class WorkerOpponents(BatchedOpponent):
         rows = np.asarray(rows)
         parts = [np.flatnonzero(rows % self.workers == w) for w in range(self.workers)]
         busy = [w for w, at in enumerate(parts) if len(at)]
-        sent = []
         for w in busy:
             try:
                 self._conns[w].send((op, rows[parts[w]], *(np.asarray(c)[parts[w]] for c in columns)))
-                sent.append(w)
-            except OSError:  # a broken pipe: the worker is gone (said below)
+            except OSError:  # a broken pipe: the worker is gone, which its recv below says
                 pass
         out, errors = [], []
         for w in busy:  # every reply is read, so a failure leaves no answer behind in another worker's pipe
             try:
-                status, value = self._conns[w].recv() if w in sent else ("error", None)
-            except EOFError:
-                status, value = "error", None
-            if status == "error" and value is None:
+                status, value = self._conns[w].recv()
+            except (EOFError, OSError):
                 self._procs[w].join(timeout=1)
-                value = f"the process exited (code {self._procs[w].exitcode})"
+                status, value = "error", f"the process exited (code {self._procs[w].exitcode})"
             if status == "error":
                 errors.append(f"opponent {self.spec!r}, search worker {w}:\n{value}")
             out.append((parts[w], value))
