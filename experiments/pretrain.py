@@ -86,9 +86,10 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--results", type=Path, default=ROOT / "experiments" / "results", help="where results go")
     p.add_argument("--games-cache", type=Path, default=None, help=".npz file of the expert games: read when it holds "
                                                                   "games of these settings, else written")
-    p.add_argument("--games-from", type=Path, default=None,
-                   help=".npz expert games of any prompt style or limits (a --games-cache file), played again in this "
-                        "job's (rl/supervised/expert_replay.py): no search")
+    p.add_argument("--games-from", type=Path, nargs="+", default=None,
+                   help=".npz expert games of any prompt style or limits (--games-cache files; several are joined, "
+                        "e.g. parts searched in parallel with different --run.seed), played again in this job's "
+                        "(rl/supervised/expert_replay.py): no search")
     p.add_argument("--mirror", action="store_true", help="add the mirror image of every train game (not the held-out)")
     p.add_argument("--sft-target", choices=["move", "best"], default="move",
                    help="what an expert turn teaches: the move played, or its set of equally best moves (the "
@@ -145,21 +146,30 @@ def _replayed(args, cfg, tokenizer, ids, limits: dict) -> tuple[ExpertGames, dic
     """The games of --games-from, played again in this job's prompt style and limits."""
     from earl_jax.rl.supervised.expert_replay import replay_games
 
-    if not args.games_from.exists():
-        raise SystemExit(f"pretrain: --games-from {args.games_from}: no such file")
-    try:
-        source = ExpertGames.load(args.games_from)
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:  # not an .npz of expert games
-        raise SystemExit(f"pretrain: --games-from {args.games_from}: not a games file ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    parts = []
+    for path in args.games_from:
+        if not path.exists():
+            raise SystemExit(f"pretrain: --games-from {path}: no such file")
+        try:
+            parts.append(ExpertGames.load(path))
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:  # not an .npz of expert games
+            raise SystemExit(f"pretrain: --games-from {path}: not a games file ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    if len({(p.opponents, p.constrained) for p in parts}) > 1:
+        raise SystemExit(f"pretrain: --games-from {' '.join(map(str, args.games_from))}: the files were played "
+                         f"against different opponents or move modes")
+    source = concat_games(parts)
     t0 = time.perf_counter()
     try:
         games = replay_games(source, cfg.env, tokenizer, eos_id=ids.eos_id, bos_id=ids.bos_id, **limits)
     except (ValueError, IndexError) as e:  # games of another game, or of other rules
         raise SystemExit(f"pretrain: --games-from {args.games_from}: its games do not replay as "
                          f"{cfg.env.game} ({str(e).splitlines()[0]})") from None
-    return games, {"replayed_from": str(args.games_from), "replay_seconds": round(time.perf_counter() - t0, 1),
-                   "spec": _source_spec(args.games_from), **games.stats()}
+    named = [str(path) for path in args.games_from]
+    return games, {"replayed_from": named[0] if len(named) == 1 else named,
+                   "replay_seconds": round(time.perf_counter() - t0, 1),
+                   "spec": [_source_spec(path) for path in args.games_from] if len(named) > 1
+                   else _source_spec(args.games_from[0]), **games.stats()}
 
 
 def _source_spec(path: Path) -> dict:

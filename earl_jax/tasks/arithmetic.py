@@ -8,7 +8,9 @@ The expert calls the calculator first and answers its result next: `ToolUse` tel
 through `Arithmetic.on_tool`, and `expert_answer()` reads that flag.
 
 The held-out split: a problem `a*b` is "test" when a hash of its text is 0 mod 5 (a fifth), else "train";
-`reset(seed)` draws from the seed until the problem is in the env's split.
+`reset(seed)` draws from the seed until the problem is in the env's split. With `balance_lengths`, the train split
+draws each length of product equally often (3-digit times 2-digit: 4 and 5 digits, naturally 1 in 5 and 4 in 5), so
+demonstrations and training do not teach where the digits of the most common length sit; "test" keeps the natural mix.
 """
 
 from __future__ import annotations
@@ -31,14 +33,16 @@ def in_test_split(problem: str) -> bool:
 
 
 class Arithmetic(gymnasium.Env):
-    """One product per episode; see the module docstring. `max_calls` is for the `ToolUse` around it."""
+    """One product per episode; see the module docstring. `max_calls` is for the `ToolUse` around it;
+    `balance_lengths` evens the train split's product lengths."""
 
-    def __init__(self, digits: int = 3, split: str = "train", max_calls: int = 2):
+    def __init__(self, digits: int = 3, split: str = "train", max_calls: int = 2, balance_lengths: bool = False):
         if split not in ("train", "test"):
             raise ValueError(f"split: 'train' or 'test' (got {split!r})")
         if digits < 1:
             raise ValueError(f"digits: at least 1 (got {digits})")
         self.digits, self.split, self.max_calls = digits, split, max_calls
+        self.balance_lengths = bool(balance_lengths) and split == "train"
         self.observation_space = gymnasium.spaces.Text(max_length=128, min_length=0, charset=CHARSET)
         self.action_space = gymnasium.spaces.Text(max_length=64, min_length=0, charset=CHARSET)
         self.problem, self.answer, self.tool_answered = "", 0, False
@@ -47,8 +51,12 @@ class Arithmetic(gymnasium.Env):
         def number(d: int) -> int:
             return int(self.np_random.integers(10 ** (d - 1), 10 ** d))
 
+        lo, hi = self.digits + max(1, self.digits - 1) - 1, self.digits + max(1, self.digits - 1)
+        length = int(self.np_random.integers(lo, hi + 1)) if self.balance_lengths else None
         for _ in range(10_000):
             a, b = number(self.digits), number(max(1, self.digits - 1))
+            if length is not None and len(str(a * b)) != length:
+                continue
             if in_test_split(f"{a}*{b}") == (self.split == "test"):
                 return a, b
         raise RuntimeError(f"no {self.split} problem with digits={self.digits} in 10000 draws")

@@ -27,7 +27,8 @@
 #                                A_FLAGS against B_FLAGS (e.g. A_FLAGS="--rollout.compile-ahead false")
 #   bases                        experiments/pretrain.py builds side by side on GPU 0: BASES="name:game:flag,flag ..."
 #                                (each base, its JSON/PNG and log in $OUT/name.tgz; the expert games from runs/pretrain/
-#                                <game>_games.npz when carried); MEM (0.2) the memory share each, LIMIT (540) seconds
+#                                <game>_games.npz when carried); MEM (0.2) the memory share each, LIMIT (540) seconds;
+#                                a copy stays in /tmp/bases/name for later calls (--model.hf-checkpoint)
 #   first-iteration [args]       first_iteration.py --gpu (command to first iteration, empty compile cache)
 #   init [args]                  bench_init.py (random init in fresh processes, no compile cache)
 #   profile-rollout              profile_rollout.py at 2048 and 512 compact free-text games
@@ -276,6 +277,7 @@ cmd_bases() {
   done
   wait
   for spec in $BASES; do name=${spec%%:*}; echo "== $name"; grep -E "^pretrain: (step|held)" "$OUT/$name/log.txt" | tail -n 12
+    mkdir -p /tmp/bases && rm -rf "/tmp/bases/$name" && cp -r "$OUT/$name" /tmp/bases/  # a later call's runs start from it
     tar czf "$OUT/$name.tgz" -C "$OUT" "$name" && rm -rf "${OUT:?}/$name"; done  # few files come back: one archive each
 }
 

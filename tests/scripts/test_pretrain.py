@@ -71,9 +71,13 @@ def test_the_same_command_builds_the_same_base(build, tmp_path):
 
 def test_a_build_from_saved_games_adds_their_mirror_images_and_learns_best_sets(build, tmp_path):
     out, first = build
-    result = pretrain.main(TINY + ["--games-from", str(out / "games.npz"), "--mirror", "--sft-target", "best",
-                                   "--eval-games", "0", "--out", str(tmp_path / "base"), "--results", str(tmp_path)])
-    assert result["expert"]["replayed_from"] == str(out / "games.npz") and result["sft"]["target"] == "best"
+    copy = tmp_path / "copy.npz"  # two files are joined (parts searched in parallel): a copy adds no new game
+    copy.write_bytes((out / "games.npz").read_bytes())
+    result = pretrain.main(TINY + ["--games-from", str(out / "games.npz"), str(copy), "--mirror", "--sft-target",
+                                   "best", "--eval-games", "0", "--out", str(tmp_path / "base"), "--results",
+                                   str(tmp_path)])
+    assert result["expert"]["replayed_from"] == [str(out / "games.npz"), str(copy)]
+    assert result["sft"]["target"] == "best"
     data, before = result["data"], first["data"]
     assert (data["unique"], data["held_out"]) == (before["unique"], before["held_out"])  # the same split
     assert before["train"] < data["train"] <= 2 * before["train"]  # the mirror images, less any already there

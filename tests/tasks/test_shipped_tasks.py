@@ -185,3 +185,14 @@ def test_show_digit_rewards_and_its_hidden_control():
     assert (reward, info["invalid"]) == (-1.0, True)
     hidden = make_show_digit(hidden=True)
     assert hidden.reset(seed=3)[0] == "d ?\n> " and hidden.unwrapped.digit == digit  # same draw, not shown
+
+
+def test_arithmetic_balance_lengths_evens_the_train_split_only():
+    def lengths(**kw) -> list[int]:
+        env = make_arithmetic(**kw)
+        return [len(str(eval(env.reset(seed=s)[0].removesuffix("\n> ")))) for s in range(400)]
+
+    natural, balanced = lengths(), lengths(balance_lengths=True)
+    assert natural.count(4) < 0.3 * len(natural)  # 3-digit times 2-digit: mostly 5-digit products
+    assert 0.4 < balanced.count(4) / len(balanced) < 0.6
+    assert lengths(split="test", balance_lengths=True) == lengths(split="test")
