@@ -449,6 +449,25 @@ def test_search_workers_play_the_moves_one_process_plays(assigned):
     opponent.close()
 
 
+def test_search_workers_outlive_a_stop_signal_to_the_process_group():
+    """Ctrl-C and `timeout` signal the whole group: the job's graceful stop still needs its workers' moves."""
+    import os
+    import signal
+
+    from earl_jax.envs.vector.per_game_opponents import WorkerOpponents
+
+    opponent = WorkerOpponents("mcts:4", "connect_four", 4, 2)
+    opponent.reset([0, 1, 2, 3], [1, 2, 3, 4])
+    for proc in opponent._procs:
+        os.kill(proc.pid, signal.SIGTERM)
+        os.kill(proc.pid, signal.SIGINT)
+    empty = np.zeros(4, np.uint64)
+    moves = opponent.act(np.arange(4), empty, empty, np.ones((4, 7), bool))
+    assert all(proc.is_alive() for proc in opponent._procs) and len(moves) == 4
+    opponent.close()
+    assert not any(proc.is_alive() for proc in opponent._procs)
+
+
 def test_a_failing_search_worker_names_itself():
     from earl_jax.envs.vector.per_game_opponents import WorkerOpponents
 

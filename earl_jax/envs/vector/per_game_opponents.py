@@ -20,6 +20,7 @@ The workers start on first use (spawned: the parent may hold JAX's threads) and 
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import traceback
 import weakref
 
@@ -129,15 +130,26 @@ class PerGameOpponents(BatchedOpponent):
 
 
 def _serve(conn, spec: str, game: str, num_games: int) -> None:
-    """A worker: a PerGameOpponents of its own, answering ("reset", rows, seeds) and ("act", rows, me, opp, legal)."""
+    """A worker: a PerGameOpponents of its own, answering ("reset", rows, seeds) and ("act", rows, me, opp, legal).
+    A stop signal is its parent's to handle (Ctrl-C and `timeout` signal the whole process group): the job ends its
+    iteration and checkpoints with the workers' help, then stops them; a parent that dies closes the pipe (EOF)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     opponent = None
-    while (msg := conn.recv()) is not None:
+    while (msg := _receive(conn)) is not None:
         try:
             opponent = opponent or PerGameOpponents(spec, game, num_games)
             op, *args = msg
             conn.send(("ok", opponent.reset(*args) if op == "reset" else opponent.act(*args)))
         except Exception:  # noqa: BLE001 - the parent re-raises it with the worker's traceback
             conn.send(("error", traceback.format_exc()))
+
+
+def _receive(conn):
+    try:
+        return conn.recv()
+    except EOFError:  # the parent is gone
+        return None
 
 
 def _stop(conns: list, procs: list) -> None:
