@@ -18,8 +18,8 @@ def golden_config(case: str, run_dir: str):
              "--run.progress", "false", "--run.wandb-mode", "disabled",
              "--run.keep-checkpoints", "0"]
     if case == "connect4":
-        return parse_job(["--steps", "3", *quiet], CONFIGS / "connect4").config
+        return parse_job(["--steps", "2", *quiet], CONFIGS / "connect4").config
     if case == "connect4_free_text":  # the decode loop and the format warm-up's supervised steps
         return parse_job(["--steps", "2", "--rollout.constrain-moves", "false", "--sft.steps", "2",
-                          "--rollout.groups", "8", "--eval.games", "16", *quiet], CONFIGS / "connect4").config
+                          "--rollout.groups", "4", "--eval.games", "8", *quiet], CONFIGS / "connect4").config
     raise ValueError(case)
