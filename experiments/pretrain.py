@@ -163,7 +163,7 @@ def _replayed(args, cfg, tokenizer, ids, limits: dict) -> tuple[ExpertGames, dic
     try:
         games = replay_games(source, cfg.env, tokenizer, eos_id=ids.eos_id, bos_id=ids.bos_id, **limits)
     except (ValueError, IndexError) as e:  # games of another game, or of other rules
-        raise SystemExit(f"pretrain: --games-from {args.games_from}: its games do not replay as "
+        raise SystemExit(f"pretrain: --games-from {' '.join(map(str, args.games_from))}: its games do not replay as "
                          f"{cfg.env.game} ({str(e).splitlines()[0]})") from None
     named = [str(path) for path in args.games_from]
     return games, {"replayed_from": named[0] if len(named) == 1 else named,

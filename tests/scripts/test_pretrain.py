@@ -14,6 +14,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import pretrain  # noqa: E402
 from earl_jax.models.export import read_base_info  # noqa: E402
+from earl_jax.rl.supervised.expert_games import ExpertGames  # noqa: E402
 
 TINY = ["tictactoe", "--games", "96", "--sft-steps", "8", "--sft-games", "8", "--sft-lr", "1e-2", "--sft-warmup", "1",
         "--accuracy-every", "4", "--accuracy-games", "16", "--devices", "1"]
@@ -83,6 +84,12 @@ def test_a_build_from_saved_games_adds_their_mirror_images_and_learns_best_sets(
     assert before["train"] < data["train"] <= 2 * before["train"]  # the mirror images, less any already there
     # exact: test_expert_replay
     assert len(result["sft"]["loss"]) == 8 and all(0 <= v < 3 for v in result["sft"]["loss"])
+    other = ExpertGames.load(out / "games.npz")  # the same games said to be against other opponents
+    other.opponents = tuple(f"{o}-other" for o in other.opponents)
+    other.save(tmp_path / "other.npz")
+    with pytest.raises(SystemExit, match="different opponents or move modes"):  # their indices would mean others
+        pretrain.main(TINY + ["--games-from", str(out / "games.npz"), str(tmp_path / "other.npz"), "--out",
+                              str(tmp_path / "mixed"), "--results", str(tmp_path)])
     with pytest.raises(SystemExit, match="do not replay as connect_four"):  # Tic-Tac-Toe games for Connect Four
         pretrain.main(["connect4", "--games-from", str(out / "games.npz"), "--devices", "1", "--out",
                        str(tmp_path / "c4"), "--results", str(tmp_path)])
