@@ -41,8 +41,10 @@ class Arithmetic(gymnasium.Env):
             raise ValueError(f"split: 'train' or 'test' (got {split!r})")
         if digits < 1:
             raise ValueError(f"digits: at least 1 (got {digits})")
+        if not isinstance(balance_lengths, bool):  # JSON's "false" would be a true string
+            raise ValueError(f"balance_lengths: true or false (got {balance_lengths!r})")
         self.digits, self.split, self.max_calls = digits, split, max_calls
-        self.balance_lengths = bool(balance_lengths) and split == "train"
+        self.balance_lengths = balance_lengths and split == "train"
         self.observation_space = gymnasium.spaces.Text(max_length=128, min_length=0, charset=CHARSET)
         self.action_space = gymnasium.spaces.Text(max_length=64, min_length=0, charset=CHARSET)
         self.problem, self.answer, self.tool_answered = "", 0, False

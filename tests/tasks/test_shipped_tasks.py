@@ -196,3 +196,5 @@ def test_arithmetic_balance_lengths_evens_the_train_split_only():
     assert natural.count(4) < 0.3 * len(natural)  # 3-digit times 2-digit: mostly 5-digit products
     assert 0.4 < balanced.count(4) / len(balanced) < 0.6
     assert lengths(split="test", balance_lengths=True) == lengths(split="test")
+    with pytest.raises(ValueError, match="balance_lengths: true or false"):
+        make_arithmetic(balance_lengths="false")
