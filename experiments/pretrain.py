@@ -146,6 +146,7 @@ def _replayed(args, cfg, tokenizer, ids, limits: dict) -> tuple[ExpertGames, dic
     """The games of --games-from, played again in this job's prompt style and limits."""
     from earl_jax.rl.supervised.expert_replay import replay_games
 
+    named = " ".join(map(str, args.games_from))
     parts = []
     for path in args.games_from:
         if not path.exists():
@@ -156,20 +157,21 @@ def _replayed(args, cfg, tokenizer, ids, limits: dict) -> tuple[ExpertGames, dic
             raise SystemExit(f"pretrain: --games-from {path}: not a games file ({type(e).__name__}: "
                              f"{str(e).splitlines()[0] if str(e) else ''})") from None
     if len({(p.opponents, p.constrained) for p in parts}) > 1:
-        raise SystemExit(f"pretrain: --games-from {' '.join(map(str, args.games_from))}: the files were played "
+        raise SystemExit(f"pretrain: --games-from {named}: the files were played "
                          f"against different opponents or move modes")
     source = concat_games(parts)
     t0 = time.perf_counter()
     try:
         games = replay_games(source, cfg.env, tokenizer, eos_id=ids.eos_id, bos_id=ids.bos_id, **limits)
     except (ValueError, IndexError) as e:  # games of another game, or of other rules
-        raise SystemExit(f"pretrain: --games-from {' '.join(map(str, args.games_from))}: its games do not replay as "
+        raise SystemExit(f"pretrain: --games-from {named}: its games do not replay as "
                          f"{cfg.env.game} ({str(e).splitlines()[0]})") from None
-    named = [str(path) for path in args.games_from]
-    return games, {"replayed_from": named[0] if len(named) == 1 else named,
+    def one_or_all(values: list):  # one file is recorded as before several could be joined
+        return values[0] if len(values) == 1 else values
+
+    return games, {"replayed_from": one_or_all([str(path) for path in args.games_from]),
                    "replay_seconds": round(time.perf_counter() - t0, 1),
-                   "spec": [_source_spec(path) for path in args.games_from] if len(named) > 1
-                   else _source_spec(args.games_from[0]), **games.stats()}
+                   "spec": one_or_all([_source_spec(path) for path in args.games_from]), **games.stats()}
 
 
 def _source_spec(path: Path) -> dict:

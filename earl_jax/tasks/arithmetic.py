@@ -53,10 +53,11 @@ class Arithmetic(gymnasium.Env):
         def number(d: int) -> int:
             return int(self.np_random.integers(10 ** (d - 1), 10 ** d))
 
-        lo, hi = self.digits + max(1, self.digits - 1) - 1, self.digits + max(1, self.digits - 1)
-        length = int(self.np_random.integers(lo, hi + 1)) if self.balance_lengths else None
+        other = max(1, self.digits - 1)  # the second factor's digits; a product has digits + other (- 1) digits
+        length = (int(self.np_random.integers(self.digits + other - 1, self.digits + other + 1))
+                  if self.balance_lengths else None)
         for _ in range(10_000):
-            a, b = number(self.digits), number(max(1, self.digits - 1))
+            a, b = number(self.digits), number(other)
             if length is not None and len(str(a * b)) != length:
                 continue
             if in_test_split(f"{a}*{b}") == (self.split == "test"):
