@@ -69,6 +69,9 @@ CANDIDATES = {
     "format_grpo_mb16": FORMAT + ["--optim.ppo-mini-batches", "16"],
     "format_mixed_mb8_ep2": FORMAT + MIXED + ["--optim.ppo-mini-batches", "8", "--optim.ppo-epochs", "2"],
     "format_mixed_mb4_ep2": FORMAT + MIXED + ["--optim.ppo-mini-batches", "4", "--optim.ppo-epochs", "2"],
+    # past the preset's plateau near 0.5: twice the updates on the same episodes, or larger ones
+    "format_mixed_mb16_ep2": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--optim.ppo-epochs", "2"],
+    "format_mixed_mb16_lr2e-3": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--optim.learning-rate", "2e-3"],
 }
 
 

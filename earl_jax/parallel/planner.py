@@ -41,7 +41,7 @@ from earl_jax.parallel.memory import MemoryConfig, candidate_meshes, mesh_proble
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
 from earl_jax.parallel.planner_config import PlannerConfig
 from earl_jax.parallel.profile import ProfileTable, is_oom_error
-from earl_jax.parallel.selector import SMALL_BUCKET_EDGES, ParallelismSelector, SelectorConfig
+from earl_jax.parallel.selector import SMALL_BUCKET_EDGES, NoFeasibleLayoutError, ParallelismSelector, SelectorConfig
 from earl_jax.parallel.shapes import ProgramShapes
 from earl_jax.parallel.thresholds import parse_thresholds
 from earl_jax.rollout.compile_ahead import spec_of
@@ -282,6 +282,20 @@ class ProgramCache:
         queue.submit(sig, compile_job)
 
 
+def _rows_that_fit(selector: ParallelismSelector, batch_size: int, max_context: int | None) -> int:
+    """--rollout.slots -1: the decode rows the rollout's memory holds at the longest context (0: every game fits)."""
+    if max_context is None:
+        raise ValueError("--rollout.slots -1 sizes the pool at the longest context: give the planner max_context")
+    rows = selector.rows_that_fit("rollout", max_context, batch_size)
+    if rows == 0:
+        raise NoFeasibleLayoutError(f"--rollout.slots -1: not one row of {selector.cfg.name} decodes at context "
+                                    f"{max_context} in {selector.memory.usable_bytes / 2**30:.2f} GiB per device: "
+                                    "lower --rollout.max-context or add devices")
+    log.info("--rollout.slots -1: %s rows of %d decode at once at context %d (the memory model)",
+             "all" if rows >= batch_size else rows, batch_size, max_context)
+    return 0 if rows >= batch_size else rows
+
+
 class StagePlanner:
     """The selector's plan per iteration, a Mesh per mesh shape, and `run`, the stages' one entry point."""
 
@@ -292,6 +306,7 @@ class StagePlanner:
         micro-batches at their own widths)."""
         self.selector, self.devices, self.static = selector, devices, static
         self.num_responses = num_responses
+        self.decode_rows = selector.decode_rows  # rows the rollout decodes at once (0: every game; --rollout.slots)
         self._meshes: dict[MeshShape, Mesh] = {}
         self._stats = ContextStats(first_context_len, first_context_len, num_responses)
         self._fresh = False  # whether _stats holds an observation the selector has not seen yet
@@ -306,13 +321,15 @@ class StagePlanner:
     def from_config(cls, cfg: PlannerConfig, model_cfg: ModelConfig, batch_size: int, *, remat: bool = True,
                     cache_buckets: tuple[int, ...] | None = None, kv_cache_bytes: int = 2,
                     devices: list[jax.Device] | None = None, stages: tuple[str, ...] | None = None,
-                    shapes: ProgramShapes | None = None, decode_rows: int = 0) -> "StagePlanner":
+                    shapes: ProgramShapes | None = None, decode_rows: int = 0,
+                    max_context: int | None = None) -> "StagePlanner":
         """The planner of a job of `batch_size` games a rollout; a layout that does not fit the model or the batch
         is refused here, before anything compiles, naming the flag. `devices` (default: --planner.devices of all)
         and `stages` (the ones it plans each iteration; default: those registered so): a share of the devices
         planned for some stages alone (parallel/split.py). `shapes`: the job's program service (parallel/shapes.py),
         shared by the planners of one job. `decode_rows`: --rollout.slots (the rollout holds that many rows at once:
-        its memory is planned for them; 0: every game)."""
+        its memory is planned for them; 0: every game; -1: as many as the rollout's memory holds at `max_context`, the
+        longest context a game reaches, by the memory model: `planner.decode_rows` says how many, 0 when every game)."""
         devices = jax.devices()[: cfg.devices or None] if devices is None else list(devices)
         planned = stages or stage_names("each_iteration")
         thresholds = {s: v for s in (stages or stage_names())
@@ -330,10 +347,13 @@ class StagePlanner:
                               max_micro_batch_tokens=cfg.micro_batch_tokens, cache_buckets=cache_buckets,
                               kv_cache_bytes=kv_cache_bytes)
         table = ProfileTable.load(cfg.table) if cfg.table else None
-        selector = ParallelismSelector(model_cfg, len(devices), memory=memory, config=sel_cfg, table=table,
-                                       device_kind=devices[0].device_kind, batch_rows=batch_size,
-                                       decode_rows=decode_rows)
-        return cls(selector, devices, batch_size, static=cfg.mode == "static", shapes=shapes)
+        def selector(rows: int) -> ParallelismSelector:
+            return ParallelismSelector(model_cfg, len(devices), memory=memory, config=sel_cfg, table=table,
+                                       device_kind=devices[0].device_kind, batch_rows=batch_size, decode_rows=rows)
+
+        if decode_rows < 0 and "rollout" in planned:
+            decode_rows = _rows_that_fit(selector(0), batch_size, max_context)
+        return cls(selector(max(decode_rows, 0)), devices, batch_size, static=cfg.mode == "static", shapes=shapes)
 
     # ---------------------------------------------------------------- plans
     def mesh_of(self, shape: MeshShape) -> Mesh:

@@ -240,6 +240,22 @@ class ParallelismSelector:
         self.choices: dict[str, Choice] = {}  # why each stage's last layout was chosen
         self._stats_of: dict[str, ContextStats] = {}  # the statistics each stage was last selected for
 
+    def rows_that_fit(self, stage: str, context_len: int, most: int) -> int:
+        """The most rows (<= `most`) a mesh of decode `stage` holds at `context_len` by the memory model, in whole batch
+        shards of that mesh (its data x fsdp); 0 when not one shard's row fits any mesh."""
+        best = 0
+        for mesh in self.candidates_of(stage):
+            unit = mesh.data * mesh.fsdp
+            lo, hi = 0, most // unit  # in shards of rows: the largest that fits, by bisection
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self.memory.fits(self.memory.estimate(stage, mesh, context_len, mid * unit)):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            best = max(best, lo * unit)
+        return best
+
     def candidates_of(self, stage: str) -> list[MeshShape]:
         """The meshes `stage` may run on: valid for the model and the devices (and the batch, see batch_rows)."""
         if stage not in self.candidates:

@@ -52,7 +52,9 @@ class RolloutConfig:
     slots: int = _f(0, "continuous batching: decode rows a rollout's games share (each process's, when the games are "
                        "split): a game that ends gives its row (emptied in place) to the next waiting game; same "
                        "games as 0 (each game samples by its own turn and id); rounded up to whole decode batches of "
-                       "every pipeline group; 0 or >= the games: every game has a row from the start; no league")
+                       "every pipeline group; 0 or >= the games: every game has a row from the start; -1: as many "
+                       "rows as the rollout's memory holds at --rollout.max-context (the memory model; logged); "
+                       "no league")
     max_staleness: int = _f(0, "K: the next rollouts run on a background thread while the current batch trains, "
                                "sampled with weights at most K train iterations older than those that train on "
                                "them (rl/loop/overlap.py); 0: one stage after the other, every batch fresh")
@@ -82,7 +84,7 @@ class RolloutConfig:
         need(self.pipeline_groups > 0, "pipeline_groups", "must be positive")
         need(self.groups * self.group_size % self.pipeline_groups == 0, "pipeline_groups",
              f"must divide the batch (groups x group_size = {self.groups * self.group_size} games)")
-        need(self.slots >= 0, "slots", "must be >= 0 (0: off)")
+        need(self.slots >= -1, "slots", "must be >= 0 (0: off) or -1 (as many rows as memory holds)")
         need(self.max_staleness >= 0, "max_staleness", "must be >= 0 (0: synchronous)")
         need(self.token_budget >= 0, "token_budget", "must be >= 0 (0: off)")
         need(self.drafts >= 0, "drafts", "must be >= 0 (0: off)")

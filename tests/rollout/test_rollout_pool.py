@@ -165,8 +165,53 @@ def test_the_job_plays_the_same_rollout_with_a_pool(tmp_path, kind):
     same_job(runs[0], runs[2])
 
 
-def test_slots_must_not_be_negative_in_the_job_config():
+def test_slots_below_minus_one_are_refused_in_the_job_config():
     from earl_jax.rollout.rollout_config import RolloutConfig
 
     with pytest.raises(ValueError, match="slots"):
-        RolloutConfig(slots=-1)
+        RolloutConfig(slots=-2)
+
+
+def test_rows_that_fit_are_the_most_whole_shards_the_memory_model_holds():
+    from earl_jax.models.model_config import get_config
+    from earl_jax.parallel.memory import GiB, MemoryConfig
+    from earl_jax.parallel.selector import ParallelismSelector
+
+    sel = ParallelismSelector(get_config("qwen2.5-0.5b"), 8, memory=MemoryConfig(budget_bytes=4 * GiB))
+    rows = sel.rows_that_fit("rollout", 4096, 4096)
+    assert 0 < rows < 4096
+    fits = [(m, sel.memory.fits(sel.memory.estimate("rollout", m, 4096, rows))) for m in sel.candidates_of("rollout")]
+    assert any(ok and rows % (m.data * m.fsdp) == 0 for m, ok in fits)  # some mesh holds them, in whole shards
+    for m in sel.candidates_of("rollout"):  # and no mesh holds one more shard of its rows
+        unit = m.data * m.fsdp
+        more = (rows // unit + 1) * unit
+        assert not sel.memory.fits(sel.memory.estimate("rollout", m, 4096, more)), m
+    assert sel.rows_that_fit("rollout", 4096, 8) == 8  # never more than asked
+    assert ParallelismSelector(get_config("qwen2.5-0.5b"), 1, memory=MemoryConfig(budget_bytes=GiB // 4)
+                               ).rows_that_fit("rollout", 4096, 64) == 0  # the weights alone do not fit
+
+
+def test_slots_minus_one_give_the_rollout_the_rows_the_planner_sized(tmp_path, monkeypatch, caplog):
+    """--rollout.slots -1: the planner asks the memory model how many rows decode at --rollout.max-context; the
+    rollout stage gets that pool and the selector plans the rollout's memory for those rows; all 8: no pool."""
+    from earl_jax.parallel.selector import NoFeasibleLayoutError, ParallelismSelector
+    from earl_jax.rl.loop.trainer import Trainer
+    from exact_cases import BASE as JOB, KINDS
+    from jobs import job
+
+    cfg = job(**JOB, **KINDS["game"], rollout__max_turns=4, rollout__slots=-1, run__run_dir=str(tmp_path / "all"))
+    assert Trainer(cfg, log=False).rollout.slots == 0  # the tiny model: every game fits
+    asked = []
+    monkeypatch.setattr(ParallelismSelector, "rows_that_fit",
+                        lambda self, stage, ctx, most: asked.append((stage, ctx, most)) or 4)
+    with caplog.at_level("INFO", logger="earl_jax"):
+        trainer = Trainer(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, run_dir=str(tmp_path / "four"))),
+                          log=False)
+    assert asked == [("rollout", cfg.rollout.max_context, 8)] and "4 rows of 8 decode at once" in caplog.text
+    assert trainer.rollout.slots == 4 and trainer.policy.planner.selector.decode_rows == 4
+    seeds, group_ids, rng = trainer.rollout_inputs()
+    traj, _ = trainer.play(trainer.matchmaker.train_env(0), seeds, group_ids, rng, trainer.sampling)
+    assert traj.num_games == 8 and traj.stats.pool_occupancy is not None  # played as a pool of 4 rows
+    monkeypatch.setattr(ParallelismSelector, "rows_that_fit", lambda self, stage, ctx, most: 0)
+    with pytest.raises(NoFeasibleLayoutError, match="--rollout.max-context"):
+        Trainer(cfg, log=False)

@@ -56,6 +56,8 @@ class RolloutStage:
         self.tokenizer, self.ids, self.codec, self.moves = policy.tokenizer, policy.ids, policy.codec, policy.moves
         self.cache_buckets, self.max_context = policy.cache_buckets or DEFAULT_CACHE_BUCKETS, max_context
         self.samplers: dict[Any, Sampler] = {}  # per rollout mesh (or process block of one)
+        # decode rows of a pool of games: --rollout.slots, or the planner's count for -1 (0: every game)
+        self.slots = (policy.rollout_planner or policy.planner).decode_rows
         self.shapes = policy.planner.shapes  # compaction and compiling ahead: when, and which programs
         self.pipeline_groups = 1  # the last rollout's pipeline groups (--rollout.pipeline-groups where it applied)
         self.decode_groups = 1  # the last rollout's decode groups (processes, when the games were split)
@@ -90,7 +92,7 @@ class RolloutStage:
                                   background=k > 1 and backend != "cpu", drafts=drafts) for _ in range(k)]
         compact = self.shapes.compact_now()
         unit = k * min_batch  # a pool's rows: whole decode batches in every pipeline group
-        slots = 0 if league is not None else -(-self.cfg.slots // unit) * unit  # a frozen opponent draws by its calls
+        slots = 0 if league is not None else -(-self.slots // unit) * unit  # a frozen opponent draws by its calls
         play_cfg = PlayConfig(turn_tokens, self.cfg.max_turns, self.max_context,
                               constrain_moves=self.cfg.constrain_moves, compact=compact, pipeline_groups=k,
                               min_batch=min_batch, slots=slots, token_budget=token_budget)
