@@ -46,6 +46,7 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 
 def pytest_configure(config):
+    # -n 2 on CI's 2 cores: -n 3 was slower from a clean clone (past 17.5 minutes, stopped, against 14.5)
     # `-n N` without --dist means xdist's "load", which first hands each worker a run of consecutive tests (a quarter
     # of its share): with the longest tests first (below) one worker got all of them while the other idled (a
     # ~5-minute tail). worksteal lets an idle worker take tests from the busy one. Not in addopts: `-p no:xdist`
