@@ -171,10 +171,15 @@ def setup(argv: list[str], name: str, configs: Path, description: str):
     distributed.maybe_initialize(cfg.dist.coordinator, cfg.dist.num_processes, cfg.dist.process_id)
     show_progress_logs(distributed.is_main())  # model creation / loading / cache lines, process 0 only
     enable_compile_cache(cfg.run.compile_cache or None)  # before the first compile: restarts reuse the programs
+    from earl_jax.parallel.selector import NoFeasibleLayoutError
+
     try:
         return Trainer(cfg, job=name)
     except ValueError as e:  # the planner refusing a layout for the model and batch, a game the rollout cannot play
         raise SetupError(str(e)) from e
+    except NoFeasibleLayoutError as e:  # nothing fits the memory model: what did not fit, then what to change
+        lines = str(e).splitlines()
+        raise SetupError(" ".join(dict.fromkeys([lines[0], lines[-1]]))) from e
 
 
 def train(trainer, name: str) -> int:

@@ -68,6 +68,17 @@ def test_a_bad_task_input_is_one_line_before_setup(flags, says, tmp_path, capsys
     assert not run.exists()
 
 
+def test_a_layout_nothing_fits_is_one_error_line_naming_what_to_change(tmp_path, capsys):
+    """The memory model refusing every layout (here: not one pool row of --rollout.slots -1 at 1 MiB) ends the job
+    with one line, what did not fit and the flag to change, not a traceback."""
+    code = main(["--rollout.slots", "-1", "--planner.memory-budget-gib", "0.001", "--run-dir", str(tmp_path / "run"),
+                 *QUIET], name="train", configs=ROOT / "experiments" / "configs" / "train")
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("train: error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err
+    assert "not one row of tiny decodes" in errors[0] and "lower --rollout.max-context" in errors[0], errors
+
+
 class _Script:
     """A task that returns what it is told to: for the adapter's checks."""
 
