@@ -321,11 +321,11 @@ def test_the_flag_is_off_by_default_and_refused_where_it_cannot_apply(model, mon
 
     monkeypatch.setattr(rollout_stage.jax, "process_count", lambda: 2)
     policy = dataclasses.make_dataclass("P", ["graphdef", "model_cfg", "tokenizer", "ids", "codec", "moves",
-                                              "cache_buckets", "planner"])
-    shapes = dataclasses.make_dataclass("Planner", ["shapes"])(None)
+                                              "cache_buckets", "planner", "rollout_planner"])
+    planner = dataclasses.make_dataclass("Planner", ["shapes", "decode_rows"])(None, 0)
     with pytest.raises(ValueError, match=r"^--rollout.drafts: drafts run in one process only"):
-        rollout_stage.RolloutStage(RolloutConfig(drafts=4), policy(*[None] * 7, shapes), 64)
-    rollout_stage.RolloutStage(RolloutConfig(), policy(*[None] * 7, shapes), 64)  # off: any process count
+        rollout_stage.RolloutStage(RolloutConfig(drafts=4), policy(*[None] * 7, planner, None), 64)
+    rollout_stage.RolloutStage(RolloutConfig(), policy(*[None] * 7, planner, None), 64)  # off: any process count
 
 
 def test_a_job_keeps_its_index_across_iterations_and_logs_what_was_drafted(tmp_path):
