@@ -306,7 +306,6 @@ class StagePlanner:
         micro-batches at their own widths)."""
         self.selector, self.devices, self.static = selector, devices, static
         self.num_responses = num_responses
-        self.decode_rows = selector.decode_rows  # rows the rollout decodes at once (0: every game; --rollout.slots)
         self._meshes: dict[MeshShape, Mesh] = {}
         self._stats = ContextStats(first_context_len, first_context_len, num_responses)
         self._fresh = False  # whether _stats holds an observation the selector has not seen yet
@@ -347,13 +346,17 @@ class StagePlanner:
                               max_micro_batch_tokens=cfg.micro_batch_tokens, cache_buckets=cache_buckets,
                               kv_cache_bytes=kv_cache_bytes)
         table = ProfileTable.load(cfg.table) if cfg.table else None
-        def selector(rows: int) -> ParallelismSelector:
-            return ParallelismSelector(model_cfg, len(devices), memory=memory, config=sel_cfg, table=table,
-                                       device_kind=devices[0].device_kind, batch_rows=batch_size, decode_rows=rows)
+        selector = ParallelismSelector(model_cfg, len(devices), memory=memory, config=sel_cfg, table=table,
+                                       device_kind=devices[0].device_kind, batch_rows=batch_size,
+                                       decode_rows=max(decode_rows, 0))
+        if decode_rows < 0 and "rollout" in planned:  # sized before the first plan, which reads it
+            selector.decode_rows = _rows_that_fit(selector, batch_size, max_context)
+        return cls(selector, devices, batch_size, static=cfg.mode == "static", shapes=shapes)
 
-        if decode_rows < 0 and "rollout" in planned:
-            decode_rows = _rows_that_fit(selector(0), batch_size, max_context)
-        return cls(selector(max(decode_rows, 0)), devices, batch_size, static=cfg.mode == "static", shapes=shapes)
+    @property
+    def decode_rows(self) -> int:
+        """Rows the rollout decodes at once (0: every game; --rollout.slots, or the count sized for -1)."""
+        return self.selector.decode_rows
 
     # ---------------------------------------------------------------- plans
     def mesh_of(self, shape: MeshShape) -> Mesh:
