@@ -19,6 +19,10 @@ decode-row occupancy (busy rows / decode rows) and, for the pool, its occupancy 
     python experiments/benchmarks/bench_pool.py                                   # CPU: N 256, S 64
     python experiments/benchmarks/bench_pool.py --episodes 1024 --slots 128       # one GPU
     python experiments/benchmarks/bench_pool.py --episodes 1024 --slots 128 --model qwen2.5-1.5b
+    python experiments/benchmarks/bench_pool.py --episodes 1024 --slots 128 --model qwen2.5-7b --modes waves,pool
+
+Only the rollout stage is built (its planner, weights on its layout, its sampler), no train state, so a 7B shape
+runs on one 80 GB GPU.
 
 Writes experiments/results/bench_pool_<model>_<device>.json.
 """
@@ -26,11 +30,9 @@ Writes experiments/results/bench_pool_<model>_<device>.json.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import gymnasium
@@ -85,44 +87,55 @@ def main() -> None:
 
     from earl_jax.parallel.profile import device_slug
     from earl_jax.rl.job.entry import parse_job
-    from earl_jax.rl.loop.trainer import Trainer
+    from earl_jax.rl.matchups.matchmaking import job_matchmaker
+    from earl_jax.rl.stages.policy_setup import build_policy
+    from earl_jax.rl.stages.rollout_stage import RolloutStage
     from earl_jax.rollout.sampler import SamplingConfig
 
-    def trainer(episodes: int, run_dir: str, slots: int = 0) -> Trainer:
-        cfg = parse_job(["--preset", "tiny-cpu", "--run.run-dir", run_dir, "--rollout.slots", str(slots),
-                         "--env.task", "bench_pool:make_long_tail",
-                         "--env.task-args", "{}", "--model.name", a.model, "--sft.steps", "0",
-                         "--rollout.groups", str(episodes // 2), "--rollout.group-size", "2",
-                         "--optim.ppo-mini-batches", "1",
-                         "--rollout.max-turns", str(max(TURNS)), "--rollout.max-turn-tokens", str(a.turn_tokens),
-                         "--rollout.max-context", str(a.max_context), "--eval.every", "0",
-                         "--run.checkpoint-every", "0", "--run.progress", "false", "--run.wandb-mode", "disabled"],
-                        CONFIGS).config
-        return Trainer(cfg, log=False)
+    def job(episodes: int, slots: int = 0):
+        return parse_job(["--preset", "tiny-cpu", "--rollout.slots", str(slots),
+                          "--env.task", "bench_pool:make_long_tail", "--env.task-args", "{}",
+                          "--model.name", a.model, "--sft.steps", "0",
+                          "--rollout.groups", str(episodes // 2), "--rollout.group-size", "2",
+                          "--rollout.max-turns", str(max(TURNS)), "--rollout.max-turn-tokens", str(a.turn_tokens),
+                          "--rollout.max-context", str(a.max_context), "--run.wandb-mode", "disabled"],
+                         CONFIGS).config
+
+    # the rollout stage alone, no train state: a 7B shape's weights and Adam state in float32 outgrow one GPU. Its
+    # planner sizes the rollout for S rows, as a job with --rollout.slots S does.
+    cfg = job(a.episodes, a.slots)
+    policy, params = build_policy(cfg, stages=("rollout",))
+    stage = RolloutStage(cfg.rollout, policy, cfg.rollout.max_context)
+    envs = {n: job_matchmaker(job(n), policy)[2].train_env(0) for n in {a.episodes, a.slots}}
+    on_layout: dict = {}  # the weights in the compute dtype on each rollout mesh, cast once
+
+    def rollout(env, seeds: list[int], ids: np.ndarray, slots: int):
+        def run_stage(run):
+            if run.layout.mesh not in on_layout:
+                on_layout.clear()  # one copy at a time on the device
+                on_layout[run.layout.mesh] = policy.weights.for_stage(run, params)
+            return stage(run, on_layout[run.layout.mesh], env, seeds, ids, rng, sampling,
+                         turn_tokens=cfg.rollout.turn_tokens(0)).stats
+        stage.slots = slots
+        return policy.planner.run("rollout", run_stage)
 
     sampling = SamplingConfig(temperature=1.0)
     seeds, rng = list(range(1000, 1000 + a.episodes)), jax.random.key(0)
-    with tempfile.TemporaryDirectory() as d:
-        # the pool's planner sizes the rollout for S rows, as a job with --rollout.slots does
-        full, wave = trainer(a.episodes, f"{d}/full", a.slots), trainer(a.slots, f"{d}/wave")
-        full_env, wave_env = full.matchmaker.train_env(0), wave.matchmaker.train_env(0)
-        lock_step = full.rollout.cfg
 
-        def play(mode: str) -> list:
-            if mode == "waves":
-                return [wave.play(wave_env, seeds[i:i + a.slots], np.arange(i, i + a.slots), rng, sampling)[0].stats
-                        for i in range(0, a.episodes, a.slots)]
-            full.rollout.cfg = dataclasses.replace(lock_step, slots=a.slots if mode == "pool" else 0)
-            return [full.play(full_env, seeds, np.arange(a.episodes), rng, sampling)[0].stats]
+    def play(mode: str) -> list:
+        if mode == "waves":
+            return [rollout(envs[a.slots], seeds[i:i + a.slots], np.arange(i, i + a.slots), 0)
+                    for i in range(0, a.episodes, a.slots)]
+        return [rollout(envs[a.episodes], seeds, np.arange(a.episodes), a.slots if mode == "pool" else 0)]
 
-        modes = a.modes.split(",")
-        runs: dict[str, list] = {m: [] for m in modes}
-        for m in modes:  # one round that compiles
-            print(f"{m}: a first round (compiles)", flush=True)
-            play(m)
-        for r in range(a.rounds):
-            for m in (modes if r % 2 == 0 else modes[::-1]):
-                runs[m].append(play(m))
+    modes = a.modes.split(",")
+    runs: dict[str, list] = {m: [] for m in modes}
+    for m in modes:  # one round that compiles
+        print(f"{m}: a first round (compiles)", flush=True)
+        play(m)
+    for r in range(a.rounds):
+        for m in (modes if r % 2 == 0 else modes[::-1]):
+            runs[m].append(play(m))
     if "pool" in runs and runs["pool"][0][0].pool_occupancy is None:
         sys.exit(f"bench_pool: --slots {a.slots} rounded up to whole decode batches hold all {a.episodes} episodes: "
                  "no pool was played (use more --episodes)")
@@ -137,7 +150,7 @@ def main() -> None:
                    "tokens_per_s": statistics.median(t / s for t, s in zip(tokens, seconds)),
                    "occupancy": busy[0] / max(decode_rows[0], 1), "decode_rows": decode_rows[0],
                    "turns_mean": statistics.fmean(s.turns_mean for s in rounds[0]),
-                   "pool_occupancy": rounds[0][0].pool_occupancy if m == "pool" else None}
+                   "pool_occupancy": rounds[0][0].pool_occupancy}  # None: no pool played
         print(f"{m:>6}: {rows[m]['rollout_s']:.3f} s, {rows[m]['tokens_per_s']:.0f} answer tokens/s, occupancy "
               f"{rows[m]['occupancy']:.2f}" + (f", while episodes waited {rows[m]['pool_occupancy']:.2f}"
                                                if rows[m]["pool_occupancy"] is not None else ""), flush=True)

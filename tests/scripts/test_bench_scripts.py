@@ -241,8 +241,9 @@ def test_bench_search_workers_plays_the_same_games_in_workers(tmp_path, monkeypa
 def test_bench_pool_plays_the_same_episodes_each_way(tmp_path, monkeypatch):
     out = tmp_path / "pool.json"
     monkeypatch.setattr("sys.argv", ["bench_pool.py", "--episodes", "32", "--slots", "8", "--rounds", "1",
-                                     "--turn-tokens", "2", "--modes", "waves,pool", "--out", str(out)])
+                                     "--turn-tokens", "2", "--out", str(out)])
     _load("bench_pool").main()
     modes = json.loads(out.read_text())["modes"]
-    assert modes["pool"]["turns_mean"] == modes["waves"]["turns_mean"]  # the same episodes (turns from the seeds)
+    assert modes["pool"]["turns_mean"] == modes["waves"]["turns_mean"] == modes["all"]["turns_mean"]  # same episodes
     assert modes["pool"]["pool_occupancy"] == 1.0
+    assert modes["waves"]["pool_occupancy"] is None and modes["all"]["pool_occupancy"] is None  # lock-step, no pool

@@ -64,8 +64,10 @@ def remat_mode(setting: str) -> str:
     return setting if setting != "auto" else ("none" if jax.default_backend() == "cpu" else "full")
 
 
-def build_policy(cfg) -> tuple[Policy, nnx.State]:
-    """(the policy of a JobConfig, free-text answers; its initial weights, float32 on the train layout)."""
+def build_policy(cfg, stages: tuple[str, ...] | None = None) -> tuple[Policy, nnx.State]:
+    """(the policy of a JobConfig, free-text answers; its initial weights, float32 on the train layout). `stages`:
+    plan only these (default: every stage of an iteration) and make the weights on the first one's layout, e.g.
+    ("rollout",) for a rollout benchmark of a model whose train state would not fit."""
     model_cfg, tokenizer = model_config(cfg.model)
     remat = remat_mode(cfg.planner.remat)
     coarse = geometric_cache_buckets(cfg.rollout.cache_growth) if cfg.rollout.cache_growth else None
@@ -77,9 +79,10 @@ def build_policy(cfg) -> tuple[Policy, nnx.State]:
     if cfg.rollout.max_staleness:  # rollout and training at once: on devices of their own where a split fits
         planner, rollout_planner = split_planners(cfg.planner, model_cfg, cfg.batch_size, **planner_kw)
     else:
-        planner, rollout_planner = StagePlanner.from_config(cfg.planner, model_cfg, cfg.batch_size, **planner_kw), None
-    train = planner.stage_run("train")
-    model, loaded_tokenizer = load_model(cfg.model, model_cfg, train.mesh, train.rules, cfg.run.seed)
+        planner = StagePlanner.from_config(cfg.planner, model_cfg, cfg.batch_size, stages=stages, **planner_kw)
+        rollout_planner = None
+    home = planner.stage_run(stages[0] if stages else "train")
+    model, loaded_tokenizer = load_model(cfg.model, model_cfg, home.mesh, home.rules, cfg.run.seed)
     model.remat = remat == "full"  # a static attribute: part of the graphdef the stages merge
     tokenizer = loaded_tokenizer or tokenizer
     graphdef, params = nnx.split(model)
