@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import statistics
 import types
 from pathlib import Path
 
@@ -247,3 +248,18 @@ def test_bench_pool_plays_the_same_episodes_each_way(tmp_path, monkeypatch):
     assert modes["pool"]["turns_mean"] == modes["waves"]["turns_mean"] == modes["all"]["turns_mean"]  # same episodes
     assert modes["pool"]["pool_occupancy"] == 1.0
     assert modes["waves"]["pool_occupancy"] is None and modes["all"]["pool_occupancy"] is None  # lock-step, no pool
+
+
+def test_bench_overlap_compares_each_mode_with_the_synchronous_loop(tmp_path, monkeypatch):
+    out = tmp_path / "overlap.json"
+    small = "--rollout.groups 4 --rollout.max-turns 2 --sft.steps 0 --optim.ppo-mini-batches 1"
+    monkeypatch.setattr("sys.argv", ["bench_overlap.py", "--steps", "2", "--skip", "1", "--out", str(out),
+                                     "--flags", small])
+    _load("bench_overlap").main()
+    modes = json.loads(out.read_text())["modes"]
+    assert modes["stale1"]["staleness_max"] == 1 and modes["sync"]["staleness_max"] == 0  # the batches ahead ran
+    answers = statistics.median(r["rollout/generated_tokens"] for r in modes["sync"]["per_iteration"])
+    assert modes["partial"]["flags"][:2] == ["--rollout.token-budget", str(round(0.75 * answers))]
+    for m in ("stale1", "partial"):
+        assert modes[m]["vs_sync"] == modes[m]["trained_tokens_per_s"] / modes["sync"]["trained_tokens_per_s"]
+        assert len(modes[m]["per_iteration"]) == 2

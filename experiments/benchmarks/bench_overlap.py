@@ -1,0 +1,124 @@
+"""Rollouts ahead of training (`--rollout.max-staleness 1`) and partial rollouts (`--rollout.token-budget N`)
+against the synchronous loop: trained tokens a second of the same job on the same device.
+
+Each mode is one Trainer of the job (`--preset` of experiments/configs/<script>/), `--steps` iterations in this
+process (`Trainer.iteration`: no evaluation, logging or checkpoint between them), each iteration's wall time taken
+around it; the first `--skip` iterations (compiles, the rollout ahead's first batch) are left out. Trained tokens: the
+trained batch's tokens (`rollout/tokens`, a partial rollout's carried groups not counted). The token budget is
+`--budget-share` of the synchronous run's median answer tokens a rollout, so the sync mode runs first. Modes run one
+after another, each once: the ratio carries one run's noise. Learning is not compared here (the same iterations
+differ in their samples): the last iterations' mean return is printed as a reading, not a claim.
+
+    python experiments/benchmarks/bench_overlap.py                                      # CPU: guess-the-number
+    python experiments/benchmarks/bench_overlap.py --preset gpu --steps 80 --skip 20    # one GPU
+
+Writes experiments/results/bench_overlap_<script>_<preset>_<device>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "experiments" / "results"
+PER_ITERATION = ("bench/wall_s", "rollout/tokens", "rollout/generated_tokens", "time/rollout_s", "time/train_s")
+DECOUPLED = ["--loss.policy-loss", "decoupled_ppo"]  # both modes train tokens of older weights: AReaL's correction
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--script", default="train", choices=("train", "connect4", "tictactoe"), help="the job's configs")
+    p.add_argument("--preset", default="tiny-cpu")
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--skip", type=int, default=6, help="first iterations left out (compiles)")
+    p.add_argument("--budget-share", type=float, default=0.75, help="token budget / sync's answer tokens a rollout")
+    p.add_argument("--modes", default="sync,stale1,partial")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--flags", default="", help="more job flags, space-separated")
+    p.add_argument("--out", type=Path)
+    a = p.parse_args()
+    if not 0 <= a.skip < a.steps:
+        p.error(f"--skip ({a.skip}) must be in [0, --steps ({a.steps}))")
+    modes = a.modes.split(",")
+    if "partial" in modes and modes[0] != "sync":
+        p.error("--modes: partial's budget comes from sync's rollouts: put sync first")
+
+    import jax
+
+    from earl_jax.parallel.profile import device_slug
+    from earl_jax.rl.job.entry import parse_job
+    from earl_jax.rl.loop.trainer import Trainer
+
+    def run(flags: list[str], run_dir: str) -> list[dict]:
+        cfg = parse_job(["--preset", a.preset, "--seed", str(a.seed), "--steps", str(a.steps), "--run-dir", run_dir,
+                         "--run.max-minutes", "0", "--run.progress", "false", "--run.wandb-mode", "disabled",
+                         *a.flags.split(), *flags], ROOT / "experiments" / "configs" / a.script).config
+        trainer = Trainer(cfg, log=False)
+        out = []
+        for i in range(a.steps):
+            t0 = time.perf_counter()
+            rec = trainer.iteration()
+            rec["bench/wall_s"] = time.perf_counter() - t0
+            out.append(rec)
+            print(f"  iteration {i + 1}/{a.steps}: {rec['bench/wall_s']:.3f} s, {rec['rollout/tokens']} tokens",
+                  flush=True)
+        if trainer.overlap is not None:
+            trainer.overlap.drain()
+        del trainer
+        gc.collect()
+        return out
+
+    rows: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as d:
+        for m in modes:
+            if m == "sync":
+                flags = []
+            elif m == "stale1":
+                flags = ["--rollout.max-staleness", "1", *DECOUPLED]
+            elif m == "partial":
+                answers = statistics.median(r["rollout/generated_tokens"] for r in rows["sync"]["records"])
+                flags = ["--rollout.token-budget", str(max(1, round(a.budget_share * answers))), *DECOUPLED]
+            else:
+                p.error(f"--modes: unknown mode {m!r} (sync, stale1, partial)")
+            print(f"{m}: {' '.join(flags) or 'the job as configured'}", flush=True)
+            recs = run(flags, f"{d}/{m}")
+            kept = recs[a.skip:]
+            tokens, wall = sum(r["rollout/tokens"] for r in kept), sum(r["bench/wall_s"] for r in kept)
+            rows[m] = {"flags": flags, "records": recs, "trained_tokens_per_s": tokens / wall, "wall_s": wall,
+                       "iteration_s_median": statistics.median(r["bench/wall_s"] for r in kept),
+                       "rollout_s_median": statistics.median(r["time/rollout_s"] for r in kept),
+                       "train_s_median": statistics.median(r["time/train_s"] for r in kept),
+                       "return_last": statistics.fmean(r["episode/return_mean"] for r in recs[-min(10, len(recs)):]),
+                       "staleness_max": max(r.get("rollout/staleness_max", 0) for r in kept),
+                       "carried_over": sum(r.get("rollout/carried_over", 0) for r in kept)}
+            print(f"{m}: {rows[m]['trained_tokens_per_s']:.0f} trained tokens/s, iteration "
+                  f"{rows[m]['iteration_s_median']:.3f} s (rollout {rows[m]['rollout_s_median']:.3f}, train "
+                  f"{rows[m]['train_s_median']:.3f}), return over the last iterations {rows[m]['return_last']:.3f}",
+                  flush=True)
+    base = rows.get("sync")
+    for m, row in rows.items():
+        if base and m != "sync":
+            row["vs_sync"] = row["trained_tokens_per_s"] / base["trained_tokens_per_s"]
+            print(f"{m} / sync: {row['vs_sync']:.2f}x trained tokens a second")
+    device = jax.devices()[0].device_kind
+    result = {"script": "experiments/benchmarks/bench_overlap.py", "argv": sys.argv[1:], "device": device,
+              "devices": jax.device_count(), "backend": jax.default_backend(), "jax": jax.__version__,
+              "job": f"{a.script} --preset {a.preset} {a.flags}".strip(), "steps": a.steps, "skip": a.skip,
+              "modes": {m: {k: v for k, v in r.items() if k != "records"}
+                        | {"per_iteration": [{k: rec[k] for k in PER_ITERATION} for rec in r["records"]]}
+                        for m, r in rows.items()}}
+    out = a.out or RESULTS / f"bench_overlap_{a.script}_{a.preset}_{device_slug(device)}.json"
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
