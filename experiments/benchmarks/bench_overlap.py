@@ -1,16 +1,17 @@
 """Rollouts ahead of training (`--rollout.max-staleness 1`) and partial rollouts (`--rollout.token-budget N`)
 against the synchronous loop: trained tokens a second of the same job on the same device.
 
-Each mode is one Trainer of the job (`--preset` of experiments/configs/<script>/), `--steps` iterations in this
-process (`Trainer.iteration`: no evaluation, logging or checkpoint between them), each iteration's wall time taken
-around it; the first `--skip` iterations (compiles, the rollout ahead's first batch) are left out. Trained tokens: the
+Each mode is one Trainer of the job (`--preset` of experiments/configs/<script>/) run by its own loop for `--steps`
+iterations in this process (no evaluation or checkpoint until the end), an iteration's wall time the loop's clock
+between records; the first `--skip` iterations (the warm-up, compiles, the rollout ahead's first batch) and the last
+(the evaluation) are left out. Trained tokens: the
 trained batch's tokens (`rollout/tokens`, a partial rollout's carried groups not counted). The token budget is
 `--budget-share` of the synchronous run's median answer tokens a rollout, so the sync mode runs first. Modes run one
 after another, each once: the ratio carries one run's noise. Learning is not compared here (the same iterations
 differ in their samples): the last iterations' mean return is printed as a reading, not a claim.
 
     python experiments/benchmarks/bench_overlap.py                                      # CPU: guess-the-number
-    python experiments/benchmarks/bench_overlap.py --preset gpu --steps 80 --skip 20    # one GPU
+    python experiments/benchmarks/bench_overlap.py --preset gpu --steps 80 --skip 20 --flags "--sft.steps 30"
 
 Writes experiments/results/bench_overlap_<script>_<preset>_<device>.json.
 """
@@ -23,7 +24,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,8 +45,9 @@ def main() -> None:
     p.add_argument("--flags", default="", help="more job flags, space-separated")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
-    if not 0 <= a.skip < a.steps:
-        p.error(f"--skip ({a.skip}) must be in [0, --steps ({a.steps}))")
+    if not 1 <= a.skip < a.steps - 1:
+        p.error(f"--skip ({a.skip}) must be in [1, --steps - 1 ({a.steps - 1})): the first iteration holds the "
+                "warm-up and the last the evaluation")
     modes = a.modes.split(",")
     if "partial" in modes and modes[0] != "sync":
         p.error("--modes: partial's budget comes from sync's rollouts: put sync first")
@@ -60,18 +61,13 @@ def main() -> None:
     def run(flags: list[str], run_dir: str) -> list[dict]:
         cfg = parse_job(["--preset", a.preset, "--seed", str(a.seed), "--steps", str(a.steps), "--run-dir", run_dir,
                          "--run.max-minutes", "0", "--run.progress", "false", "--run.wandb-mode", "disabled",
+                         "--run.checkpoint-every", "0", "--eval.every", "0", "--eval.games", "8",
                          *a.flags.split(), *flags], ROOT / "experiments" / "configs" / a.script).config
         trainer = Trainer(cfg, log=False)
-        out = []
-        for i in range(a.steps):
-            t0 = time.perf_counter()
-            rec = trainer.iteration()
-            rec["bench/wall_s"] = time.perf_counter() - t0
-            out.append(rec)
-            print(f"  iteration {i + 1}/{a.steps}: {rec['bench/wall_s']:.3f} s, {rec['rollout/tokens']} tokens",
-                  flush=True)
-        if trainer.overlap is not None:
-            trainer.overlap.drain()
+        out = trainer.run()  # the job's own loop: the warm-up, then the iterations, an evaluation after the last
+        elapsed = [0.0] + [r["time/elapsed_s"] for r in out]
+        for i, rec in enumerate(out):
+            rec["bench/wall_s"] = elapsed[i + 1] - elapsed[i]  # the first holds the warm-up, the last the evaluation
         del trainer
         gc.collect()
         return out
@@ -90,7 +86,7 @@ def main() -> None:
                 p.error(f"--modes: unknown mode {m!r} (sync, stale1, partial)")
             print(f"{m}: {' '.join(flags) or 'the job as configured'}", flush=True)
             recs = run(flags, f"{d}/{m}")
-            kept = recs[a.skip:]
+            kept = recs[a.skip:-1]
             tokens, wall = sum(r["rollout/tokens"] for r in kept), sum(r["bench/wall_s"] for r in kept)
             rows[m] = {"flags": flags, "records": recs, "trained_tokens_per_s": tokens / wall, "wall_s": wall,
                        "iteration_s_median": statistics.median(r["bench/wall_s"] for r in kept),

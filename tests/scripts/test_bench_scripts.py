@@ -253,7 +253,7 @@ def test_bench_pool_plays_the_same_episodes_each_way(tmp_path, monkeypatch):
 def test_bench_overlap_compares_each_mode_with_the_synchronous_loop(tmp_path, monkeypatch):
     out = tmp_path / "overlap.json"
     small = "--rollout.groups 4 --rollout.max-turns 2 --sft.steps 0 --optim.ppo-mini-batches 1"
-    monkeypatch.setattr("sys.argv", ["bench_overlap.py", "--steps", "2", "--skip", "1", "--out", str(out),
+    monkeypatch.setattr("sys.argv", ["bench_overlap.py", "--steps", "3", "--skip", "1", "--out", str(out),
                                      "--flags", small])
     _load("bench_overlap").main()
     modes = json.loads(out.read_text())["modes"]
@@ -262,4 +262,4 @@ def test_bench_overlap_compares_each_mode_with_the_synchronous_loop(tmp_path, mo
     assert modes["partial"]["flags"][:2] == ["--rollout.token-budget", str(round(0.75 * answers))]
     for m in ("stale1", "partial"):
         assert modes[m]["vs_sync"] == modes[m]["trained_tokens_per_s"] / modes["sync"]["trained_tokens_per_s"]
-        assert len(modes[m]["per_iteration"]) == 2
+        assert len(modes[m]["per_iteration"]) == 3
