@@ -14,6 +14,8 @@ from earl_jax.rl.loop.job_config import JobConfig
 
 # tests' usual settings: quiet, no wandb
 QUIET = dict(run__progress=False, run__wandb_mode="disabled")
+# tests' jobs run the nano shape (steps ~1/6 of the tiny model's); a test of a shape's behaviour names its own
+MODEL = dict(model__name="nano")
 
 
 @functools.cache
@@ -54,7 +56,7 @@ def with_fields(cfg: JobConfig, **fields: Any) -> JobConfig:
 
 def job(**fields: Any) -> JobConfig:
     """JobConfig() (the library defaults, not a script's preset) with `fields`, quiet unless given."""
-    return with_fields(JobConfig(), **{**QUIET, **fields})
+    return with_fields(JobConfig(), **{**QUIET, **MODEL, **fields})
 
 
 # a three-iteration game job on two devices, evaluating and checkpointing every two iterations

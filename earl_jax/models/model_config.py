@@ -101,6 +101,13 @@ class ModelConfig:
                    tie_word_embeddings=True, max_position_embeddings=4096, name="tiny")
 
     @classmethod
+    def nano(cls, vocab_size: int = 64) -> "ModelConfig":
+        """~30K parameters (2 x 32): the shape of tests and smoke runs, whose steps cost ~1/6 of the tiny model's."""
+        return cls(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=2, num_key_value_heads=1, rope_theta=10_000.0,
+                   tie_word_embeddings=True, max_position_embeddings=4096, name="nano")
+
+    @classmethod
     def small(cls, vocab_size: int = 64) -> "ModelConfig":
         """~5M parameters (6 x 256): on one GPU a decode step of the tiny model is launch-bound, so this one costs
         about as much an iteration with 6x the parameters (the model-size question of docs/learning.md)."""
@@ -138,6 +145,7 @@ class ModelConfig:
 
 
 PRESETS = {
+    "nano": ModelConfig.nano,
     "tiny": ModelConfig.tiny,
     "small": ModelConfig.small,
     "qwen2.5-0.5b": ModelConfig.qwen2p5_0p5b,

@@ -16,8 +16,9 @@ from earl_jax.rollout.sampler import Sampler
 from jobs import job, with_fields
 from probe import ShowDigitEnv
 
+# the probes' thresholds were set on the tiny model's learning
 TINY = job(groups=4, group_size=4, run__steps=1, sft__steps=0, devices=1, eval__games=8, checkpoint_every=0,
-           max_context=512, micro_batch_tokens=8192)
+           max_context=512, model__name="tiny", micro_batch_tokens=8192)
 
 
 def _sampled_and_recomputed(trainer: Trainer) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
