@@ -18,7 +18,7 @@ with context, a static micro-batch does not shrink) is the same.
     # one GPU: the tiny model, random init, each run's device memory capped at --mem-gib (5 GiB) so that a
     # short run reaches the cap (a 0.5B model needs the same story at ~10x the tokens: too slow for one call)
     python experiments/fig1_context_growth.py --gpu
-    # CPU smoke test (tiny model; nothing runs out of memory on the host, the figure says so)
+    # CPU smoke test (the nano test model; nothing runs out of memory on the host, the figure says so)
     python experiments/fig1_context_growth.py --small
 
 Writes experiments/results/<name>.{json,png} (each run's per-iteration trace is in the JSON; the run folders
@@ -56,7 +56,7 @@ SETTINGS = {
             "--eval.games", "8", "--rollout.turn-tokens-schedule", "0:64,2:1024,4:3072",
             "--rollout.max-context", "32768", "--rollout.max-turns", "32", "--learning-rate", "1e-6",
             "--rollout.stop-at-eos", "false", "--rollout.constrain-moves", "false"],
-    "small": ["--model", "tiny", "--rollout.groups", "2", "--rollout.group-size", "4", "--steps", "4",
+    "small": ["--model", "nano", "--rollout.groups", "2", "--rollout.group-size", "4", "--steps", "4",
               "--eval.games", "4", "--rollout.stop-at-eos", "false", "--rollout.constrain-moves", "false",
               "--rollout.turn-tokens-schedule", "0:8,2:48", "--rollout.max-context", "1024",
               "--rollout.max-turns", "32"],
@@ -146,7 +146,7 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--gpu", action="store_true", help="one GPU, tiny model, capped device memory")
-    which.add_argument("--small", action="store_true", help="CPU smoke test, tiny model")
+    which.add_argument("--small", action="store_true", help="CPU smoke test, the nano test model")
     p.add_argument("--mem-gib", type=float, default=5.0,
                    help="GPU: device memory of each run (XLA_PYTHON_CLIENT_MEM_FRACTION of the card; both run at once)")
     p.add_argument("--timeout", type=float, default=540.0, help="seconds per run")

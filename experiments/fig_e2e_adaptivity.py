@@ -26,7 +26,7 @@ trainer names the stage that ran out of memory); the summary (adaptivity_summary
 best static run per phase and over the whole run, against the issue's targets. The PNG shows iteration
 throughput per run with the context length, auto's mesh and micro-batch switches and every OOM.
 
-    # CPU (tiny model, 4 of the fake devices, 4 iterations per run; 4m44s for all four runs on a busy 2-core CPU)
+    # CPU (the nano test model, 4 of the fake devices, 4 iterations per run)
     python experiments/fig_e2e_adaptivity.py --small
     # 4 GPUs, Qwen2.5-3B shape (random init, game tokenizer), 8 games, 480 -> 3968 -> 16000 tokens a turn
     # (contexts ~1.1K, ~8.1K, ~32.2K; 2 + 2 + 1 iterations), one run per device call, all merging into one JSON:
@@ -85,7 +85,7 @@ COMMON = ["--game", "connect_four", "--sft.steps", "0", "--eval.opponents=", "--
           "--env.prompt-style", "compact", "--rollout.max-turns", "2", "--learning-rate", "1e-6", "--seed", "0"]
 SETTINGS = {
     # 4 games: one per data shard of d4f1t1; budgets 16 -> 96 tokens a turn (contexts ~190 -> ~350)
-    "small": dict(model="tiny", devices=4, schedule="0:16,2:96", steps=4, budget_s=240.0, mem_fraction=None,
+    "small": dict(model="nano", devices=4, schedule="0:16,2:96", steps=4, budget_s=240.0, mem_fraction=None,
                   flags=["--rollout.groups", "2", "--rollout.group-size", "2", "--rollout.max-context", "512"]),
     # 8 games (2 per data shard of d4f1t1); two turns of 480 / 3968 / 16000 tokens: contexts ~1.1K, ~8.1K, ~32.2K
     # mem fraction 0.85, not 0.92: at 0.92 a TP4 run could not get NCCL's all-reduce scratch outside XLA's pool
@@ -182,15 +182,17 @@ def run_one(name: str, flags: list[str], run_dir: Path, budget_s: float, env: di
 def auto_table(result: dict, path: Path) -> Path:
     """The static runs' rollout throughput per phase as a ProfileTable for the auto run (`--planner.table`)."""
     from earl_jax.models.model_config import get_config
+    from earl_jax.parallel.planner import SMALL_MODEL_PARAMS
     from earl_jax.parallel.profile import ProfileEntry, ProfileTable
     from earl_jax.parallel.selector import DEFAULT_BUCKET_EDGES, SMALL_BUCKET_EDGES
     from earl_jax.sharding.mesh import MeshShape
 
-    # the trainer's edges (StagePlanner.from_config): --planner.edges, else small ones for the tiny model
+    # the trainer's edges (StagePlanner.from_config): --planner.edges, else small ones for a small model
     flags = result["flags"]
     edges = (tuple(int(v) for v in flags[flags.index("--planner.edges") + 1].split(","))
              if "--planner.edges" in flags
-             else SMALL_BUCKET_EDGES if result["model"] == "tiny" else DEFAULT_BUCKET_EDGES)
+             else SMALL_BUCKET_EDGES if get_config(result["model"]).num_params() < SMALL_MODEL_PARAMS
+             else DEFAULT_BUCKET_EDGES)
     rows = adaptivity_summary.auto_profile_rows(result, edges)
     if not rows:
         raise SystemExit("the auto run's table comes from the static runs' rollouts, and none has a finished "
@@ -336,7 +338,7 @@ def print_summary(result: dict) -> None:
 # ---------------------------------------------------------------- command line
 def run_env(setting: dict, mem_fraction: float | None) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if setting["model"] == "tiny":  # CPU: fake devices, at least the setting's count (--devices takes the first)
+    if setting is SETTINGS["small"]:  # CPU: fake devices, at least the setting's count (--devices takes the first)
         env["JAX_PLATFORMS"] = "cpu"
         flags = env.get("XLA_FLAGS", "")
         if "xla_force_host_platform_device_count" not in flags:
@@ -354,7 +356,7 @@ def run_env(setting: dict, mem_fraction: float | None) -> dict[str, str]:
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--small", action="store_true", help="CPU: tiny model on 4 fake devices")
+    which.add_argument("--small", action="store_true", help="CPU: the nano test model on 4 fake devices")
     which.add_argument("--gpu4", action="store_true", help="4 GPUs: Qwen2.5-3B shape, contexts ~1K -> ~32K")
     which.add_argument("--replot", type=Path, default=None, help="only redraw (and re-summarize) a saved JSON")
     p.add_argument("--runs", default=None, help="comma list of runs to do now (default: all); others already in "

@@ -26,8 +26,9 @@ from earl_jax.models.tokenizer import game_tokenizer
 class ModelSpec:
     """model: which policy model"""
 
-    name: str = _f("tiny", "model shape: tiny, small, qwen2.5-0.5b ... qwen2.5-72b (random init, the built-in game "
-                           "tokenizer) unless hf_checkpoint is given; typed over a preset's checkpoint, it drops it")
+    name: str = _f("tiny", "model shape: nano (tests), tiny, small, qwen2.5-0.5b ... qwen2.5-72b (random init, the "
+                           "built-in game tokenizer) unless hf_checkpoint is given; typed over a preset's checkpoint, "
+                           "it drops it")
     hf_checkpoint: str | None = _f(None, "local Hugging Face folder (config.json, *.safetensors, tokenizer.json), "
                                          "or a base made by experiments/pretrain.py (with earl_base.json)", path=True)
     dtype: Literal["auto", "float32", "bfloat16"] = _f("auto", "compute dtype; auto = float32 on CPU, bfloat16 on GPU")

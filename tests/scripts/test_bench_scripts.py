@@ -242,7 +242,7 @@ def test_bench_search_workers_plays_the_same_games_in_workers(tmp_path, monkeypa
 def test_bench_pool_plays_the_same_episodes_each_way(tmp_path, monkeypatch):
     out = tmp_path / "pool.json"
     monkeypatch.setattr("sys.argv", ["bench_pool.py", "--episodes", "32", "--slots", "8", "--rounds", "1",
-                                     "--turn-tokens", "2", "--out", str(out)])
+                                     "--model", "nano", "--turn-tokens", "2", "--out", str(out)])
     _load("bench_pool").main()
     modes = json.loads(out.read_text())["modes"]
     assert modes["pool"]["turns_mean"] == modes["waves"]["turns_mean"] == modes["all"]["turns_mean"]  # same episodes
@@ -252,7 +252,8 @@ def test_bench_pool_plays_the_same_episodes_each_way(tmp_path, monkeypatch):
 
 def test_bench_overlap_compares_each_mode_with_the_synchronous_loop(tmp_path, monkeypatch):
     out = tmp_path / "overlap.json"
-    small = "--rollout.groups 4 --rollout.max-turns 2 --sft.steps 0 --optim.ppo-mini-batches 1"
+    small = ("--rollout.groups 4 --rollout.max-turns 2 --sft.steps 0 --optim.ppo-mini-batches 1 --model.name nano "
+             "--planner.devices 2")
     monkeypatch.setattr("sys.argv", ["bench_overlap.py", "--steps", "3", "--skip", "1", "--out", str(out),
                                      "--flags", small])
     _load("bench_overlap").main()

@@ -134,9 +134,9 @@ def test_small_figure_runs_merge_into_one_json_and_refuse_other_settings(tmp_pat
     assert [row["turn_tokens"] for row in res["summary"]["phases"]] == [40, 60]
     assert res["summary"]["phases"][0]["best_static"] == "static_d4f1t1"
     assert res["summary"]["phases"][0]["auto_vs_best_static_net_pct"] is not None  # compile times were kept
-    saved = json.loads((tmp_path / "fig_e2e_adaptivity_tiny_cpu_custom.json").read_text())
+    saved = json.loads((tmp_path / "fig_e2e_adaptivity_nano_cpu_custom.json").read_text())
     assert set(saved["runs"]) == {"static_d4f1t1", "auto"}
-    assert (tmp_path / "fig_e2e_adaptivity_tiny_cpu_custom.png").stat().st_size
+    assert (tmp_path / "fig_e2e_adaptivity_nano_cpu_custom.png").stat().st_size
     with pytest.raises(SystemExit, match="exists with other"):  # one figure, one setting
         fig.main(["--small", "--steps", "3", "--schedule", "0:40,1:60", "--out", str(tmp_path), "--runs", "auto"])
     with pytest.raises(SystemExit, match="unknown"):

@@ -175,7 +175,8 @@ def _restore_numpy(run_dir: Path) -> tuple[int, list[np.ndarray]]:
 CONNECT4 = ["--rollout.groups", "4", "--rollout.group-size", "2", "--eval.games", "8", "--steps", "2",
             "--loss.kl-coef", "0.01", "--loss.filter-constant-groups", "false",
             "--planner.rollout-thresholds", "0:d4f1t2", "--planner.experience-thresholds", "0:d8f1t1",
-            "--planner.train-thresholds", "0:d2f2t2", "--run.progress", "false", "--run.wandb-mode", "disabled"]
+            "--planner.train-thresholds", "0:d2f2t2", "--run.progress", "false", "--run.wandb-mode", "disabled",
+            "--model.name", "nano"]
 EXACT_PREFIXES = ("episode/", "eval/", "rollout/context", "rollout/tokens", "rollout/generated", "parallel/",
                   "dispatch/", "step")  # compile/lowered: two processes also trace the gathers
 
