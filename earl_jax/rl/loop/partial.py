@@ -11,7 +11,8 @@ all ended train, and the others are carried whole into the next iteration's roll
 A group's baseline compares its games only once all have ended, so a group is never split between batches: a game
 that ended waits for the rest of its group. The batch keeps its B x G rows, the carried groups' rows empty (no scored
 token: no estimator, loss or metric counts them), so the plan, the micro-batches and every program keep their shapes;
-the trained rows come first, so a PPO mini-batch is filled with them before any empty row.
+the trained rows come first, so a PPO mini-batch is filled with them before any empty row, and a mini-batch of
+empty rows makes no update (rl/stages/train_stage.py).
 
 Each token keeps the version of the weights that sampled it (`Sampled.versions`; rl/stages/staleness.py), a carried
 episode's

@@ -4,8 +4,8 @@
 
 The weights and optimizer state arrive on the train layout (the dispatcher moved them); the experience stage's batch
 (`ExperienceResult.batch`) is moved to the train layout's row sharding here. `ppo_mini_batches` optimizer steps a pass,
-each on whole GRPO groups. The same function is what the trainer runs and what the selector's profiler
-(rl/job/measure.py) times.
+each on whole GRPO groups; a mini-batch without a scored token makes none (`train/updates` counts the steps). The
+same function is what the trainer runs and what the selector's profiler (rl/job/measure.py) times.
 """
 
 from __future__ import annotations
@@ -61,9 +61,13 @@ def train_stage(run: StageRun, params: Any, opt_state: Any, experience: Experien
     batch = dispatcher(batch, jax.tree.map(lambda x: run.row_sharding(x.ndim), batch))
     parts = []  # (mini-batch, its micro-batch plan): each in this layout's arrangement (as many shards)
     for rows in mini_batch_rows(len(lengths), mini_batches, run.batch_shards):
+        if not lengths[rows].any():  # no scored token (a partial rollout's carried groups): Adam's momentum alone
+            continue  # would move the weights, and the step would cost a full update
         perm = rows[length_order(lengths[rows], run.batch_shards)]
         part = rearrange(run, batch, np.argsort(arranged)[perm])
         parts.append((part, micro_batch_plan(run, lengths[perm], part.tokens.shape[1])))
+    if not parts:
+        raise ValueError("the train stage got a batch without one scored token")
     jax.block_until_ready([part for part, _ in parts])
     dispatch_s = time.perf_counter() - t0
     for _ in range(epochs):
@@ -82,5 +86,5 @@ def train_stage(run: StageRun, params: Any, opt_state: Any, experience: Experien
                 raise
             updates.append(global_to_host(metrics))
     metrics = {k: float(np.mean([u[k] for u in updates])) for k in updates[0]}
-    metrics["dispatch_s"] = dispatch_s
+    metrics["dispatch_s"], metrics["updates"] = dispatch_s, float(len(parts) * epochs)
     return params, opt_state, metrics

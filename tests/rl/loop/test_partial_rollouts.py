@@ -146,7 +146,8 @@ def test_a_carried_game_sampled_again_from_a_prefilled_cache_draws_the_same_toke
 GAME = job(groups=8, group_size=G, run__steps=3, eval__every=0, eval__games=8, checkpoint_every=100,
            checkpoint_minutes=0, max_turns=20, max_context=512, constrain_moves=True, devices=8,
            policy_loss="decoupled_ppo", group_seeds="per_game", cache_dtype="float32", token_budget=40,
-           entropy_coef=0.01, filter_constant_groups=False, warmup_steps=0)  # a gradient every iteration
+           entropy_coef=0.01, filter_constant_groups=False, warmup_steps=0,  # a gradient every iteration
+           ppo_mini_batches=2)  # the second holds carried groups' empty rows only when half the groups carry
 TASK = with_fields(GAME, env__task="exact_cases:make_echo_task", constrain_moves=False, max_turn_tokens=5,
                    max_turns=4, max_context=256, token_budget=24, sft__steps=0)
 
@@ -186,7 +187,7 @@ def _scored(trainer, params, batch) -> np.ndarray:
 
 def _check_carried_run(trainer, spy, history) -> None:
     constrained, groups = trainer.policy.moves is not None, trainer.cfg.rollout.groups
-    later = 0  # carried groups that trained in a later iteration
+    later = skipped = 0  # carried groups that trained in a later iteration; mini-batches without a scored token
     for k, (done, record) in enumerate(zip(spy.done, history)):
         carry, batch, traj = spy.carried[k], done.batch(constrained), done.traj
         # whole groups: a group's rows all trained or all carried (left empty, after the trained ones)
@@ -196,6 +197,10 @@ def _check_carried_run(trainer, spy, history) -> None:
         assert not np.isin(traj.group_ids[~played], trained_groups).any() and not batch.loss_mask[~played].any()
         assert record["rollout/carried_over"] == (0 if carry is None else len(carry.rows))
         assert record["rollout/trained_groups"] == len(trained_groups) == groups - record["rollout/carried_over"] // G
+        # a mini-batch of empty rows makes no optimizer step (its momentum alone would move the weights)
+        minis = batch.loss_mask.reshape(trainer.cfg.optim.ppo_mini_batches, -1).any(axis=1)
+        assert record["train/updates"] == minis.sum() * trainer.cfg.optim.ppo_epochs
+        skipped += int((~minis).sum())
         # each scored token's sampler log-prob is what the weights of its version give it, and only those
         scored = batch.loss_mask
         for v in np.unique(batch.versions[scored]):
@@ -221,6 +226,7 @@ def _check_carried_run(trainer, spy, history) -> None:
             assert (versions[n:][mask[n:]] == k).all() and (versions[mask] < k).any()
             later += bool(before.live[j] and mask[n:].any())
     assert later, "no carried episode went on in a later iteration"
+    assert skipped, "no iteration had a mini-batch of carried groups only"
     assert max(r["rollout/staleness_max"] for r in history) >= 1
 
 
