@@ -246,6 +246,7 @@ class Parsed(Generic[T]):
     config: T
     typed: dict[Path_, Any]  # what the user set: flags, and every field of a preset or config file
     preset: str | None = None
+    flags: dict[Path_, Any] = dataclasses.field(default_factory=dict)  # the fields set by flag alone
 
 
 class _Parser(argparse.ArgumentParser):
@@ -386,7 +387,7 @@ def parse(argv: Sequence[str] | None, base: T, *, presets: Mapping[str, Preset] 
                       if get_path(cfg, f.path) != get_path(shown, f.path)})
     cfg = replace_paths(cfg, flags)
     typed.update(flags)
-    return Parsed(cfg, typed, preset_name)
+    return Parsed(cfg, typed, preset_name, dict(flags))
 
 
 def _explain(message: str, flags: list[str]) -> str:

@@ -46,7 +46,7 @@ def parse_job(argv: Sequence[str] | None, configs: Path, *, prog: str | None = N
     parsed = parse(argv, base, presets=presets, aliases=ALIASES, prog=prog, description=description,
                    extra=lambda group: group.add_argument("--debug", action="store_true",
                                                           help="show the traceback of an error (also EARL_DEBUG=1)"))
-    return dataclasses.replace(parsed, config=drop_default_curriculum(parsed.config, parsed.typed))
+    return dataclasses.replace(parsed, config=drop_default_curriculum(parsed.config, parsed.typed, parsed.flags))
 
 
 # Fields a resumed run cannot change: they would make it another experiment (the device count may change: the
@@ -114,11 +114,11 @@ def drop_preset_task_args(parsed: Parsed[JobConfig]) -> Parsed[JobConfig]:
     return parsed
 
 
-def drop_default_curriculum(cfg: JobConfig, typed) -> JobConfig:
+def drop_default_curriculum(cfg: JobConfig, typed, flags) -> JobConfig:
     """An --env.opponent typed (or set by a preset) other than the curriculum leaves the curriculum: the fields that
-    only the curriculum reads and that nothing typed (the default preset's ladder or rehearsal share) are dropped, as
-    the default preset's base is dropped for a shape it was not made for (rl/job/validate.py apply_base). Typed ones are
-    still refused, naming the flag."""
+    only the curriculum reads and that no flag set (the default preset's ladder or rehearsal share, or `--preset
+    gpu`'s rung budget) are dropped, as the default preset's base is dropped for a shape it was not made for
+    (rl/job/validate.py apply_base). Ones set by flag are still refused, naming the flag."""
     from earl_jax.cli import replace_paths
     from earl_jax.rl.job.validate import CURRICULUM_ONLY
     from earl_jax.rl.loop.job_config import CurriculumConfig
@@ -127,7 +127,7 @@ def drop_default_curriculum(cfg: JobConfig, typed) -> JobConfig:
         return cfg
     default = CurriculumConfig()
     changes = {("curriculum", name): getattr(default, name) for name in CURRICULUM_ONLY
-               if ("curriculum", name) not in typed and getattr(cfg.curriculum, name) != getattr(default, name)}
+               if ("curriculum", name) not in flags and getattr(cfg.curriculum, name) != getattr(default, name)}
     return replace_paths(cfg, changes) if changes else cfg
 
 
@@ -163,7 +163,7 @@ def setup(argv: list[str], name: str, configs: Path, description: str):
     cfg, changes = resume_config(parsed, name)
     check_game_name(cfg)  # a misspelt game is that, not a base made for another game
     cfg = apply_base(cfg, parsed.typed)
-    cfg = drop_default_curriculum(cfg, parsed.typed)
+    cfg = drop_default_curriculum(cfg, parsed.typed, parsed.flags)
     check_job(cfg)
     for line in changes:  # what this resume changes in the saved experiment
         print(f"{name}: resume: {line}", file=sys.stderr)

@@ -177,7 +177,9 @@ class JobConfig:
              f"(got {self.optim.ppo_mini_batches})")
         need(r.group_size > 1 or not estimator_is_grouped(self.loss.estimator), "--rollout.group-size",
              f"{self.loss.estimator} compares games within a group: use at least 2 (got {r.group_size})")
-        need(not c.rung_max_share or self.run.max_minutes > 0, "--curriculum.rung-max-share",
+        # only a curriculum reads it (rl/job/entry.py drops a preset's without one, and refuses a flag's)
+        need(not c.rung_max_share or self.run.max_minutes > 0 or self.env.opponent != "curriculum",
+             "--curriculum.rung-max-share",
              "is a share of the run's time: needs --run.max-minutes")
         need(not c.mix_opponent or r.groups >= 2, "--curriculum.mix-opponent", "needs --rollout.groups >= 2")
         need(not (c.mix_opponent and c.league_size), "--curriculum.mix-opponent",

@@ -14,6 +14,7 @@ import pytest
 from earl_jax.cli import ConfigError
 from earl_jax.rl.algorithm.optim import OptimConfig, run_fraction, timed_learning_rate, with_run_fraction
 from earl_jax.rl.job import entry as job_cli
+from earl_jax.rl.job.validate import check_job
 from earl_jax.rl.loop.job_config import JobConfig
 from earl_jax.rl.loop.trainer import Trainer
 from earl_jax.rl.matchups.curriculum import Curriculum
@@ -87,6 +88,14 @@ def test_gpu_preset_ends_by_time_and_resume_refuses_another_kind_of_schedule(tmp
     cfg = job_cli.parse_job(["--preset", "gpu"], CONFIGS / "connect4").config
     assert cfg.run.max_minutes > 0 and cfg.run.steps >= 100_000  # the step count is only a cap
     assert cfg.curriculum.rung_max_share > 0 and cfg.curriculum.rung_max_iterations == 0
+    # against one opponent the preset's curriculum means nothing and is dropped; a flag's is refused (validate.py)
+    one = job_cli.parse_job(["--preset", "gpu", "--opponent", "random", "--run.max-minutes", "0"], CONFIGS / "connect4")
+    c = one.config.curriculum
+    assert (c.ladder, c.rung_max_share, c.rehearsal_share, c.promote_on_stall) == ("", 0, 0, 0)
+    check_job(one.config)  # the job starts (it named --curriculum.ladder, never typed, before)
+    typed = job_cli.parse_job(["--preset", "gpu", "--opponent", "random", "--curriculum.ladder", "random"],
+                              CONFIGS / "connect4")
+    assert typed.config.curriculum.ladder == "random" and typed.config.curriculum.rung_max_share == 0
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.json").write_text(json.dumps(JobConfig().to_dict()))  # a run over iterations
