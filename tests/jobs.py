@@ -14,7 +14,7 @@ from earl_jax.rl.loop.job_config import JobConfig
 
 # tests' usual settings: quiet, no wandb
 QUIET = dict(run__progress=False, run__wandb_mode="disabled")
-# tests' jobs run the nano shape (steps ~1/6 of the tiny model's); a test of a shape's behaviour names its own
+# tests' jobs run the nano shape (~21K parameters: steps ~1/6 of the tiny model's); a test of a shape names its own
 MODEL = dict(model__name="nano")
 
 

@@ -102,7 +102,7 @@ class ModelConfig:
 
     @classmethod
     def nano(cls, vocab_size: int = 64) -> "ModelConfig":
-        """~30K parameters (2 x 32): the shape of tests and smoke runs, whose steps cost ~1/6 of the tiny model's;
+        """~21K parameters (2 x 32): the shape of tests and smoke runs, whose steps cost ~1/6 of the tiny model's;
         the tiny model's heads (4, 2 of keys and values), so the same meshes shard it."""
         return cls(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, rope_theta=10_000.0,
