@@ -23,7 +23,8 @@ from jobs import job as job_config, with_fields
 ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "experiments" / "configs" / "connect4"
 SMALL = ["--rollout.groups", "4", "--rollout.group-size", "2", "--eval.games", "8", "--rollout.max-turns", "6",
-         "--rollout.max-context", "256", "--run.wandb-mode", "disabled", "--run.progress", "false"]
+         "--rollout.max-context", "256", "--run.wandb-mode", "disabled", "--run.progress", "false",
+         "--model.name", "nano"]  # typed over the preset's base: random weights of the tests' shape
 
 
 def _main(argv: list[str]) -> int:
