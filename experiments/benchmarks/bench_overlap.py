@@ -13,7 +13,8 @@ differ in their samples): the last iterations' mean return is printed as a readi
     python experiments/benchmarks/bench_overlap.py                                      # CPU: guess-the-number
     python experiments/benchmarks/bench_overlap.py --preset gpu --steps 80 --skip 20 --flags "--sft.steps 30"
 
-Writes experiments/results/bench_overlap_<script>_<preset>_<device>.json.
+Writes experiments/results/bench_overlap_<script>_<preset>_<device>.{json,png} (`--replot FILE.json` redraws a
+saved result's PNG).
 """
 
 from __future__ import annotations
@@ -33,6 +34,34 @@ PER_ITERATION = ("bench/wall_s", "rollout/tokens", "rollout/generated_tokens", "
 DECOUPLED = ["--loss.policy-loss", "decoupled_ppo"]  # both modes train tokens of older weights: AReaL's correction
 
 
+def plot(result: dict, path: Path) -> None:
+    """Per iteration and mode: the trained tokens and the wall seconds, the measured iterations unshaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for m, row in result["modes"].items():
+        its = row["per_iteration"]
+        x = range(1, len(its) + 1)
+        ratio = f", {row['vs_sync']:.2f}x sync" if "vs_sync" in row else ""
+        top.plot(x, [r["rollout/tokens"] for r in its], ".-", label=f"{m}{ratio}")
+        bottom.plot(x, [r["bench/wall_s"] for r in its], ".-", label=m)
+    for ax in (top, bottom):
+        ax.axvspan(0.5, result["skip"] + 0.5, color="0.9")
+        ax.axvspan(result["steps"] - 0.5, result["steps"] + 0.5, color="0.9")
+    top.set_ylabel("trained tokens")
+    bottom.set_ylabel("iteration wall s (log)")
+    bottom.set_yscale("log")  # the first iteration holds the warm-up
+    bottom.set_xlabel("iteration (shaded: left out, warm-up and compiles / the evaluation)")
+    top.legend(fontsize=8)
+    top.set_title(f"{result['job']} on {result['device']} ({result['backend']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--script", default="train", choices=("train", "connect4", "tictactoe"), help="the job's configs")
@@ -44,7 +73,11 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--flags", default="", help="more job flags, space-separated")
     p.add_argument("--out", type=Path)
+    p.add_argument("--replot", type=Path, help="redraw this saved result's PNG and exit")
     a = p.parse_args()
+    if a.replot:
+        plot(json.loads(a.replot.read_text()), a.replot.with_suffix(".png"))
+        return
     if not 1 <= a.skip < a.steps - 1:
         p.error(f"--skip ({a.skip}) must be in [1, --steps - 1 ({a.steps - 1})): the first iteration holds the "
                 "warm-up and the last the evaluation")
@@ -113,7 +146,8 @@ def main() -> None:
                         for m, r in rows.items()}}
     out = a.out or RESULTS / f"bench_overlap_{a.script}_{a.preset}_{device_slug(device)}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out}")
+    plot(result, out.with_suffix(".png"))
+    print(f"wrote {out} and its .png")
 
 
 if __name__ == "__main__":

@@ -257,6 +257,7 @@ def test_bench_overlap_compares_each_mode_with_the_synchronous_loop(tmp_path, mo
     monkeypatch.setattr("sys.argv", ["bench_overlap.py", "--steps", "3", "--skip", "1", "--out", str(out),
                                      "--flags", small])
     _load("bench_overlap").main()
+    assert out.with_suffix(".png").stat().st_size
     modes = json.loads(out.read_text())["modes"]
     assert modes["stale1"]["staleness_max"] == 1 and modes["sync"]["staleness_max"] == 0  # the batches ahead ran
     answers = statistics.median(r["rollout/generated_tokens"] for r in modes["sync"]["per_iteration"])
