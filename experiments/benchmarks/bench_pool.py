@@ -24,7 +24,8 @@ decode-row occupancy (busy rows / decode rows) and, for the pool, its occupancy 
 Only the rollout stage is built (its planner, weights on its layout, its sampler), no train state, so a 7B shape
 runs on one 80 GB GPU.
 
-Writes experiments/results/bench_pool_<model>_<device>.json.
+Writes experiments/results/bench_pool_<model>_<device>.{json,png} (`--replot FILE.json` redraws a saved result's
+PNG).
 """
 
 from __future__ import annotations
@@ -69,6 +70,31 @@ def make_long_tail(**kw) -> gymnasium.Env:
     return LongTail(**kw)
 
 
+def plot(result: dict, path: Path) -> None:
+    """Per mode: answer tokens a second, and the decode rows' occupancy (the pool's while episodes waited)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = list(result["modes"])
+    rows = [result["modes"][m] for m in modes]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    left.bar(modes, [r["tokens_per_s"] for r in rows], color="tab:blue")
+    left.set_ylabel("answer tokens / s")
+    right.bar(modes, [r["occupancy"] for r in rows], color="tab:green", label="whole rollout")
+    waited = [r["pool_occupancy"] if r.get("pool_occupancy") is not None else 0 for r in rows]
+    right.bar(modes, waited, color="none", edgecolor="black", hatch="//", label="pool, while episodes waited")
+    right.set_ylim(0, 1.05)
+    right.set_ylabel("busy decode rows / rows")
+    right.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"{result['model']}, {result['episodes']} episodes, {result['slots']} slots, {result['device']}",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--episodes", type=int, default=256, help="N")
@@ -79,7 +105,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--modes", default="waves,pool,all")
     p.add_argument("--out", type=Path)
+    p.add_argument("--replot", type=Path, help="redraw this saved result's PNG and exit")
     a = p.parse_args()
+    if a.replot:
+        plot(json.loads(a.replot.read_text()), a.replot.with_suffix(".png"))
+        return
     if a.episodes % a.slots:
         p.error(f"--episodes ({a.episodes}) must be a multiple of --slots ({a.slots}): whole waves")
 
@@ -164,7 +194,8 @@ def main() -> None:
               "rounds": a.rounds, "modes": rows}
     out = a.out or RESULTS / f"bench_pool_{a.model}_{device_slug(device)}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out}")
+    plot(result, out.with_suffix(".png"))
+    print(f"wrote {out} and its .png")
 
 
 if __name__ == "__main__":

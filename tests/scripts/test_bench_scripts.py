@@ -244,6 +244,7 @@ def test_bench_pool_plays_the_same_episodes_each_way(tmp_path, monkeypatch):
     monkeypatch.setattr("sys.argv", ["bench_pool.py", "--episodes", "32", "--slots", "8", "--rounds", "1",
                                      "--model", "nano", "--turn-tokens", "2", "--out", str(out)])
     _load("bench_pool").main()
+    assert out.with_suffix(".png").stat().st_size
     modes = json.loads(out.read_text())["modes"]
     assert modes["pool"]["turns_mean"] == modes["waves"]["turns_mean"] == modes["all"]["turns_mean"]  # same episodes
     assert modes["pool"]["pool_occupancy"] == 1.0
