@@ -82,6 +82,8 @@ def main() -> None:
         p.error(f"--skip ({a.skip}) must be in [1, --steps - 1 ({a.steps - 1})): the first iteration holds the "
                 "warm-up and the last the evaluation")
     modes = a.modes.split(",")
+    if unknown := [m for m in modes if m not in ("sync", "stale1", "partial")]:
+        p.error(f"--modes: unknown {', '.join(unknown)} (sync, stale1, partial)")
     if "partial" in modes and modes[0] != "sync":
         p.error("--modes: partial's budget comes from sync's rollouts: put sync first")
 
@@ -112,11 +114,9 @@ def main() -> None:
                 flags = []
             elif m == "stale1":
                 flags = ["--rollout.max-staleness", "1", *DECOUPLED]
-            elif m == "partial":
+            else:  # partial
                 answers = statistics.median(r["rollout/generated_tokens"] for r in rows["sync"]["records"])
                 flags = ["--rollout.token-budget", str(max(1, round(a.budget_share * answers))), *DECOUPLED]
-            else:
-                p.error(f"--modes: unknown mode {m!r} (sync, stale1, partial)")
             print(f"{m}: {' '.join(flags) or 'the job as configured'}", flush=True)
             recs = run(flags, f"{d}/{m}")
             kept = recs[a.skip:-1]

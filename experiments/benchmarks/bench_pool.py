@@ -112,6 +112,9 @@ def main() -> None:
         return
     if a.episodes % a.slots:
         p.error(f"--episodes ({a.episodes}) must be a multiple of --slots ({a.slots}): whole waves")
+    modes = a.modes.split(",")
+    if unknown := [m for m in modes if m not in ("waves", "pool", "all")]:
+        p.error(f"--modes: unknown {', '.join(unknown)} (waves, pool, all)")
 
     import jax
 
@@ -158,7 +161,6 @@ def main() -> None:
                     for i in range(0, a.episodes, a.slots)]
         return [rollout(envs[a.episodes], seeds, np.arange(a.episodes), a.slots if mode == "pool" else 0)]
 
-    modes = a.modes.split(",")
     runs: dict[str, list] = {m: [] for m in modes}
     for m in modes:  # one round that compiles
         print(f"{m}: a first round (compiles)", flush=True)
