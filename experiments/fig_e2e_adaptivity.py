@@ -182,17 +182,14 @@ def run_one(name: str, flags: list[str], run_dir: Path, budget_s: float, env: di
 def auto_table(result: dict, path: Path) -> Path:
     """The static runs' rollout throughput per phase as a ProfileTable for the auto run (`--planner.table`)."""
     from earl_jax.models.model_config import get_config
-    from earl_jax.parallel.planner import SMALL_MODEL_PARAMS
     from earl_jax.parallel.profile import ProfileEntry, ProfileTable
-    from earl_jax.parallel.selector import DEFAULT_BUCKET_EDGES, SMALL_BUCKET_EDGES
+    from earl_jax.parallel.selector import default_bucket_edges
     from earl_jax.sharding.mesh import MeshShape
 
-    # the trainer's edges (StagePlanner.from_config): --planner.edges, else small ones for a small model
+    # the trainer's edges (StagePlanner.from_config): --planner.edges, else the selector's default for the model
     flags = result["flags"]
     edges = (tuple(int(v) for v in flags[flags.index("--planner.edges") + 1].split(","))
-             if "--planner.edges" in flags
-             else SMALL_BUCKET_EDGES if get_config(result["model"]).num_params() < SMALL_MODEL_PARAMS
-             else DEFAULT_BUCKET_EDGES)
+             if "--planner.edges" in flags else default_bucket_edges(get_config(result["model"])))
     rows = adaptivity_summary.auto_profile_rows(result, edges)
     if not rows:
         raise SystemExit("the auto run's table comes from the static runs' rollouts, and none has a finished "
@@ -336,9 +333,9 @@ def print_summary(result: dict) -> None:
 
 
 # ---------------------------------------------------------------- command line
-def run_env(setting: dict, mem_fraction: float | None) -> dict[str, str]:
+def run_env(setting: dict, mem_fraction: float | None, cpu: bool) -> dict[str, str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if setting is SETTINGS["small"]:  # CPU: fake devices, at least the setting's count (--devices takes the first)
+    if cpu:  # --small: fake devices, at least the setting's count (--devices takes the first)
         env["JAX_PLATFORMS"] = "cpu"
         flags = env.get("XLA_FLAGS", "")
         if "xla_force_host_platform_device_count" not in flags:
@@ -404,7 +401,7 @@ def main(argv=None) -> dict:
     if unknown:
         raise SystemExit(f"--runs: unknown {sorted(unknown)}; this setting has {names}")
 
-    env = run_env(setting, mem_fraction)
+    env = run_env(setting, mem_fraction, cpu=args.small)
     # CPU: jax names every host device "cpu" (no probe process needed); accelerators: ask them
     info = {"kind": "cpu", "bytes_limit": None} if args.small else probe_devices(env, n_dev)
     from earl_jax.parallel.profile import device_slug

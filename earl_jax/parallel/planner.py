@@ -41,7 +41,7 @@ from earl_jax.parallel.memory import MemoryConfig, candidate_meshes, mesh_proble
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
 from earl_jax.parallel.planner_config import PlannerConfig
 from earl_jax.parallel.profile import ProfileTable, is_oom_error
-from earl_jax.parallel.selector import SMALL_BUCKET_EDGES, NoFeasibleLayoutError, ParallelismSelector, SelectorConfig
+from earl_jax.parallel.selector import NoFeasibleLayoutError, ParallelismSelector, SelectorConfig, default_bucket_edges
 from earl_jax.parallel.shapes import ProgramShapes
 from earl_jax.parallel.thresholds import parse_thresholds
 from earl_jax.rollout.compile_ahead import spec_of
@@ -52,7 +52,6 @@ from earl_jax.sharding.stage_registry import stage_names, stage_spec
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SHOW_FIRST_CALL_S = 1.0  # a stage program's first call this slow gets an INFO line
-SMALL_MODEL_PARAMS = 100e6  # below this, the selector's small-model context buckets (SMALL_BUCKET_EDGES)
 
 
 def _checked_thresholds(cfg: PlannerConfig, model_cfg: ModelConfig, num_devices: int, stage: str,
@@ -337,9 +336,7 @@ class StagePlanner:
             if not any(batch_size % (m.data * m.fsdp) == 0 for m in candidate_meshes(model_cfg, len(devices), stage)):
                 raise ValueError(f"--rollout.groups x --rollout.group-size = {batch_size} games do not split over "
                                  f"any {stage} mesh of {len(devices)} devices: use a multiple of the device count")
-        # a small model plays short games: buckets from 32 tokens (the tiny preset, or a small base built from it)
-        edges = cfg.edges or (SMALL_BUCKET_EDGES if model_cfg.num_params() < SMALL_MODEL_PARAMS else None)
-        sel_cfg = SelectorConfig(**({"bucket_edges": edges} if edges else {}), margin=cfg.margin,
+        sel_cfg = SelectorConfig(bucket_edges=cfg.edges or default_bucket_edges(model_cfg), margin=cfg.margin,
                                  ema_alpha=cfg.ema, thresholds=thresholds or None, stages=stages)
         budget = int(cfg.memory_budget_gib * 2**30) or None
         memory = MemoryConfig(budget_bytes=budget, remat=remat, max_logprob_chunk=cfg.logprob_chunk,

@@ -48,6 +48,13 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BUCKET_EDGES = (1024, 2048, 4096, 8192, 16384, 32768)
 SMALL_BUCKET_EDGES = (32, 64, 128, 256, 512, 1024)  # tiny CPU runs
+SMALL_MODEL_PARAMS = 100e6  # below this, a model gets the small context buckets
+
+
+def default_bucket_edges(model_cfg: ModelConfig) -> tuple[int, ...]:
+    """The context buckets without --planner.edges: a small model plays short games, so buckets from 32 tokens (the
+    tiny preset, or a small base built from it)."""
+    return SMALL_BUCKET_EDGES if model_cfg.num_params() < SMALL_MODEL_PARAMS else DEFAULT_BUCKET_EDGES
 
 
 class NoFeasibleLayoutError(RuntimeError):
