@@ -1,5 +1,5 @@
-"""Rollouts ahead of training (`--rollout.max-staleness 1`) and partial rollouts (`--rollout.token-budget N`)
-against the synchronous loop: trained tokens a second of the same job on the same device.
+"""Rollouts ahead of training (`--rollout.max-staleness 1`), partial rollouts (`--rollout.token-budget N`) and both
+together against the synchronous loop: trained tokens a second of the same job on the same device.
 
 Each mode is one Trainer of the job (`--preset` of experiments/configs/<script>/) run by its own loop for `--steps`
 iterations in this process (no evaluation or checkpoint until the end), an iteration's wall time the loop's clock
@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "experiments" / "results"
 PER_ITERATION = ("bench/wall_s", "rollout/tokens", "rollout/generated_tokens", "time/rollout_s", "time/train_s")
+MODES = ("sync", "stale1", "partial", "both")  # both: staleness 1 and the token budget together
 DECOUPLED = ["--loss.policy-loss", "decoupled_ppo"]  # both modes train tokens of older weights: AReaL's correction
 
 
@@ -69,7 +70,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--skip", type=int, default=6, help="first iterations left out (compiles)")
     p.add_argument("--budget-share", type=float, default=0.75, help="token budget / sync's answer tokens a rollout")
-    p.add_argument("--modes", default="sync,stale1,partial")
+    p.add_argument("--modes", default="sync,stale1,partial,both")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--flags", default="", help="more job flags, space-separated")
     p.add_argument("--out", type=Path)
@@ -82,10 +83,10 @@ def main() -> None:
         p.error(f"--skip ({a.skip}) must be in [1, --steps - 1 ({a.steps - 1})): the first iteration holds the "
                 "warm-up and the last the evaluation")
     modes = a.modes.split(",")
-    if unknown := [m for m in modes if m not in ("sync", "stale1", "partial")]:
-        p.error(f"--modes: unknown {', '.join(unknown)} (sync, stale1, partial)")
-    if "partial" in modes and modes[0] != "sync":
-        p.error("--modes: partial's budget comes from sync's rollouts: put sync first")
+    if unknown := [m for m in modes if m not in MODES]:
+        p.error(f"--modes: unknown {', '.join(unknown)} ({', '.join(MODES)})")
+    if {"partial", "both"} & set(modes) and modes[0] != "sync":
+        p.error("--modes: the token budget comes from sync's rollouts: put sync first")
 
     import jax
 
@@ -112,11 +113,13 @@ def main() -> None:
         for m in modes:
             if m == "sync":
                 flags = []
-            elif m == "stale1":
-                flags = ["--rollout.max-staleness", "1", *DECOUPLED]
-            else:  # partial
-                answers = statistics.median(r["rollout/generated_tokens"] for r in rows["sync"]["records"])
-                flags = ["--rollout.token-budget", str(max(1, round(a.budget_share * answers))), *DECOUPLED]
+            else:
+                flags = [*DECOUPLED]
+                if m in ("stale1", "both"):
+                    flags += ["--rollout.max-staleness", "1"]
+                if m in ("partial", "both"):
+                    answers = statistics.median(r["rollout/generated_tokens"] for r in rows["sync"]["records"])
+                    flags += ["--rollout.token-budget", str(max(1, round(a.budget_share * answers)))]
             print(f"{m}: {' '.join(flags) or 'the job as configured'}", flush=True)
             recs = run(flags, f"{d}/{m}")
             kept = recs[a.skip:-1]

@@ -262,7 +262,9 @@ def test_bench_overlap_compares_each_mode_with_the_synchronous_loop(tmp_path, mo
     modes = json.loads(out.read_text())["modes"]
     assert modes["stale1"]["staleness_max"] == 1 and modes["sync"]["staleness_max"] == 0  # the batches ahead ran
     answers = statistics.median(r["rollout/generated_tokens"] for r in modes["sync"]["per_iteration"])
-    assert modes["partial"]["flags"][:2] == ["--rollout.token-budget", str(round(0.75 * answers))]
-    for m in ("stale1", "partial"):
+    budget = ["--rollout.token-budget", str(round(0.75 * answers))]
+    assert modes["partial"]["flags"][-2:] == modes["both"]["flags"][-2:] == budget
+    assert "--rollout.max-staleness" in modes["both"]["flags"] and modes["both"]["staleness_max"] >= 1
+    for m in ("stale1", "partial", "both"):
         assert modes[m]["vs_sync"] == modes[m]["trained_tokens_per_s"] / modes["sync"]["trained_tokens_per_s"]
         assert len(modes[m]["per_iteration"]) == 3

@@ -52,8 +52,8 @@ def save_trainer(trainer) -> None:
         pending, meta["pending"] = t.overlap.checkpoint(t.step)
     if t.policy.rollout_planner is not None:
         meta["rollout_planner"] = t.policy.rollout_planner.state_dict()
-    if t.partial is not None:
-        meta["carried"] = t.partial.state_dict(t.step)
+    if t.partial is not None:  # the groups carried into the first batch the checkpoint does not hold
+        meta["carried"] = t.partial.state_dict(t.step + len(meta.get("pending", [])))
     t.checkpointer.save(t.step, checkpoint_state(t.state, t.policy.planner, t.cfg.run.seed), meta, pending or None,
                         reference=t.state.ref_params)
 

@@ -198,8 +198,6 @@ class JobConfig:
         need(not (r.max_staleness and c.league_size), "--rollout.max-staleness",
              "a league's snapshots are taken from the weights of their step: train with --curriculum.league-size 0")
         if r.token_budget:  # a carried game keeps its env row, its opponent and the batch it will train in
-            need(not r.max_staleness, "--rollout.token-budget", "carries episodes from one rollout to the next in the "
-                 "loop's own thread: use --rollout.max-staleness 0")
             need(not c.league_size, "--rollout.token-budget", "a league's frozen opponent plays one iteration's "
                  "games: train with --curriculum.league-size 0")
             need(not (c.mix_opponent or c.rehearsal_share), "--rollout.token-budget", "a carried game keeps its "

@@ -4,19 +4,20 @@ One background thread plays the training rollouts, in step order, while the loop
 
     iteration k   submit every batch j in [k, k + K] not yet sampled, with the weights of version k (copied to the
                   rollout's layout before the train stage donates them); wait for batch k; experience; train
-    the thread    batch j: its env, seeds and key by j (rl/matchups/game_seeds.py), decoded on the layout planned when
-    it was
-                  submitted
+    the thread    batch j: its env, seeds and key by j (rl/matchups/game_seeds.py), decoded on the layout
+                  planned when it was submitted
 
 So batch j is sampled by version max(0, j - K), whatever the threads' timing: a run is a function of (seed, K) as
 the synchronous one is of its seed, and `check_bound` (rl/stages/staleness.py) refuses any batch older than K. The
-weights
-version of a batch is fixed when it is submitted, so the rollout of batch k + K starts as soon as batch k + K - 1 is
-done (one thread), during iteration k's experience and train.
+weights version of a batch is fixed when it is submitted, so the rollout of batch k + K starts as soon as batch
+k + K - 1 is done (one thread), during iteration k's experience and train.
 
 Where the rollout runs: on its own devices when the planner split them (parallel/split.py), else on the shared
 devices, interleaved with the train stage's programs. Its layout is planned on the loop's thread at submission (the
 planners are not shared between threads); a background rollout has no out-of-memory fallback (an OOM ends the run).
+
+With partial rollouts (`--rollout.token-budget N`, rl/loop/partial.py) the thread's rollouts carry unfinished groups
+from each batch into the next, in step order.
 
 Sync points: an evaluation (it decodes on the same sampler) and a checkpoint wait for the rollouts in flight. A
 checkpoint of step s holds the finished batches s .. s + K - 1 (their weights are gone; batch s + K is sampled again
@@ -26,6 +27,7 @@ the rollouts in flight finish: without them that checkpoint could not keep the b
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -71,7 +73,7 @@ class Overlap:
         done = self._finished(step)
         done.wait_s = time.perf_counter() - t0
         batch = done.batch(False)
-        check_bound(batch, step, self.max_staleness)
+        check_bound(batch, step, self.max_staleness, newest=done.versions is not None)
         if self.planner is not self.t.policy.planner:  # the rollout's own planner follows the context too
             s = done.traj.stats
             self.planner.observe(ContextStats(s.turn_context_len_mean, batch.tokens.shape[1], done.traj.num_games,
@@ -104,12 +106,18 @@ class Overlap:
     def _play(self, step: int, version: int, run, params: Any, weights_s: float) -> Sampled:
         """Batch `step` sampled by `params` (version `version`) on `run`: the background thread's work."""
         t, cfg = self.t, self.t.cfg
+        devices = tuple(int(d.id) for d in run.mesh.devices.flat)
+
+        def play(env, seeds, group_ids, rng, **kw):
+            return t.rollout(run, params, env, seeds, group_ids, rng, t.sampling, training=True,
+                             turn_tokens=cfg.rollout.turn_tokens(step), **kw), weights_s
+
+        if t.partial is not None:  # one thread plays the batches in step order: each carries into the next
+            return dataclasses.replace(t.partial.take(step, play, version), layout=run.layout, devices=devices)
         env = t.matchmaker.train_env(step)  # the rung as of the submission: evaluations wait for this rollout
         mix = t.matchmaker.mix_games()
         seeds, group_ids, rng = rollout_inputs(cfg.rollout, cfg.run.seed, step, cfg.env.agent_player is None)
-        traj = t.rollout(run, params, env, seeds, group_ids, rng, t.sampling, turn_tokens=cfg.rollout.turn_tokens(step),
-                         training=True)
-        devices = tuple(int(d.id) for d in run.mesh.devices.flat)
+        traj, _ = play(env, seeds, group_ids, rng)
         return Sampled(step, version, traj, weights_s, None, mix, run.layout, devices)
 
     def _finished(self, step: int) -> Sampled:
@@ -149,11 +157,13 @@ class Overlap:
     def restore(self, step: int, arrays: dict[str, Any], meta: list[dict[str, Any]]) -> None:
         """The batches a checkpoint of `step` held; one whose staleness at its iteration would pass this run's bound
         (a smaller --rollout.max-staleness than the run's) is dropped and sampled again with the restored weights."""
-        for done in from_checkpoint(arrays, meta):
+        for done in sorted(from_checkpoint(arrays, meta), key=lambda d: d.step):
             if done.step - done.version > self.max_staleness:
                 log.warning("resume: the saved batch of iteration %d was sampled by version %d, %d behind; "
                             "--rollout.max-staleness %d: sampled again", done.step + 1, done.version,
                             done.step - done.version, self.max_staleness)
+                if getattr(self.t, "partial", None) is not None:  # later batches continued its carried groups
+                    break
                 continue
             if done.step >= step:
                 self.pending[done.step] = done

@@ -19,6 +19,11 @@ episode's
 earlier tokens their older one, and its sampler log-prob: `--loss.policy-loss decoupled_ppo` weighs each token by
 proximal / behaviour with that log-prob as the behaviour policy; any other loss is warned about once.
 
+With rollouts ahead (`--rollout.max-staleness K`, rl/loop/overlap.py) its one background thread plays the batches in
+step order, each carrying into the next, with the weights of the batch's version (step - K): the bound holds for the
+tokens of the rollout that finishes a batch, and a carried episode's earlier tokens are older by the rollouts it
+waited, as at K = 0 (`rollout/staleness_max` counts them; `check_bound(newest=True)`).
+
 The env: a carried game continues in its row of the training env. When the matchmaker hands the next iteration
 another env or other opponents (a curriculum promotion), the carried groups play again from their start (their seeds)
 in their slots, as after a resume: `rollout/replayed` counts those games.
@@ -27,14 +32,15 @@ Checkpoints hold the carried groups' slots, seeds and first iterations, not thei
 arbitrary Python (a task's tools, an opponent's random streams) that no checkpoint can hold in general. A resumed run
 plays those groups again from their first observation with the restored weights, says so in one line and counts them
 in `rollout/replayed`; it is then not the run that never stopped (one that stopped with nothing carried is, bit for
-bit).
+bit). With rollouts ahead, the checkpoint holds the finished batches of the next K iterations, and the groups
+carried into the first batch it does not hold.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -42,6 +48,7 @@ from jaxtyping import Bool, Int
 
 from earl_jax.envs.outcomes import NO_WINNER, WINNERS
 from earl_jax.rl.algorithm.losses import BEHAVIOUR_LOSSES
+from earl_jax.rl.matchups.game_seeds import rollout_inputs
 from earl_jax.rl.stages.staleness import Sampled
 from earl_jax.rollout.episodes import Carried, RolloutStats, Trajectories, episode_stats
 
@@ -82,12 +89,23 @@ class PartialRollouts:
                         "sampled by older weights, and the ratio is taken against the weights at train time with no "
                         "correction for them (decoupled_ppo corrects it)", self.budget, cfg.loss.policy_loss)
 
-    def take(self, step: int) -> Sampled:
-        """Iteration `step`'s batch: the carried groups continued and new ones played to the budget (module doc)."""
+    def take(self, step: int, play: Callable[..., tuple[Trajectories, float]] | None = None,
+             version: int | None = None) -> Sampled:
+        """Iteration `step`'s batch: the carried groups continued and new ones played to the budget (module doc).
+
+        `play(env, seeds, group_ids, rng, token_budget=, carried=)` and `version` (the weights' version that plays
+        it): rl/loop/overlap.py's, on its thread; by default the loop's own rollout with version `step`."""
         t = self.t
-        seeds, group_ids, rng = t.rollout_inputs()
+        cfg = t.cfg
+        version = step if version is None else version
+        seeds, group_ids, rng = rollout_inputs(cfg.rollout, cfg.run.seed, step, cfg.env.agent_player is None)
         seeds, origin = np.asarray(seeds, np.int64), np.full(len(seeds), step, np.int64)
-        env = t.env = t.matchmaker.train_env(step)
+        env = t.matchmaker.train_env(step)
+        if play is None:
+            t.env = env
+
+            def play(env, seeds, group_ids, rng, **kw):
+                return t.play(env, seeds, group_ids, rng, t.sampling, **kw)
         assigned = t.matchmaker.plan(step).assigned
         carry, carried = self.carry, None
         if carry is not None and carry.episodes is not None and (carry.env is not env or carry.assigned != assigned):
@@ -98,23 +116,23 @@ class PartialRollouts:
             seeds[carry.rows], origin[carry.rows] = carry.seeds, carry.origin
             if carry.episodes is not None:
                 carried = Carried(carry.rows, carry.episodes, carry.live, carry.legal)
-        traj, weights_s = t.play(env, seeds.tolist(), group_ids, rng, t.sampling, token_budget=self.budget,
-                                 carried=carried)
+        traj, weights_s = play(env, seeds.tolist(), group_ids, rng, token_budget=self.budget, carried=carried)
         self._began = (step, self.carry)
-        versions = None if carried is None else _versions(traj, step, carry)
+        versions = None if carried is None else _versions(traj, version, carry)
         open_rows = np.isin(group_ids, group_ids[traj.unfinished])
         rows = np.flatnonzero(open_rows)
         self.carry = None if not len(rows) else CarriedGroups(
             rows, seeds[rows], origin[rows], traj.rows(rows), traj.unfinished[rows],
             None if traj.legal is None else traj.legal[rows],
-            np.full((len(rows), traj.tokens.shape[1]), step, np.int32) if versions is None else versions[rows],
+            np.full((len(rows), traj.tokens.shape[1]), version, np.int32) if versions is None else versions[rows],
             env, assigned)
         metrics = {"rollout/carried_over": len(rows), "rollout/trained_groups": len(np.unique(group_ids[~open_rows])),
                    "rollout/replayed": 0 if carry is None or carried is not None else len(carry.rows),
                    "rollout/answer_tokens": traj.stats.answer_tokens}
         if len(rows):
             traj, versions = _trained_first(traj, open_rows, versions)
-        return Sampled(step, step, traj, weights_s, None, t.matchmaker.mix_games(), versions=versions, metrics=metrics)
+        return Sampled(step, version, traj, weights_s, None, t.matchmaker.mix_games(), versions=versions,
+                       metrics=metrics)
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def state_dict(self, step: int) -> dict[str, list[int]] | None:
@@ -139,12 +157,12 @@ class PartialRollouts:
                  len(carry.rows), step, sorted({int(o) + 1 for o in carry.origin}))
 
 
-def _versions(traj: Trajectories, step: int, carry: CarriedGroups) -> Int[np.ndarray, "n t"]:
-    """Each token's policy version: `step` for what this rollout wrote, the carried tokens' own before it."""
-    versions = np.full(traj.tokens.shape, step, np.int32)
+def _versions(traj: Trajectories, version: int, carry: CarriedGroups) -> Int[np.ndarray, "n t"]:
+    """Each token's policy version: `version` for what this rollout wrote, the carried tokens' own before it."""
+    versions = np.full(traj.tokens.shape, version, np.int32)
     old, lengths = carry.versions, carry.episodes.lengths
     w = min(old.shape[1], versions.shape[1])
-    versions[carry.rows, :w] = np.where(np.arange(w) < lengths[:, None], old[:, :w], step)
+    versions[carry.rows, :w] = np.where(np.arange(w) < lengths[:, None], old[:, :w], version)
     return versions
 
 

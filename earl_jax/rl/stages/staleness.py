@@ -65,9 +65,13 @@ def staleness(batch: RolloutBatch, step: int) -> np.ndarray:
     return step - batch.versions[batch.loss_mask].astype(np.int64)
 
 
-def check_bound(batch: RolloutBatch, step: int, max_staleness: int) -> None:
-    """StalenessError unless every scored token was sampled by a version in [step - max_staleness, step]."""
+def check_bound(batch: RolloutBatch, step: int, max_staleness: int, newest: bool = False) -> None:
+    """StalenessError unless every scored token was sampled by a version in [step - max_staleness, step]; `newest`:
+    only the tokens of the rollout that finished the batch (partial rollouts: a carried episode's earlier tokens are
+    older by the rollouts it waited, as at --rollout.max-staleness 0)."""
     behind = staleness(batch, step)
+    if newest and behind.size:
+        behind = behind[behind == behind.min()]
     if behind.size and (behind.max() > max_staleness or behind.min() < 0):
         raise StalenessError(f"iteration {step + 1}: a batch holds tokens sampled {int(behind.max())} policy "
                              f"version(s) before it trains (--rollout.max-staleness {max_staleness}) or from a version "
@@ -92,8 +96,11 @@ def to_checkpoint(pending: list[Sampled]) -> tuple[dict[str, dict[str, np.ndarra
         cols = {f.name: v for f in dataclasses.fields(traj) if isinstance(v := getattr(traj, f.name), np.ndarray)}
         if s.mix_games is not None:
             cols["mix_games"] = s.mix_games
+        if s.versions is not None:
+            cols["token_versions"] = s.versions
         arrays[str(s.step)] = cols
         meta.append({"step": s.step, "version": s.version, "weights_s": s.weights_s, "devices": list(s.devices),
+                     "metrics": s.metrics,
                      "layout": None if s.layout is None else str(s.layout.mesh),
                      "winners": list(traj.winners), "turn_context_lens": [list(map(int, t))
                                                                           for t in traj.turn_context_lens],
@@ -106,10 +113,11 @@ def from_checkpoint(arrays: dict[str, dict[str, np.ndarray]], meta: list[dict[st
     out = []
     for m in meta:
         cols = dict(arrays[str(m["step"])])
-        mix = cols.pop("mix_games", None)
+        mix, versions = cols.pop("mix_games", None), cols.pop("token_versions", None)
         stats = {**m["stats"], "process_rollout_s": tuple(m["stats"]["process_rollout_s"])}
         traj = Trajectories(**cols, winners=list(m["winners"]), turn_context_lens=m["turn_context_lens"],
                             stats=RolloutStats(**stats))
         layout = None if m["layout"] is None else StageLayout(MeshShape.parse(m["layout"]))
-        out.append(Sampled(m["step"], m["version"], traj, m["weights_s"], None, mix, layout, tuple(m["devices"])))
+        out.append(Sampled(m["step"], m["version"], traj, m["weights_s"], None, mix, layout, tuple(m["devices"]),
+                           versions=versions, metrics=m.get("metrics", {})))
     return out

@@ -153,20 +153,25 @@ TASK = with_fields(GAME, env__task="exact_cases:make_echo_task", constrain_moves
 
 
 class Spy:
-    """Per iteration: the batch it trained (`Sampled`), the groups it carried out, and its weights (version k)."""
+    """Per rollout (in step order): the batch (`Sampled`) and the groups it carried out; per iteration k its weights
+    (version k)."""
 
     def __init__(self, monkeypatch):
         self.done, self.carried, self.weights = [], [], []
-        take = PartialRollouts.take
+        take, iteration = PartialRollouts.take, Trainer.iteration
 
-        def spy_take(partial, step):
-            self.weights.append(jax.tree.map(jnp.copy, partial.t.state.params))  # the train stage donates them
-            done = take(partial, step)
+        def spy_take(partial, step, *a):
+            done = take(partial, step, *a)
             self.done.append(done)
             self.carried.append(partial.carry)
             return done
 
+        def spy_iteration(trainer):
+            self.weights.append(jax.tree.map(jnp.copy, trainer.state.params))  # the train stage donates them
+            return iteration(trainer)
+
         monkeypatch.setattr(PartialRollouts, "take", spy_take)
+        monkeypatch.setattr(Trainer, "iteration", spy_iteration)
 
 
 def _scored(trainer, params, batch) -> np.ndarray:
@@ -187,8 +192,9 @@ def _scored(trainer, params, batch) -> np.ndarray:
 
 def _check_carried_run(trainer, spy, history) -> None:
     constrained, groups = trainer.policy.moves is not None, trainer.cfg.rollout.groups
-    later = skipped = 0  # carried groups that trained in a later iteration; mini-batches without a scored token
+    later = skipped = older = 0  # carried groups that trained later; mini-batches without a scored token
     for k, (done, record) in enumerate(zip(spy.done, history)):
+        now = done.version  # the weights that played this rollout: k, or k - K with rollouts ahead
         carry, batch, traj = spy.carried[k], done.batch(constrained), done.traj
         # whole groups: a group's rows all trained or all carried (left empty, after the trained ones)
         played = np.ones(len(traj.lengths), bool) if traj.played is None else traj.played
@@ -207,8 +213,8 @@ def _check_carried_run(trainer, spy, history) -> None:
             at = scored & (batch.versions == v)
             gap = np.abs(_scored(trainer, spy.weights[v], batch)[at] - batch.sampler_logp[at])
             assert gap.max() <= 2e-5, (k, v, gap.max())
-            if v < k:  # the newer weights give an older token another log-prob: the versions matter
-                assert np.abs(_scored(trainer, spy.weights[k], batch)[at] - batch.sampler_logp[at]).max() > 1e-3
+            if v < now:  # the newer weights give an older token another log-prob: the versions matter
+                assert np.abs(_scored(trainer, spy.weights[now], batch)[at] - batch.sampler_logp[at]).max() > 1e-3
         if k == 0 or spy.carried[k - 1] is None:
             continue
         before = spy.carried[k - 1]  # groups carried into this iteration: those that trained now kept their tokens
@@ -223,9 +229,11 @@ def _check_carried_run(trainer, spy, history) -> None:
             np.testing.assert_array_equal(traj.logprobs[r, :n], before.episodes.logprobs[j, :n])
             mask, versions = batch.loss_mask[r], batch.versions[r]  # older tokens keep their version
             np.testing.assert_array_equal(versions[:n][mask[:n]], before.versions[j, :n][mask[:n]])
-            assert (versions[n:][mask[n:]] == k).all() and (versions[mask] < k).any()
+            assert (versions[n:][mask[n:]] == now).all()
             later += bool(before.live[j] and mask[n:].any())
+            older += bool((versions[mask] < now).any())
     assert later, "no carried episode went on in a later iteration"
+    assert older, "no carried episode trained with tokens of older weights than its last rollout's"
     assert skipped, "no iteration had a mini-batch of carried groups only"
     assert max(r["rollout/staleness_max"] for r in history) >= 1
 
@@ -239,6 +247,60 @@ def test_carried_episodes_train_later_with_the_version_and_log_prob_of_each_toke
     if kind == "task":  # tool results came back mid-episode, some in a later iteration than the call
         assert sum(r.get("task/tool_calls", 0) for r in history) > 0
     _check_carried_run(trainer, spy, history)
+
+
+def test_partial_rollouts_ahead_of_training_keep_the_bound_on_each_rollouts_own_tokens(tmp_path, monkeypatch):
+    """--rollout.max-staleness 1 with a token budget: the background thread plays the batches in step order, each
+    carrying into the next; a batch's newest tokens are 1 version behind its iteration, a carried episode's older."""
+    spy = Spy(monkeypatch)
+    trainer = Trainer(with_fields(GAME, max_staleness=1, run__steps=4, run_dir=str(tmp_path)), log=False)
+    history = trainer.run()
+    assert [(d.step, d.version) for d in spy.done] == [(0, 0), (1, 0), (2, 1), (3, 2)]
+    assert sum(r["rollout/carried_over"] for r in history) > 0
+    _check_carried_run(trainer, spy, history)
+    for k, (done, record) in enumerate(zip(spy.done, history)):
+        versions = done.batch(True).versions[done.batch(True).loss_mask]
+        assert versions.max() == max(0, k - 1)  # the rollout that finished the batch: within the bound
+        assert record["rollout/staleness_max"] == k - versions.min()
+    assert max(r["rollout/staleness_max"] for r in history) > 1  # carried tokens: older, as at staleness 0
+
+
+def test_a_resume_with_rollouts_ahead_keeps_the_waiting_batches_and_the_carry_into_the_next(tmp_path, monkeypatch):
+    """Stopped once iteration 2 has its batch: the checkpoint of step 1 holds batch 1 (sampled ahead, with its
+    per-token versions) and the groups batch 1 carried into batch 2, which the resumed run plays again from their
+    start with the restored weights."""
+    from earl_jax.rl.loop.overlap import Overlap
+
+    cfg = with_fields(GAME, max_staleness=1, run__steps=3, run_dir=str(tmp_path))
+    spy = Spy(monkeypatch)
+    take = Overlap.take
+
+    def stop_in_iteration_2(overlap, step):
+        done = take(overlap, step)
+        if step == 1:
+            signal.raise_signal(signal.SIGTERM)
+        return done
+
+    monkeypatch.setattr(Overlap, "take", stop_in_iteration_2)
+    first = Trainer(cfg, log=False)
+    first.run()
+    assert first.stopped_by == "SIGTERM" and first.step == 1
+    assert [d.step for d in spy.done] == [0, 1, 2]  # batch 2 ran ahead before the stop and is not kept
+    waiting, carry_in = spy.done[1], spy.carried[1]
+    assert carry_in is not None, "batch 1 carried no group: a larger budget is needed for this test"
+    monkeypatch.setattr(Overlap, "take", take)
+    resumed = Trainer(with_fields(cfg, resume=True), log=False)
+    assert sorted(resumed.overlap.pending) == [1]
+    kept = resumed.overlap.pending[1]
+    np.testing.assert_array_equal(kept.versions, waiting.versions)
+    np.testing.assert_array_equal(kept.traj.tokens, waiting.traj.tokens)
+    np.testing.assert_array_equal(resumed.partial.carry.rows, carry_in.rows)
+    spy.done.clear()
+    history = resumed.run()
+    assert [(d.step, d.version) for d in spy.done] == [(2, 1)]  # batch 2 sampled again, from the restored weights
+    assert spy.done[0].metrics["rollout/replayed"] == len(carry_in.rows)
+    batch = kept.batch(True)
+    assert history[0]["rollout/staleness_max"] == 1 - batch.versions[batch.loss_mask].min()  # as saved
 
 
 CLOCKED = {f"rollout/{k}" for k in ("env_frac", "wait_frac", "gather_frac", "gather_wait_frac", "process_min_s",
@@ -313,8 +375,7 @@ def test_another_env_for_the_next_iteration_plays_the_carried_groups_again(tmp_p
 
 
 def test_a_budget_refuses_what_it_cannot_carry_and_warns_once_of_an_uncorrected_loss(caplog):
-    for fields, says in ((dict(max_staleness=1), "--rollout.max-staleness 0"),
-                         (dict(league_size=2), "--curriculum.league-size 0"),
+    for fields, says in ((dict(league_size=2), "--curriculum.league-size 0"),
                          (dict(rehearsal_share=0.25, ladder="random,alphabeta:1"), "--curriculum.rehearsal-share"),
                          (dict(mix_opponent="alphabeta:1"), "--curriculum.mix-opponent")):
         with pytest.raises(ConfigError, match=f"--rollout.token-budget: .*{says}"):
