@@ -12,6 +12,12 @@ differ in their samples): the last iterations' mean return is printed as a readi
 
     python experiments/benchmarks/bench_overlap.py                                      # CPU: guess-the-number
     python experiments/benchmarks/bench_overlap.py --preset gpu --steps 80 --skip 20 --flags "--sft.steps 30"
+    python experiments/benchmarks/bench_overlap.py --preset gpu --load long-tail --flags "--model.name qwen2.5-1.5b"
+
+`--load long-tail` trains on bench_pool.py's long-tailed task instead of the preset's (episodes of 2, 8 or 32 turns
+at 0.75 / 0.20 / 0.05, 8 answer tokens a turn, any answer ends its turn; the reward is the episode's end, so every
+group is constant and the train stage's work is the batch's tokens alone): the load whose longest episodes set the
+rollout's time, where a token budget should pay. Random weights, no SFT stage.
 
 Writes experiments/results/bench_overlap_<script>_<preset>_<device>.{json,png} (`--replot FILE.json` redraws a
 saved result's PNG).
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import shlex
 import statistics
 import sys
 import tempfile
@@ -31,6 +38,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "experiments" / "results"
 PER_ITERATION = ("bench/wall_s", "rollout/tokens", "rollout/generated_tokens", "time/rollout_s", "time/train_s")
+LONG_TAIL = ["--env.task", "bench_pool:make_long_tail", "--env.task-args", "{}", "--sft.steps", "0",
+             "--model.hf-checkpoint", "", "--loss.kl-coef", "0", "--rollout.max-turns", "32",
+             "--rollout.max-turn-tokens", "8", "--rollout.max-context", "1536"]  # bench_pool.py's load
 MODES = ("sync", "stale1", "partial", "both")  # both: staleness 1 and the token budget together
 DECOUPLED = ["--loss.policy-loss", "decoupled_ppo"]  # both modes train tokens of older weights: AReaL's correction
 
@@ -72,6 +82,8 @@ def main() -> None:
     p.add_argument("--budget-share", type=float, default=0.75, help="token budget / sync's answer tokens a rollout")
     p.add_argument("--modes", default="sync,stale1,partial,both")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--load", choices=("preset", "long-tail"), default="preset",
+                   help="the preset's task, or bench_pool.py's long-tailed one")
     p.add_argument("--flags", default="", help="more job flags, space-separated")
     p.add_argument("--out", type=Path)
     p.add_argument("--replot", type=Path, help="redraw this saved result's PNG and exit")
@@ -94,11 +106,15 @@ def main() -> None:
     from earl_jax.rl.job.entry import parse_job
     from earl_jax.rl.loop.trainer import Trainer
 
+    load = LONG_TAIL if a.load == "long-tail" else []
+    if load:
+        sys.path.insert(0, str(ROOT / "experiments" / "benchmarks"))  # the job imports bench_pool:make_long_tail
+
     def run(flags: list[str], run_dir: str) -> list[dict]:
         cfg = parse_job(["--preset", a.preset, "--seed", str(a.seed), "--steps", str(a.steps), "--run-dir", run_dir,
                          "--run.max-minutes", "0", "--run.progress", "false", "--run.wandb-mode", "disabled",
                          "--run.checkpoint-every", "0", "--eval.every", "0", "--eval.games", "8",
-                         *a.flags.split(), *flags], ROOT / "experiments" / "configs" / a.script).config
+                         *load, *a.flags.split(), *flags], ROOT / "experiments" / "configs" / a.script).config
         trainer = Trainer(cfg, log=False)
         out = trainer.run()  # the job's own loop: the warm-up, then the iterations, an evaluation after the last
         elapsed = [0.0] + [r["time/elapsed_s"] for r in out]
@@ -143,11 +159,13 @@ def main() -> None:
     device = jax.devices()[0].device_kind
     result = {"script": "experiments/benchmarks/bench_overlap.py", "argv": sys.argv[1:], "device": device,
               "devices": jax.device_count(), "backend": jax.default_backend(), "jax": jax.__version__,
-              "job": f"{a.script} --preset {a.preset} {a.flags}".strip(), "steps": a.steps, "skip": a.skip,
+              "job": f"{a.script} --preset {a.preset} {shlex.join(load)} {a.flags}".replace("  ", " ").strip(),
+              "load": a.load, "steps": a.steps, "skip": a.skip,
               "modes": {m: {k: v for k, v in r.items() if k != "records"}
                         | {"per_iteration": [{k: rec[k] for k in PER_ITERATION} for rec in r["records"]]}
                         for m, r in rows.items()}}
-    out = a.out or RESULTS / f"bench_overlap_{a.script}_{a.preset}_{device_slug(device)}.json"
+    load_tag = "_long-tail" if load else ""
+    out = a.out or RESULTS / f"bench_overlap_{a.script}_{a.preset}{load_tag}_{device_slug(device)}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     plot(result, out.with_suffix(".png"))
     print(f"wrote {out} and its .png")
