@@ -249,6 +249,20 @@ def test_carried_episodes_train_later_with_the_version_and_log_prob_of_each_toke
     _check_carried_run(trainer, spy, history)
 
 
+def _stop_in_iteration_2(monkeypatch, cls):
+    """SIGTERM once iteration 2 has its batch from `cls.take` (it is abandoned before its experience); the real take."""
+    take = cls.take
+
+    def stop(obj, step, *a):
+        done = take(obj, step, *a)
+        if step == 1:
+            signal.raise_signal(signal.SIGTERM)
+        return done
+
+    monkeypatch.setattr(cls, "take", stop)
+    return take
+
+
 def test_partial_rollouts_ahead_of_training_keep_the_bound_on_each_rollouts_own_tokens(tmp_path, monkeypatch):
     """--rollout.max-staleness 1 with a token budget: the background thread plays the batches in step order, each
     carrying into the next; a batch's newest tokens are 1 version behind its iteration, a carried episode's older."""
@@ -273,15 +287,7 @@ def test_a_resume_with_rollouts_ahead_keeps_the_waiting_batches_and_the_carry_in
 
     cfg = with_fields(GAME, max_staleness=1, run__steps=3, run_dir=str(tmp_path))
     spy = Spy(monkeypatch)
-    take = Overlap.take
-
-    def stop_in_iteration_2(overlap, step):
-        done = take(overlap, step)
-        if step == 1:
-            signal.raise_signal(signal.SIGTERM)
-        return done
-
-    monkeypatch.setattr(Overlap, "take", stop_in_iteration_2)
+    take = _stop_in_iteration_2(monkeypatch, Overlap)
     first = Trainer(cfg, log=False)
     first.run()
     assert first.stopped_by == "SIGTERM" and first.step == 1
@@ -331,15 +337,7 @@ def test_a_resume_plays_the_carried_groups_again_from_their_start(tmp_path, monk
 
     cfg = with_fields(GAME, run__steps=2, run_dir=str(tmp_path))
     spy = Spy(monkeypatch)
-    take = PartialRollouts.take
-
-    def stop_in_iteration_2(partial, step):
-        done = take(partial, step)
-        if step == 1:
-            signal.raise_signal(signal.SIGTERM)
-        return done
-
-    monkeypatch.setattr(PartialRollouts, "take", stop_in_iteration_2)
+    take = _stop_in_iteration_2(monkeypatch, PartialRollouts)
     first = Trainer(cfg, log=False)
     first.run()
     carry = spy.carried[0]
