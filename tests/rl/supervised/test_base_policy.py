@@ -3,6 +3,7 @@ move mode unless typed; a base for another game, or a typed setting it was not t
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -71,7 +72,9 @@ def test_the_default_starts_from_the_shipped_base_and_what_it_was_not_made_for_f
                   ["--rollout.constrain-moves", "false"], ["--preset", "earl"]):  # what the base was not made for
         parsed = _parsed(flags)
         assert not apply_base(parsed.config, parsed.typed).model.hf_checkpoint, flags
-    for flags, kl in (([], 0.5), (["--preset", "gpu"], 0.0), (["--model.hf-checkpoint", ""], 0.0),
+    default_kl = tomllib.loads((CONFIGS / "tictactoe" / "tiny-cpu.toml").read_text())["loss"]["kl_coef"]
+    assert default_kl > 0
+    for flags, kl in (([], default_kl), (["--preset", "gpu"], 0.0), (["--model.hf-checkpoint", ""], 0.0),
                       (["--model.hf-checkpoint", "", "--loss.kl-coef", "0.2"], 0.2)):  # random weights: no reference
         parsed = _parsed(flags, "tictactoe")  # its default holds the policy near the base with a KL term
         assert apply_base(parsed.config, parsed.typed).loss.kl_coef == kl, flags
