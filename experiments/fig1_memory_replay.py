@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 from earl_jax.models.model_config import get_config
 from earl_jax.parallel.memory import MemoryConfig, MemoryModel, candidate_meshes
 from earl_jax.parallel.plan import ContextStats
-from earl_jax.parallel.selector import NoFeasibleLayoutError, ParallelismSelector, SelectorConfig
+from earl_jax.parallel.selector import NoFeasibleLayoutError, ParallelismSelector
+from earl_jax.parallel.selector_config import SelectorConfig
 from earl_jax.rl.loop.metrics import read_metrics
 
 GiB = 2**30

@@ -48,7 +48,8 @@ from earl_jax.models.model_config import get_config
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel, candidate_meshes
 from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.profile import HUNG, ProfileTable, SyntheticThroughput, device_slug, run_profile
-from earl_jax.parallel.selector import NoFeasibleLayoutError, ParallelismSelector, SelectorConfig
+from earl_jax.parallel.selector import NoFeasibleLayoutError, ParallelismSelector
+from earl_jax.parallel.selector_config import SelectorConfig
 from earl_jax.rl.job.measure import RealMeasure, profile_rows
 from earl_jax.sharding.mesh import MeshShape
 

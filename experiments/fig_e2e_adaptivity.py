@@ -183,7 +183,7 @@ def auto_table(result: dict, path: Path) -> Path:
     """The static runs' rollout throughput per phase as a ProfileTable for the auto run (`--planner.table`)."""
     from earl_jax.models.model_config import get_config
     from earl_jax.parallel.profile import ProfileEntry, ProfileTable
-    from earl_jax.parallel.selector import default_bucket_edges
+    from earl_jax.parallel.selector_config import default_bucket_edges
     from earl_jax.sharding.mesh import MeshShape
 
     # the trainer's edges (StagePlanner.from_config): --planner.edges, else the selector's default for the model

@@ -124,7 +124,8 @@ def oom_fallback(out_prefix: str) -> None:
     from earl_jax.parallel.memory import GiB, MemoryConfig
     from earl_jax.parallel.plan import ContextStats
     from earl_jax.parallel.planner import run_with_oom_fallback
-    from earl_jax.parallel.selector import SMALL_BUCKET_EDGES, ParallelismSelector, SelectorConfig
+    from earl_jax.parallel.selector import ParallelismSelector
+    from earl_jax.parallel.selector_config import SMALL_BUCKET_EDGES, SelectorConfig
     from earl_jax.sharding.mesh import make_mesh
 
     me = jax.process_index()

@@ -41,7 +41,8 @@ from earl_jax.parallel.memory import MemoryConfig, candidate_meshes, mesh_proble
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
 from earl_jax.parallel.planner_config import PlannerConfig
 from earl_jax.parallel.profile import ProfileTable, is_oom_error
-from earl_jax.parallel.selector import NoFeasibleLayoutError, ParallelismSelector, SelectorConfig, default_bucket_edges
+from earl_jax.parallel.selector import NoFeasibleLayoutError, ParallelismSelector
+from earl_jax.parallel.selector_config import SelectorConfig, default_bucket_edges
 from earl_jax.parallel.shapes import ProgramShapes
 from earl_jax.parallel.thresholds import parse_thresholds
 from earl_jax.rollout.compile_ahead import spec_of

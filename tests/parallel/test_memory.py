@@ -250,7 +250,8 @@ def test_rollout_estimate_from_measured_extends():
     assert measured.total < default.total / 2
     # the selector reads them from ContextStats
     from earl_jax.parallel.plan import ContextStats
-    from earl_jax.parallel.selector import ParallelismSelector, SelectorConfig
+    from earl_jax.parallel.selector import ParallelismSelector
+    from earl_jax.parallel.selector_config import SelectorConfig
 
     sel = ParallelismSelector(cfg, 1, memory=MemoryModel(cfg, MemoryConfig(budget_bytes=3 * GiB)),
                               config=SelectorConfig(stages=("rollout",)))

@@ -16,7 +16,8 @@ from earl_jax.models.model_config import get_config
 from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel
 from earl_jax.parallel.plan import ContextStats
 from earl_jax.parallel.profile import HUNG, HUNG_EXIT, OK, ProfileTable, run_profile
-from earl_jax.parallel.selector import ParallelismSelector, SelectorConfig
+from earl_jax.parallel.selector import ParallelismSelector
+from earl_jax.parallel.selector_config import SelectorConfig
 from earl_jax.sharding.mesh import MeshShape
 
 ROOT = Path(__file__).resolve().parents[2]

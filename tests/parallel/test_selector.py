@@ -23,13 +23,8 @@ from earl_jax.parallel.profile import (
     is_oom_error,
     run_profile,
 )
-from earl_jax.parallel.selector import (
-    SMALL_BUCKET_EDGES,
-    HysteresisLevel,
-    NoFeasibleLayoutError,
-    ParallelismSelector,
-    SelectorConfig,
-)
+from earl_jax.parallel.selector import NoFeasibleLayoutError, ParallelismSelector
+from earl_jax.parallel.selector_config import SMALL_BUCKET_EDGES, HysteresisLevel, SelectorConfig
 from earl_jax.sharding.mesh import TRAIN_RULES, MeshShape, make_mesh
 from earl_jax.sharding.stage_registry import StageSpec, stage_names
 

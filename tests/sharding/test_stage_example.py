@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from earl_jax.parallel.selector import SelectorConfig
+from earl_jax.parallel.selector_config import SelectorConfig
 from earl_jax.rl.algorithm import micro_steps as stages
 from earl_jax.rl.loop.trainer import Trainer
 from earl_jax.sharding.mesh import INFERENCE_RULES, TRAIN_RULES
