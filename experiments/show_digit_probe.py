@@ -72,6 +72,7 @@ CANDIDATES = {
     # past the preset's plateau near 0.5: twice the updates on the same episodes, or larger ones
     "format_mixed_mb16_ep2": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--optim.ppo-epochs", "2"],
     "format_mixed_mb16_lr2e-3": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--optim.learning-rate", "2e-3"],
+    "format_mixed_mb32": FORMAT + MIXED + ["--optim.ppo-mini-batches", "32"],  # one group an update
 }
 
 
