@@ -46,6 +46,7 @@ from earl_jax.sharding.stage_registry import stage_names, stage_spec
 
 log = logging.getLogger(__name__)
 
+
 class NoFeasibleLayoutError(RuntimeError):
     """No candidate mesh of a stage fits in memory (or all were marked out of memory)."""
 

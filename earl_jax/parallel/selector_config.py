@@ -71,7 +71,6 @@ class SelectorConfig:
                 th[stage] = tuple(norm)
             object.__setattr__(self, "thresholds", th)
 
-
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SelectorConfig":
         """From a flat config (wandb sweep, YAML): bucket_edges may be "1K,2K,4K" or a list; thresholds

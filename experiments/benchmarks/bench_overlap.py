@@ -159,7 +159,7 @@ def main() -> None:
     device = jax.devices()[0].device_kind
     result = {"script": "experiments/benchmarks/bench_overlap.py", "argv": sys.argv[1:], "device": device,
               "devices": jax.device_count(), "backend": jax.default_backend(), "jax": jax.__version__,
-              "job": f"{a.script} --preset {a.preset} {shlex.join(load)} {a.flags}".replace("  ", " ").strip(),
+              "job": " ".join(filter(None, [f"{a.script} --preset {a.preset}", shlex.join(load), a.flags])),
               "load": a.load, "steps": a.steps, "skip": a.skip,
               "modes": {m: {k: v for k, v in r.items() if k != "records"}
                         | {"per_iteration": [{k: rec[k] for k in PER_ITERATION} for rec in r["records"]]}

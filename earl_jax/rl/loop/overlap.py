@@ -162,7 +162,7 @@ class Overlap:
                 log.warning("resume: the saved batch of iteration %d was sampled by version %d, %d behind; "
                             "--rollout.max-staleness %d: sampled again", done.step + 1, done.version,
                             done.step - done.version, self.max_staleness)
-                if getattr(self.t, "partial", None) is not None:  # later batches continued its carried groups
+                if self.t.partial is not None:  # later batches continued its carried groups
                     break
                 continue
             if done.step >= step:

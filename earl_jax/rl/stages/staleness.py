@@ -71,7 +71,7 @@ def check_bound(batch: RolloutBatch, step: int, max_staleness: int, newest: bool
     older by the rollouts it waited, as at --rollout.max-staleness 0)."""
     behind = staleness(batch, step)
     if newest and behind.size:
-        behind = behind[behind == behind.min()]
+        behind = behind.min(keepdims=True)
     if behind.size and (behind.max() > max_staleness or behind.min() < 0):
         raise StalenessError(f"iteration {step + 1}: a batch holds tokens sampled {int(behind.max())} policy "
                              f"version(s) before it trains (--rollout.max-staleness {max_staleness}) or from a version "

@@ -167,7 +167,7 @@ def _traj(seed: int) -> Trajectories:
 
 
 def test_waiting_batches_survive_a_checkpoint_and_a_stale_one_is_refused_or_sampled_again():
-    fake = SimpleNamespace(cfg=with_fields(K1, run__steps=10),
+    fake = SimpleNamespace(cfg=with_fields(K1, run__steps=10), partial=None,
                            policy=SimpleNamespace(planner=None, rollout_planner=None))
     overlap = Overlap(fake)
     saved = [Sampled(3, 2, _traj(0), 0.1, mix_games=np.array([False, True])), Sampled(4, 2, _traj(1), 0.1)]

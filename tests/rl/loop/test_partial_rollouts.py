@@ -273,7 +273,8 @@ def test_partial_rollouts_ahead_of_training_keep_the_bound_on_each_rollouts_own_
     assert sum(r["rollout/carried_over"] for r in history) > 0
     _check_carried_run(trainer, spy, history)
     for k, (done, record) in enumerate(zip(spy.done, history)):
-        versions = done.batch(True).versions[done.batch(True).loss_mask]
+        batch = done.batch(True)
+        versions = batch.versions[batch.loss_mask]
         assert versions.max() == max(0, k - 1)  # the rollout that finished the batch: within the bound
         assert record["rollout/staleness_max"] == k - versions.min()
     assert max(r["rollout/staleness_max"] for r in history) > 1  # carried tokens: older, as at staleness 0
