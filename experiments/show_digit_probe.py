@@ -73,6 +73,8 @@ CANDIDATES = {
     "format_mixed_mb16_ep2": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--optim.ppo-epochs", "2"],
     "format_mixed_mb16_lr2e-3": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--optim.learning-rate", "2e-3"],
     "format_mixed_mb32": FORMAT + MIXED + ["--optim.ppo-mini-batches", "32"],  # one group an update
+    # twice the episodes an iteration in updates of the preset's size: twice the updates, each on fresh episodes
+    "format_mixed_g64_mb32": FORMAT + MIXED + ["--rollout.groups", "64", "--optim.ppo-mini-batches", "32"],
 }
 
 

@@ -20,6 +20,7 @@ is the only place that turns it into a count of micro-batches for a batch of glo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -37,6 +38,7 @@ from earl_jax.compile_cache import count_compiles
 from earl_jax.models.model_config import ModelConfig
 from earl_jax.parallel import memory_check
 from earl_jax.parallel.fallback import OtherProcessFailedError, OtherProcessOOMError, run_with_oom_fallback  # noqa: F401
+from earl_jax.parallel.first_call_gate import FirstCallGate
 from earl_jax.parallel.memory import MemoryConfig, candidate_meshes, mesh_problem
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
 from earl_jax.parallel.planner_config import PlannerConfig
@@ -210,6 +212,7 @@ class ProgramCache:
         self.shapes = shapes if shapes is not None else ProgramShapes()
         self._jits: dict[tuple, Callable] = {}
         self.seen: set[tuple] = set()
+        self.gate: FirstCallGate | None = None  # set while rollouts run ahead on another thread (rl/loop/overlap.py)
 
     def __len__(self) -> int:
         return len(self.seen)
@@ -241,11 +244,14 @@ class ProgramCache:
                 # logged: the last 2-D argument (the batch or micro-batch; model programs take the weights first)
                 shapes = tuple(tuple(x.shape) for x in jax.tree.leaves(args) if hasattr(x, "shape") and x.ndim >= 2)
                 t0 = time.perf_counter()
-                with count_compiles() as c:  # where a first call's time goes: tracing and lowering run every start
+                gate = self.gate.first_call() if self.gate is not None else contextlib.nullcontext()
+                with gate, count_compiles() as c:  # where the time goes: tracing and lowering run every start
                     # compiled here only on devices with a known limit; the call below finds the executable
                     memory_check.check_fits(lambda: jitted.lower(*args).compile(), run.mesh.devices.flat,
                                             f"{run.stage}/{name} on {run.layout.mesh}")
                     out = jitted(*args)
+                    if self.gate is not None:  # the first execution sets cuDNN's graphs up: done before a rollout
+                        jax.block_until_ready(out)
                 self.seen.add(sig)
                 width = f", width {static['width']}" if "width" in static else ""
                 seconds = time.perf_counter() - t0

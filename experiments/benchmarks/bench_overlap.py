@@ -102,10 +102,12 @@ def main() -> None:
 
     import jax
 
+    from earl_jax.compile_cache import enable_compile_cache
     from earl_jax.parallel.profile import device_slug
     from earl_jax.rl.job.entry import parse_job
     from earl_jax.rl.loop.trainer import Trainer
 
+    enable_compile_cache(None)  # modes after the first load the programs they share (compiles sit in --skip anyway)
     load = LONG_TAIL if a.load == "long-tail" else []
     if load:
         sys.path.insert(0, str(ROOT / "experiments" / "benchmarks"))  # the job imports bench_pool:make_long_tail

@@ -36,6 +36,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from earl_jax.parallel.first_call_gate import FirstCallGate
 from earl_jax.parallel.plan import ContextStats
 from earl_jax.rl.algorithm.losses import BEHAVIOUR_LOSSES
 from earl_jax.rl.matchups.game_seeds import rollout_inputs
@@ -53,6 +54,9 @@ class Overlap:
             raise ValueError("--rollout.max-staleness: rollouts overlapping training run in one process only (the "
                              "background rollout's collectives would interleave with the train stage's)")
         self.t, self.max_staleness = trainer, cfg.rollout.max_staleness
+        self.gate = FirstCallGate()  # the train stage's first calls wait for the rollout (parallel/first_call_gate.py)
+        for planner in filter(None, (trainer.policy.planner, trainer.policy.rollout_planner)):
+            planner.programs.gate = self.gate
         self.pending: dict[int, Sampled] = {}  # finished batches by step
         self.jobs: dict[int, Future] = {}  # submitted, maybe unfinished
         self._pool: ThreadPoolExecutor | None = None
@@ -105,6 +109,10 @@ class Overlap:
 
     def _play(self, step: int, version: int, run, params: Any, weights_s: float) -> Sampled:
         """Batch `step` sampled by `params` (version `version`) on `run`: the background thread's work."""
+        with self.gate.rollout():
+            return self._play_gated(step, version, run, params, weights_s)
+
+    def _play_gated(self, step: int, version: int, run, params: Any, weights_s: float) -> Sampled:
         t, cfg = self.t, self.t.cfg
         devices = tuple(int(d.id) for d in run.mesh.devices.flat)
 

@@ -3,7 +3,9 @@ the device split the planner decides, and a stopped run that resumes with the sa
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
 from types import SimpleNamespace
 
 import jax
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 
 from earl_jax.models.setup import model_config
+from earl_jax.parallel.first_call_gate import FirstCallGate
 from earl_jax.parallel.split import rank_splits, split_candidates, split_planners
 from earl_jax.rl.loop import trainer as trainer_mod
 from earl_jax.rl.loop.overlap import Overlap
@@ -114,10 +117,23 @@ def test_rollouts_ahead_keep_the_bound_on_their_own_devices_and_a_stopped_run_re
 
 def test_on_shared_devices_the_rollout_ahead_interleaves_with_training(monkeypatch, tmp_path):
     spy = Spy(monkeypatch)
+    first_calls = []  # (thread, background rollouts running) as each stage program's first call runs
+    gated = FirstCallGate.first_call
+
+    @contextlib.contextmanager
+    def spy_first_call(gate):
+        with gated(gate):
+            first_calls.append((threading.current_thread().name, gate.rollouts))
+            yield
+
+    monkeypatch.setattr(FirstCallGate, "first_call", spy_first_call)
     cfg = with_fields(K1, run__steps=3, max_staleness=2, rollout_devices=8, run_dir=str(tmp_path / "run"))
     trainer = Trainer(cfg, log=False)
     history = trainer.run()
     assert trainer.policy.rollout_planner is None
+    # the train and experience programs' first calls (cuDNN's graphs on GPU) never ran beside a background rollout
+    loop_calls = [n for thread, n in first_calls if not thread.startswith("earl-rollout")]
+    assert loop_calls and set(loop_calls) == {0}
     assert [(step, version) for step, version, _ in spy.trained] == [(0, 0), (1, 0), (2, 0)]
     assert [r["rollout/staleness_max"] for r in history] == [0, 1, 2]
     assert spy.devices == {stage: set(range(8)) for stage in ("rollout", "experience", "train")}
