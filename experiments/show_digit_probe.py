@@ -75,6 +75,9 @@ CANDIDATES = {
     "format_mixed_mb32": FORMAT + MIXED + ["--optim.ppo-mini-batches", "32"],  # one group an update
     # twice the episodes an iteration in updates of the preset's size: twice the updates, each on fresh episodes
     "format_mixed_g64_mb32": FORMAT + MIXED + ["--rollout.groups", "64", "--optim.ppo-mini-batches", "32"],
+    # the preset's episodes and updates in groups of 2: each update sees 4 digits instead of 2
+    "format_mixed_mb16_gs2": FORMAT + MIXED + ["--rollout.groups", "64", "--rollout.group-size", "2",
+                                               "--optim.ppo-mini-batches", "16"],
 }
 
 

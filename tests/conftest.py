@@ -50,7 +50,8 @@ def pytest_configure(config):
     # `-n N` without --dist means xdist's "load", which first hands each worker a run of consecutive tests (a quarter
     # of its share): with the longest tests first (below) one worker got all of them while the other idled (a
     # ~5-minute tail). worksteal lets an idle worker take tests from the busy one. Not in addopts: `-p no:xdist`
-    # would then refuse the unknown --dist.
+    # would then refuse the unknown --dist. A worker then runs other modules' tests between one module's, which tears
+    # a module-scoped fixture down and builds it again: the fixtures that build something are session-scoped.
     if getattr(config.option, "dist", "no") == "load" and "--dist" not in " ".join(config.invocation_params.args):
         config.option.dist = "worksteal"
 

@@ -27,7 +27,7 @@ def _flat(model):
     return {".".join(map(str, p)): v.get_value() for p, v in nnx.to_flat_state(nnx.state(model))}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def models():
     """seed 0 on every mesh (train rules: params split over fsdp and tensor), and seed 1 on the first."""
     out = {m: init.init_sharded(CFG, make_mesh(MeshShape.parse(m)), TRAIN_RULES, seed=0) for m in MESHES}

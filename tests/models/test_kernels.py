@@ -70,7 +70,7 @@ def test_splits_fill_the_gpu_only_for_long_caches():
     assert num_splits(32, 2, 24576, 128) == 4  # 64 programs -> 256, chunks of 6144 slots
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model_params():
     graphdef, params = nnx.split(Qwen2(CFG, rngs=nnx.Rngs(0), dtype=jnp.float32))
     # Random init gives near-uniform logits; a larger embedding makes argmax robust to float rounding.

@@ -151,7 +151,7 @@ def test_each_stage_receives_what_the_plan_says(tmp_path, monkeypatch):
             assert x.sharding.is_equivalent_to(target, x.ndim), (train, x.shape)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def with_guide_stage():
     """The registered stages, the fork guide's (docs/examples/score_stage.py) among them."""
     sys.path.insert(0, str(EXAMPLES))

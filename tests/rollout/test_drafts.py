@@ -48,12 +48,12 @@ def _model(cfg):
     return graphdef, jax.tree.map(lambda x: x * 3.0 if V in x.shape else x, params)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model():
     return _model(CFG)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def untied():
     """Greedy answers that vary (a tied random model repeats its last token)."""
     return _model(CFG.replace(tie_word_embeddings=False))

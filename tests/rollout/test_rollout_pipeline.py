@@ -30,7 +30,7 @@ CFG = ModelConfig.tiny(vocab_size=TOK.get_vocab_size()).replace(num_hidden_layer
 N = 16
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model():
     graphdef, params = nnx.split(Qwen2(CFG, rngs=nnx.Rngs(0), dtype=jnp.float32))
     return graphdef, params, Sampler(graphdef, CFG, cache_dtype=jnp.float32)

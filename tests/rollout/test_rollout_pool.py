@@ -33,7 +33,7 @@ N = 16
 BASE = PlayConfig(max_turn_tokens=3, max_turns=9, max_context=256)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model():
     graphdef, params = nnx.split(Qwen2(CFG, rngs=nnx.Rngs(0), dtype=jnp.float32))
     return graphdef, params, Sampler(graphdef, CFG, cache_dtype=jnp.float32)

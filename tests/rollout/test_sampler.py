@@ -31,7 +31,7 @@ def _sharpen(state):
     return jax.tree_util.tree_map_with_path(one, state)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def setup():
     model = Qwen2(CFG, rngs=nnx.Rngs(0), dtype=jnp.float32)
     graphdef, params = nnx.split(model)
@@ -283,7 +283,7 @@ def _mesh_run(sampler, params):
     return jax.device_get((g1, g2, state.lengths, state.next_logits))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def mesh_reference(setup):
     graphdef, params, _ = setup
     return _mesh_run(_sampler(graphdef), params)

@@ -28,7 +28,7 @@ def _script(name: str = "evaluate_run"):
     return mod
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained(tmp_path_factory):
     """A finished 2-iteration run (checkpoints 1 and 2) and its final weights' own evaluation against the solver."""
     run = tmp_path_factory.mktemp("trained") / "run"

@@ -20,7 +20,7 @@ TINY = ["tictactoe", "--games", "96", "--sft-steps", "8", "--sft-games", "8", "-
         "--accuracy-every", "4", "--accuracy-games", "16", "--devices", "1"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def build(tmp_path_factory):
     from earl_jax.rl.loop.trainer import Trainer
 

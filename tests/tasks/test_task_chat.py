@@ -97,7 +97,7 @@ def _checkpoint(folder, template: str | None):
     return folder
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def chatml(tmp_path_factory):
     return _checkpoint(tmp_path_factory.mktemp("chatml"), CHATML)
 

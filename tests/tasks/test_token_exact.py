@@ -183,7 +183,7 @@ def _bpe() -> Tokenizer:
     return tok
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def bpe_checkpoint(tmp_path_factory):
     """A Hugging Face folder: random tiny weights over the BPE's vocabulary, and the BPE as its tokenizer.json."""
     tok = _bpe()

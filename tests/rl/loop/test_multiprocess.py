@@ -123,7 +123,7 @@ def test_dispatcher_across_two_processes(tmp_path):
     assert r["host_gather"]["routes"] == {"host_gather": 1}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def oom_job(tmp_path_factory) -> list[dict]:
     """Both processes' reports of the OOM fallback scenarios in tests/mp_worker.py (one job, ~5 s)."""
     tmp = tmp_path_factory.mktemp("oom")

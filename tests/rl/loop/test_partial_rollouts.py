@@ -114,7 +114,7 @@ def test_a_budget_that_is_never_reached_changes_nothing():
     assert not budget.unfinished.any() and whole.unfinished is None
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model():
     cfg = ModelConfig.tiny(vocab_size=TOK.get_vocab_size()).replace(num_hidden_layers=2, hidden_size=64,
                                                                      intermediate_size=128)

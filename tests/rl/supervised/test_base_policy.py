@@ -21,7 +21,7 @@ from earl_jax.rl.job.validate import apply_base
 CONFIGS = Path(__file__).resolve().parents[3] / "experiments" / "configs"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def base(tmp_path_factory) -> Path:
     tok = game_tokenizer()
     cfg = get_config("tiny", vocab_size=tok.get_vocab_size())
