@@ -74,12 +74,13 @@ class PlayConfig:
     slots: int = 0
     whole_answers: bool = False  # an answer its budget cut ends its game, unwritten (the format warm-up's games)
     token_budget: int = 0  # answer tokens after which no game starts a turn once a group has ended (0: no budget)
+    budget_min_ended: float = 0.0  # ... once this share of the groups has ended (0: one group)
 
     def __post_init__(self):
         if self.pipeline_groups < 1 or self.min_batch < 1:
             raise ValueError(f"PlayConfig: pipeline_groups and min_batch must be >= 1, got {self}")
-        if self.slots < 0 or self.token_budget < 0:
-            raise ValueError(f"PlayConfig: slots and token_budget must be >= 0, got {self}")
+        if self.slots < 0 or self.token_budget < 0 or not 0 <= self.budget_min_ended <= 1:
+            raise ValueError(f"PlayConfig: slots and token_budget must be >= 0, budget_min_ended in [0, 1], got {self}")
 
 
 @dataclasses.dataclass
@@ -202,11 +203,13 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         return turn_keys[turn]
 
     def stop() -> bool:
-        """Whether the token budget ends the rollout: the answers reached it and some group has ended."""
+        """Whether the token budget ends the rollout: the answers reached it and some group (at least
+        `budget_min_ended` of them) has ended."""
         nonlocal stopped
         if not stopped and cfg.token_budget and answer_tokens >= cfg.token_budget:
             group_of = np.unique(np.arange(n) if group_ids is None else group_ids, return_inverse=True)[1]
-            stopped = bool((np.bincount(group_of.reshape(-1), weights=live) == 0).any())
+            ended = np.bincount(group_of.reshape(-1), weights=live) == 0
+            stopped = bool(ended.any() and ended.mean() >= cfg.budget_min_ended)
         return stopped
 
     def issue(g: _Group) -> None:

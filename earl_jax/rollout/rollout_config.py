@@ -62,6 +62,10 @@ class RolloutConfig:
                               "(and some group has finished); the groups whose games all ended train, the others are "
                               "carried whole into the next iteration's rollout, first in its pool, their episodes "
                               "continued under the new weights (rl/loop/partial.py); 0: every game plays to its end")
+    budget_min_ended: float = _f(0.0, "partial rollouts: the share of the rollout's groups that must have ended "
+                                      "before --rollout.token-budget stops it, so that a budget-cut iteration trains "
+                                      "at least that share (where groups end together, 0 cuts some iterations to "
+                                      "one group); 0: one group")
     drafts: int = _f(0, "K: speculative decoding of free-text answers with drafts of up to K tokens taken from the "
                         "last 2 training rollouts' answers to the same context tail (its last 8 tokens), each verified "
                         "in one forward pass with the exact sampling rule, so the answers' distribution is unchanged "
@@ -87,6 +91,7 @@ class RolloutConfig:
         need(self.slots >= -1, "slots", "must be >= 0 (0: off) or -1 (as many rows as memory holds)")
         need(self.max_staleness >= 0, "max_staleness", "must be >= 0 (0: synchronous)")
         need(self.token_budget >= 0, "token_budget", "must be >= 0 (0: off)")
+        need(0 <= self.budget_min_ended <= 1, "budget_min_ended", "must be a share in [0, 1]")
         need(self.drafts >= 0, "drafts", "must be >= 0 (0: off)")
         need(not (self.drafts and self.constrain_moves), "drafts", "a constrained move is one token a turn: nothing "
              "to draft; use --rollout.drafts 0 or --rollout.constrain-moves false")

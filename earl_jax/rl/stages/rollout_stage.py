@@ -95,7 +95,8 @@ class RolloutStage:
         slots = 0 if league is not None else -(-self.slots // unit) * unit  # a frozen opponent draws by its calls
         play_cfg = PlayConfig(turn_tokens, self.cfg.max_turns, self.max_context,
                               constrain_moves=self.cfg.constrain_moves, compact=compact, pipeline_groups=k,
-                              min_batch=min_batch, slots=slots, token_budget=token_budget)
+                              min_batch=min_batch, slots=slots, token_budget=token_budget,
+                              budget_min_ended=self.cfg.budget_min_ended)
         self.pipeline_groups = k
         self.decode_groups = jax.process_count() if at.split else 1
         if league is not None:

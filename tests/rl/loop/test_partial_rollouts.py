@@ -384,3 +384,19 @@ def test_a_budget_refuses_what_it_cannot_carry_and_warns_once_of_an_uncorrected_
         PartialRollouts(SimpleNamespace(cfg=GAME))
     warned = [r for r in caplog.records if "--rollout.token-budget" in r.getMessage()]
     assert len(warned) == 1 and "decoupled_ppo corrects it" in warned[0].getMessage()
+
+
+def test_a_minimum_share_of_ended_groups_holds_the_budget_until_that_many_have_ended():
+    whole = play_games(_recorded(), _env(), TOK, CFG, None, SEEDS, GROUPS, bos_id=IDS.bos_id)
+
+    def ended_groups(budget_min_ended):
+        cfg = dataclasses.replace(CFG, token_budget=12, budget_min_ended=budget_min_ended)
+        part = play_games(_recorded(), _env(), TOK, cfg, None, SEEDS, GROUPS, bos_id=IDS.bos_id)
+        ended = np.flatnonzero(~np.isin(GROUPS, GROUPS[part.unfinished]))
+        _same_rows(part, whole, ended)  # what ended is what the whole rollout played
+        return len(ended) // G
+
+    first, half, every = ended_groups(0.0), ended_groups(0.5), ended_groups(1.0)
+    assert first < N // G // 2 <= half < N // G and every == N // G  # 4 groups: one, at least two, all
+    with pytest.raises(ValueError, match="budget_min_ended"):
+        PlayConfig(token_budget=12, budget_min_ended=1.5)
