@@ -78,6 +78,8 @@ CANDIDATES = {
     # the preset's episodes and updates in groups of 2: each update sees 4 digits instead of 2
     "format_mixed_mb16_gs2": FORMAT + MIXED + ["--rollout.groups", "64", "--rollout.group-size", "2",
                                                "--optim.ppo-mini-batches", "16"],
+    # the preset with no decay of its rate: the slower seeds were still rising at 300 while the rate fell to 0.1x
+    "format_mixed_mb16_constant": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--optim.schedule", "constant"],
 }
 
 

@@ -1,4 +1,4 @@
-"""The optimizer: AdamW with warm-up and cosine decay, global-norm clipping, and its settings.
+"""The optimizer: AdamW with warm-up and cosine decay (or a constant rate), global-norm clipping, and its settings.
 
 The decay runs over the run's iterations (`--run.steps`), or, when the run has a wall-time limit
 (`--run.max-minutes`), over that time: the share of it spent is a scalar in the optimizer's state
@@ -19,6 +19,8 @@ import optax
 
 from earl_jax.cli import field_help as _f
 
+SCHEDULES = ("cosine", "constant")
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
@@ -31,6 +33,8 @@ class OptimConfig:
     ppo_epochs: int = _f(1, "passes over each iteration's batch")
     ppo_mini_batches: int = _f(1, "optimizer updates per pass, each on 1/N of the iteration's games in whole GRPO "
                                   "groups (veRL's ppo_mini_batch_size = games / N)")
+    schedule: str = _f("cosine", "the learning rate after the warm-up: cosine (decays to 0.1x over the run's "
+                                 "iterations, or its minutes with --run.max-minutes) or constant (veRL's default)")
 
     def __post_init__(self):
         def need(ok: bool, name: str, why: str):
@@ -43,6 +47,7 @@ class OptimConfig:
         need(self.weight_decay >= 0, "weight_decay", "must be >= 0")
         need(self.ppo_epochs > 0, "ppo_epochs", "must be positive")
         need(self.ppo_mini_batches > 0, "ppo_mini_batches", "must be positive")
+        need(self.schedule in SCHEDULES, "schedule", f"must be one of {', '.join(SCHEDULES)}")
 
     @property
     def updates_per_iteration(self) -> int:
@@ -51,19 +56,23 @@ class OptimConfig:
     def make(self, iterations: int, minutes: float = 0.0) -> optax.GradientTransformation:
         """The optimizer of a run of `iterations` (its schedule counts optimizer updates), or of `minutes` of wall
         time when > 0 (its warm-up counts updates, its decay the share of the time spent: `with_run_fraction`)."""
-        n = self.updates_per_iteration
+        n, decay = self.updates_per_iteration, self.schedule == "cosine"
         if minutes > 0:
-            return make_timed_optimizer(self.learning_rate, self.warmup_steps * n, self.weight_decay, self.grad_clip)
+            return make_timed_optimizer(self.learning_rate, self.warmup_steps * n, self.weight_decay, self.grad_clip,
+                                        decay=decay)
         return make_optimizer(self.learning_rate, self.warmup_steps * n, iterations * n, self.weight_decay,
-                              self.grad_clip)
+                              self.grad_clip, decay=decay)
 
 
 def make_optimizer(learning_rate: float, warmup_steps: int, total_steps: int, weight_decay: float,
-                   grad_clip: float) -> optax.GradientTransformation:
+                   grad_clip: float, decay: bool = True) -> optax.GradientTransformation:
     # Warm-up starts above zero: a first step at learning rate 0 would waste a whole RL iteration.
-    schedule = optax.warmup_cosine_decay_schedule(
-        learning_rate / max(warmup_steps, 1), learning_rate, max(warmup_steps, 1), max(total_steps, warmup_steps + 1),
-        end_value=0.1 * learning_rate)
+    start, warmup = learning_rate / max(warmup_steps, 1), max(warmup_steps, 1)
+    if decay:
+        schedule = optax.warmup_cosine_decay_schedule(start, learning_rate, warmup,
+                                                      max(total_steps, warmup_steps + 1), end_value=0.1 * learning_rate)
+    else:
+        schedule = optax.warmup_constant_schedule(start, learning_rate, warmup)
     return optax.chain(optax.clip_by_global_norm(grad_clip),
                        optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=weight_decay))
 
@@ -73,17 +82,17 @@ class RunClockState(NamedTuple):
     fraction: jax.Array  # share of the run's wall time spent, in [0, 1]: the decay reads it
 
 
-def timed_learning_rate(learning_rate: float, warmup_steps: int, count, fraction):
+def timed_learning_rate(learning_rate: float, warmup_steps: int, count, fraction, decay: bool = True):
     """The warm-up of `make_optimizer` over the first `warmup_steps` updates, then its cosine decay to 0.1x over the
-    share of the run's time spent (`fraction`), not over updates."""
+    share of the run's time spent (`fraction`), not over updates (`decay=False`: the peak rate after the warm-up)."""
     warmup = max(warmup_steps, 1)
     start = learning_rate / warmup
     rising = start + (learning_rate - start) * jnp.minimum(count, warmup) / warmup
-    decay = 0.1 * learning_rate + 0.9 * learning_rate * 0.5 * (1 + jnp.cos(jnp.pi * jnp.clip(fraction, 0.0, 1.0)))
-    return jnp.where(count < warmup_steps, rising, decay)
+    after = 0.1 * learning_rate + 0.9 * learning_rate * 0.5 * (1 + jnp.cos(jnp.pi * jnp.clip(fraction, 0.0, 1.0)))
+    return jnp.where(count < warmup_steps, rising, after if decay else learning_rate)
 
 
-def scale_by_run_time(learning_rate: float, warmup_steps: int) -> optax.GradientTransformation:
+def scale_by_run_time(learning_rate: float, warmup_steps: int, decay: bool = True) -> optax.GradientTransformation:
     """-timed_learning_rate(...) x updates; its state holds the update count and the run's time share."""
 
     def init(params):
@@ -92,18 +101,18 @@ def scale_by_run_time(learning_rate: float, warmup_steps: int) -> optax.Gradient
 
     def update(updates, state, params=None):
         del params
-        lr = timed_learning_rate(learning_rate, warmup_steps, state.count, state.fraction)
+        lr = timed_learning_rate(learning_rate, warmup_steps, state.count, state.fraction, decay)
         updates = jax.tree.map(lambda u: (-lr * u).astype(u.dtype), updates)
         return updates, RunClockState(optax.safe_increment(state.count), state.fraction)
 
     return optax.GradientTransformation(init, update)
 
 
-def make_timed_optimizer(learning_rate: float, warmup_steps: int, weight_decay: float, grad_clip: float
-                         ) -> optax.GradientTransformation:
+def make_timed_optimizer(learning_rate: float, warmup_steps: int, weight_decay: float, grad_clip: float,
+                         decay: bool = True) -> optax.GradientTransformation:
     """`make_optimizer`'s AdamW (the same moments, decay and clip) with the learning rate of `scale_by_run_time`."""
     return optax.chain(optax.clip_by_global_norm(grad_clip), optax.scale_by_adam(b1=0.9, b2=0.99),
-                       optax.add_decayed_weights(weight_decay), scale_by_run_time(learning_rate, warmup_steps))
+                       optax.add_decayed_weights(weight_decay), scale_by_run_time(learning_rate, warmup_steps, decay))
 
 
 def with_run_fraction(opt_state, fraction: float):

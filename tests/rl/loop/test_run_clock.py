@@ -45,6 +45,21 @@ def test_the_learning_rate_decays_over_the_share_of_time_spent_not_over_updates(
     assert run_fraction(OptimConfig().make(100).init(params)) is None  # no limit: the schedule over iterations
 
 
+@pytest.mark.parametrize("minutes", [0, 15])
+def test_a_constant_schedule_keeps_the_peak_rate_after_the_warm_up(minutes):
+    params, grads = {"w": jnp.ones(4)}, {"w": jnp.full(4, 0.5)}
+    for schedule, end in (("cosine", 0.1), ("constant", 1.0)):
+        opt = OptimConfig(learning_rate=1e-3, warmup_steps=0, schedule=schedule).make(iterations=4, minutes=minutes)
+        state = opt.init(params)
+        first, state = opt.update(grads, with_run_fraction(state, 0.0), params)
+        for _ in range(4):  # past the run's 4 iterations, or at the end of its minutes
+            last, state = opt.update(grads, with_run_fraction(state, 1.0), params)
+        # Adam's update of a constant gradient is the same each step: only the rate differs
+        np.testing.assert_allclose(np.asarray(last["w"]), end * np.asarray(first["w"]), rtol=1e-4)
+    with pytest.raises(ValueError, match="schedule"):
+        OptimConfig(schedule="linear")
+
+
 def test_a_rung_is_left_when_its_share_of_the_time_is_spent_and_that_survives_resume():
     ladder = ("random", "alphabeta:1", "alphabeta:2")
     c = Curriculum(ladder, promote_at=0.8, rung_max_share=0.3)
