@@ -46,7 +46,7 @@ def test_beats_keep_it_alive_and_silence_ends_the_process():
 def test_training_beats_at_every_phase_under_the_configured_timeout(tmp_path, monkeypatch):
     """Trainer.run runs under a Watchdog of --run.stall-minutes and beats before each phase that can hang (what ends a
     silent process is the test above): the start, every iteration, evaluation and checkpoint, by name."""
-    from earl_jax.rl.loop import session as session_mod, trainer as trainer_mod
+    from earl_jax.rl.loop import run_control as control_mod, trainer as trainer_mod
     from jobs import SMALL, with_fields
 
     made = []
@@ -60,7 +60,7 @@ def test_training_beats_at_every_phase_under_the_configured_timeout(tmp_path, mo
         def beat(self, phase: str = "") -> None:
             self.beats.append(phase)
 
-    monkeypatch.setattr(session_mod, "Watchdog", Spy)  # the training session's watchdog
+    monkeypatch.setattr(control_mod, "Watchdog", Spy)  # the run control's watchdog
     cfg = with_fields(SMALL, run__steps=2, eval__every=2, checkpoint_every=1, sft__steps=0, stall_minutes=7.0,
                       run_dir=str(tmp_path / "run"))
     trainer_mod.Trainer(cfg, log=False).run()

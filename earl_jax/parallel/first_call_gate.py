@@ -2,12 +2,11 @@
 
 cuDNN's fused attention (the train and experience programs on GPU, models/attention.py) builds its graph at a
 program's first execution inside a CUDA stream capture, and a launch from any other thread of the process during that
-capture breaks it ("capturing stream has unjoined work", or a crash): measured with `--rollout.max-staleness 1` on
-one H100, where every run of three failed within its first 8 iterations. So while rollouts run ahead
-(rl/loop/overlap.py), a first call waits until no background rollout runs, and no rollout starts while a first call
-is in progress. First calls are few (the programs are bounded) and a rollout holds the gate for one batch, so the wait
-is at most one rollout per new program. The rollout's own programs (cached attention, no cuDNN) are not gated: a
-first call made on the rollout thread passes straight through.
+capture breaks it ("capturing stream has unjoined work", or a crash; docs/design.md, staleness). So while rollouts
+run ahead (rl/loop/overlap.py), a first call waits until no background rollout runs, and no rollout starts while a
+first call is in progress. First calls are few (the programs are bounded) and a rollout holds the gate for one
+batch, so the wait is at most one rollout per new program. The rollout's own programs (cached attention, no cuDNN)
+are not gated: a first call made on the rollout thread passes straight through.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Parallelism Selector: the layout (mesh shape, micro-batch, log-prob chunk) of every stage for the
-current context length (EARL, arXiv 2510.05943, section 3; EARL adapts rollout only, we do all stages).
+current context length (EARL, arXiv 2510.05943, its Parallelism Selector; EARL adapts rollout only, we do all stages).
 The stages are those registered in sharding/stage_registry.py: `plan` plans the ones planned each iteration,
 `select` any other when it runs.
 

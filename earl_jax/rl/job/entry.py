@@ -18,7 +18,7 @@ from typing import Sequence
 from earl_jax.cli import ConfigError, Parsed, load_file, parse
 from earl_jax.errors import CheckpointError
 from earl_jax.rl.loop.job_config import JobConfig, OldRunConfig
-from earl_jax.rl.loop.session import EXIT_CODES
+from earl_jax.rl.loop.run_control import EXIT_CODES
 
 DEFAULT_PRESET = "tiny-cpu"
 # Short flags for the fields people type most.

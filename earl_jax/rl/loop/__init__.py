@@ -1,2 +1,2 @@
 """The RL loop: the job's typed config, the Trainer (plan -> rollout -> experience -> train -> evaluate -> log), the
-session around it (stop signals, progress), overlapped and partial rollouts, checkpoints, metrics."""
+run control around it (stop signals, progress), overlapped and partial rollouts, checkpoints, metrics."""

@@ -33,7 +33,7 @@ from earl_jax.rl.loop.job_config import JobConfig
 from earl_jax.rl.loop.metrics import CompileStats, MetricsLogger, NoSignal, trainer_record
 from earl_jax.rl.loop.overlap import Overlap
 from earl_jax.rl.loop.partial import PartialRollouts
-from earl_jax.rl.loop.session import Session, StopRun
+from earl_jax.rl.loop.run_control import RunControl, StopRun
 from earl_jax.rl.matchups.game_seeds import rollout_inputs
 from earl_jax.rl.matchups.matchmaking import job_matchmaker
 from earl_jax.rl.stages.evaluation import Evaluator
@@ -59,7 +59,7 @@ class Trainer:
         self.elapsed_before_s = 0.0  # the run's time in earlier parts (a resumed run's checkpoint says)
         self.state = TrainState.start(policy, params, self.optimizer, reference=cfg.loss.kl_coef > 0)
         self._gc, self._no_signal, self._compile_stats = GcClock(), NoSignal(), CompileStats()
-        self._session: Session | None = None  # while run() runs: stop signals, checkpoint timing
+        self._control: RunControl | None = None  # while run() runs: stop signals, checkpoint timing
         self.stopped_by: str | None = None  # the signal that ended run(), if one did
         self.sampling = cfg.rollout.sampling
         # who the agent plays and on what: a text task's splits, else games against the opponent or curriculum
@@ -110,20 +110,20 @@ class Trainer:
 
         return (self.policy.rollout_planner or self.policy.planner).run("rollout", rollout)
 
-    def _clock(self, session: Session) -> None:
+    def _clock(self, control: RunControl) -> None:
         """The share of --run.max-minutes spent, for the learning rate (rl/algorithm/optim.py) and the rung budget."""
-        fraction = self.matchmaker.run_fraction = session.run_fraction()
+        fraction = self.matchmaker.run_fraction = control.run_fraction()
         if self.cfg.run.max_minutes:
             self.state.opt_state = with_run_fraction(self.state.opt_state, fraction)
 
     @property
     def run_elapsed_s(self) -> float:
         """The run's time in the training loop, all parts (what a checkpoint keeps)."""
-        return self._session.run_elapsed_s if self._session is not None else self.elapsed_before_s
+        return self._control.run_elapsed_s if self._control is not None else self.elapsed_before_s
 
-    def _stop_point(self) -> None:  # where an iteration may be abandoned for a running Session's stop signal
-        if self._session is not None:
-            self._session.stop_point()
+    def _stop_point(self) -> None:  # where an iteration may be abandoned for a running RunControl's stop signal
+        if self._control is not None:
+            self._control.stop_point()
 
     def _experience(self, run: StageRun, batch: RolloutBatch, spans, rows) -> ExperienceResult:
         p, s = self.policy, self.state
@@ -201,47 +201,47 @@ class Trainer:
         finished iteration is checkpointed). `stop_after` ends the work after that many iterations without the
         end-of-run evaluation or checkpoint, as a kill would (resume tests)."""
         cfg, history, last_eval = self.cfg, [], {}
-        with Session(cfg.run, total=cfg.run.steps, start=self.step, run_dir=self.run_dir, gc_clock=self._gc,
-                     enabled=self.is_main, on_stall=self.logger.close,
-                     elapsed_before_s=self.elapsed_before_s) as session:
-            self._session, saved = session, self.step
+        with RunControl(cfg.run, total=cfg.run.steps, start=self.step, run_dir=self.run_dir, gc_clock=self._gc,
+                        enabled=self.is_main, on_stall=self.logger.close,
+                        elapsed_before_s=self.elapsed_before_s) as control:
+            self._control, saved = control, self.step
             try:
-                session.beat("the start: format warm-up or the first evaluation")
+                control.beat("the start: format warm-up or the first evaluation")
                 if self.step == 0:  # the curves start from the untrained (or format-warmed) policy
-                    last_eval = start_of_run(self, session)
-                self._clock(session)
-                spent = session.spent_at_start()
-                while self.step < cfg.run.steps and not spent and not session.out_of_time():
+                    last_eval = start_of_run(self, control)
+                self._clock(control)
+                spent = control.spent_at_start()
+                while self.step < cfg.run.steps and not spent and not control.out_of_time():
                     if stop_after is not None and len(history) >= stop_after:
                         return history
-                    session.beat(f"iteration {self.step + 1}")
-                    session.stop_point()
+                    control.beat(f"iteration {self.step + 1}")
+                    control.stop_point()
                     record = self.iteration()
-                    session.iteration_done(self.step, record)
-                    self._clock(session)
-                    last_step, out_of_time = self.step == cfg.run.steps, session.out_of_time()
+                    control.iteration_done(self.step, record)
+                    self._clock(control)
+                    last_step, out_of_time = self.step == cfg.run.steps, control.out_of_time()
                     evaluated = bool((cfg.eval.every and self.step % cfg.eval.every == 0) or last_step or out_of_time)
                     if evaluated:
-                        session.dog.beat(f"the evaluation after iteration {self.step}")
-                        last_eval = self.evaluate.logged(self.step, session.bar.status)
+                        control.dog.beat(f"the evaluation after iteration {self.step}")
+                        last_eval = self.evaluate.logged(self.step, control.bar.status)
                     # the last evaluation, carried between evaluations; eval/fresh marks a new one
-                    record.update({**last_eval, "eval/fresh": evaluated, **session.times(),
+                    record.update({**last_eval, "eval/fresh": evaluated, **control.times(),
                                    "time/run_share": self.matchmaker.run_fraction})
                     self.logger.log(record)
                     history.append(record)
-                    session.show(self.step, record)
-                    if session.checkpoint_due(self.step, last_step):
-                        session.dog.beat(f"the checkpoint after iteration {self.step}")
+                    control.show(self.step, record)
+                    if control.checkpoint_due(self.step, last_step):
+                        control.dog.beat(f"the checkpoint after iteration {self.step}")
                         self.save()
-                        session.saved()
+                        control.saved()
                         saved = self.step
                     if out_of_time:
                         break
             except StopRun as stop:
                 self.stopped_by = stop.signal_name
-                session.stopped(stop, self.step, saved, self.save, self.run_dir)
+                control.stopped(stop, self.step, saved, self.save, self.run_dir)
             finally:
-                self._session = None
+                self._control = None
                 if self.overlap is not None:
                     self.overlap.close()
         self.logger.close()

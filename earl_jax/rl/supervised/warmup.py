@@ -104,7 +104,7 @@ def format_warmup(policy, state, cfg, env, opponent: str, *, env_factory=None, t
     return history[-1] if history else {}
 
 
-def start_of_run(trainer, session) -> dict[str, Any]:
+def start_of_run(trainer, control) -> dict[str, Any]:
     """Step 0 of a run (`Trainer.run`): the format warm-up (free-text moves: constrained moves have no format to
     learn), whose weights become the KL term's reference, then the first evaluation, logged as step 0. Returns the
     evaluation's metrics (carried into the records until the next one)."""
@@ -112,12 +112,12 @@ def start_of_run(trainer, session) -> dict[str, Any]:
     if cfg.sft.steps and not cfg.rollout.constrain_moves:
         shown = "format answers" if cfg.sft.answers == "format" else "expert demonstrations"
         what = f"the task's {shown}" if trainer.task else "random legal games"
-        session.beat(f"format warm-up ({what})")
+        control.beat(f"format warm-up ({what})")
         with phase(f"format warm-up: {cfg.sft.steps} supervised steps on {what}"):
             warm = {f"warmup/{k}": v for k, v in trainer.format_warmup().items()}
         warm.update(trainer.policy.planner.stage_log_dict("sft"))
         if trainer.state.ref_params is not None:  # the KL term holds RL near where RL starts: after the warm-up
             trainer.state.rebase_reference()
-    last_eval = trainer.evaluate.logged(trainer.step, session.bar.status)
+    last_eval = trainer.evaluate.logged(trainer.step, control.bar.status)
     trainer.logger.log({"step": 0, **warm, **last_eval, "eval/fresh": True})
     return last_eval

@@ -128,13 +128,13 @@ def test_two_processes_read_the_same_clock(monkeypatch):
     import time
 
     import earl_jax.distributed as dist
-    from earl_jax.rl.loop.session import Session
+    from earl_jax.rl.loop.run_control import RunControl
 
-    session = Session.__new__(Session)  # the clock only: no signals, watchdog or progress bar
-    session.cfg, session.elapsed_before_s, session.started = SMALL.run, 60.0, time.perf_counter()
+    control = RunControl.__new__(RunControl)  # the clock only: no signals, watchdog or progress bar
+    control.cfg, control.elapsed_before_s, control.started = SMALL.run, 60.0, time.perf_counter()
     monkeypatch.setattr(jax, "process_count", lambda: 3)
     monkeypatch.setattr(dist, "gather_ints", lambda ms: [(120_000,), (ms,), (450_000,)])  # three processes' clocks
-    assert session.agreed_run_elapsed_s() == 450.0 and session.run_fraction() == 0.75
-    assert not session.out_of_time()
+    assert control.agreed_run_elapsed_s() == 450.0 and control.run_fraction() == 0.75
+    assert not control.out_of_time()
     monkeypatch.setattr(dist, "gather_ints", lambda ms: [(ms,), (601_000,)])  # one process is past the 10 minutes
-    assert session.out_of_time() and session.run_fraction() == 1.0
+    assert control.out_of_time() and control.run_fraction() == 1.0

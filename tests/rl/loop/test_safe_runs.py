@@ -16,7 +16,7 @@ import pytest
 
 from earl_jax.rl.job import entry as job
 from earl_jax.rl.loop.metrics import read_metrics
-from earl_jax.rl.loop.session import Session
+from earl_jax.rl.loop.run_control import RunControl
 from earl_jax.rl.loop.trainer import Trainer
 from jobs import job as job_config, with_fields
 
@@ -198,7 +198,7 @@ def test_a_stop_signal_mid_iteration_checkpoints_the_last_one_and_the_resumed_ru
 
 def test_wall_time_checkpoints_come_due_on_time(tmp_path):
     run_cfg = job_config(checkpoint_every=1000, checkpoint_minutes=0.001).run  # 60 ms
-    with Session(run_cfg, total=10, start=0, run_dir=tmp_path, gc_clock=__import__(
+    with RunControl(run_cfg, total=10, start=0, run_dir=tmp_path, gc_clock=__import__(
             "earl_jax.rl.loop.gc_control", fromlist=["GcClock"]).GcClock(), enabled=False, on_stall=lambda: None) as s:
         assert not s.checkpoint_due(1, last_step=False)
         time.sleep(0.1)

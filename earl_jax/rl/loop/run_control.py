@@ -1,11 +1,11 @@
 """What surrounds the training loop without being part of it: stop signals, the progress display, the stall
 watchdog, the garbage collector's schedule, and the lines a user reads.
 
-    with Session(cfg.run, total=cfg.run.steps, ...) as session:
-        session.beat("iteration 3")          # the watchdog's heartbeat, and the progress bar's status
-        session.stop_point()                 # raises StopRun once SIGTERM / SIGINT arrived (every process agrees)
-        session.iteration_done(step, record) # the scheduled collection, the first iteration's line
-        session.checkpoint_due(step, last)   # by --run.checkpoint-every, --run.checkpoint-minutes
+    with RunControl(cfg.run, total=cfg.run.steps, ...) as control:
+        control.beat("iteration 3")          # the watchdog's heartbeat, and the progress bar's status
+        control.stop_point()                 # raises StopRun once SIGTERM / SIGINT arrived (every process agrees)
+        control.iteration_done(step, record) # the scheduled collection, the first iteration's line
+        control.checkpoint_due(step, last)   # by --run.checkpoint-every, --run.checkpoint-minutes
 
 Stopping: SIGTERM (what schedulers send before they kill) or Ctrl-C sets a flag; the loop abandons the iteration in
 progress at its next stop point (each host turn of a rollout, between stages) unless the train stage already began
@@ -42,7 +42,7 @@ class StopRun(Exception):
         self.signal_name = signal_name
 
 
-class Session(contextlib.ExitStack):
+class RunControl(contextlib.ExitStack):
     def __init__(self, run_cfg, *, total: int, start: int, run_dir: Path, gc_clock: GcClock, enabled: bool,
                  on_stall: Callable[[], None], elapsed_before_s: float = 0.0):
         """`elapsed_before_s`: the run's time in the training loop before this process (earlier parts of a resumed
@@ -59,7 +59,7 @@ class Session(contextlib.ExitStack):
         self.requested: str | None = None  # the signal that asked to stop
         self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> "RunControl":
         super().__enter__()
         self.enter_context(self.bar)
         self.enter_context(self.gc_clock)
