@@ -13,16 +13,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
+
+from earl_jax.rl.loop.metrics import read_metrics  # noqa: E402
 
 
 def load(path: Path, config: Path) -> dict:
     """One run: `path` its metrics.jsonl, `config` its config.json (the groups an iteration, the group size)."""
     rollout = json.loads(config.read_text())["rollout"]
     group_size = rollout["group_size"]
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_metrics(path)
     # without a token budget every iteration trains all its groups (the key is logged with partial rollouts only)
     trained = {r["step"]: r.get("rollout/trained_groups", rollout["groups"]) * group_size
                for r in rows if "rollout/tokens" in r}
