@@ -21,11 +21,12 @@ class SamplerPolicy:
     """Free-text answers (`generate`: a decode loop up to the turn budget), or, with `moves`, constrained moves:
     each turn's answer is one legal move's token drawn from the logits the last extend left (no decode loop)
     and the stop token; both are appended to the cache with the next extend (`_pending`). With `drafts`, free-text
-    answers start from drafts out of earlier rollouts, verified exactly (rollout/speculate.py)."""
+    answers are guessed from earlier rollouts' answers and verified `draft_window` tokens a decode step (default: the
+    index's width), exactly (rollout/speculate.py)."""
 
     def __init__(self, sampler: Sampler, params: nnx.State, sampling: SamplingConfig, stop_tokens: Sequence[int],
                  max_new_tokens: int, moves: MoveTokens | None = None, background: bool = False,
-                 drafts: DraftIndex | None = None):
+                 drafts: DraftIndex | None = None, draft_window: int | None = None):
         """`background`: decode in a worker thread. On GPUs a decode program's `lax.while_loop` is driven by the
         thread that launched it (the host reads the loop condition every step), so the launch returns only when
         the loop is done; from a worker thread the caller goes on stepping other games meanwhile, and groups on
@@ -36,7 +37,7 @@ class SamplerPolicy:
         self.background = background
         if drafts is not None and moves is not None:
             raise ValueError("SamplerPolicy: drafts need free-text answers (a constrained move is one token a turn)")
-        self.speculation = Speculation(drafts) if drafts is not None else None
+        self.speculation = Speculation(drafts, draft_window) if drafts is not None else None
 
     def reset(self, batch: int, max_len: int) -> None:
         self.state = self.sampler.init_state(batch, max_len)
@@ -87,7 +88,7 @@ class SamplerPolicy:
         return self._fetch_later(launch, to_host)
 
     def _drafted(self, budgets: np.ndarray, rng: jax.Array, row_ids: np.ndarray) -> Callable[[], Decoded]:
-        """`generate` with drafts: each row's draft verified in one forward, then decoded on (rollout/speculate.py)."""
+        """`generate` with drafts: each row's draft verified K tokens a decode step (rollout/speculate.py)."""
 
         def launch() -> tuple[Any, Callable[[], tuple[np.ndarray, ...]]]:
             return self.speculation.generate(self.sampler, self.params, self.state, rng, budgets, row_ids,

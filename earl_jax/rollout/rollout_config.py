@@ -66,10 +66,11 @@ class RolloutConfig:
                                       "before --rollout.token-budget stops it, so that a budget-cut iteration trains "
                                       "at least that share (where groups end together, 0 cuts some iterations to "
                                       "one group); 0: one group")
-    drafts: int = _f(0, "K: speculative decoding of free-text answers with drafts of up to K tokens taken from the "
-                        "last 2 training rollouts' answers to the same context tail (its last 8 tokens), each verified "
-                        "in one forward pass with the exact sampling rule, so the answers' distribution is unchanged "
-                        "(rollout/speculate.py); pays where answers repeat (a trained policy), as "
+    drafts: int = _f(0, "K: speculative decoding of free-text answers: each answer is guessed to be the one that "
+                        "followed the same context tail (its last 8 tokens) in the last 2 training rollouts, and each "
+                        "decode step verifies the guess's next K tokens in one forward with the exact sampling rule, "
+                        "so the answers' distribution is unchanged and a row that follows its guess advances up to "
+                        "K + 1 tokens a step (rollout/speculate.py); pays where answers repeat (a trained policy), as "
                         "rollout/draft_acceptance shows; 0: off; not with constrained moves; one process only")
     split_processes: bool = _f(True, "in a multi-process job whose rollout mesh holds a whole model per process, each "
                                      "process plays only its share of the games (rollout/process_split.py)")

@@ -133,7 +133,7 @@ class Sampler:
         self._generate = jax.jit(self._generate_impl, static_argnums=(4, 5, 6), donate_argnums=(1,),
                                  compiler_options=opts)
         self._pick = jax.jit(self._pick_impl, static_argnums=(6,))
-        self.verify: Any = None  # drafts' verification program (rollout/speculate.py), made on first use
+        self.drafted: Any = None  # the drafted decode program (rollout/speculate.py), made on first use
         # told every shape that runs, waited on before each program: the planner's program service compiles a
         # rollout's next programs ahead there (parallel/shapes.py); nothing by default
         self.shapes: SamplerShapes = SamplerShapes()

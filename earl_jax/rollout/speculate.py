@@ -1,25 +1,31 @@
 """Speculative decoding of free-text answers with drafts from history (rollout/drafts.py), exact in distribution.
 
-At the start of a turn's answer (after its observation's extend) each decode row with a draft d_0..d_{m-1} runs ONE
-forward over its draft tokens, appended at its own positions as an extend appends them; it gives the logits at every
-draft position (position 0's are those the extend left, `next_logits`). The standard rule for a point-mass draft
-(Leviathan et al. 2023, Chen et al. 2023) then keeps every answer's distribution that of plain decoding:
+A row's draft is the answer that followed its context tail before: d_0..d_{m-1}, aligned with the answer it is
+about to write (d_j is the guess for the answer's token j). The decode loop (`DraftDecoder`, one jitted
+`lax.while_loop`, as `Sampler.generate`) feeds, at each step, a row's pending token (sampled, not yet in the cache)
+and the next K draft tokens after it, d_{j+1}..d_{j+K}, in ONE forward over K + 1 positions; it gives the logits
+predicting each draft token. The standard rule for a point-mass draft (Leviathan et al. 2023, Chen et al. 2023)
+keeps every answer's distribution that of plain decoding:
 
     accept d_i with probability p_i(d_i), p_i the distribution the sampler draws from at position i (temperature,
     top-k, top-p, `sampling.truncate`; greedy: a point mass on the argmax);
-    at the first rejection draw the answer's next token from p_i with d_i removed, renormalized;
-    all m accepted: the next token is the regular decode's (`Sampler.generate`, from the logits after d_{m-1}).
+    at the first rejection the next pending token is drawn from p_i with d_i removed, renormalized;
+    all accepted: it is drawn from the logits after the last one, as plain decoding draws.
 
-A token drawn at a rejection is fed in the same program (one decode step), so a row's cache ends at its accepted
-length plus that token; the draft's entries past it are dead: the row's length says so, attention is masked by
-position, and the next writes overwrite them. An accepted stop token ends the answer there, and so does the budget
-(drafts are cut at their first stop token and at the row's budget before they run). Log-probs are recorded as the
-sampler records them (log_softmax(logits / temperature) at the token), so the trajectory and its behaviour log-probs
-are those of plain decoding. Then `Sampler.generate` goes on from the accepted length with the budget left.
+So a row advances 1 + (accepted) tokens a step, each row by its own count, and the loop ends when the slowest row
+does: rows that follow their draft finish in a few steps, the others decode on at one token a step. A rejected
+draft token's cache entry is dead: the row's length says so, attention is masked by position, and the next writes
+overwrite it. After a rejection the row keeps proposing its draft by position (d_{j+1}.. for the answer's token
+j + 1), which pays where answers differ in a token and agree after it. A step where no active row has a draft token
+left runs the plain one-token forward (`lax.cond`), so a draft costs nothing once it is used up. An accepted stop
+token ends the answer there, and so does the budget (a row's draft is cut to what its budget leaves). Log-probs are
+recorded as the sampler records them (log_softmax(logits / temperature) at the token), so the trajectory and its
+behaviour log-probs are those of plain decoding.
 
-Randomness: row r's acceptance uniforms and its rejection draw come from fold_in(row r's key, DRAFT_STREAM), a stream
-the decode loop's draws (fold_in(row key, i), i < the answer budget) never use. One host sync a turn: the budget left
-depends on what was accepted. Where it pays: answers that repeat (a trained policy); on random weights nothing does.
+Randomness: step i's pending draw of row r is fold_in(row r's key, i + 1), plain decoding's; the acceptance uniforms
+and the rejection draw come from fold_in(fold_in(row key, DRAFT_STREAM), i), a stream plain decoding never uses.
+Where it pays: answers that repeat (a trained policy) on a device where a forward of K + 1 tokens costs about what
+one costs (memory-bound decode); on random weights nothing repeats. Measurements: docs/results.md (drafts).
 """
 
 from __future__ import annotations
@@ -31,24 +37,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Float, Int
 
 from earl_jax.distributed import global_to_host
+from earl_jax.rollout.buckets import bucket
 from earl_jax.rollout.drafts import NO_TOKEN, DraftIndex
 from earl_jax.rollout.sampler import PAD_TOKEN, Generation, Sampler, SamplerState
-from earl_jax.rollout.sampling import SamplingConfig, program_key, row_keys, runtime_values, truncate
+from earl_jax.rollout.sampling import SamplingConfig, program_key, row_keys, runtime_values, sample_logits, truncate
 
 DRAFT_STREAM = 0x7FFFFFFF  # fold_in data of the drafts' draws: far above any decode step index
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
-class Verified:
-    tokens: Int[Array, "b k"]  # row r's answer so far: tokens[r, :counts[r]] (accepted drafts, then a drawn token)
-    logprobs: Float[Array, "b k"]
-    counts: Int[Array, " b"]
-    stopped: Bool[Array, " b"]  # the answer ended on a stop token
-    accepted: Int[Array, " b"]  # draft tokens accepted
+class Drafted:
+    generation: Generation  # as `Sampler.generate` returns it
+    proposed: Int[Array, " b"]  # draft tokens a row fed (its draft cut to its budget and first stop token)
+    accepted: Int[Array, " b"]  # of those, accepted
+    steps: Int[Array, ""]  # decode steps the loop ran (plain decoding runs as many as the longest answer's tokens)
 
 
 def accept_drafts(keys: jax.Array, logits: Float[Array, "b k v"], drafts: Int[Array, "b k"], lengths: Int[Array, " b"],
@@ -80,62 +86,115 @@ def accept_drafts(keys: jax.Array, logits: Float[Array, "b k v"], drafts: Int[Ar
     return accepted, token, draft_lp, token_lp
 
 
-class DraftVerifier:
-    """The verification program of one sampler (its model, mesh and rules); one program per batch, cache size, draft
-    width, stop tokens and top-k / top-p, counted in the sampler's `compile_count`."""
+class DraftDecoder:
+    """The drafted decode program of one sampler (its model, mesh and rules): `Sampler.generate` with each row's
+    draft verified K tokens a step (module docstring). One program per batch, cache size, answer length bucket,
+    draft width, stop tokens and top-k / top-p, counted in the sampler's `compile_count`."""
 
-    def __init__(self, sampler: Sampler):
-        self.sampler = sampler
-        self._verify = jax.jit(self._verify_impl, static_argnums=(8, 9), donate_argnums=(1,))
+    def __init__(self, sampler: Sampler, window: int):
+        if window < 1:
+            raise ValueError(f"DraftDecoder: window must be >= 1, got {window}")
+        self.sampler, self.window = sampler, window
+        self._decode = jax.jit(self._decode_impl, static_argnums=(4, 5, 6), donate_argnums=(1,))
 
-    def __call__(self, params: nnx.State, state: SamplerState, drafts, lengths, rng: jax.Array, row_ids, *,
-                 stop_tokens: tuple[int, ...], sampling: SamplingConfig) -> tuple[SamplerState, Verified]:
-        """Verify row r's drafts[r, :lengths[r]] (cut at its first stop token and within its budget: `trim_drafts`);
-        rows of length 0 are untouched. `row_ids` as `Sampler.generate` takes them. `state` is donated."""
+    def __call__(self, params: nnx.State, state: SamplerState, rng: jax.Array, drafts, draft_lengths, *,
+                 max_new_tokens: int, budget, stop_tokens: tuple[int, ...], sampling: SamplingConfig, row_ids
+                 ) -> tuple[SamplerState, Drafted]:
+        """Decode as `Sampler.generate(..., row_ids=row_ids, trim=False)` does, row r guessing its answer is
+        drafts[r, :draft_lengths[r]]. Asynchronous; `state` is donated."""
+        sp = self.sampler
+        b = state.batch_size
+        budget = np.broadcast_to(np.asarray(budget, np.int32), (b,))
+        n = bucket(max(int(max_new_tokens), 1), sp.length_buckets)
+        drafts = np.asarray(drafts, np.int32)
+        width = bucket(max(drafts.shape[1], 1), sp.length_buckets)  # drafts padded past n: nothing reads them
+        padded = np.zeros((b, width), np.int32)
+        padded[:, :drafts.shape[1]] = drafts
         temperature, greedy = runtime_values(sampling)
-        drafts, lengths, row_ids = self.sampler._put_rows(
-            np.asarray(drafts, np.int32), np.asarray(lengths, np.int32), np.asarray(row_ids, np.int32))
-        return self._verify(params, state, drafts, lengths, rng, row_ids, temperature, greedy,
-                            tuple(int(t) for t in stop_tokens), program_key(sampling))
+        args = sp._put_rows(budget, padded, np.asarray(draft_lengths, np.int32), np.asarray(row_ids, np.int32))
+        stops = tuple(int(t) for t in stop_tokens)
+        return self._decode(params, state, rng, args, n, stops, program_key(sampling), np.int32(max_new_tokens),
+                            temperature, greedy)
 
-    def _verify_impl(self, params, state: SamplerState, drafts, lengths, rng, row_ids, temperature, greedy,
-                     stop_tokens: tuple[int, ...], sampling: SamplingConfig) -> tuple[SamplerState, Verified]:
+    def _decode_impl(self, params, state: SamplerState, rng, args, n: int, stop_tokens: tuple[int, ...],
+                     sampling: SamplingConfig, max_new_tokens, temperature, greedy) -> tuple[SamplerState, Drafted]:
         sp = self.sampler
         sp._traces += 1
+        budget, drafts, draft_lengths, row_ids = args
         with sp._ctx():
             model = sp._model(params)
-            k, s = drafts.shape[1], state.cache.max_len
-            idx = jnp.arange(k, dtype=jnp.int32)[None]
-            positions = jnp.where(idx < lengths[:, None], state.lengths[:, None] + idx, s)  # slot s: no write
-            h, cache = model.hidden(sp._constrain(drafts, ("batch", "length")), positions, state.cache)
-            after = model.logits(h)  # b k v: the logits after each draft token
-            before = jnp.concatenate([state.next_logits[:, None], after[:, :-1]], axis=1)  # predicting each one
-            keys = jax.vmap(lambda key: jax.random.fold_in(key, DRAFT_STREAM))(row_keys(rng, row_ids))
-            accepted, token, draft_lp, token_lp = accept_drafts(keys, before, drafts, lengths, sampling, temperature,
-                                                                greedy)
-            rejected = accepted < lengths
-
-            def feed(cache):  # the drawn token into the cache at the rejected position, as a decode step writes it
-                at = jnp.where(rejected, state.lengths + accepted, s)[:, None]
-                h1, cache = model.hidden(sp._constrain(token[:, None], ("batch", "length")), at, cache)
-                return cache, model.logits(h1)[:, 0]
-
-            cache, fed = jax.lax.cond(jnp.any(rejected), feed, lambda c: (c, state.next_logits), cache)
+            b, s, k = state.lengths.shape[0], state.cache.max_len, self.window
+            limit = jnp.minimum(jnp.minimum(budget, max_new_tokens), s - state.lengths)
             stops = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
-            last = jnp.maximum(lengths - 1, 0)[:, None]
-            last_draft = jnp.take_along_axis(drafts, last, axis=1)[:, 0]
-            stop_of = lambda t: jnp.any(t[:, None] == stops[None], axis=-1) & bool(stop_tokens)  # noqa: E731
-            stopped = jnp.where(rejected, stop_of(token), (lengths > 0) & stop_of(last_draft))
-            after_last = jnp.take_along_axis(after, last[..., None], axis=1)[:, 0]
-            next_logits = jnp.where(rejected[:, None], fed,
-                                    jnp.where((lengths > 0)[:, None], after_last, state.next_logits))
-            counts = accepted + rejected.astype(jnp.int32)
-            kept, drawn = idx < accepted[:, None], (idx == accepted[:, None]) & rejected[:, None]
-            tokens = jnp.where(kept, drafts, jnp.where(drawn, token[:, None], PAD_TOKEN))
-            logprobs = jnp.where(kept, draft_lp, jnp.where(drawn, token_lp[:, None], 0.0))
-            state = sp._constrain_state(SamplerState(cache, state.lengths + counts, next_logits))
+            is_stop = lambda t: jnp.any(t[..., None] == stops, axis=-1) & bool(stop_tokens)  # noqa: E731
+            keys = row_keys(rng, row_ids)
+            draft_keys = jax.vmap(lambda key: jax.random.fold_in(key, DRAFT_STREAM))(keys)
+            at = lambda x, i: jnp.take_along_axis(x, i[:, None, None] if x.ndim == 3 else i[:, None], 1)[:, 0]  # noqa
+
+            def step(c, w: int):
+                """Feed each active row's pending token and its next w draft tokens; accept, record, draw the next."""
+                i, cache, lengths, h_last, tok, lp, toks, lps, num, stopped, done, proposed, accepted = c
+                active = ~done
+                room = limit - num - 1  # answer tokens left after the pending one
+                offs = jnp.arange(w, dtype=jnp.int32)[None]
+                cols = num[:, None] + 1 + offs  # the answer positions the draft tokens guess
+                d = jnp.take_along_axis(drafts, jnp.minimum(cols, drafts.shape[1] - 1), axis=1)
+                dl = jnp.clip(draft_lengths - num - 1, 0, w)
+                dl = jnp.where(active & ~is_stop(tok), jnp.minimum(dl, jnp.maximum(room, 0)), 0)
+                if w:  # nothing after a draft's first stop token
+                    first_stop = jnp.argmax(is_stop(d) & (offs < dl[:, None]), axis=1)
+                    dl = jnp.where(jnp.any(is_stop(d) & (offs < dl[:, None]), axis=1), first_stop + 1, dl)
+                x = jnp.concatenate([tok[:, None], d], axis=1)  # b, w + 1
+                idx = jnp.arange(w + 1, dtype=jnp.int32)[None]
+                positions = jnp.where(active[:, None] & (idx <= dl[:, None]), lengths[:, None] + idx, s)
+                h, cache = model.hidden(sp._constrain(x, ("batch", "length")), positions, cache)
+                logits = model.logits(h)  # b, w + 1, v: after the pending token and after each draft token
+                if w:
+                    akeys = jax.vmap(lambda key: jax.random.fold_in(key, i))(draft_keys)
+                    a, rej_tok, draft_lp, rej_lp = accept_drafts(akeys, logits[:, :w], d, dl, sampling,
+                                                                 temperature, greedy)
+                else:
+                    a = jnp.zeros((b,), jnp.int32)
+                    rej_tok, rej_lp, draft_lp = a, jnp.zeros((b,), jnp.float32), jnp.zeros((b, 0), jnp.float32)
+                fed = jnp.concatenate([lp[:, None], draft_lp], axis=1)  # the log-probs of x
+                valid = active[:, None] & (idx <= a[:, None])
+                write = jnp.where(valid, num[:, None] + idx, toks.shape[1])  # out of range: dropped
+                rows = jnp.broadcast_to(jnp.arange(b)[:, None], write.shape)
+                toks = toks.at[rows, write].set(x, mode="drop")
+                lps = lps.at[rows, write].set(fed, mode="drop")
+                last = at(x, a)  # the last token fed and kept: the pending one, or the last accepted draft token
+                hit = active & is_stop(last)
+                add = jnp.where(active, a + 1, 0)
+                num, lengths = num + add, lengths + add
+                h_last = jnp.where(active[:, None], at(h, a), h_last)
+                key = jax.vmap(lambda key: jax.random.fold_in(key, i + 1))(keys)  # plain decoding's draw i + 1
+                new_tok, new_lp = sample_logits(key, at(logits, a), sampling, temperature, greedy)
+                rejected = a < dl
+                tok, lp = jnp.where(rejected, rej_tok, new_tok), jnp.where(rejected, rej_lp, new_lp)
+                stopped = stopped | hit
+                done = done | hit | (num >= limit)
+                proposed, accepted = proposed + dl, accepted + jnp.where(active, a, 0)
+                return i + 1, cache, lengths, h_last, tok, lp, toks, lps, num, stopped, done, proposed, accepted
+
+            def body(c):
+                num, done = c[8], c[10]
+                any_draft = jnp.any(~done & (draft_lengths > num + 1))
+                return jax.lax.cond(any_draft, lambda c: step(c, k), lambda c: step(c, 0), c)
+
+            tok, lp = sample_logits(jax.vmap(lambda key: jax.random.fold_in(key, 0))(keys), state.next_logits,
+                                    sampling, temperature, greedy)
+            zeros = jnp.zeros((b,), jnp.int32)
+            init = (jnp.int32(0), state.cache, state.lengths, jnp.zeros((b, sp.cfg.hidden_size), model.dtype), tok, lp,
+                    sp._constrain(jnp.full((b, n), PAD_TOKEN, jnp.int32), ("batch", None)),
+                    sp._constrain(jnp.zeros((b, n), jnp.float32), ("batch", None)), zeros, zeros.astype(bool),
+                    limit <= 0, zeros, zeros)
+            out = jax.lax.while_loop(lambda c: ~jnp.all(c[10]), body, init)
+            steps, cache, lengths, h_last, _, _, toks, lps, num, stopped, _, proposed, accepted = out
+            next_logits = jnp.where((num > 0)[:, None], model.logits(h_last[:, None])[:, 0], state.next_logits)
+            state = sp._constrain_state(SamplerState(cache, lengths, next_logits))
             rows = lambda x: sp._constrain(x, ("batch",) + (None,) * (x.ndim - 1))  # noqa: E731
-            return state, Verified(*map(rows, (tokens, logprobs, counts, stopped, accepted)))
+            generation = Generation(*map(rows, (toks, lps, num, stopped)))
+            return state, Drafted(generation, rows(proposed), rows(accepted), steps)
 
 
 def trim_drafts(drafts: np.ndarray, lengths: np.ndarray, limit: np.ndarray, stop_tokens: tuple[int, ...]
@@ -150,11 +209,12 @@ def trim_drafts(drafts: np.ndarray, lengths: np.ndarray, limit: np.ndarray, stop
 
 class Speculation:
     """One model policy's drafting (rollout/policy.py): its rows' context tails (the last `index.n` tokens of each
-    row's cache), the verification before each decode, and the draft tokens it proposed and had accepted."""
+    row's cache), the drafted decode, and the draft tokens it proposed and had accepted."""
 
-    def __init__(self, index: DraftIndex):
+    def __init__(self, index: DraftIndex, window: int | None = None):
         self.index = index
-        self.proposed = self.accepted = 0
+        self.window = window or index.width  # draft tokens verified a decode step
+        self.proposed = self.accepted = self.steps = 0
         self.tails = np.full((0, index.n), NO_TOKEN, np.int32)
 
     def reset(self, batch: int) -> None:
@@ -181,38 +241,20 @@ class Speculation:
         budgets = np.asarray(budgets, np.int32)
         drafts, lengths = self.index.propose(self.tails)
         lengths = trim_drafts(drafts, lengths, np.minimum(budgets, max_new_tokens), stop_tokens)
-        kw = dict(max_new_tokens=max_new_tokens, stop_tokens=stop_tokens, sampling=sampling, row_ids=row_ids,
-                  trim=False)
-        verified = None
-        if lengths.any():
-            if sampler.verify is None:  # kept with the sampler, as its other compiled programs are
-                sampler.verify = DraftVerifier(sampler)
-            state, out = sampler.verify(params, state, drafts, lengths, rng, row_ids, stop_tokens=stop_tokens,
-                                        sampling=sampling)
-            verified = global_to_host(out)  # the budget left depends on what was accepted
-            self.proposed += int(lengths.sum())
-            self.accepted += int(verified.accepted.sum())
-            budgets = np.where(verified.stopped, 0, budgets - verified.counts).astype(np.int32)
-        generated = None
-        if budgets.any():
-            state, generated = sampler.generate(params, state, rng, budget=budgets, **kw)
-        return state, lambda: self._answers(verified, generated, len(budgets), max_new_tokens)
+        if sampler.drafted is None or sampler.drafted.window != self.window:  # kept with its other programs
+            sampler.drafted = DraftDecoder(sampler, self.window)
+        state, out = sampler.drafted(params, state, rng, drafts, lengths, max_new_tokens=max_new_tokens,
+                                     budget=budgets, stop_tokens=stop_tokens, sampling=sampling, row_ids=row_ids)
+        return state, lambda: self._answers(out, max_new_tokens)
 
-    def _answers(self, verified: Verified | None, generated: Generation | None, b: int, width: int
-                 ) -> tuple[np.ndarray, ...]:
-        """The verified tokens, then the decoded ones after them (host arrays); the rows' tails take them."""
-        tokens, logprobs = np.full((b, width), PAD_TOKEN, np.int32), np.zeros((b, width), np.float32)
-        counts, stopped = np.zeros(b, np.int32), np.zeros(b, bool)
-        if verified is not None:
-            w = min(width, verified.tokens.shape[1])  # counts <= the budget <= width
-            tokens[:, :w], logprobs[:, :w] = verified.tokens[:, :w], verified.logprobs[:, :w]
-            counts, stopped = np.asarray(verified.counts, np.int32), np.asarray(verified.stopped, bool)
-        if generated is not None:
-            g_tokens, g_logprobs, g_counts, g_stopped = global_to_host(
-                (generated.tokens, generated.logprobs, generated.num_tokens, generated.stopped))
-            valid = np.arange(g_tokens.shape[1])[None] < g_counts[:, None]
-            rows, cols = np.nonzero(valid)
-            tokens[rows, counts[rows] + cols], logprobs[rows, counts[rows] + cols] = g_tokens[valid], g_logprobs[valid]
-            counts, stopped = counts + g_counts, stopped | g_stopped
+    def _answers(self, out: Drafted, width: int) -> tuple[np.ndarray, ...]:
+        """The answers on the host, trimmed to `width` columns; the rows' tails and the counters take them."""
+        gen = out.generation
+        tokens, logprobs, counts, stopped, proposed, accepted, steps = global_to_host(
+            (gen.tokens, gen.logprobs, gen.num_tokens, gen.stopped, out.proposed, out.accepted, out.steps))
+        self.proposed += int(proposed.sum())
+        self.accepted += int(accepted.sum())
+        self.steps += int(steps)
+        tokens, logprobs = tokens[:, :width], logprobs[:, :width]
         self.extended(tokens, counts)
         return tokens, logprobs, counts, stopped

@@ -13,12 +13,12 @@ policy plays a rollout with and without drafts, `--rounds` times each, alternati
 Within a round both modes play the same problems with the same key; the rounds' samples differ, so the success rates
 (the same distribution with and without drafts) are means over `--rounds` x the episodes.
 
-Reported per case and mode: the rollout's median wall time, the median time its host waited for the decode (verify
-and decode programs, `rollout/wait_frac`'s numerator), answer tokens per second, the mean success rate and answer
+Reported per case and mode: the rollout's median wall time, the median time its host waited for the decode programs
+(`rollout/wait_frac`'s numerator), answer tokens per second, the mean success rate and answer
 tokens, draft tokens proposed and accepted. Timings are a ratio within one run on one
 device; on a shared CPU they are only that.
 
-    python experiments/benchmarks/bench_drafts.py                          # guess-the-number, 64 episodes, K = 6
+    python experiments/benchmarks/bench_drafts.py                          # guess-the-number, 64 episodes, K = 4
     python experiments/benchmarks/bench_drafts.py --preset arithmetic --drafts 16 --sft-steps 300
     python experiments/benchmarks/bench_drafts.py --preset arithmetic --drafts 16 --model qwen2.5-1.5b   # a GPU
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import shlex
 import statistics
 import sys
 import tempfile
@@ -48,10 +49,11 @@ def main() -> None:
     p.add_argument("--sft-steps", type=int, default=200, help="SFT steps on the task's expert episodes")
     p.add_argument("--groups", type=int, default=16)
     p.add_argument("--group-size", type=int, default=4)
-    p.add_argument("--drafts", type=int, default=6, help="K (tiny-cpu's answer budget is 6, arithmetic's 16)")
+    p.add_argument("--drafts", type=int, default=4, help="K, the draft tokens a decode step verifies")
     p.add_argument("--context", type=int, default=8, help="the index's key: the context's last N tokens")
     p.add_argument("--rounds", type=int, default=5, help="measured rollouts per case and mode")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--flags", default="", help="more job flags, e.g. \"--sft.learning-rate 3e-4\"")
     p.add_argument("--out", type=Path)
     a = p.parse_args()
 
@@ -69,7 +71,7 @@ def main() -> None:
                          "--rollout.drafts", str(a.drafts),
                          "--run.seed", str(a.seed), "--eval.every", "0", "--run.checkpoint-every", "0",
                          "--run.progress", "false", "--run.wandb-mode", "disabled"]
-                        + (["--model.name", a.model] if a.model else []), CONFIGS).config
+                        + (["--model.name", a.model] if a.model else []) + shlex.split(a.flags), CONFIGS).config
         trainer = Trainer(cfg, log=False)
         sft = trainer.format_warmup()
         stage = trainer.rollout
@@ -82,7 +84,7 @@ def main() -> None:
             traj, _ = trainer.play(trainer.matchmaker.train_env(step), seeds, group_ids, rng, trainer.sampling)
             return traj.stats
 
-        index = DraftIndex(a.drafts, n=a.context)
+        index = DraftIndex(max(cfg.rollout.max_turn_tokens, a.drafts), n=a.context)  # whole answers, as a job's
         play(0, index)  # iteration 0's answers fill the index
         previous = copy.deepcopy(index)
         cases = {"next": lambda r: (r + 1, 0), "repeat": lambda r: (0, r + 1)}  # round -> (iteration, key)

@@ -66,9 +66,10 @@ class Fixed:
 
     def __init__(self, drafts: list[list[int]]):
         self.drafts = drafts
+        self.width = max(map(len, drafts)) or 1
 
     def propose(self, contexts):
-        out = np.zeros((len(contexts), max(map(len, self.drafts)) or 1), np.int32)
+        out = np.zeros((len(contexts), self.width), np.int32)
         lengths = np.zeros(len(contexts), np.int32)
         for r in range(len(contexts)):
             d = self.drafts[r % len(self.drafts)]
@@ -146,7 +147,7 @@ def test_answers_with_drafts_have_plain_decodings_distribution(model, sampling):
     exact, recorded = _exact(model, sampling)
     plain, _ = _answers(model, None, sampling, rows=4096)
     drafted, policy = _answers(model, Fixed(_drafts(exact)), sampling, rows=4096)
-    assert 0.2 < policy.speculation.accepted / policy.speculation.proposed < 0.9  # both branches of the rule run
+    assert 0.1 < policy.speculation.accepted / policy.speculation.proposed < 0.9  # both branches of the rule run
     for out in (plain, drafted):  # every token's log-prob is the one plain decoding records
         for row, logp, n in zip(out.tokens.tolist(), out.logprobs, out.counts.tolist()):
             np.testing.assert_allclose(logp[:n], [recorded[tuple(row[:i])][row[i]] for i in range(n)], atol=1e-5)
@@ -192,13 +193,34 @@ def test_greedy_drafts_give_plain_greedy_tokens_and_logprobs(untied):
     np.testing.assert_array_equal(drafted.counts, plain.counts)
     np.testing.assert_array_equal(drafted.stopped, plain.stopped)
     np.testing.assert_allclose(drafted.logprobs, plain.logprobs, atol=1e-5)
-    assert policy.speculation.proposed == plain.counts[0] + 3 + 3 + 2 + 2 + 1
-    assert policy.speculation.accepted == plain.counts[0] + 1 + 3 + 2 + 1
+    # the first token is drawn as plain decoding draws it; the drafts guess the tokens after it, by position:
+    # row 1 proposes 2 (1 rejected), then its third token after the rejection's draw (accepted)
+    assert policy.speculation.proposed == (plain.counts[0] - 1) + 3 + 2 + 1 + 1
+    assert policy.speculation.accepted == (plain.counts[0] - 1) + 1 + 2 + 1
+    assert policy.speculation.steps == plain.counts.max()  # row 2 (no draft) decodes a token a step
     tails = [_tail((context + g[r][:plain.counts[r]])[-8:]) for r, context in enumerate(contexts)]
     np.testing.assert_array_equal(policy.speculation.tails, tails)  # each row's key next turn: its last tokens
     policy.take_rows(np.array([3, 0]), 4)  # compaction and a pool's emptied row move and clear the tails too
     policy.reset_rows(np.array([1]))
     np.testing.assert_array_equal(policy.speculation.tails, [tails[3], _tail([]), _tail([]), _tail([])])
+
+
+@pytest.mark.parametrize("window", [1, 2, 4])
+def test_rows_that_follow_their_drafts_advance_window_plus_one_tokens_a_step(untied, window):
+    contexts = [CONTEXT, [2, 2, 1], [4, 0, 3, 3, 1], [3], [0, 2, 2, 4]]
+    plain, _ = _answers(untied, None, GREEDY, rows=len(contexts), budget=7, contexts=contexts, stops=())
+    answers = [row[:n] for row, n in zip(plain.tokens.tolist(), plain.counts.tolist())]
+    graphdef, params = untied
+    policy = SamplerPolicy(Sampler(graphdef, nnx.merge(graphdef, params).cfg, cache_dtype=jnp.float32), params,
+                           GREEDY, (), 7, drafts=Fixed(answers))
+    policy.speculation.window = window
+    policy.reset(len(contexts), 32)
+    policy.extend(np.array([c + [0] * (8 - len(c)) for c in contexts], np.int32), np.array(list(map(len, contexts))))
+    drafted = policy.generate(np.full(len(contexts), 7, np.int32), jax.random.key(7), np.arange(len(contexts)))()
+    np.testing.assert_array_equal(drafted.tokens, plain.tokens)
+    steps = math.ceil(7 / (window + 1))  # plain decoding: 7 steps
+    assert policy.speculation.steps == steps
+    assert policy.speculation.accepted == policy.speculation.proposed == (7 - steps) * len(contexts)
 
 
 @pytest.mark.parametrize("shape", ["d4f2t1", "d2f1t4"])

@@ -31,7 +31,7 @@ from earl_jax.rollout.drafts import DraftIndex
 from earl_jax.rollout.frozen_opponent import FrozenPolicyOpponent
 from earl_jax.rollout.policy import SamplerPolicy
 from earl_jax.rollout.process_split import RowView, gather_trajectories, process_block
-from earl_jax.rollout.rollout_config import RolloutConfig
+from earl_jax.rollout.rollout_config import RolloutConfig, parse_schedule
 from earl_jax.rollout.sampler import DEFAULT_CACHE_BUCKETS, Sampler, SamplingConfig
 
 
@@ -65,7 +65,9 @@ class RolloutStage:
         if cfg.drafts and jax.process_count() > 1:
             raise ValueError("--rollout.drafts: drafts run in one process only (each process would need the same "
                              "index and rows); use --rollout.drafts 0")
-        self.drafts = DraftIndex(cfg.drafts) if cfg.drafts else None  # training rollouts' answers, for the next ones
+        # training rollouts' answers, whole up to the longest turn budget, for the next ones (drafted K a step)
+        longest = max([cfg.max_turn_tokens] + [t for _, t in parse_schedule(cfg.turn_tokens_schedule)])
+        self.drafts = DraftIndex(max(longest, cfg.drafts)) if cfg.drafts else None
 
     @property
     def compile_count(self) -> int:
@@ -89,7 +91,8 @@ class RolloutStage:
         drafts = self.drafts if training else None  # evaluations decode as they always have
         # an accelerator's decode loop holds the thread that launched it: a group must decode from a worker thread
         policies = [SamplerPolicy(sampler, params, sampling, stops, turn_tokens, moves=self.moves,
-                                  background=k > 1 and backend != "cpu", drafts=drafts) for _ in range(k)]
+                                  background=k > 1 and backend != "cpu", drafts=drafts,
+                                  draft_window=self.cfg.drafts) for _ in range(k)]
         compact = self.shapes.compact_now()
         unit = k * min_batch  # a pool's rows: whole decode batches in every pipeline group
         slots = 0 if league is not None else -(-self.slots // unit) * unit  # a frozen opponent draws by its calls
