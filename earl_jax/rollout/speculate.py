@@ -241,6 +241,11 @@ class Speculation:
         budgets = np.asarray(budgets, np.int32)
         drafts, lengths = self.index.propose(self.tails)
         lengths = trim_drafts(drafts, lengths, np.minimum(budgets, max_new_tokens), stop_tokens)
+        if not lengths.any():  # nothing to draft: plain decoding's program, token for token
+            state, gen = sampler.generate(params, state, rng, max_new_tokens=max_new_tokens, budget=budgets,
+                                          stop_tokens=stop_tokens, sampling=sampling, row_ids=row_ids, trim=False)
+            zeros = np.zeros(len(budgets), np.int32)
+            return state, lambda: self._answers(Drafted(gen, zeros, zeros, None), max_new_tokens)
         if sampler.drafted is None or sampler.drafted.window != self.window:  # kept with its other programs
             sampler.drafted = DraftDecoder(sampler, self.window)
         state, out = sampler.drafted(params, state, rng, drafts, lengths, max_new_tokens=max_new_tokens,
@@ -254,7 +259,7 @@ class Speculation:
             (gen.tokens, gen.logprobs, gen.num_tokens, gen.stopped, out.proposed, out.accepted, out.steps))
         self.proposed += int(proposed.sum())
         self.accepted += int(accepted.sum())
-        self.steps += int(steps)
+        self.steps += int(counts.max(initial=0) if steps is None else steps)  # plain decoding: the longest answer
         tokens, logprobs = tokens[:, :width], logprobs[:, :width]
         self.extended(tokens, counts)
         return tokens, logprobs, counts, stopped
