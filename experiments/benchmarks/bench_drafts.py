@@ -22,7 +22,7 @@ device; on a shared CPU they are only that.
     python experiments/benchmarks/bench_drafts.py --preset arithmetic --drafts 16 --sft-steps 300
     python experiments/benchmarks/bench_drafts.py --preset arithmetic --drafts 16 --model qwen2.5-1.5b   # a GPU
 
-Writes experiments/results/bench_drafts_<preset>_n<context>_<device>.json.
+Writes experiments/results/bench_drafts_<preset>_k<K>_n<context>_<device>.json.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def main() -> None:
               "answer_budget": cfg.rollout.max_turn_tokens, "sft_steps": a.sft_steps, "rounds": a.rounds,
               "sft": {k: float(v) for k, v in sft.items()}, "rows": rows}
     shape = f"_{a.model}" if a.model else ""
-    out = a.out or RESULTS / f"bench_drafts_{a.preset}{shape}_n{a.context}_{device_slug(device)}.json"
+    out = a.out or RESULTS / f"bench_drafts_{a.preset}{shape}_k{a.drafts}_n{a.context}_{device_slug(device)}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out}")
 
