@@ -54,7 +54,7 @@ class Drafted:
     generation: Generation  # as `Sampler.generate` returns it
     proposed: Int[Array, " b"]  # draft tokens a row fed (its draft cut to its budget and first stop token)
     accepted: Int[Array, " b"]  # of those, accepted
-    steps: Int[Array, ""]  # decode steps the loop ran (plain decoding runs as many as the longest answer's tokens)
+    steps: Int[Array, ""] | None  # decode steps the loop ran; None: plain decoding ran (as many as the longest answer)
 
 
 def accept_drafts(keys: jax.Array, logits: Float[Array, "b k v"], drafts: Int[Array, "b k"], lengths: Int[Array, " b"],
@@ -241,7 +241,7 @@ class Speculation:
         budgets = np.asarray(budgets, np.int32)
         drafts, lengths = self.index.propose(self.tails)
         lengths = trim_drafts(drafts, lengths, np.minimum(budgets, max_new_tokens), stop_tokens)
-        if not lengths.any():  # nothing to draft: plain decoding's program, token for token
+        if not (lengths > 1).any():  # nothing to verify (a draft's first token is drawn plainly): plain decoding
             state, gen = sampler.generate(params, state, rng, max_new_tokens=max_new_tokens, budget=budgets,
                                           stop_tokens=stop_tokens, sampling=sampling, row_ids=row_ids, trim=False)
             zeros = np.zeros(len(budgets), np.int32)
