@@ -101,7 +101,8 @@ class DraftDecoder:
                  max_new_tokens: int, budget, stop_tokens: tuple[int, ...], sampling: SamplingConfig, row_ids
                  ) -> tuple[SamplerState, Drafted]:
         """Decode as `Sampler.generate(..., row_ids=row_ids, trim=False)` does, row r guessing its answer is
-        drafts[r, :draft_lengths[r]]. Asynchronous; `state` is donated."""
+        drafts[r, :draft_lengths[r]], cut after its first stop token (`trim_drafts`: an accepted stop token ends
+        the answer, so nothing after it is fed). Asynchronous; `state` is donated."""
         sp = self.sampler
         b = state.batch_size
         budget = np.broadcast_to(np.asarray(budget, np.int32), (b,))
@@ -141,9 +142,6 @@ class DraftDecoder:
                 d = jnp.take_along_axis(drafts, jnp.minimum(cols, drafts.shape[1] - 1), axis=1)
                 dl = jnp.clip(draft_lengths - num - 1, 0, w)
                 dl = jnp.where(active & ~is_stop(tok), jnp.minimum(dl, jnp.maximum(room, 0)), 0)
-                if w:  # nothing after a draft's first stop token
-                    first_stop = jnp.argmax(is_stop(d) & (offs < dl[:, None]), axis=1)
-                    dl = jnp.where(jnp.any(is_stop(d) & (offs < dl[:, None]), axis=1), first_stop + 1, dl)
                 x = jnp.concatenate([tok[:, None], d], axis=1)  # b, w + 1
                 idx = jnp.arange(w + 1, dtype=jnp.int32)[None]
                 positions = jnp.where(active[:, None] & (idx <= dl[:, None]), lengths[:, None] + idx, s)
