@@ -80,6 +80,22 @@ CANDIDATES = {
                                                "--optim.ppo-mini-batches", "16"],
     # the preset with no decay of its rate: the slower seeds were still rising at 300 while the rate fell to 0.1x
     "format_mixed_mb16_constant": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--optim.schedule", "constant"],
+    # the answer's budget sized to its format (a digit and the end token) instead of tiny-cpu's 6: past the format
+    # warm-up the end token fades, and 5 of 6 trained tokens then carry the digit's advantage without deciding it
+    "format_mixed_mb16_t2": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--rollout.max-turn-tokens", "2"],
+    # the same at a lower rate: without the 4 unrewarded tokens the digit's share of each normalised step is larger
+    "format_mixed_mb16_t2_lr5e-4": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--rollout.max-turn-tokens", "2",
+                                                     "--optim.learning-rate", "5e-4"],
+    "format_mixed_mb16_t2_lr3e-4": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--rollout.max-turn-tokens", "2",
+                                                     "--optim.learning-rate", "3e-4"],
+    # one token, the task's action_space (Text, max_length 1): with two, the policy wrote '0X' and read at the second
+    "format_mixed_mb16_t1": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--rollout.max-turn-tokens", "1"],
+    "format_mixed_mb16_t1_lr5e-4": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--rollout.max-turn-tokens", "1",
+                                                     "--optim.learning-rate", "5e-4"],
+    # the preset with the 6x larger model (~5M parameters): every answer format above plateaued near 0.5
+    "format_mixed_mb16_small": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--model.name", "small"],
+    "format_mixed_mb16_small_lr5e-4": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--model.name", "small",
+                                                        "--optim.learning-rate", "5e-4"],
 }
 
 

@@ -168,6 +168,7 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
     observation_tokens = 0  # widest later extend: with the prompt's, what the selector's rollout memory estimate needs
 
     busy_rows = pool_rows = pool_busy = 0  # rows decoding a game; a pool's decode rows and busy rows while games wait
+    kv_used = kv_allocated = 0  # cache positions a decode's games need and those its cache holds (rows x length)
     answer_tokens, stopped = 0, False  # answer tokens so far; whether the token budget ended the rollout
     groups = []
     first_ids, first_counts = ids, counts  # every game's first observation (a pool extends it when the game starts)
@@ -214,7 +215,7 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
 
     def issue(g: _Group) -> None:
         """Start the group's next decode, or retire it when none of its games can go on (or the budget is spent)."""
-        nonlocal decode_rows, wait_s, busy_rows, pool_rows, pool_busy
+        nonlocal decode_rows, wait_s, busy_rows, pool_rows, pool_busy, kv_used, kv_allocated
         slots = np.flatnonzero(g.games >= 0)
         games = g.games[slots]
         going = live[games]
@@ -257,6 +258,9 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         t0 = time.perf_counter()  # a GPU decode loop may hold the launching thread until it ends: that is waiting
         g.fetch = g.policy.generate(budgets, key, row_ids, **kw)
         decode_rows += len(g.games)
+        if (shape := getattr(g.policy, "cache_shape", None)) is not None:  # a host policy holds no cache
+            kv_allocated += shape[0] * shape[1]
+            kv_used += int(np.minimum(ep.length[games[going]] + budgets[slots[going]], shape[1]).sum())
         if not cfg.overlap:  # the reference schedule: nothing else runs while this group decodes
             g.fetch = _ready(g.fetch())
         wait_s += time.perf_counter() - t0
@@ -377,6 +381,7 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         decode_rows=decode_rows, prompt_tokens=prompt_tokens, first_cache_len=first_cache_len,
         observation_tokens=observation_tokens, busy_rows=busy_rows,
         pool_occupancy=pool_busy / pool_rows if pool_rows else None, answer_tokens=answer_tokens,
+        kv_used=kv_used, kv_allocated=kv_allocated,
         unfinished=None if not cfg.token_budget else live.copy() if stopped else np.zeros(n, bool),
         legal=legal if cfg.token_budget else None)
 

@@ -102,6 +102,10 @@ class RolloutStats:
     judged: int = 0  # moves the env judged for blunders
     busy_rows: int = 0  # decode-batch slots holding a game that decodes, summed over decodes (/ decode_rows: occupancy)
     pool_occupancy: float | None = None  # a pool of games (PlayConfig.slots): busy / decode rows while games waited
+    # KV cache positions summed over decodes: those holding a decoding game's tokens (its context and the turn's
+    # budget) and those allocated (rows x the cache's length): what a paged cache would not hold (this process's)
+    kv_used: int = 0
+    kv_allocated: int = 0
     # a rollout split by process (rollout/process_split.py): the gather of the trajectories, the part of it spent
     # waiting for the slowest process, and each process's own time for its games
     gather_s: float = 0.0

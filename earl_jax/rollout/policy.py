@@ -50,6 +50,11 @@ class SamplerPolicy:
             self.sampler.prepare_generate(self.params, self.state, max_new_tokens=self.max_new_tokens,
                                           stop_tokens=self.stop_tokens, sampling=self.sampling)
 
+    @property
+    def cache_shape(self) -> tuple[int, int]:
+        """(rows, positions a row) of the KV cache: what the agent loop's `kv_used / kv_allocated` divides by."""
+        return self.state.batch_size, self.state.max_len
+
     def extend(self, tokens: np.ndarray, counts: np.ndarray) -> None:
         tokens, counts = np.asarray(tokens, np.int32), np.asarray(counts, np.int64)
         if self._pending_n.any():  # the last answers go in first, in the same call (only for games that go on)

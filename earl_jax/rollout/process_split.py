@@ -145,8 +145,8 @@ def gather_trajectories(local: Trajectories) -> Trajectories:
     time: its own games, then the gather (`gather_s`), which waits for the slowest process (`gather_wait_s`)
     and moves the data; `process_rollout_s` holds every process's own time. `env_s` and `wait_s` are the
     processes' means (their fractions of `rollout_s` stay comparable with one process), `decode_rows`, `busy_rows`,
-    the blunder and the answer-token counts are sums (a pool's occupancy is this process's), the prompt / observation
-    widths maxima."""
+    the blunder and the answer-token counts are sums (a pool's occupancy and the KV counts are this process's), the
+    prompt / observation widths maxima."""
     t0 = time.perf_counter()
     s = local.stats
     turns = max(max((len(t) for t in local.turn_context_lens), default=0), 1)
@@ -181,7 +181,8 @@ def gather_trajectories(local: Trajectories) -> Trajectories:
         decode_rows=sum(r[2] for r in rows), busy_rows=sum(r[-2] for r in rows), prompt_tokens=max(r[3] for r in rows),
         first_cache_len=max(r[4] for r in rows), observation_tokens=max(r[5] for r in rows),
         blunder_rate=total_blunders / total_judged if total_judged else None, judged=total_judged,
-        pool_occupancy=s.pool_occupancy, answer_tokens=sum(r[-1] for r in rows))
+        pool_occupancy=s.pool_occupancy, answer_tokens=sum(r[-1] for r in rows), kv_used=s.kv_used,
+        kv_allocated=s.kv_allocated)
     start = jax.process_index() * local.num_games  # process_block gives every process an equal share
     return Trajectories(
         **{k: np.pad(getattr(local, k), ((0, 0), (0, width - local.tokens.shape[1]))) for k in _COLS},

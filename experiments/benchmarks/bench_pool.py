@@ -14,7 +14,9 @@ differ from the others' by ~1% of the tokens), when memory holds S decode rows:
   rollout's layout is the one planned for S rows).
 
 Reported per mode, medians of `--rounds` after one round that compiles: wall seconds, answer tokens per second,
-decode-row occupancy (busy rows / decode rows) and, for the pool, its occupancy while episodes waited.
+decode-row occupancy (busy rows / decode rows) and, for the pool, its occupancy while episodes waited; the share of
+the KV cache's positions that hold a decoding episode's context (`kv_used_frac`, summed over decodes: what a paged
+cache would not allocate is 1 minus it).
 
     python experiments/benchmarks/bench_pool.py                                   # CPU: N 256, S 64
     python experiments/benchmarks/bench_pool.py --episodes 1024 --slots 128       # one GPU
@@ -177,15 +179,21 @@ def main() -> None:
             return [sum(f(s) for s in parts) for parts in rounds]
         seconds, tokens = total(lambda s: s.rollout_s), total(lambda s: s.answer_tokens)
         busy, decode_rows = total(lambda s: s.busy_rows), total(lambda s: s.decode_rows)
+        kv_used, kv_allocated = total(lambda s: s.kv_used), total(lambda s: s.kv_allocated)
         rows[m] = {"rollout_s": statistics.median(seconds), "rollout_s_each": [round(x, 4) for x in seconds],
                    "answer_tokens": tokens[0],
                    "tokens_per_s": statistics.median(t / s for t, s in zip(tokens, seconds)),
                    "occupancy": busy[0] / max(decode_rows[0], 1), "decode_rows": decode_rows[0],
                    "turns_mean": statistics.fmean(s.turns_mean for s in rounds[0]),
-                   "pool_occupancy": rounds[0][0].pool_occupancy}  # None: no pool played
+                   "pool_occupancy": rounds[0][0].pool_occupancy,  # None: no pool played
+                   # cache positions holding a decoding episode's context over those allocated, summed over decodes:
+                   # 1 - this is what per-row contiguous caches hold beyond a paged cache's need (the schedule's, so
+                   # the same on any device and model)
+                   "kv_used_frac": kv_used[0] / max(kv_allocated[0], 1)}
         print(f"{m:>6}: {rows[m]['rollout_s']:.3f} s, {rows[m]['tokens_per_s']:.0f} answer tokens/s, occupancy "
               f"{rows[m]['occupancy']:.2f}" + (f", while episodes waited {rows[m]['pool_occupancy']:.2f}"
-                                               if rows[m]["pool_occupancy"] is not None else ""), flush=True)
+                                               if rows[m]["pool_occupancy"] is not None else "")
+              + f", KV positions used {rows[m]['kv_used_frac']:.2f}", flush=True)
     if "waves" in rows and "pool" in rows:
         speedup = rows["pool"]["tokens_per_s"] / rows["waves"]["tokens_per_s"]
         print(f"pool / waves: {speedup:.2f}x answer tokens per second")

@@ -97,6 +97,17 @@ def test_a_pool_truncates_at_max_turns_and_max_context_as_lock_step(model):
         _same(reference, _rollout(model, dataclasses.replace(cfg, slots=4)))
 
 
+@pytest.mark.parametrize("slots", [0, 4])
+def test_the_kv_counts_recount_the_games_contexts(model, slots):
+    """`kv_used`: each decode's games, their context at the turn's start plus the turn's budget (the cache holds
+    both); `kv_allocated`: the decode batch's rows x its cache length, never less."""
+    run = _rollout(model, dataclasses.replace(BASE, slots=slots))
+    s = run.stats
+    need = sum(c + min(BASE.max_turn_tokens, BASE.max_context - c) for t in run.turn_context_lens for c in t)
+    assert s.kv_used == need and 0 < s.kv_used <= s.kv_allocated
+    assert s.kv_allocated >= s.decode_rows * s.first_cache_len  # every decode row holds at least the first cache
+
+
 def test_a_pool_of_constrained_moves_plays_the_same_games(model):
     env = _game_env()
     moves = MoveTokens.build(TOK, env.num_actions, IDS.eos_id)

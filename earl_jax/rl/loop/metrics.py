@@ -134,6 +134,8 @@ def iteration_record(step: int, traj, times: Mapping[str, float], exp_metrics: M
         # decode rows that held a game decoding (a pool of games, --rollout.slots: while games waited)
         "rollout/occupancy": s.busy_rows / max(s.decode_rows, 1),
         **({} if s.pool_occupancy is None else {"rollout/pool_occupancy": s.pool_occupancy}),
+        # cache positions holding a decoding game's context over those allocated: 1 - this, a paged cache's saving
+        **({"rollout/kv_used_frac": s.kv_used / s.kv_allocated} if s.kv_allocated else {}),
         **({} if s.draft_proposed is None else {
             "rollout/draft_proposed": s.draft_proposed, "rollout/draft_accepted": s.draft_accepted,
             "rollout/draft_acceptance": s.draft_accepted / max(s.draft_proposed, 1)}),
