@@ -92,6 +92,11 @@ CANDIDATES = {
     "format_mixed_mb16_t1": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--rollout.max-turn-tokens", "1"],
     "format_mixed_mb16_t1_lr5e-4": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--rollout.max-turn-tokens", "1",
                                                      "--optim.learning-rate", "5e-4"],
+    # one token and an entropy bonus up to 1 nat: a digit pooled on one confident wrong answer gets no gradient
+    "format_mixed_mb16_t1_ent01": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--rollout.max-turn-tokens", "1",
+                                                    "--loss.entropy-coef", "0.01", "--loss.entropy-floor", "1.0"],
+    "format_mixed_mb16_t1_ent05": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--rollout.max-turn-tokens", "1",
+                                                    "--loss.entropy-coef", "0.05", "--loss.entropy-floor", "1.0"],
     # the preset with the 6x larger model (~5M parameters): every answer format above plateaued near 0.5
     "format_mixed_mb16_small": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--model.name", "small"],
     "format_mixed_mb16_small_lr5e-4": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--model.name", "small",
