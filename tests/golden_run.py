@@ -36,6 +36,18 @@ def kept(record: dict) -> dict:
     return {k: v for k, v in sorted(record.items()) if k.startswith(KEPT) and not k.endswith("_why")}
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor id (`AuthenticAMD`, `GenuineIntel`, ...): the float bits after an update are only shared
+    by hosts of the recording's vendor (tests/test_golden.py)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main(case: str, run_dir: str, out: str) -> None:
     import jax
     import numpy as np
@@ -49,8 +61,8 @@ def main(case: str, run_dir: str, out: str) -> None:
     h = hashlib.sha256()
     for leaf in jax.tree.leaves(trainer.params):
         h.update(np.asarray(leaf).tobytes())
-    got = {"jax": jax.__version__, "devices": jax.device_count(), "history": [kept(r) for r in history],
-           "params_sha256": h.hexdigest()}
+    got = {"jax": jax.__version__, "devices": jax.device_count(), "cpu_vendor": cpu_vendor(),
+           "history": [kept(r) for r in history], "params_sha256": h.hexdigest()}
     Path(out).write_text(json.dumps(got))
 
 
