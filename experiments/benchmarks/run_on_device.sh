@@ -29,6 +29,9 @@
 #                                (each base, its JSON/PNG and log in $OUT/name.tgz; the expert games from runs/pretrain/
 #                                <game>_games.npz when carried); MEM (0.2) the memory share each, LIMIT (540) seconds;
 #                                a copy stays in /tmp/bases/name for later calls (--model.hf-checkpoint)
+#   games                        expert games for bases, one process a core: EXPERT="name:procs:games:flag,flag ..."
+#                                (games per process; seeds SEED0 (100) up) into /tmp/games/name_SEED.npz, kept on a warm
+#                                machine for a later call's BASES (--games-from,/tmp/games/name_*.npz); LIMIT (540) s
 #   first-iteration [args]       first_iteration.py --gpu (command to first iteration, empty compile cache)
 #   init [args]                  bench_init.py (random init in fresh processes, no compile cache)
 #   profile-rollout              profile_rollout.py at 2048 and 512 compact free-text games
@@ -281,6 +284,26 @@ cmd_bases() {
     tar czf "$OUT/$name.tgz" -C "$OUT" "$name" && rm -rf "${OUT:?}/$name"; done  # few files come back: one archive each
 }
 
+cmd_games() {
+  install_wheels
+  export JAX_PLATFORMS=cpu CUDA_VISIBLE_DEVICES=""  # the searches are host work: keep the GPU out of 16 processes
+  local spec name procs games flags k seed=${SEED0:-100}
+  mkdir -p /tmp/games "$OUT/games"
+  for spec in ${EXPERT:?EXPERT=\"name:procs:games:flag,flag ...\"}; do
+    IFS=: read -r name procs games flags <<< "$spec"
+    for ((k = 0; k < procs; k++)); do
+      # shellcheck disable=SC2086
+      timeout "${LIMIT:-540}" python3 experiments/pretrain.py connect4 --expert-only --games "$games" --run.seed "$seed" \
+        ${flags//,/ } --games-cache "/tmp/games/${name}_$seed.npz" --out "/tmp/games/out_$seed" \
+        --results "/tmp/games/out_$seed" > "$OUT/games/${name}_$seed.log" 2>&1 &
+      seed=$((seed + 1))
+    done
+  done
+  wait
+  ls -la /tmp/games/*.npz; grep -h "seconds_per_game" "$OUT"/games/*.log | cut -c1-240
+  (cd "$OUT" && tar czf games_logs.tgz games && rm -rf games)
+}
+
 cmd_cpu_seeds() {
   install_wheels
   local spec name game seeds flags s core=${CORE0:-4} dirs opponents base
@@ -391,7 +414,7 @@ cmd_connect4() {
 
 sub=${1:-}; shift || true
 case "$sub" in
-  train|fig1|fig3|fig4|e2e|sweep|init|steady|programs|connect4|bases|presets) device; "cmd_$sub" "$@" ;;
+  train|fig1|fig3|fig4|e2e|sweep|init|steady|programs|connect4|bases|games|presets) device; "cmd_$sub" "$@" ;;
   agent-loop|agent-loop-4gpu|pod-first-iteration|first-iteration|profile-rollout|cpu-seeds) device; "cmd_${sub//-/_}" "$@" ;;
   *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" >&2; [ -z "$sub" ] || echo "run_on_device.sh: unknown subcommand '$sub'" >&2; exit 2 ;;
 esac
