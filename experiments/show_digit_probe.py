@@ -101,6 +101,9 @@ CANDIDATES = {
     "format_mixed_mb16_small": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--model.name", "small"],
     "format_mixed_mb16_small_lr5e-4": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--model.name", "small",
                                                         "--optim.learning-rate", "5e-4"],
+    # the preset with twice the between-group term: a pooled digit's constant groups are what it has to break
+    "format_mixed2_mb16": FORMAT + ["--loss.between-group-weight", "2.0", "--loss.filter-constant-groups", "false",
+                                    "--optim.ppo-mini-batches", "16"],
 }
 
 
