@@ -36,15 +36,20 @@ def kept(record: dict) -> dict:
     return {k: v for k, v in sorted(record.items()) if k.startswith(KEPT) and not k.endswith("_why")}
 
 
+def cpuinfo() -> str:
+    """/proc/cpuinfo's text, empty where there is none (not Linux)."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def cpu_vendor() -> str:
     """The CPU's vendor id (`AuthenticAMD`, `GenuineIntel`, ...): the float bits after an update are only shared
     by hosts of the recording's vendor (tests/test_golden.py)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    for line in cpuinfo().splitlines():
+        if line.startswith("vendor_id"):
+            return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
 
 

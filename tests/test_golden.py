@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from golden_configs import CASES
-from golden_run import PINNED
+from golden_run import PINNED, cpuinfo
 
 FIXTURES = Path(__file__).parent / "fixtures" / "golden"
 RECORD = os.environ.get("EARL_RECORD_GOLDEN") == "1"
@@ -38,13 +38,6 @@ def _run(case: str, tmp_path: Path) -> dict:
                            str(tmp_path / case), str(out)], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
-
-
-def _has_avx2() -> bool:
-    try:
-        return "avx2" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
 
 
 def _differences(got: dict, want: dict) -> list[str]:
@@ -116,7 +109,8 @@ def test_the_guard_sees_a_one_ulp_change_in_any_compared_field():
     assert _differences(got, want) == ["iteration 1: recorded metrics missing: ['train/kl']"]
 
 
-@pytest.mark.skipif(not _has_avx2(), reason="recorded with XLA's CPU kernels capped at AVX2; this host has no AVX2")
+@pytest.mark.skipif("avx2" not in cpuinfo(),
+                    reason="recorded with XLA's CPU kernels capped at AVX2; this host has no AVX2")
 @pytest.mark.parametrize("case", CASES)
 def test_first_iterations_match_the_recorded_values(case, tmp_path):
     got = json.loads(json.dumps(_run(case, tmp_path)))  # the JSON round trip the fixture went through
