@@ -8,6 +8,8 @@ decode programs and submits them (rollout/decode_programs.py builds the jobs):
   the next compacted batch (agent_loop._compact: a quarter, still a multiple of the batch shards; and the take to it)
   once half the rows have stopped decoding; at each, the generate and the observation extends seen so far;
 - before a rollout's first decode, its generate (`prepare_generate`), while the prompt's extend compiles and runs;
+- with drafts from history on, the drafted generate (rollout/speculate.py) beside the plain one at each of those
+  shapes, once one drafted generate has run (its window and static values are the ones to match);
 - after a rollout that kept its finished rows, the compacted batches that rollout would have reached
   (`compaction_ahead`), compiled during the experience and train stages.
 It records always; it predicts and compiles only once started (`start`: the service's policy says when).
@@ -35,6 +37,7 @@ class DecodeShapes(SamplerShapes):
         self.ahead: CompileAhead | None = None  # the queue, once compiling ahead
         self.extend_widths: dict[int, int] = {}  # extend width bucket -> real calls (what to predict)
         self._generate_like: tuple | None = None  # the last generate's static arguments and scalar specs
+        self._drafted_like: tuple | None = None  # the last drafted generate's decoder, static values and scalar specs
         self._params_specs: tuple[int, Any] | None = None  # (id of the weights, their specs): no reference kept
         self._needed = (0, 0)  # the last two `needed` lengths, while compiling ahead: how fast rows grow
         self._active: int | None = None  # rows the last generate decoded (budget > 0)
@@ -70,6 +73,16 @@ class DecodeShapes(SamplerShapes):
                   greedy: Any) -> None:
         b, s = state.batch_size, state.max_len
         self._generate_like = (statics, spec_of(rng), spec_of(temperature), spec_of(greedy))
+        self._fewest[b, s] = min(self._active, self._fewest.get((b, s), b))
+        if self._like is None:
+            self._like = jax.tree.map(spec_of, state)
+        if self.ahead is not None:
+            self._look_ahead(params, state)
+
+    def drafted(self, decoder: Any, params: Any, state: SamplerState, statics: tuple, rng: Any, temperature: Any,
+                greedy: Any) -> None:
+        self._drafted_like = (decoder, statics, spec_of(rng), spec_of(temperature), spec_of(greedy))
+        b, s = state.batch_size, state.max_len
         self._fewest[b, s] = min(self._active, self._fewest.get((b, s), b))
         if self._like is None:
             self._like = jax.tree.map(spec_of, state)
@@ -162,3 +175,6 @@ class DecodeShapes(SamplerShapes):
         if self._generate_like is not None:
             job = self.programs.generate(p, like, b, s, self._generate_like)
             self.ahead.submit(("generate", b, s) + self._generate_like[0], job)
+        if self._drafted_like is not None:
+            decoder, statics = self._drafted_like[:2]
+            self.ahead.submit(decoder.key(b, s, statics), self.programs.drafted(p, like, b, s, self._drafted_like))

@@ -115,6 +115,10 @@ class SamplerShapes:
                   greedy: Any) -> None:
         """A generate with these static arguments and runtime values ran; `state` is its result."""
 
+    def drafted(self, decoder: Any, params: Any, state: Any, statics: tuple, rng: Any, temperature: Any,
+                greedy: Any) -> None:
+        """A drafted generate (rollout/speculate.DraftDecoder) with these static values ran; `state` is its result."""
+
     def prepare_generate(self, params: Any, state: Any, statics: tuple, temperature: Any,
                          greedy: Any) -> None:
         """A rollout's first generate, of `state`'s shape, comes after the prompt's extend."""

@@ -15,8 +15,9 @@ CompileJob = Callable[[], Any]
 
 
 class DecodePrograms:
-    """The jobs that compile `sampler`'s grow, take, extend and generate programs; `like` is the specs of a state the
-    sampler ran (any shape), `params` the specs of its weights. A job builds its specs when it runs (on a worker)."""
+    """The jobs that compile `sampler`'s grow, take, extend, generate and drafted generate programs; `like` is the specs
+    of a state the sampler ran (any shape), `params` the specs of its weights. A job builds its specs when it runs
+    (on a worker)."""
 
     def __init__(self, sampler: Sampler):
         self.sampler = sampler
@@ -48,6 +49,16 @@ class DecodePrograms:
         return lambda: self.sampler._generate.lower(
             params, self.state_spec(like, b, s), rng, rows, n_bucket, stop_tokens, pkey,
             jax.ShapeDtypeStruct((), np.int32), ids, temperature, greedy, weights).compile()
+
+    def drafted(self, params: Any, like: SamplerState, b: int, s: int, drafted_like: tuple) -> CompileJob:
+        """The drafted generate (rollout/speculate.DraftDecoder); `drafted_like`: (its decoder, static values, specs of
+        the key, temperature and greedy) of the call to match."""
+        decoder, (n_bucket, stop_tokens, pkey, width, id_dims), rng, temperature, greedy = drafted_like
+        rows = self.rows_spec((b,), np.int32)
+        # a list, as `Sampler._put_rows` returns the call's (the pytree's structure is part of the program's key)
+        args = [rows, self.rows_spec((b, width), np.int32), rows, self.rows_spec((b, 2)[:id_dims], np.int32)]
+        return lambda: decoder._decode.lower(params, self.state_spec(like, b, s), rng, args, n_bucket, stop_tokens,
+                                             pkey, jax.ShapeDtypeStruct((), np.int32), temperature, greedy).compile()
 
     def rows_spec(self, shape: tuple[int, ...], dtype) -> jax.ShapeDtypeStruct:
         """What `Sampler._put_rows` makes of a host array of this shape (uncommitted without a mesh: jnp.asarray)."""

@@ -114,8 +114,18 @@ class DraftDecoder:
         temperature, greedy = runtime_values(sampling)
         args = sp._put_rows(budget, padded, np.asarray(draft_lengths, np.int32), np.asarray(row_ids, np.int32))
         stops = tuple(int(t) for t in stop_tokens)
-        return self._decode(params, state, rng, args, n, stops, program_key(sampling), np.int32(max_new_tokens),
-                            temperature, greedy)
+        # what the program service needs to compile this program at other shapes ahead (parallel/decode_shapes.py)
+        statics = (n, stops, program_key(sampling), width, args[3].ndim)
+        sp.shapes.generating(self.key(b, state.max_len, statics), int(np.count_nonzero(budget)))
+        state, out = self._decode(params, state, rng, args, n, stops, program_key(sampling),
+                                  np.int32(max_new_tokens), temperature, greedy)
+        sp.shapes.drafted(self, params, state, statics, rng, temperature, greedy)
+        return state, out
+
+    def key(self, b: int, s: int, statics: tuple) -> tuple:
+        """The program's key in a compile-ahead queue: batch, cache length, window and the call's static values
+        (answer length bucket, stop tokens, sampling key, draft width bucket, row-id dimensions)."""
+        return ("drafted", b, s, self.window) + statics
 
     def _decode_impl(self, params, state: SamplerState, rng, args, n: int, stop_tokens: tuple[int, ...],
                      sampling: SamplingConfig, max_new_tokens, temperature, greedy) -> tuple[SamplerState, Drafted]:

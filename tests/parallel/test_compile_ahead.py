@@ -18,6 +18,8 @@ from earl_jax.rl.loop.trainer import Trainer
 from earl_jax.rollout.agent_loop import COMPACT_FACTOR, COMPACT_LEVELS
 from earl_jax.rollout.compile_ahead import CompileAhead
 from earl_jax.rollout.sampler import Sampler
+from earl_jax.rollout.sampling import SamplingConfig
+from earl_jax.rollout.speculate import DraftDecoder
 from earl_jax.sharding.mesh import INFERENCE_RULES, MeshShape, make_mesh
 from jobs import job, with_fields
 
@@ -88,6 +90,55 @@ def test_predicted_programs_are_compiled_before_the_calls_and_change_nothing(mes
     plain, programs = _rollout(_watched(Sampler(graphdef, CFG, cache_buckets=(32, 64, 128), **kw), ahead=False),
                                params, check_ahead=False)
     assert {"jit(_grow_impl)", "jit(_take_impl)"} <= programs  # without, the same calls compile (the check can fail)
+    for a, b in zip(ahead, plain):
+        np.testing.assert_array_equal(a, b)
+
+
+def _drafted_rollout(sampler: Sampler, params, check_ahead: bool):
+    """`_rollout`'s shapes with every generate drafted (each row guesses the same 3-token answer): after two turns at
+    cache 32, the turn that grows the cache to 64 and the one at a compacted batch of 4 find their drafted programs
+    compiled ahead."""
+    decoder = DraftDecoder(sampler, window=2)
+    drafts = np.tile(np.array([[5, 6, 1]], np.int32), (B, 1))
+
+    def turns(state, first, last, active=None):
+        outs = []
+        for turn in range(first, last):
+            state = sampler.ensure_capacity(state, int(np.asarray(state.lengths).max()) + 9)
+            b = state.batch_size
+            budget = np.where(np.arange(b) < (active or b), 4, 0)
+            state, out = decoder(params, state, jax.random.fold_in(jax.random.key(0), turn), drafts[:b],
+                                 np.full(b, 3), max_new_tokens=4, budget=budget, stop_tokens=(1,),
+                                 sampling=SamplingConfig(), row_ids=np.arange(b))
+            outs.append(np.asarray(out.generation.tokens))
+            state = sampler.extend(params, state, np.full((b, 5), 7, np.int32), np.full(b, 5))
+        return state, outs
+
+    state = sampler.init_state(B, 32)
+    state = sampler.extend(params, state, np.ones((B, 10), np.int32), np.full(B, 10))
+    state, outs = turns(state, 0, 1)
+    state, second = turns(state, 1, 2, active=B // 2)
+    if sampler.shapes.ahead is not None:
+        sampler.shapes.ahead.drain()
+    with count_compiles() as c:
+        state, more = turns(state, 2, 3, active=B // 2)
+        state = sampler.take_rows(state, np.arange(4), 4)
+        state, last = turns(state, 3, 4)
+    programs = {name for name in c.seconds_by_name if "_impl" in name}
+    if check_ahead:
+        assert state.max_len == 64 and not programs, programs
+        assert not sampler.shapes.ahead.failed, sampler.shapes.ahead.failed
+    return outs + second + more + last, programs
+
+
+def test_drafted_programs_are_compiled_ahead_and_change_nothing():
+    model = Qwen2(CFG, rngs=nnx.Rngs(0), dtype=jnp.float32)
+    graphdef, params = nnx.split(jax.device_put(model, jax.devices()[0]))
+    ahead, _ = _drafted_rollout(_watched(Sampler(graphdef, CFG, cache_buckets=(32, 64, 128)), ahead=True), params,
+                                check_ahead=True)
+    plain, programs = _drafted_rollout(_watched(Sampler(graphdef, CFG, cache_buckets=(32, 64, 128)), ahead=False),
+                                       params, check_ahead=False)
+    assert "jit(_decode_impl)" in programs  # without, the drafted calls compile in the foreground (the check can fail)
     for a, b in zip(ahead, plain):
         np.testing.assert_array_equal(a, b)
 
