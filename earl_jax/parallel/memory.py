@@ -19,8 +19,9 @@ dimension is split over its mesh axis only when the axis size divides it, otherw
   not divisible and `logical_to_spec` replicates the whole cache on every tensor rank.
 * activations - rollout: one prefill chunk's per-layer workspace (hidden, q/k/v, MLP) plus the
   attention scores of that chunk against the whole cache (float32, the cached attention materializes
-  them) plus the decode logits; experience: one layer's forward workspace for a micro-batch at full
-  context plus the final hidden states; train: with per-layer rematerialization the saved layer inputs
+  them) plus the decode logits (with --rollout.drafts K: K + 1 positions a row, their layer workspace and
+  scores too); experience: one layer's forward workspace for a micro-batch at full context plus the final
+  hidden states; train: with per-layer rematerialization the saved layer inputs
   (layers x micro-batch x context x embed, bf16) plus one layer's forward+backward working set.
   Attention scores are full (micro-batch x heads/tensor x q x kv, fp32) unless `attn_q_block` says the
   attention kernel works in query blocks (flash / cuDNN). A rollout extend's scores are full up to
@@ -212,6 +213,7 @@ class MemoryConfig:
     prefill_len: int = 256  # rollout tokens prefilled per step before any rollout was measured
     prefill_chunk: int = PREFILL_CHUNK  # the sampler's: a wider extend runs in chunks of this many positions
     cache_buckets: tuple[int, ...] | None = None  # the sampler's cache sizes when not its default: KV at the bucket
+    draft_tokens: int = 0  # --rollout.drafts K: a drafted decode step runs K + 1 positions a row (logits for each)
     # models/attention.py never materializes [t, t] scores: query blocks of Q_BLOCK (CPU), cuDNN flash (GPU)
     attn_q_block: int | None = Q_BLOCK  # None: full attention scores materialized
     remat: bool = True  # per-layer activation checkpointing in training
@@ -367,8 +369,12 @@ class MemoryModel:
                            for w, kv in extends.attention(ctx))
             # Growing the cache to its next bucket copies it: the old one (at most 3/4 of the new, the cache
             # buckets' largest ratio) lives beside the new one, in a call of its own (no extend beside it).
+            if m.draft_tokens:  # a drafted step: K + 1 positions a row through a layer, their scores on the cache
+                k1 = 1 + m.draft_tokens
+                acts = max(acts, self._layer_workspace(mb * k1, t) + self._extend_scores(mb, k1, ctx, t))
             acts = max(acts, 0.75 * kv)
-            logits = mb * (self._vocab_dev(t) + c.vocab_size) * 4  # last-token logits + gathered for sampling
+            # the step's logits (K + 1 positions a row with drafts) + the last one's gathered for sampling
+            logits = mb * ((1 + m.draft_tokens) * self._vocab_dev(t) + c.vocab_size) * 4
         elif spec.memory == "score":
             mb = micro_batch or 1
             chunk = min(logprob_chunk or m.min_logprob_chunk, ctx)

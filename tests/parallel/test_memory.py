@@ -260,6 +260,25 @@ def test_rollout_estimate_from_measured_extends():
     assert sel.plan(ContextStats(ctx, ctx, rows, 100, 3100, 7)).rollout.mesh == mesh
 
 
+def test_drafts_price_k_plus_one_positions_a_row_in_the_rollout():
+    """--rollout.drafts K: the drafted step's logits, layer workspace and scores on the cache are K + 1 positions a
+    row (hand computation, tiny model, measured extends of one-token observations so the drafted step decides)."""
+    from earl_jax.parallel.plan import RolloutExtends
+
+    cfg = get_config("tiny", vocab_size=101)  # 4 heads, 2 kv heads of 32
+    mesh, ctx, rows, k = MeshShape(1, 1, 1), 4096, 32, 32  # 33 queries: past the cache's growth copy
+    ext = RolloutExtends(prompt_tokens=1, first_cache_len=4096, observation_tokens=1)
+    plain = MemoryModel(cfg, MemoryConfig(budget_bytes=8 * GiB)).estimate("rollout", mesh, ctx, rows, extends=ext)
+    drafted = MemoryModel(cfg, MemoryConfig(budget_bytes=8 * GiB, draft_tokens=k)).estimate(
+        "rollout", mesh, ctx, rows, extends=ext)
+    assert plain.logits == rows * (101 + 101) * 4
+    assert drafted.logits == rows * ((k + 1) * 101 + 101) * 4
+    scores = 2 * rows * cfg.num_attention_heads * (k + 1) * ctx * 4  # f32 scores + probs of K + 1 queries
+    workspace = rows * (k + 1) * 2 * (3 * 128 + 2 * 128 + 2 * 64 + 3 * 384)
+    assert drafted.activations == max(plain.activations, workspace + scores)
+    assert drafted.activations > plain.activations and drafted.kv_cache == plain.kv_cache
+
+
 def test_rollout_and_experience_are_planned_beside_the_resident_train_state():
     """The train state (fp32 master + 2 AdamW moments) stays on the devices while rollout and experience run:
     the selector plans train first and counts its state in the other two stages' estimates."""

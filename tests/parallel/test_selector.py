@@ -423,6 +423,16 @@ def test_the_job_s_slots_reach_the_rollout_planner():
     assert policy.planner.selector.decode_rows == 0
 
 
+def test_the_job_s_drafts_reach_the_rollout_memory_model():
+    from earl_jax.rl.stages.policy_setup import build_policy
+    from jobs import SMALL, with_fields
+
+    policy, _ = build_policy(with_fields(SMALL, drafts=4, constrain_moves=False))
+    assert policy.planner.selector.memory.mem.draft_tokens == 4
+    policy, _ = build_policy(SMALL)
+    assert policy.planner.selector.memory.mem.draft_tokens == 0
+
+
 def test_stage_plan_is_frozen():
     plan = tiny_selector().plan(stats(100))
     with pytest.raises(Exception):
