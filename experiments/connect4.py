@@ -1,6 +1,6 @@
 """The main job: train an LLM policy to play Connect Four by RL.
 
-    python experiments/connect4.py                          # embedded default: CPU, tiny base, curriculum, ~14 min
+    python experiments/connect4.py                          # embedded default: CPU, tiny base, curriculum
     python experiments/connect4.py --help                   # every field, grouped by component
     python experiments/connect4.py --preset gpu             # one GPU, 15 minutes (configs/connect4/gpu.toml)
     python experiments/connect4.py --preset pod             # GPUs: the largest model that fits them (rl/job/pod.py)
