@@ -13,8 +13,10 @@ CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
 
 def golden_config(case: str, run_dir: str):
-    # random weights against random at 2e-3, as recorded (the default starts from a shipped base up a curriculum since)
-    quiet = ["--model.hf-checkpoint", "", "--opponent", "random", "--optim.learning-rate", "2e-3", "--run-dir", run_dir,
+    # random weights against random at 2e-3 in groups of 4, as recorded (the default starts from a shipped base up a
+    # curriculum, in groups of 8, since)
+    quiet = ["--model.hf-checkpoint", "", "--opponent", "random", "--optim.learning-rate", "2e-3",
+             "--rollout.group-size", "4", "--run-dir", run_dir,
              "--run.progress", "false", "--run.wandb-mode", "disabled",
              "--run.keep-checkpoints", "0"]
     if case == "connect4":
