@@ -5,8 +5,8 @@
         --out experiments/results/connect4_small_base_nvidia_h100
 
 `--base NAME=FILE`: `evaluate_run.py BASE_DIR --out FILE` of a base (the same openings for every base of one call);
-`--run NAME=FILE`: the same of an RL run folder. A base's own `earl_base.json` beside FILE's base folder is not read:
-pass what the doc quotes. The plot shows each run's greedy win rate per opponent, runs of one base side by side.
+`--run NAME=FILE`: the same of an RL run folder (held-out accuracies come from each base's `earl_base.json`, quoted
+in the doc). The plot shows each run's greedy win rate per opponent.
 """
 
 from __future__ import annotations
