@@ -104,6 +104,8 @@ CANDIDATES = {
     # the preset with twice the between-group term: a pooled digit's constant groups are what it has to break
     "format_mixed2_mb16": FORMAT + ["--loss.between-group-weight", "2.0", "--loss.filter-constant-groups", "false",
                                     "--optim.ppo-mini-batches", "16"],
+    # the preset sampling at temperature 1.3: a pooled digit's group answers alike; a hotter draw breaks the tie
+    "format_mixed_mb16_t13": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--rollout.temperature", "1.3"],
 }
 
 
