@@ -71,17 +71,17 @@ class DecodeShapes(SamplerShapes):
 
     def generated(self, params: Any, state: SamplerState, statics: tuple, rng: Any, temperature: Any,
                   greedy: Any) -> None:
-        b, s = state.batch_size, state.max_len
         self._generate_like = (statics, spec_of(rng), spec_of(temperature), spec_of(greedy))
-        self._fewest[b, s] = min(self._active, self._fewest.get((b, s), b))
-        if self._like is None:
-            self._like = jax.tree.map(spec_of, state)
-        if self.ahead is not None:
-            self._look_ahead(params, state)
+        self._decoded(params, state)
 
     def drafted(self, decoder: Any, params: Any, state: SamplerState, statics: tuple, rng: Any, temperature: Any,
                 greedy: Any) -> None:
         self._drafted_like = (decoder, statics, spec_of(rng), spec_of(temperature), spec_of(greedy))
+        self._decoded(params, state)
+
+    def _decoded(self, params: Any, state: SamplerState) -> None:
+        """What any generate (plain or drafted) leaves: its shape's fewest decoding rows, a state's specs, and the
+        neighbours to compile next."""
         b, s = state.batch_size, state.max_len
         self._fewest[b, s] = min(self._active, self._fewest.get((b, s), b))
         if self._like is None:

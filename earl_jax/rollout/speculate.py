@@ -113,12 +113,12 @@ class DraftDecoder:
         padded[:, :drafts.shape[1]] = drafts
         temperature, greedy = runtime_values(sampling)
         args = sp._put_rows(budget, padded, np.asarray(draft_lengths, np.int32), np.asarray(row_ids, np.int32))
-        stops = tuple(int(t) for t in stop_tokens)
+        stops, pkey = tuple(int(t) for t in stop_tokens), program_key(sampling)
         # what the program service needs to compile this program at other shapes ahead (parallel/decode_shapes.py)
-        statics = (n, stops, program_key(sampling), width, args[3].ndim)
+        statics = (n, stops, pkey, width, args[3].ndim)
         sp.shapes.generating(self.key(b, state.max_len, statics), int(np.count_nonzero(budget)))
-        state, out = self._decode(params, state, rng, args, n, stops, program_key(sampling),
-                                  np.int32(max_new_tokens), temperature, greedy)
+        state, out = self._decode(params, state, rng, args, n, stops, pkey, np.int32(max_new_tokens), temperature,
+                                  greedy)
         sp.shapes.drafted(self, params, state, statics, rng, temperature, greedy)
         return state, out
 
