@@ -6,13 +6,15 @@
 
 `--base NAME=FILE`: `evaluate_run.py BASE_DIR --out FILE` of a base (the same openings for every base of one call);
 `--run NAME=FILE`: the same of an RL run folder (held-out accuracies come from each base's `earl_base.json`, quoted
-in the doc). The plot shows each run's greedy win rate per opponent.
+in the doc); `--group LABEL=RUN,RUN,...`: the mean and population spread of those runs per opponent. The plot shows
+each run's greedy win rate per opponent under `--title`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 
@@ -29,7 +31,21 @@ def _pairs(items: list[str]) -> dict[str, dict]:
     return out
 
 
-def _plot(runs: dict[str, dict], device: str, path: Path) -> None:
+def _groups(items: list[str], runs: dict[str, dict]) -> dict[str, dict]:
+    out = {}
+    for item in items:
+        label, _, names = item.partition("=")
+        members = [runs[n] for n in names.split(",") if n in runs]
+        if len(members) != len(names.split(",")) or not members:
+            raise SystemExit(f"summarize_small_base.py: --group {item!r} names a run not given by --run")
+        out[label] = {"runs": names.split(","), **{
+            o: {"mean": round(statistics.fmean(m["win_rate"][o] for m in members), 4),
+                "std": round(statistics.pstdev([m["win_rate"][o] for m in members]), 4)}
+            for o in members[0]["win_rate"]}}
+    return out
+
+
+def _plot(runs: dict[str, dict], title: str, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -45,7 +61,7 @@ def _plot(runs: dict[str, dict], device: str, path: Path) -> None:
     ax.axhline(0.5, color="grey", lw=0.8, ls="--")
     ax.set_ylabel("greedy win rate")
     ax.set_ylim(0, 1)
-    ax.set_title(f"4.5 min of --preset gpu RL, four runs sharing one {device}", fontsize=9)
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -55,14 +71,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", action="append", default=[], help="NAME=evaluate_run.py JSON of a base")
     ap.add_argument("--run", action="append", default=[], help="NAME=evaluate_run.py JSON of an RL run")
+    ap.add_argument("--group", action="append", default=[], help="LABEL=RUN,RUN: mean and spread of those runs")
     ap.add_argument("--device", required=True)
+    ap.add_argument("--title", default="4.5 min of --preset gpu RL, four runs sharing one GPU")
     ap.add_argument("--out", required=True, help="path prefix of the .json and .png")
     args = ap.parse_args()
     summary = {"device": args.device, "bases": _pairs(args.base), "runs": _pairs(args.run)}
+    summary["groups"] = _groups(args.group, summary["runs"])
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
     if summary["runs"]:
-        _plot(summary["runs"], args.device, out.with_suffix(".png"))
+        _plot(summary["runs"], f"{args.title} ({args.device})", out.with_suffix(".png"))
     print(f"wrote {out.with_suffix('.json')}")
 
 
