@@ -10,13 +10,16 @@ it); its checkpoint gives the weights (and the curriculum's rung, which is evalu
 fixed evaluation seeds, so runs are compared on the same openings. Prints a table per run and, for
 several runs, the mean and the spread (sample standard deviation, min, max) per opponent, with the blunder rate (the
 share of the agent's moves that missed a win in one or a block, Connect Four and Tic-Tac-Toe); writes
-<run-dir>/evaluation.json per run (and --out, the summary, for several).
+<run-dir>/evaluation.json per run (and --out, the summary, for several). Each result also records the run's own
+running seconds (`time/run_elapsed_s` of its last metrics line, resumed parts summed; none for a base) and the host
+and device the evaluation ran on.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import statistics
 import sys
 import time
@@ -66,6 +69,27 @@ def load_base_config(folder: Path, paths: dict):
                                ("run", "resume"): "false"})
 
 
+def run_seconds(run_dir: Path) -> float | None:
+    """The run's running seconds as its last metrics line records them (None: no metrics, e.g. a base)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    last = None
+    for line in path.read_text().splitlines():
+        try:
+            last = json.loads(line).get("time/run_elapsed_s", last)
+        except json.JSONDecodeError:  # a line cut by a killed run
+            continue
+    return None if last is None else round(float(last), 1)
+
+
+def where() -> dict:
+    import jax
+
+    return {"host": platform.node(), "processor": platform.processor() or platform.machine(),
+            "device": jax.devices()[0].device_kind, "jax": jax.__version__}
+
+
 def evaluate_run(run_dir: Path, opponents: tuple[str, ...], games: int) -> dict:
     from earl_jax.rl.loop.trainer import Trainer
 
@@ -99,7 +123,8 @@ def evaluate_run(run_dir: Path, opponents: tuple[str, ...], games: int) -> dict:
                   + f"({rows[name]['seconds']:.0f} s)", flush=True)
     return {"run_dir": str(run_dir), "step": trainer.step, "game": cfg.env.task or cfg.env.game, "games": games,
             "greedy": True,
-            "seed": cfg.run.seed, "opponents": rows}
+            "seed": cfg.run.seed, "run_seconds": None if is_base(run_dir) else run_seconds(run_dir), **where(),
+            "opponents": rows}
 
 
 def summarize(results: list[dict]) -> dict:
@@ -143,7 +168,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"step {results[0]['step']}: wrote {args.out or args.run_dirs[0] / 'evaluation.json'}")
         return results[0]
     summary = {"runs": [r["run_dir"] for r in results], "seeds": [r["seed"] for r in results],
-               "steps": [r["step"] for r in results], "games": args.games, "opponents": summarize(results)}
+               "steps": [r["step"] for r in results], "run_seconds": [r["run_seconds"] for r in results],
+               "games": args.games, **where(), "opponents": summarize(results)}
     print(f"\nmean over {len(results)} runs (seeds {summary['seeds']}), sample std, [min, max]:")
     for name, rates in summary["opponents"].items():
         w = rates["win_rate"]

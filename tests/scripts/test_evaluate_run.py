@@ -63,6 +63,10 @@ def test_evaluates_the_checkpoint_against_each_opponent_and_leaves_the_run_as_it
     # the blunder rate as the trainer's evaluation has it (none here: random weights answer no valid move)
     assert result["opponents"]["solver"].get("blunder_rate") == want.get("eval_solver/blunder_rate")
     assert json.loads((run / "evaluation.json").read_text()) == result
+    # where the numbers come from: the run's own running seconds (its last metrics line) and the evaluating machine
+    last = json.loads(metrics_before.splitlines()[-1])
+    assert result["run_seconds"] == round(last["time/run_elapsed_s"], 1) > 0
+    assert result["device"] and result["host"] and result["jax"]
     assert (run / "config.json").read_text() == config_before  # nothing of the run rewritten
     assert (run / "metrics.jsonl").read_text() == metrics_before
 
