@@ -42,8 +42,15 @@ class ConfigError(ValueError):
 def field_help(default: Any, help: str | Callable[[], str], *, path: bool = False, **kw) -> Any:
     """A dataclass field whose help text the CLI shows (a function: the text when it is shown, e.g. a registry's
     names); `path`: a file or folder, which a config file gives relative to itself (a preset names the base it
-    starts from wherever the command runs)."""
+    starts from wherever the command runs) and a flag relative to the working directory; both are kept absolute."""
     return dataclasses.field(default=default, metadata={"help": help, "path": path}, **kw)
+
+
+def absolute(path: str, start: Path | None = None) -> str:
+    """A path field's value made absolute (relative to `start`, default the working directory); "" stays "" (none)."""
+    if not path or Path(path).is_absolute():
+        return path
+    return str(((start or Path.cwd()) / path).resolve())
 
 
 def flag_of(path: Path_) -> str:
@@ -223,8 +230,8 @@ def read_toml(path: Path | str, cfg: Any) -> dict[Path_, Any]:
             else:
                 try:
                     out[p] = _from_file_value(fields[p].type, v)
-                    if fields[p].is_path and isinstance(out[p], str) and out[p] and not Path(out[p]).is_absolute():
-                        out[p] = str((path.parent / out[p]).resolve())  # relative to the file that names it
+                    if fields[p].is_path and isinstance(out[p], str):
+                        out[p] = absolute(out[p], path.parent)  # relative to the file that names it
                 except ValueError as e:
                     raise ConfigError(f"config file {path}: {'.'.join(p)}: {e}") from None
     walk(data, ())
@@ -375,6 +382,9 @@ def parse(argv: Sequence[str] | None, base: T, *, presets: Mapping[str, Preset] 
     flags = {tuple(k.split(".")): v for k, v in vars(ns).items() if k not in ("preset", "config") and "." in k}
     flags.update({(k,): v for k, v in vars(ns).items() if k in {f.path[0] for f in fields if len(f.path) == 1}})
     flags = {p: v for p, v in flags.items() if p in by_path}
+    # a path typed as a flag is the working directory's, recorded absolute (as a file's is), so that a resume or an
+    # evaluation from another directory finds the same folder
+    flags.update({p: absolute(v) for p, v in flags.items() if by_path[p].is_path and isinstance(v, str)})
     cfg = shown
     if callable(preset):
         try:

@@ -44,6 +44,10 @@ def load_run_config(run_dir: Path, paths: dict | None = None):
         saved = JobConfig.from_dict(raw)
     except OldRunConfig as e:
         raise ConfigError(e.line(path)) from None
+    folder = saved.model.hf_checkpoint
+    if folder and not Path(folder).is_dir():  # runs started before typed paths were kept absolute kept them as typed
+        raise ConfigError(f"{path}: --model.hf-checkpoint {folder}: no such folder from {Path.cwd()} (evaluate the "
+                          "run from the folder it was started in)")
     return replace_paths(saved, paths or {})
 
 

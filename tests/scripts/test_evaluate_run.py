@@ -172,3 +172,14 @@ def test_export_run_keeps_config_records_evaluation_and_curves(tmp_path):
     assert got == {"config": {"groups": 4}, "records": [{"step": 0}, {"step": 1, "eval/win_rate": 0.5}],
                    "evaluation": {"step": 1}, "note": "a note"}
     assert (tmp_path / "x.png").read_bytes() == b"png"
+
+
+def test_a_run_whose_base_folder_is_not_found_is_one_line(tmp_path, trained, monkeypatch):
+    run = _copy(trained[0], tmp_path / "run")
+    saved = json.loads((run / "config.json").read_text())
+    saved["model"]["hf_checkpoint"] = "bases/mine"  # relative, as runs started before paths were kept absolute
+    (run / "config.json").write_text(json.dumps(saved))
+    monkeypatch.chdir(tmp_path)
+    says = r"--model.hf-checkpoint bases/mine: no such folder from .* \(evaluate the run from the folder it was started"
+    with pytest.raises(ConfigError, match=says):
+        _script().main([str(run), "--games", GAMES])

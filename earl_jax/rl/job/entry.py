@@ -60,8 +60,10 @@ def resume_config(parsed: Parsed[JobConfig], name: str | None = None) -> tuple[J
     the run's saved config.json and applies only what this command line set (flags, a preset, a config file); fields
     in FIXED_ON_RESUME are refused, and so is a run that config.json says another script (`job`) started than
     `name`. `--resume auto` on a folder without a checkpoint starts the run."""
-    from earl_jax.cli import flag_of, get_path, replace_paths
+    from earl_jax.cli import absolute, fields_of, flag_of, get_path, replace_paths
     from earl_jax.rl.loop.checkpoint import has_checkpoint
+
+    path_fields = {f.path for f in fields_of(JobConfig()) if f.is_path}
 
     cfg = parsed.config
     run_dir = Path(cfg.run.run_dir)
@@ -89,8 +91,8 @@ def resume_config(parsed: Parsed[JobConfig], name: str | None = None) -> tuple[J
         if path == ("run", "resume"):
             continue
         old = get_path(saved, path)
-        if value == old:
-            continue
+        if value == old or (path in path_fields and isinstance(old, str) and old and absolute(old) == value):
+            continue  # a run saved before paths were kept absolute names its folder relative to where it started
         if path == ("run", "max_minutes") and (old == 0) != (value == 0):
             raise ConfigError(f"--run.max-minutes: the run's learning-rate schedule is over its "
                               f"{'iterations' if old == 0 else 'wall time'} (started with {old!r}); a schedule over "

@@ -60,3 +60,39 @@ def test_every_shipped_preset_reads_as_its_script_would(path):
     """Each TOML preset under experiments/configs/<script>/ parses over that script's default into a valid config."""
     cfg = job.parse_job(["--preset", path.stem], path.parent).config
     assert isinstance(cfg, JobConfig)
+
+
+def test_a_path_is_kept_absolute_whether_a_file_or_a_flag_names_it(tmp_path, monkeypatch):
+    """A file gives a path relative to itself, a flag relative to the working directory; config.json records both
+    absolute, so a resume or an evaluation from another directory finds the same folder."""
+    (tmp_path / "bases" / "mine").mkdir(parents=True)
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "my.toml").write_text('[model]\nhf_checkpoint = "../bases/mine"\n')
+    monkeypatch.chdir(tmp_path)
+    want = str(tmp_path.resolve() / "bases" / "mine")
+    from_file = job.parse_job(["--config", "conf/my.toml"], CONFIGS)
+    from_flag = job.parse_job(["--model.hf-checkpoint", "bases/mine"], CONFIGS)
+    assert from_file.config.model.hf_checkpoint == from_flag.config.model.hf_checkpoint == want
+    assert from_flag.typed[("model", "hf_checkpoint")] == want
+    assert job.parse_job(["--model.hf-checkpoint", ""], CONFIGS).config.model.hf_checkpoint == ""  # none stays none
+
+
+def test_a_run_saved_with_a_relative_base_resumes_when_the_same_folder_is_typed_again(tmp_path, monkeypatch):
+    import json
+
+    from earl_jax.cli import ConfigError
+
+    (tmp_path / "bases" / "mine").mkdir(parents=True)
+    (tmp_path / "bases" / "other").mkdir()
+    run = tmp_path / "run"
+    (run / "checkpoints" / "1").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    saved = job.parse_job(["--model.hf-checkpoint", "bases/mine", "--run-dir", str(run)], CONFIGS).config.to_dict()
+    saved["model"]["hf_checkpoint"] = "bases/mine"  # as runs started before typed paths were kept absolute have it
+    (run / "config.json").write_text(json.dumps(saved))
+    monkeypatch.setattr("earl_jax.rl.loop.checkpoint.has_checkpoint", lambda d: True)
+    again = ["--run-dir", str(run), "--resume", "--model.hf-checkpoint"]
+    cfg, _ = job.resume_config(job.parse_job(again + ["bases/mine"], CONFIGS), "connect4")
+    assert cfg.model.hf_checkpoint == "bases/mine"
+    with pytest.raises(ConfigError, match="--model.hf-checkpoint: the run was started with 'bases/mine'"):
+        job.resume_config(job.parse_job(again + ["bases/other"], CONFIGS), "connect4")
