@@ -103,6 +103,10 @@ def evaluate_run(run_dir: Path, opponents: tuple[str, ...], games: int) -> dict:
         cfg = load_base_config(run_dir, paths)
     else:  # the folder given, wherever the run was made (its config.json names the folder it was started in)
         cfg = load_run_config(run_dir, {**paths, ("run", "run_dir"): str(run_dir), ("run", "resume"): "true"})
+    if not cfg.env.task:  # a misspelt opponent is one line before anything is built
+        from earl_jax.rl.job.validate import check_opponents
+
+        check_opponents("--opponents", opponents, cfg.env.game)
     trainer = Trainer(cfg, log=False)  # restores the newest readable checkpoint; writes nothing to the run
     if cfg.env.task:  # a text task has no opponents: its held-out split is played (--opponents is for games)
         opponents = ("held-out",)

@@ -183,3 +183,10 @@ def test_a_run_whose_base_folder_is_not_found_is_one_line(tmp_path, trained, mon
     says = r"--model.hf-checkpoint bases/mine: no such folder from .* \(evaluate the run from the folder it was started"
     with pytest.raises(ConfigError, match=says):
         _script().main([str(run), "--games", GAMES])
+
+
+def test_a_misspelt_opponent_is_one_line_naming_the_flag(tmp_path, trained):
+    run = _copy(trained[0], tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"--opponents: unknown opponent spec 'rnadom': expected \"random\""):
+        _script().main([str(run), "--opponents", "random,rnadom", "--games", GAMES])
+    assert not (run / "evaluation.json").exists()  # nothing played, nothing written

@@ -55,6 +55,13 @@ def _opponent(flag: str, spec: str, game, name: str) -> None:
         raise ConfigError(f"{flag}: {str(e).splitlines()[0]}") from None
 
 
+def check_opponents(flag: str, specs, game_name: str) -> None:
+    """Each opponent spec playable in `game_name`, or one line naming `flag`, the spec and what is accepted."""
+    game = _load_game(game_name)
+    for spec in specs:
+        _opponent(flag, spec, game, game_name)
+
+
 def check_job(cfg) -> None:
     """Every cross-field and outside-world check of a JobConfig (see the module docstring)."""
     from earl_jax.envs.text import PROMPT_STYLES
