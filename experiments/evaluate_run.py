@@ -31,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 def load_run_config(run_dir: Path, paths: dict | None = None):
     """The JobConfig a run was started with (its config.json), with `paths` ({(section, field): value}) set."""
     from earl_jax.cli import ConfigError, replace_paths
+    from earl_jax.errors import CheckpointError
+    from earl_jax.models.setup import check_spec
     from earl_jax.rl.loop.job_config import JobConfig, OldRunConfig
 
     path = run_dir / "config.json"
@@ -44,10 +46,12 @@ def load_run_config(run_dir: Path, paths: dict | None = None):
         saved = JobConfig.from_dict(raw)
     except OldRunConfig as e:
         raise ConfigError(e.line(path)) from None
-    folder = saved.model.hf_checkpoint
-    if folder and not Path(folder).is_dir():  # runs started before typed paths were kept absolute kept them as typed
-        raise ConfigError(f"{path}: --model.hf-checkpoint {folder}: no such folder from {Path.cwd()} (evaluate the "
-                          "run from the folder it was started in)")
+    try:
+        check_spec(saved.model)  # the base folder the run names, checked as the job checks it
+    except CheckpointError as e:  # runs started before typed paths were kept absolute kept them as typed
+        relative = not Path(saved.model.hf_checkpoint or "/").is_absolute()
+        hint = f" from {Path.cwd()} (evaluate the run from the folder it was started in)" if relative else ""
+        raise ConfigError(f"{path}: {e}{hint}") from None
     return replace_paths(saved, paths or {})
 
 

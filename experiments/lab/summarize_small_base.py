@@ -34,11 +34,12 @@ def _pairs(items: list[str]) -> dict[str, dict]:
 def _groups(items: list[str], runs: dict[str, dict]) -> dict[str, dict]:
     out = {}
     for item in items:
-        label, _, names = item.partition("=")
-        members = [runs[n] for n in names.split(",") if n in runs]
-        if len(members) != len(names.split(",")) or not members:
+        label, _, listed = item.partition("=")
+        names = listed.split(",")
+        if not listed or any(n not in runs for n in names):
             raise SystemExit(f"summarize_small_base.py: --group {item!r} names a run not given by --run")
-        out[label] = {"runs": names.split(","), **{
+        members = [runs[n] for n in names]
+        out[label] = {"runs": names, **{
             o: {"mean": round(statistics.fmean(m["win_rate"][o] for m in members), 4),
                 "std": round(statistics.pstdev([m["win_rate"][o] for m in members]), 4)}
             for o in members[0]["win_rate"]}}

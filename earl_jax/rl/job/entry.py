@@ -63,8 +63,6 @@ def resume_config(parsed: Parsed[JobConfig], name: str | None = None) -> tuple[J
     from earl_jax.cli import absolute, fields_of, flag_of, get_path, replace_paths
     from earl_jax.rl.loop.checkpoint import has_checkpoint
 
-    path_fields = {f.path for f in fields_of(JobConfig()) if f.is_path}
-
     cfg = parsed.config
     run_dir = Path(cfg.run.run_dir)
     if cfg.run.resume == "false" or (cfg.run.resume == "auto" and not has_checkpoint(run_dir)):
@@ -87,6 +85,7 @@ def resume_config(parsed: Parsed[JobConfig], name: str | None = None) -> tuple[J
         raise ConfigError(f"--resume: {run_dir} is a run of {started_by}.py, not of {name}.py: resume it with "
                           f"experiments/{started_by}.py (or start a new --run-dir)")
     changes, lines = {("run", "resume"): cfg.run.resume}, []
+    path_fields = {f.path for f in fields_of(JobConfig()) if f.is_path}
     for path, value in parsed.typed.items():
         if path == ("run", "resume"):
             continue
