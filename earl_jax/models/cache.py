@@ -36,6 +36,9 @@ class LayerCache:
         v = self.v.at[rows, :, positions].set(v_new.astype(self.v.dtype), mode="drop")
         return LayerCache(k, v)
 
+    def keys_values(self) -> tuple[Float[Array, "b k s h"], Float[Array, "b k s h"]]:
+        return self.k, self.v
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +56,12 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self))
+
+    def layer(self, i: int) -> LayerCache:
+        return self.layers[i]
+
+    def with_layers(self, layers) -> "KVCache":
+        return KVCache(tuple(layers))
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16) -> KVCache:

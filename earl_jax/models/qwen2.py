@@ -24,6 +24,7 @@ from jaxtyping import Array, Float, Int
 from earl_jax.models.attention import EXTEND_SCORES_BYTES, causal_attention, extend_query_block
 from earl_jax.models.cache import KVCache, LayerCache
 from earl_jax.models.model_config import ModelConfig
+from earl_jax.models.paged_cache import PagedKVCache, PagedLayerCache
 from earl_jax.sharding.context import constrain, current_mesh_rules
 from earl_jax.sharding.mesh import logical_sharding
 
@@ -112,7 +113,8 @@ class Attention(nnx.Module):
         return constrain(y, axes)
 
     def __call__(self, x: Float[Array, "b t d"], positions: Int[Array, "b t"],
-                 cache: LayerCache | None) -> tuple[Float[Array, "b t d"], LayerCache | None]:
+                 cache: LayerCache | PagedLayerCache | None
+                 ) -> tuple[Float[Array, "b t d"], LayerCache | PagedLayerCache | None]:
         cfg = self.cfg
         bias = (lambda name: getattr(self, name)) if cfg.attention_bias else (lambda name: None)
         q = self._proj(x, self.q_dnh, bias("q_bias"), ("batch", "length", "act_heads", None))
@@ -124,7 +126,7 @@ class Attention(nnx.Module):
             out = causal_attention(q, k, v)
         else:
             cache = cache.write(k, v, positions)
-            out = cached_attention(q, cache.k, cache.v, positions)
+            out = cached_attention(q, *cache.keys_values(), positions)
         out = constrain(out, ("batch", "length", "act_heads", None))
         y = jnp.einsum("btnh,nhd->btd", out, self.o_nhd[...].astype(self.dtype))
         return y, cache
@@ -251,17 +253,17 @@ class Qwen2(nnx.Module):
             self.lm_head_dv = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), param_dtype)
 
     def hidden(self, tokens: Int[Array, "b t"], positions: Int[Array, "b t"],
-               cache: KVCache | None = None) -> tuple[Float[Array, "b t d"], KVCache | None]:
+               cache: KVCache | PagedKVCache | None = None) -> tuple[Float[Array, "b t d"], Any]:
         """Final-norm hidden states; writes the new tokens' keys and values into `cache` when given."""
         x = jnp.take(self.embed_vd[...], tokens, axis=0).astype(self.dtype)
         x = constrain(x, ("batch", "length", "act_embed"))
         new_layers = []
         remat = getattr(self, "remat", False)
         for i, layer in enumerate(self.layers):
-            x, layer_cache = _apply_layer(layer, x, positions, None if cache is None else cache.layers[i], remat)
+            x, layer_cache = _apply_layer(layer, x, positions, None if cache is None else cache.layer(i), remat)
             new_layers.append(layer_cache)
         x = self.final_norm(x)
-        return x, (None if cache is None else KVCache(tuple(new_layers)))
+        return x, (None if cache is None else cache.with_layers(new_layers))
 
     def logits(self, h: Float[Array, "b t d"]) -> Float[Array, "b t v"]:
         if self.cfg.tie_word_embeddings:
@@ -273,7 +275,7 @@ class Qwen2(nnx.Module):
         return constrain(out, ("batch", "length", "act_vocab"))
 
     def __call__(self, tokens: Int[Array, "b t"], positions: Int[Array, "b t"] | None = None,
-                 cache: KVCache | None = None) -> tuple[Float[Array, "b t v"], KVCache | None]:
+                 cache: KVCache | PagedKVCache | None = None) -> tuple[Float[Array, "b t v"], Any]:
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
         h, cache = self.hidden(tokens, positions, cache)

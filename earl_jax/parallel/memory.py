@@ -214,6 +214,7 @@ class MemoryConfig:
     prefill_chunk: int = PREFILL_CHUNK  # the sampler's: a wider extend runs in chunks of this many positions
     cache_buckets: tuple[int, ...] | None = None  # the sampler's cache sizes when not its default: KV at the bucket
     draft_tokens: int = 0  # --rollout.drafts K: a drafted decode step runs K + 1 positions a row (logits for each)
+    kv_positions: int = 0  # a paged cache's positions (--rollout.kv-pages x --rollout.page-size); 0: contiguous rows
     # models/attention.py never materializes [t, t] scores: query blocks of Q_BLOCK (CPU), cuDNN flash (GPU)
     attn_q_block: int | None = Q_BLOCK  # None: full attention scores materialized
     remat: bool = True  # per-layer activation checkpointing in training
@@ -360,6 +361,11 @@ class MemoryModel:
             params = params_per_device(c, stage, mesh) * m.param_bytes_inference
             cached = ctx if m.cache_buckets is None else bucket(ctx, m.cache_buckets)  # coarse buckets pad more
             kv = mb * cached * self.kv_bytes_per_token_per_device(t)
+            # a paged cache holds its pages, whatever the rows; each layer's attention reads its rows' pages gathered
+            # into the contiguous view (keys and values of one layer at a time); growing moves no position
+            view = kv / c.num_hidden_layers if m.kv_positions else 0.0
+            if m.kv_positions:
+                kv = min(m.kv_positions, mb * cached) * self.kv_bytes_per_token_per_device(t)
             if extends is None:
                 pre = min(m.prefill_len, ctx)
                 acts = self._layer_workspace(mb * pre, t) + self._extend_scores(mb, pre, ctx, t)
@@ -372,7 +378,7 @@ class MemoryModel:
             if m.draft_tokens:  # a drafted step: K + 1 positions a row through a layer, their scores on the cache
                 k1 = 1 + m.draft_tokens
                 acts = max(acts, self._layer_workspace(mb * k1, t) + self._extend_scores(mb, k1, ctx, t))
-            acts = max(acts, 0.75 * kv)
+            acts = acts + view if m.kv_positions else max(acts, 0.75 * kv)
             # the step's logits (K + 1 positions a row with drafts) + the last one's gathered for sampling
             logits = mb * ((1 + m.draft_tokens) * self._vocab_dev(t) + c.vocab_size) * 4
         elif spec.memory == "score":

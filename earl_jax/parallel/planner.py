@@ -327,14 +327,15 @@ class StagePlanner:
                     cache_buckets: tuple[int, ...] | None = None, kv_cache_bytes: int = 2,
                     devices: list[jax.Device] | None = None, stages: tuple[str, ...] | None = None,
                     shapes: ProgramShapes | None = None, decode_rows: int = 0,
-                    max_context: int | None = None, draft_tokens: int = 0) -> "StagePlanner":
+                    max_context: int | None = None, draft_tokens: int = 0, kv_positions: int = 0) -> "StagePlanner":
         """The planner of a job of `batch_size` games a rollout; a layout that does not fit the model or the batch
         is refused here, before anything compiles, naming the flag. `devices` (default: --planner.devices of all)
         and `stages` (the ones it plans each iteration; default: those registered so): a share of the devices
         planned for some stages alone (parallel/split.py). `shapes`: the job's program service (parallel/shapes.py),
         shared by the planners of one job. `decode_rows`: --rollout.slots (the rollout holds that many rows at once:
         its memory is planned for them; 0: every game; -1: as many as the rollout's memory holds at `max_context`, the
-        longest context a game reaches, by the memory model: `planner.decode_rows` says how many, 0 when every game)."""
+        longest context a game reaches, by the memory model: `planner.decode_rows` says how many, 0 when every game).
+        `kv_positions`: a paged rollout cache's positions (--rollout.kv-pages x --rollout.page-size; 0: contiguous)."""
         devices = jax.devices()[: cfg.devices or None] if devices is None else list(devices)
         planned = stages or stage_names("each_iteration")
         thresholds = {s: v for s in (stages or stage_names())
@@ -348,7 +349,7 @@ class StagePlanner:
         budget = int(cfg.memory_budget_gib * 2**30) or None
         memory = MemoryConfig(budget_bytes=budget, remat=remat, max_logprob_chunk=cfg.logprob_chunk,
                               max_micro_batch_tokens=cfg.micro_batch_tokens, cache_buckets=cache_buckets,
-                              kv_cache_bytes=kv_cache_bytes, draft_tokens=draft_tokens)
+                              kv_cache_bytes=kv_cache_bytes, draft_tokens=draft_tokens, kv_positions=kv_positions)
         table = ProfileTable.load(cfg.table) if cfg.table else None
         selector = ParallelismSelector(model_cfg, len(devices), memory=memory, config=sel_cfg, table=table,
                                        device_kind=devices[0].device_kind, batch_rows=batch_size,

@@ -124,8 +124,10 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         raise ValueError(f"{n} seeds for an env of {env.num_games} games")
     if n % len(policies):
         raise ValueError(f"{n} games do not split into {len(policies)} pipeline groups")
-    # carried games continue at their own turns: a pool's path, with a row for every game unless slots are fewer
-    pool = 0 < cfg.slots < n or carried is not None
+    # carried games continue at their own turns: a pool's path, with a row for every game unless slots are fewer; a
+    # paged cache's rows too (a game may be preempted, and waits for a row again)
+    paged = any(getattr(p, "paged", False) for p in policies)
+    pool = 0 < cfg.slots < n or carried is not None or paged
     pool_size = cfg.slots if 0 < cfg.slots < n else n
     if pool and (pool_size % len(policies) or (pool_size // len(policies)) % cfg.min_batch):
         raise ValueError(f"slots={pool_size} do not split into {len(policies)} pipeline groups of a multiple of "
@@ -172,25 +174,9 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
     answer_tokens, stopped = 0, False  # answer tokens so far; whether the token budget ended the rollout
     groups = []
     first_ids, first_counts = ids, counts  # every game's first observation (a pool extends it when the game starts)
-    if not pool:
-        size = n // len(policies)
-        for k, pol in enumerate(policies):
-            games = np.arange(k * size, (k + 1) * size)
-            pol.reset(size, first_cache_len)
-            pol.extend(ids[games], counts[games])
-            groups.append(_Group(pol, games, first_batch=len(games)))
-    else:  # each group's rows take the next waiting games (not those over at reset): the queue is shared
-        size = pool_size // len(policies)
-        for pol in policies:
-            games = np.full(size, -1, np.int64)
-            take = [waiting.pop() for _ in range(min(size, len(waiting)))]
-            games[:len(take)] = take
-            new, new_counts = np.zeros((size, ids.shape[1]), np.int32), np.zeros(size, np.int64)
-            new[:len(take)], new_counts[:len(take)] = ids[take], counts[take]
-            pol.reset(size, first_cache_len)
-            pol.extend(new, new_counts)
-            groups.append(_Group(pol, games, first_batch=size))
-
+    resume = np.zeros(n, bool)  # preempted games (paged cache): their history is their first extend when back
+    admitted = np.zeros(n, np.int64)  # when each game last got a row: the last admitted is preempted first
+    admissions = preempted = 0
     turn_keys: tuple[jax.Array, ...] = ()
 
     def turn_key(turn: int) -> jax.Array | None:
@@ -212,6 +198,63 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
             ended = np.bincount(group_of.reshape(-1), weights=live) == 0
             stopped = bool(ended.any() and ended.mean() >= cfg.budget_min_ended)
         return stopped
+
+    def first_extends(rows: int, free: np.ndarray, fresh: np.ndarray, width: int = 0) -> tuple[np.ndarray, ...]:
+        """[rows, t] ids and counts with each fresh game's first extend in its slot: its first observation, or a
+        preempted game's history."""
+        back = resume[fresh]
+        hist = ep.tokens_of(fresh[back]) if back.any() else (np.zeros((0, 1), np.int32), np.zeros(0, np.int64))
+        resume[fresh] = False
+        width = max(width, first_ids.shape[1] if len(fresh) else 0, hist[0].shape[1] if back.any() else 0)
+        new, new_counts = np.zeros((rows, width), np.int32), np.zeros(rows, np.int64)
+        new_rows, old = free[~back], fresh[~back]
+        if len(old):
+            new[new_rows, :first_ids.shape[1]], new_counts[new_rows] = first_ids[old], first_counts[old]
+        if back.any():
+            new[free[back], :hist[0].shape[1]], new_counts[free[back]] = hist
+        return new, new_counts
+
+    def admit(g: _Group, extra: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The next waiting games into the group's empty slots: (the slots, their games). A paged cache takes a game
+        only while every row's next extend (`extra`, and the game's own) and next answer fit its free pages."""
+        nonlocal admissions
+        free = np.flatnonzero(g.games < 0)[:0 if stop() else len(waiting)]
+        if paged and len(free):
+            need = extra + np.where((g.games >= 0), cfg.max_turn_tokens, 0)
+            for k, slot in enumerate(free.tolist()):
+                game = waiting[-1 - k]
+                need[slot] = (ep.length[game] if resume[game] else first_counts[game]) + cfg.max_turn_tokens
+                if (g.games >= 0).any() or k:  # one game alone always gets a row (a too-small pool then says so)
+                    if g.policy.page_shortfall(need):
+                        free = free[:k]
+                        break
+        fresh = np.array([waiting.pop() for _ in range(len(free))], np.int64)
+        g.games[free] = fresh
+        admitted[fresh] = admissions + np.arange(len(fresh))
+        admissions += len(fresh)
+        return free, fresh
+
+    def preempt(g: _Group, extra: np.ndarray, decode: bool) -> np.ndarray:
+        """A paged cache: while the group's rows cannot add extra[r] positions each (an extend's tokens, or with
+        `decode` an answer's budget), the game that got its row last leaves it and waits again, its pages freed and
+        its history extended again when it is back (recompute preemption, as vLLM's). The slots emptied."""
+        nonlocal preempted
+        out = []
+        while paged and g.policy.page_shortfall(extra, decode):
+            held = np.flatnonzero(g.games >= 0)
+            if len(held) <= 1:
+                from earl_jax.models.paged_cache import PagesExhausted
+                raise PagesExhausted(f"one game's next {int(extra.max())} positions do not fit the KV cache's pages: "
+                                     "raise --rollout.kv-pages (or lower --rollout.max-context)")
+            slot = int(held[np.argmax(admitted[g.games[held]])])
+            game = int(g.games[slot])
+            g.policy.reset_rows(np.array([slot]))
+            g.games[slot], extra[slot] = -1, 0
+            waiting.append(game)
+            resume[game] = True
+            preempted += 1
+            out.append(slot)
+        return np.array(out, np.int64)
 
     def issue(g: _Group) -> None:
         """Start the group's next decode, or retire it when none of its games can go on (or the budget is spent)."""
@@ -238,6 +281,9 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
             return
         budgets = np.zeros(len(g.games), np.int32)
         budgets[slots[going]] = np.minimum(cfg.max_turn_tokens, room[going])
+        if paged and len(gone := preempt(g, budgets.astype(np.int64), decode=True)):
+            budgets[gone] = 0
+            going &= ~np.isin(slots, gone)
         row_ids = np.where(g.games >= 0, g.games + game_offset, 0).astype(np.int32)
         if pool:
             ep.turn_ctx[games[going], turns[going]] = ep.length[games[going]]
@@ -259,7 +305,7 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         g.fetch = g.policy.generate(budgets, key, row_ids, **kw)
         decode_rows += len(g.games)
         if (shape := getattr(g.policy, "cache_shape", None)) is not None:  # a host policy holds no cache
-            kv_allocated += shape[0] * shape[1]
+            kv_allocated += getattr(g.policy, "kv_positions", shape[0] * shape[1])
             kv_used += int(np.minimum(ep.length[games[going]] + budgets[slots[going]], shape[1]).sum())
         if not cfg.overlap:  # the reference schedule: nothing else runs while this group decodes
             g.fetch = _ready(g.fetch())
@@ -346,19 +392,43 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         ep.truncated[cont_games[over]] = True
         live[cont_games[over]] = False
         cont_slots, obs, obs_counts = cont_slots[~over], obs[~over], obs_counts[~over]
-        free = np.flatnonzero((g.games < 0) | ~live[np.maximum(g.games, 0)])[:0 if stop() else len(waiting)]
-        fresh = np.array([waiting.pop() for _ in range(len(free))], np.int64)
-        if len(free):
-            g.games[free] = fresh
-            g.policy.reset_rows(free)
+        ended = np.flatnonzero((g.games >= 0) & ~live[np.maximum(g.games, 0)])
+        if paged:  # an ended game's pages go back at once, and the going games' observations may preempt one
+            if len(ended):
+                g.games[ended] = -1
+                g.policy.reset_rows(ended)
+            extra = np.zeros(len(g.games), np.int64)
+            extra[cont_slots] = obs_counts
+            if len(gone := preempt(g, extra, decode=False)):
+                keep = ~np.isin(cont_slots, gone)
+                cont_slots, obs, obs_counts = cont_slots[keep], obs[keep], obs_counts[keep]
+            free, fresh = admit(g, extra)
+        else:  # the first empty or ended slots take the next waiting games
+            g.games[np.flatnonzero((g.games < 0) | np.isin(np.arange(len(g.games)), ended))[:len(waiting)]] = -1
+            free, fresh = admit(g, np.zeros(len(g.games), np.int64))
+            if len(free):
+                g.policy.reset_rows(free)
         if (not len(cont_slots) and not len(free)) or stop():
             return
-        width = max(obs.shape[1] if len(cont_slots) else 0, first_ids.shape[1] if len(free) else 0)
-        new, new_counts = np.zeros((len(g.games), width), np.int32), np.zeros(len(g.games), np.int64)
+        new, new_counts = first_extends(len(g.games), free, fresh, obs.shape[1] if len(cont_slots) else 0)
         new[cont_slots, :obs.shape[1]], new_counts[cont_slots] = obs, obs_counts
-        if len(free):
-            new[free, :first_ids.shape[1]], new_counts[free] = first_ids[fresh], first_counts[fresh]
         g.policy.extend(new, new_counts)
+
+    if not pool:
+        size = n // len(policies)
+        for k, pol in enumerate(policies):
+            games = np.arange(k * size, (k + 1) * size)
+            pol.reset(size, first_cache_len)
+            pol.extend(ids[games], counts[games])
+            groups.append(_Group(pol, games, first_batch=len(games)))
+    else:  # each group's rows take the next waiting games (not those over at reset): the queue is shared
+        size = pool_size // len(policies)
+        for pol in policies:
+            pol.reset(size, first_cache_len)
+            groups.append(g := _Group(pol, np.full(size, -1, np.int64), first_batch=size))
+            free, fresh = admit(g, np.zeros(size, np.int64))
+            new, new_counts = first_extends(size, free, fresh)
+            pol.extend(new, new_counts)
 
     for g in groups:
         issue(g)
@@ -381,7 +451,7 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         decode_rows=decode_rows, prompt_tokens=prompt_tokens, first_cache_len=first_cache_len,
         observation_tokens=observation_tokens, busy_rows=busy_rows,
         pool_occupancy=pool_busy / pool_rows if pool_rows else None, answer_tokens=answer_tokens,
-        kv_used=kv_used, kv_allocated=kv_allocated,
+        kv_used=kv_used, kv_allocated=kv_allocated, preempted=preempted,
         unfinished=None if not cfg.token_budget else live.copy() if stopped else np.zeros(n, bool),
         legal=legal if cfg.token_budget else None)
 

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from earl_jax.models.paged_cache import PagedKVCache
 from earl_jax.rollout.sampler import Sampler, SamplerState
 
 CompileJob = Callable[[], Any]
@@ -69,9 +70,13 @@ class DecodePrograms:
         """Specs of a state of b rows and cache length s, sharded as `Sampler._constrain_state` leaves one (without a
         mesh: on `like`'s device)."""
         is_spec = lambda x: isinstance(x, jax.ShapeDtypeStruct)  # noqa: E731
-        shapes = SamplerState(jax.tree.map(lambda x: (b, x.shape[1], s) + x.shape[3:], like.cache, is_leaf=is_spec),
-                              (b,), (b, like.next_logits.shape[1]))
-        shardings = (jax.tree.map(lambda x: x.sharding, like) if self.sampler.mesh is None
+        if isinstance(like.cache, PagedKVCache):  # the pages stay as they are; the block table is b x s / page size
+            cache = PagedKVCache(jax.tree.map(lambda x: x.shape, like.cache.pages, is_leaf=is_spec),
+                                 (b, s // self.sampler.page_size))
+        else:
+            cache = jax.tree.map(lambda x: (b, x.shape[1], s) + x.shape[3:], like.cache, is_leaf=is_spec)
+        shapes = SamplerState(cache, (b,), (b, like.next_logits.shape[1]))
+        shardings = (jax.tree.map(lambda x: x.sharding, like) if self.sampler.mesh is None or self.sampler.page_size
                      else self.sampler._state_shardings(b, s, like.next_logits.shape[1]))
         return jax.tree.map(lambda x, shape, sh: jax.ShapeDtypeStruct(shape, x.dtype, sharding=sh), like, shapes,
                             shardings, is_leaf=is_spec)

@@ -106,6 +106,7 @@ class RolloutStats:
     # budget) and those allocated (rows x the cache's length): what a paged cache would not hold (this process's)
     kv_used: int = 0
     kv_allocated: int = 0
+    preempted: int = 0  # a paged cache's pool: games that gave their row back for want of pages (recomputed)
     # a rollout split by process (rollout/process_split.py): the gather of the trajectories, the part of it spent
     # waiting for the slowest process, and each process's own time for its games
     gather_s: float = 0.0
@@ -208,6 +209,19 @@ class _Episodes:
         self._appends.append((games, self.length[games], ids, counts, generated if scored is None else scored,
                               logp, choices))
         self.length[games] += counts
+
+    def tokens_of(self, games: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Games `games`' tokens so far as ([k, width] ids, counts): a preempted game's history, extended again
+        when it gets a row back (a paged cache's pool, rollout/agent_loop.py)."""
+        games = np.asarray(games, np.int64)
+        counts = self.length[games]
+        out = np.zeros((len(games), max(int(counts.max(initial=0)), 1)), np.int32)
+        where = {g: k for k, g in enumerate(games.tolist())}
+        for app_games, start, ids, app_counts, *_ in self._appends:
+            for j in np.flatnonzero(np.isin(app_games, games)).tolist():
+                k, c = where[int(app_games[j])], int(app_counts[j])
+                out[k, start[j]:start[j] + c] = ids[j, :c]
+        return out, counts
 
     def carry_in(self, games: np.ndarray, episodes: Trajectories) -> None:
         """Games `games` start as `episodes` stands (`Carried`): its rows are kept as one append, not copied."""

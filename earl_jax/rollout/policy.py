@@ -10,6 +10,7 @@ import numpy as np
 from flax import nnx
 
 from earl_jax.distributed import global_to_host
+from earl_jax.models.paged_cache import PageTable
 from earl_jax.rollout.agent_loop import Decoded
 from earl_jax.rollout.drafts import DraftIndex
 from earl_jax.rollout.moves import MoveTokens, legal_bits
@@ -26,12 +27,19 @@ class SamplerPolicy:
 
     def __init__(self, sampler: Sampler, params: nnx.State, sampling: SamplingConfig, stop_tokens: Sequence[int],
                  max_new_tokens: int, moves: MoveTokens | None = None, background: bool = False,
-                 drafts: DraftIndex | None = None, draft_window: int | None = None):
+                 drafts: DraftIndex | None = None, draft_window: int | None = None, kv_pages: int = 0):
         """`background`: decode in a worker thread. On GPUs a decode program's `lax.while_loop` is driven by the
         thread that launched it (the host reads the loop condition every step), so the launch returns only when
         the loop is done; from a worker thread the caller goes on stepping other games meanwhile, and groups on
         different devices decode at the same time. One process only (the fetch's collectives must keep one
-        order on every process)."""
+        order on every process).
+
+        A paged sampler (`Sampler(page_size=P)`) holds `kv_pages` pages (0: as many as the rows fill at the first
+        cache size): this policy hands each row pages before a program writes there (`PageTable`), and
+        `page_shortfall` tells the agent loop's pool when the rows' next positions would not fit (it then preempts a
+        game)."""
+        self.kv_pages = kv_pages
+        self.pages: PageTable | None = None
         self.sampler, self.params, self.sampling = sampler, params, sampling
         self.stop_tokens, self.max_new_tokens, self.moves = tuple(stop_tokens), max_new_tokens, moves
         self.background = background
@@ -39,8 +47,15 @@ class SamplerPolicy:
             raise ValueError("SamplerPolicy: drafts need free-text answers (a constrained move is one token a turn)")
         self.speculation = Speculation(drafts, draft_window) if drafts is not None else None
 
+    @property
+    def paged(self) -> bool:
+        return bool(self.sampler.page_size)
+
     def reset(self, batch: int, max_len: int) -> None:
-        self.state = self.sampler.init_state(batch, max_len)
+        self.state = self.sampler.init_state(batch, max_len, self.kv_pages)
+        if self.paged:
+            self.pages = PageTable(self.state.cache.num_pages, self.sampler.page_size, batch)
+            self._table_key = None
         self.lengths = np.zeros(batch, np.int64)
         self._pending = np.zeros((batch, 2), np.int32)  # constrained answers not yet in the cache
         self._pending_n = np.zeros(batch, np.int64)
@@ -55,6 +70,13 @@ class SamplerPolicy:
         """(rows, positions a row) of the KV cache: what the agent loop's `kv_used / kv_allocated` divides by."""
         return self.state.batch_size, self.state.max_len
 
+    @property
+    def kv_positions(self) -> int:
+        """Cache positions this policy holds: rows x positions a row, or a paged cache's pages x page size."""
+        if self.pages is not None:
+            return self.pages.num_pages * self.pages.page_size
+        return self.state.batch_size * self.state.max_len
+
     def extend(self, tokens: np.ndarray, counts: np.ndarray) -> None:
         tokens, counts = np.asarray(tokens, np.int32), np.asarray(counts, np.int64)
         if self._pending_n.any():  # the last answers go in first, in the same call (only for games that go on)
@@ -66,6 +88,7 @@ class SamplerPolicy:
         if self.speculation is not None:
             self.speculation.extended(tokens, counts)
         self.state = self.sampler.ensure_capacity(self.state, int((self.lengths + counts).max()))
+        self._assign_pages(self.lengths + counts)
         self.state = self.sampler.extend(self.params, self.state, tokens, counts)  # it pads to its length bucket
         self.lengths += counts
 
@@ -76,6 +99,7 @@ class SamplerPolicy:
         if legal is not None:
             raise ValueError("SamplerPolicy: legal moves given to a free-text policy (build it with moves=)")
         self.state = self.sampler.ensure_capacity(self.state, int((self.lengths + budgets).max()))
+        self._assign_pages(self.lengths + budgets)
         if self.speculation is not None:
             return self._drafted(budgets, rng, row_ids)
 
@@ -91,6 +115,26 @@ class SamplerPolicy:
             return state, (tokens[:, :width], logprobs[:, :width], counts, stopped)
 
         return self._fetch_later(launch, to_host)
+
+    def page_shortfall(self, extra: np.ndarray, decode: bool = False) -> int:
+        """Pages missing for each row to add extra[r] positions next (an extend's tokens, or with `decode` a turn's
+        answer budget); 0 with a contiguous cache, and for constrained moves' decode (it writes no cache)."""
+        if self.pages is None or (decode and self.moves is not None):
+            return 0
+        extra = np.asarray(extra, np.int64)
+        if not decode:  # the last constrained answers go in with the next extend
+            extra = extra + np.where(extra > 0, self._pending_n, 0)
+        return self.pages.shortfall(self.lengths + extra)
+
+    def _assign_pages(self, needs: np.ndarray) -> None:
+        """Pages for each row's first needs[r] positions, and the state's block table to match."""
+        if self.pages is None:
+            return
+        self.pages.reserve(needs)
+        width = self.state.max_len // self.sampler.page_size
+        if (self.pages.version, width) != self._table_key:
+            self.state = self.sampler.set_block_table(self.state, self.pages.table(width))
+            self._table_key = (self.pages.version, width)
 
     def _drafted(self, budgets: np.ndarray, rng: jax.Array, row_ids: np.ndarray) -> Callable[[], Decoded]:
         """`generate` with drafts: each row's draft verified K tokens a decode step (rollout/speculate.py)."""
@@ -151,6 +195,8 @@ class SamplerPolicy:
 
     def reset_rows(self, rows: np.ndarray) -> None:
         self.state = self.sampler.reset_rows(self.state, rows)
+        if self.pages is not None:
+            self.pages.release(rows)
         self.lengths[rows] = 0
         self._pending_n[rows] = 0  # a finished game's last constrained answer is not the new game's
         if self.speculation is not None:
@@ -158,6 +204,9 @@ class SamplerPolicy:
 
     def take_rows(self, rows: np.ndarray, batch: int) -> None:
         self.state = self.sampler.take_rows(self.state, rows, batch)
+        if self.pages is not None:
+            self.pages.take(rows, batch)
+            self._table_key = (self.pages.version, self.state.max_len // self.sampler.page_size)  # what _take made
         self.lengths = np.concatenate([self.lengths[rows], np.zeros(batch - len(rows), np.int64)])
         self._pending = np.concatenate([self._pending[rows], np.zeros((batch - len(rows), 2), np.int32)])
         self._pending_n = np.concatenate([self._pending_n[rows], np.zeros(batch - len(rows), np.int64)])

@@ -55,6 +55,12 @@ class RolloutConfig:
                        "every pipeline group; 0 or >= the games: every game has a row from the start; -1: as many "
                        "rows as the rollout's memory holds at --rollout.max-context (the memory model; logged); "
                        "no league")
+    kv_pages: int = _f(0, "paged KV cache: the rollout's cache is this many pages of --rollout.page-size positions a "
+                          "decode batch shares (each row takes pages as its context grows, gives them back when its "
+                          "game ends), so memory follows the contexts, not rows x the longest; when they run out the "
+                          "last game to start gives its row back and is recomputed later (rollout/metrics: "
+                          "preempted); one device, the XLA decode step; 0: a contiguous cache per row")
+    page_size: int = _f(16, "paged KV cache: positions a page (8, 16, 32, 64 or 128)")
     max_staleness: int = _f(0, "K: the next rollouts run on a background thread while the current batch trains, "
                                "sampled with weights at most K train iterations older than those that train on "
                                "them (rl/loop/overlap.py); 0: one stage after the other, every batch fresh")
@@ -94,6 +100,8 @@ class RolloutConfig:
         need(self.token_budget >= 0, "token_budget", "must be >= 0 (0: off)")
         need(0 <= self.budget_min_ended <= 1, "budget_min_ended", "must be a share in [0, 1]")
         need(self.drafts >= 0, "drafts", "must be >= 0 (0: off)")
+        need(self.kv_pages >= 0, "kv_pages", "must be >= 0 (0: contiguous caches)")
+        need(self.page_size in (8, 16, 32, 64, 128), "page_size", "must be 8, 16, 32, 64 or 128")
         need(not (self.drafts and self.constrain_moves), "drafts", "a constrained move is one token a turn: nothing "
              "to draft; use --rollout.drafts 0 or --rollout.constrain-moves false")
         need(self.cache_growth == 0 or self.cache_growth >= 1.5, "cache_growth",

@@ -39,6 +39,7 @@ from earl_jax.kernels.decode_attention import block_size
 from earl_jax.kernels.tuning import plan as decode_plan
 from earl_jax.models.cache import KVCache, LayerCache, cache_shardings, init_cache
 from earl_jax.models.model_config import ModelConfig
+from earl_jax.models.paged_cache import PagedKVCache, check_page_size, init_paged_cache
 from earl_jax.rollout import decode_step, moves
 from earl_jax.rollout.buckets import (  # noqa
     DEFAULT_CACHE_BUCKETS,
@@ -61,7 +62,7 @@ AUTO_MIN_CACHE = 2048
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class SamplerState:
-    cache: KVCache
+    cache: KVCache | PagedKVCache
     lengths: Int[Array, " b"]  # tokens in the cache per row
     next_logits: Float[Array, "b v"]  # float32 logits predicting each row's next token
 
@@ -104,16 +105,22 @@ class Sampler:
                  length_buckets: Sequence[int] = DEFAULT_LENGTH_BUCKETS,
                  cache_buckets: Sequence[int] = DEFAULT_CACHE_BUCKETS, steps_per_check: int = 1,
                  decode_impl: str = "auto", compiler_options: dict[str, Any] | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK):
+                 prefill_chunk: int = PREFILL_CHUNK, page_size: int = 0):
         if (mesh is None) != (rules is None):
             raise ValueError("Sampler: give both mesh and rules, or neither")
+        single = mesh is None or mesh.devices.size == 1
+        if page_size:
+            check_page_size(page_size)
+            if not single:
+                raise ValueError("Sampler: a paged KV cache (--rollout.kv-pages) decodes on one device; this rollout's "
+                                 f"mesh has {mesh.devices.size}")
+        self.page_size = page_size  # 0: contiguous caches; else paged (models/paged_cache.py), the XLA decode step
         self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, rules
         self.cache_dtype = cache_dtype
         self.steps_per_check = steps_per_check  # decode steps per while_loop iteration (early-exit check)
         self.prefill_chunk = prefill_chunk  # an extend wider than this runs in chunks of positions (bounded memory)
         if decode_impl not in ("auto", "xla", "pallas", "pallas_interpret"):
             raise ValueError(f"Sampler: decode_impl must be auto, xla, pallas or pallas_interpret, got {decode_impl!r}")
-        single = mesh is None or mesh.devices.size == 1
         if decode_impl == "auto" and not (single and jax.default_backend() == "gpu"):
             decode_impl = "xla"
         if decode_impl != "xla" and not single:
@@ -124,7 +131,7 @@ class Sampler:
         self.length_buckets = tuple(sorted(length_buckets))
         self.cache_buckets = tuple(sorted(cache_buckets))
         self._traces = 0
-        self._init = jax.jit(self._init_impl, static_argnums=(0, 1))
+        self._init = jax.jit(self._init_impl, static_argnums=(0, 1, 2))
         self._grow = jax.jit(self._grow_impl, static_argnums=(1,))
         self._take = jax.jit(self._take_impl, static_argnums=(2,))  # a new batch size: nothing to donate into
         # XLA options for the extend / generate programs only (e.g. {"xla_gpu_enable_triton_gemm": False}).
@@ -144,9 +151,23 @@ class Sampler:
         """Distinct programs traced (each is compiled once); bounded by the buckets."""
         return self._traces
 
-    def init_state(self, batch: int, max_len: int) -> SamplerState:
-        """Empty rows with a cache of the bucketed size >= max_len."""
-        return self._init(batch, bucket(max_len, self.cache_buckets))
+    def init_state(self, batch: int, max_len: int, num_pages: int = 0) -> SamplerState:
+        """Empty rows with a cache of the bucketed size >= max_len. A paged sampler's cache holds `num_pages` pages (0:
+        as many as the rows fill at that size), none assigned: `set_block_table` assigns them."""
+        s = bucket(max_len, self.cache_buckets)
+        if self.page_size and not num_pages:
+            num_pages = batch * s // self.page_size
+        return self._init(batch, s, num_pages if self.page_size else 0)
+
+    def set_block_table(self, state: SamplerState, table) -> SamplerState:
+        """A paged state whose rows hold the pages of `table` ([rows, max_len / page_size] ints; unassigned entries =
+        the cache's num_pages), from the host's page table (models/paged_cache.PageTable)."""
+        table = np.asarray(table, np.int32)
+        want = (state.batch_size, state.max_len // self.page_size)
+        if table.shape != want:
+            raise ValueError(f"set_block_table: a table of shape {table.shape} for a state of {want}")
+        (table,) = self._put_rows(table)
+        return SamplerState(PagedKVCache(state.cache.pages, table), state.lengths, state.next_logits)
 
     def ensure_capacity(self, state: SamplerState, needed_len: int) -> SamplerState:
         """Grow the cache (a copy) to the bucket holding `needed_len` tokens per row, if it is smaller."""
@@ -260,8 +281,8 @@ class Sampler:
         self.shapes.prepare_generate(params, state, statics, *runtime_values(sampling))
 
     def kernel_step(self, cache_len: int) -> bool:
-        """Whether a generate call over a cache of `cache_len` slots runs the Pallas decode step."""
-        if self.decode_impl == "xla" or block_size(cache_len) is None:
+        """Whether a generate call over a cache of `cache_len` slots runs the Pallas decode step (contiguous only)."""
+        if self.decode_impl == "xla" or self.page_size or block_size(cache_len) is None:
             return False
         return self.decode_impl != "auto" or cache_len >= AUTO_MIN_CACHE
 
@@ -307,7 +328,7 @@ class Sampler:
         return jax.lax.with_sharding_constraint(x, logical_sharding(self.mesh, self.rules, axes, x.shape))
 
     def _constrain_state(self, state: SamplerState) -> SamplerState:
-        if self.mesh is None:
+        if self.mesh is None or self.page_size:  # a paged cache lives on one device
             return state
         return jax.lax.with_sharding_constraint(state, self._state_shardings(
             state.batch_size, state.max_len, state.next_logits.shape[1]))
@@ -320,10 +341,12 @@ class Sampler:
         return contextlib.nullcontext() if self.mesh is None else use_mesh_rules(self.mesh, self.rules)
 
     # ---- traced programs ---------------------------------------------------------------------------
-    def _init_impl(self, batch: int, max_len: int) -> SamplerState:
+    def _init_impl(self, batch: int, max_len: int, num_pages: int) -> SamplerState:
         self._traces += 1
         with self._ctx():
-            state = SamplerState(init_cache(self.cfg, batch, max_len, self.cache_dtype),
+            cache = (init_paged_cache(self.cfg, batch, max_len, num_pages, self.page_size, self.cache_dtype)
+                     if self.page_size else init_cache(self.cfg, batch, max_len, self.cache_dtype))
+            state = SamplerState(cache,
                                  jnp.zeros((batch,), jnp.int32),
                                  jnp.zeros((batch, self.cfg.vocab_size), jnp.float32))
             return self._constrain_state(state)
@@ -332,6 +355,10 @@ class Sampler:
         self._traces += 1
         with self._ctx():
             pad = new_len - state.cache.max_len
+            if self.page_size:  # more table entries, unassigned; no position moves
+                c = state.cache
+                table = jnp.pad(c.block_table, ((0, 0), (0, pad // self.page_size)), constant_values=c.num_pages)
+                return SamplerState(PagedKVCache(c.pages, table), state.lengths, state.next_logits)
             grow = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0)))  # b k s h
             cache = KVCache(tuple(LayerCache(grow(l.k), grow(l.v)) for l in state.cache.layers))
             return self._constrain_state(SamplerState(cache, state.lengths, state.next_logits))
@@ -339,7 +366,12 @@ class Sampler:
     def _take_impl(self, state: SamplerState, idx, batch: int, valid) -> SamplerState:
         self._traces += 1
         with self._ctx():
-            cache = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), state.cache)
+            if self.page_size:  # the rows' pages go with them (the host's page table says the same)
+                c = state.cache
+                cache = PagedKVCache(c.pages, jnp.where(valid[:, None], jnp.take(c.block_table, idx, axis=0),
+                                                        c.num_pages))
+            else:
+                cache = jax.tree.map(lambda x: jnp.take(x, idx, axis=0), state.cache)
             lengths = jnp.where(valid, jnp.take(state.lengths, idx), 0)
             logits = jnp.where(valid[:, None], jnp.take(state.next_logits, idx, axis=0), 0.0)
             return self._constrain_state(SamplerState(cache, lengths, logits))

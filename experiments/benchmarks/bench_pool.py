@@ -11,7 +11,9 @@ differ from the others' by ~1% of the tokens), when memory holds S decode rows:
   lasts as long as its longest episode);
 - `pool`: one rollout with S slots over the N episodes (a finished episode's row takes the next waiting one);
 - `all`: the N episodes lock-step at once, a reference for a device with room for N rows (a small model: the
-  rollout's layout is the one planned for S rows).
+  rollout's layout is the one planned for S rows);
+- `paged`: a pool of `--paged-rows` rows (default 4 S) over a paged KV cache (`--rollout.kv-pages`) of the memory the
+  pool's S contiguous rows hold at --max-context: more rows in the same memory, a game preempted when pages run out.
 
 Reported per mode, medians of `--rounds` after one round that compiles: wall seconds, answer tokens per second,
 decode-row occupancy (busy rows / decode rows) and, for the pool, its occupancy while episodes waited; the share of
@@ -106,6 +108,8 @@ def main() -> None:
     p.add_argument("--model", default="tiny", help="a model shape (--model.name), random weights")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--modes", default="waves,pool,all")
+    p.add_argument("--paged-rows", type=int, default=0, help="mode paged: decode rows (default 4 x --slots)")
+    p.add_argument("--page-size", type=int, default=16, help="mode paged: positions a page")
     p.add_argument("--out", type=Path)
     p.add_argument("--replot", type=Path, help="redraw this saved result's PNG and exit")
     a = p.parse_args()
@@ -115,8 +119,11 @@ def main() -> None:
     if a.episodes % a.slots:
         p.error(f"--episodes ({a.episodes}) must be a multiple of --slots ({a.slots}): whole waves")
     modes = a.modes.split(",")
-    if unknown := [m for m in modes if m not in ("waves", "pool", "all")]:
-        p.error(f"--modes: unknown {', '.join(unknown)} (waves, pool, all)")
+    if unknown := [m for m in modes if m not in ("waves", "pool", "all", "paged")]:
+        p.error(f"--modes: unknown {', '.join(unknown)} (waves, pool, all, paged)")
+    paged_rows = a.paged_rows or 4 * a.slots
+
+    import dataclasses
 
     import jax
 
@@ -125,6 +132,7 @@ def main() -> None:
     from earl_jax.rl.matchups.matchmaking import job_matchmaker
     from earl_jax.rl.stages.policy_setup import build_policy
     from earl_jax.rl.stages.rollout_stage import RolloutStage
+    from earl_jax.rollout.buckets import DEFAULT_CACHE_BUCKETS, bucket
     from earl_jax.rollout.sampler import SamplingConfig
 
     def job(episodes: int, slots: int = 0):
@@ -141,10 +149,14 @@ def main() -> None:
     cfg = job(a.episodes, a.slots)
     policy, params = build_policy(cfg, stages=("rollout",))
     stage = RolloutStage(cfg.rollout, policy, cfg.rollout.max_context)
+    # the paged pool: the KV memory of S contiguous rows at the longest context, as pages
+    kv_pages = a.slots * bucket(a.max_context, DEFAULT_CACHE_BUCKETS) // a.page_size
+    paged_stage = RolloutStage(dataclasses.replace(cfg.rollout, kv_pages=kv_pages, page_size=a.page_size), policy,
+                               cfg.rollout.max_context)
     envs = {n: job_matchmaker(job(n), policy)[2].train_env(0) for n in {a.episodes, a.slots}}
     on_layout: dict = {}  # the weights in the compute dtype on each rollout mesh, cast once
 
-    def rollout(env, seeds: list[int], ids: np.ndarray, slots: int):
+    def rollout(env, seeds: list[int], ids: np.ndarray, slots: int, stage=stage):
         def run_stage(run):
             if run.layout.mesh not in on_layout:
                 on_layout.clear()  # one copy at a time on the device
@@ -161,6 +173,8 @@ def main() -> None:
         if mode == "waves":
             return [rollout(envs[a.slots], seeds[i:i + a.slots], np.arange(i, i + a.slots), 0)
                     for i in range(0, a.episodes, a.slots)]
+        if mode == "paged":
+            return [rollout(envs[a.episodes], seeds, np.arange(a.episodes), paged_rows, paged_stage)]
         return [rollout(envs[a.episodes], seeds, np.arange(a.episodes), a.slots if mode == "pool" else 0)]
 
     runs: dict[str, list] = {m: [] for m in modes}
@@ -189,7 +203,8 @@ def main() -> None:
                    # cache positions holding a decoding episode's context over those allocated, summed over decodes:
                    # 1 - this is what per-row contiguous caches hold beyond a paged cache's need (the schedule's, so
                    # the same on any device and model)
-                   "kv_used_frac": kv_used[0] / max(kv_allocated[0], 1)}
+                   "kv_used_frac": kv_used[0] / max(kv_allocated[0], 1),
+                   "preempted": sum(s.preempted for s in rounds[0])}
         print(f"{m:>6}: {rows[m]['rollout_s']:.3f} s, {rows[m]['tokens_per_s']:.0f} answer tokens/s, occupancy "
               f"{rows[m]['occupancy']:.2f}" + (f", while episodes waited {rows[m]['pool_occupancy']:.2f}"
                                                if rows[m]["pool_occupancy"] is not None else "")
@@ -197,10 +212,15 @@ def main() -> None:
     if "waves" in rows and "pool" in rows:
         speedup = rows["pool"]["tokens_per_s"] / rows["waves"]["tokens_per_s"]
         print(f"pool / waves: {speedup:.2f}x answer tokens per second")
+    if "paged" in rows and "pool" in rows:
+        print(f"paged ({paged_rows} rows, {kv_pages} pages of {a.page_size}) / pool ({a.slots} rows): "
+              f"{rows['paged']['tokens_per_s'] / rows['pool']['tokens_per_s']:.2f}x answer tokens per second, "
+              f"{rows['paged']['preempted']} episodes preempted")
     device = jax.devices()[0].device_kind
     result = {"script": "experiments/benchmarks/bench_pool.py", "argv": sys.argv[1:], "device": device,
               "backend": jax.default_backend(), "jax": jax.__version__, "model": a.model, "episodes": a.episodes,
-              "slots": a.slots, "turn_tokens": a.turn_tokens, "load": {"turns": TURNS, "shares": SHARES},
+              "slots": a.slots, "paged_rows": paged_rows, "kv_pages": kv_pages, "page_size": a.page_size,
+              "turn_tokens": a.turn_tokens, "load": {"turns": TURNS, "shares": SHARES},
               "rounds": a.rounds, "modes": rows}
     out = a.out or RESULTS / f"bench_pool_{a.model}_{device_slug(device)}.json"
     out.write_text(json.dumps(result, indent=1) + "\n")

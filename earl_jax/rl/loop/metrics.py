@@ -136,6 +136,7 @@ def iteration_record(step: int, traj, times: Mapping[str, float], exp_metrics: M
         **({} if s.pool_occupancy is None else {"rollout/pool_occupancy": s.pool_occupancy}),
         # cache positions holding a decoding game's context over those allocated: 1 - this, a paged cache's saving
         **({"rollout/kv_used_frac": s.kv_used / s.kv_allocated} if s.kv_allocated else {}),
+        "rollout/preempted": s.preempted,  # games a paged cache's pool sent back to wait for pages (--rollout.kv-pages)
         **({} if s.draft_proposed is None else {
             "rollout/draft_proposed": s.draft_proposed, "rollout/draft_accepted": s.draft_accepted,
             "rollout/draft_acceptance": s.draft_accepted / max(s.draft_proposed, 1)}),

@@ -92,7 +92,7 @@ class RolloutStage:
         # an accelerator's decode loop holds the thread that launched it: a group must decode from a worker thread
         policies = [SamplerPolicy(sampler, params, sampling, stops, turn_tokens, moves=self.moves,
                                   background=k > 1 and backend != "cpu", drafts=drafts,
-                                  draft_window=self.cfg.drafts) for _ in range(k)]
+                                  draft_window=self.cfg.drafts, kv_pages=self.cfg.kv_pages) for _ in range(k)]
         compact = self.shapes.compact_now()
         unit = k * min_batch  # a pool's rows: whole decode batches in every pipeline group
         slots = 0 if league is not None else -(-self.slots // unit) * unit  # a frozen opponent draws by its calls
@@ -105,7 +105,7 @@ class RolloutStage:
         if league is not None:
             league_games, snap_step, snap = league
             frozen = SamplerPolicy(sampler, league_params(run, snap_step, snap), sampling, stops, turn_tokens,
-                                   moves=self.moves)
+                                   moves=self.moves, kv_pages=self.cfg.kv_pages)
             env.assign(FrozenPolicyOpponent(frozen, self.codec, jax.random.fold_in(rng, 0x0990),
                                             max_turn_tokens=turn_tokens, bos_id=self.ids.bos_id, min_batch=min_batch),
                        league_games)
@@ -152,7 +152,8 @@ class RolloutStage:
         if key not in self.samplers:
             impl = self.cfg.decode_impl if mesh.devices.size == 1 else "xla"
             self.samplers[key] = Sampler(self.graphdef, self.model_cfg, mesh=mesh, cache_buckets=self.cache_buckets,
-                                         rules=rules, cache_dtype=self.cfg.cache_dtype, decode_impl=impl)
+                                         rules=rules, cache_dtype=self.cfg.cache_dtype, decode_impl=impl,
+                                         page_size=self.cfg.page_size if self.cfg.kv_pages else 0)
         sampler = self.samplers[key]
         self.shapes.rollout_starts(sampler, self.max_context)  # the service records its shapes, may compile ahead
         return sampler

@@ -1,0 +1,200 @@
+"""Paged KV cache (models/paged_cache.py): rows hold pages of a shared pool through a block table. The sampler decodes
+the contiguous cache's tokens whatever pages a row holds and in whatever order; the agent loop's pool plays the
+lock-step games with fewer pages than its rows would fill, preempting a game (its history recomputed) when they run
+out."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from earl_jax.envs import EnvConfig
+from earl_jax.envs.vector import make_vector_env
+from earl_jax.models.model_config import ModelConfig
+from earl_jax.models.paged_cache import PagesExhausted, PageTable
+from earl_jax.models.qwen2 import Qwen2
+from earl_jax.models.tokenizer import game_tokenizer, special_ids
+from earl_jax.rollout.agent_loop import PlayConfig, play_games
+from earl_jax.rollout.moves import MoveTokens
+from earl_jax.rollout.policy import SamplerPolicy
+from earl_jax.rollout.sampler import Sampler, SamplingConfig
+
+TOK = game_tokenizer()
+IDS = special_ids(TOK)
+CFG = ModelConfig.tiny(vocab_size=TOK.get_vocab_size()).replace(num_hidden_layers=2, hidden_size=64,
+                                                                 intermediate_size=128)
+N = 16
+BASE = PlayConfig(max_turn_tokens=3, max_turns=9, max_context=256)
+
+
+@pytest.fixture(scope="module")
+def model():
+    graphdef, params = nnx.split(Qwen2(CFG, rngs=nnx.Rngs(0), dtype=jnp.float32))
+    return graphdef, params
+
+
+def test_the_page_table_hands_out_pages_and_takes_them_back():
+    t = PageTable(num_pages=6, page_size=8, rows=3)
+    assert t.shortfall(np.array([8, 9, 0])) == 0
+    t.reserve(np.array([8, 9, 0]))  # 1 + 2 pages
+    assert [len(p) for p in t.rows] == [1, 2, 0] and t.used == 3
+    assert t.shortfall(np.array([8, 9, 40])) == 2  # 5 more for row 2, 3 free
+    with pytest.raises(PagesExhausted, match="--rollout.kv-pages"):
+        t.reserve(np.array([8, 9, 40]))
+    assert t.used == 3  # a refused reservation takes nothing
+    table = t.table(4)
+    assert table.shape == (3, 4) and (table[2] == 6).all() and (table[0, 1:] == 6).all()
+    t.release([1])
+    assert t.used == 1 and t.rows[1] == []
+    held = t.rows[0]
+    t.take([0], 2)  # row 0 stays (its pages with it), the others go
+    assert t.rows == [held, []] and t.used == 1
+    with pytest.raises(ValueError, match="page-size"):
+        PageTable(4, 12, 1)
+
+
+def _scrambled(table: PageTable, seed: int) -> PageTable:
+    table.free = np.random.default_rng(seed).permutation(table.num_pages).tolist()  # rows get scattered pages
+    return table
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_paged_sampler_decodes_the_contiguous_caches_tokens(model, greedy):
+    """Prefill, decode, extend, decode again, a larger cache, rows taken: the same tokens, log-probs to 1e-6."""
+    graphdef, params = model
+    sampling = SamplingConfig(greedy=greedy)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, 40, n) for n in (5, 30, 2, 17)]
+    observations = [rng.integers(1, 40, n) for n in (4, 0, 125, 7)]
+    runs = []
+    for page_size in (0, 8):
+        sampler = Sampler(graphdef, CFG, cache_dtype=jnp.float32, page_size=page_size)
+        policy = SamplerPolicy(sampler, params, sampling, (), 6, kv_pages=64 if page_size else 0)
+        policy.reset(4, 40)
+        if page_size:
+            _scrambled(policy.pages, 1)
+        out = []
+        for turn, tokens in enumerate((prompts, observations)):
+            ids = np.zeros((4, max(map(len, tokens))), np.int32)
+            for r, t in enumerate(tokens):
+                ids[r, :len(t)] = t
+            policy.extend(ids, np.array([len(t) for t in tokens]))
+            fetch = policy.generate(np.array([6, 6, 3, 6]), jax.random.key(turn), np.arange(4, dtype=np.int32))
+            out.append(fetch())
+        policy.take_rows(np.array([3, 0]), 2)
+        out.append(policy.generate(np.array([5, 5]), jax.random.key(9), np.arange(2, dtype=np.int32))())
+        runs.append((out, np.asarray(policy.state.next_logits), policy.state.max_len))
+    (contiguous, logits_c, len_c), (paged, logits_p, len_p) = runs
+    assert len_p == len_c > 128  # the cache grew past its first size
+    for a, b in zip(contiguous, paged):
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        np.testing.assert_array_equal(a.counts, b.counts)
+        np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(logits_c, logits_p, rtol=1e-5, atol=1e-5)
+
+
+def _rollout(model, cfg: PlayConfig, page_size: int = 0, kv_pages: int = 0, env=None, moves=None):
+    graphdef, params = model
+    sampler = Sampler(graphdef, CFG, cache_dtype=jnp.float32, page_size=page_size)
+    policy = SamplerPolicy(sampler, params, SamplingConfig(temperature=1.0), (IDS.eos_id,), cfg.max_turn_tokens,
+                           moves=moves, kv_pages=kv_pages)
+    env = env if env is not None else make_vector_env(
+        EnvConfig(game="tic_tac_toe", prompt_style="compact", max_retries=2), N)
+    seeds = [7 + i // 4 for i in range(N)]
+    return play_games(policy, env, TOK, cfg, jax.random.key(3), seeds, bos_id=IDS.bos_id)
+
+
+def _same(a, b):
+    for field in ("tokens", "loss_mask", "rewards", "lengths", "num_turns", "truncated", "invalid"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
+    assert a.winners == b.winners
+
+
+@pytest.mark.parametrize("slots", [0, 6])
+def test_a_paged_pool_plays_the_lock_step_games_and_preempts_when_pages_run_out(model, slots):
+    reference = _rollout(model, BASE)
+    longest = int(reference.lengths.max())
+    roomy = _rollout(model, dataclasses.replace(BASE, slots=slots), page_size=8, kv_pages=N * 32)
+    _same(reference, roomy)
+    assert roomy.stats.preempted == 0
+    # pages for ~3 of the longest games: rows wait, and games in flight give their pages back when others grow
+    tight = _rollout(model, dataclasses.replace(BASE, slots=slots), page_size=8, kv_pages=3 * -(-longest // 8) + 2)
+    _same(reference, tight)
+    assert tight.stats.preempted > 0
+
+
+def test_a_paged_pool_of_constrained_moves_plays_the_same_games(model):
+    env = make_vector_env(EnvConfig(game="tic_tac_toe", prompt_style="compact", max_retries=2), N)
+    moves = MoveTokens.build(TOK, env.num_actions, IDS.eos_id)
+    cfg = dataclasses.replace(BASE, constrain_moves=True)
+    reference = _rollout(model, cfg, env=env, moves=moves)
+    env2 = make_vector_env(EnvConfig(game="tic_tac_toe", prompt_style="compact", max_retries=2), N)
+    tight = _rollout(model, dataclasses.replace(cfg, slots=8), page_size=8,
+                     kv_pages=3 * -(-int(reference.lengths.max()) // 8) + 2, env=env2, moves=moves)
+    _same(reference, tight)
+    assert tight.stats.preempted > 0
+
+
+def test_pages_too_few_for_one_game_name_the_flag(model):
+    with pytest.raises(PagesExhausted, match="--rollout.kv-pages"):
+        _rollout(model, BASE, page_size=8, kv_pages=4)
+
+
+def test_a_paged_sampler_refuses_a_mesh_and_an_odd_page_size(model):
+    from earl_jax.sharding.mesh import INFERENCE_RULES, MeshShape, make_mesh
+
+    graphdef, _ = model
+    with pytest.raises(ValueError, match="page-size"):
+        Sampler(graphdef, CFG, page_size=12)
+    mesh = make_mesh(MeshShape(data=2), jax.devices()[:2])
+    with pytest.raises(ValueError, match="one device"):
+        Sampler(graphdef, CFG, mesh=mesh, rules=INFERENCE_RULES, page_size=8)
+
+
+@pytest.mark.parametrize("kind", ["game", "text_task"])
+def test_the_job_plays_the_same_rollout_with_a_paged_cache(tmp_path, kind):
+    """--rollout.kv-pages: the job's rollout stage plays every episode of the contiguous cache's rollout, with pages
+    for about two of its episodes (so it preempts), and its metrics say how many games waited for pages."""
+    from test_rollout_pipeline import _same as same_job
+
+    from earl_jax.rl.loop.trainer import Trainer
+    from exact_cases import BASE as JOB, KINDS
+    from jobs import job
+
+    runs = []
+    for pages in (0, 24):
+        trainer = Trainer(job(**JOB, **KINDS[kind], rollout__max_turns=4, rollout__kv_pages=pages,
+                              rollout__page_size=8, run__run_dir=str(tmp_path / f"p{pages}")), log=False)
+        # the memory model plans for the pages the rollout's sampler holds
+        assert trainer.policy.planner.selector.memory.mem.kv_positions == pages * 8
+        seeds, group_ids, rng = trainer.rollout_inputs()
+        traj, _ = trainer.play(trainer.matchmaker.train_env(0), seeds, group_ids, rng, trainer.sampling)
+        assert all(sp.page_size == (8 if pages else 0) for sp in trainer.rollout.samplers.values())
+        runs.append(traj)
+    same_job(runs[0], runs[1])
+    assert runs[0].stats.preempted == 0 and runs[1].stats.preempted > 0
+    assert runs[1].stats.kv_allocated > 0
+
+
+def test_the_memory_model_prices_a_paged_cache_by_its_pages():
+    """The rollout's KV is the pages' (not rows x context) plus one layer's gathered view; as many pages as the rows
+    fill is the contiguous cache's KV; `--rollout.slots -1` then sizes rows by what is left beside the pages."""
+    from earl_jax.models.model_config import get_config
+    from earl_jax.parallel.memory import GiB, MemoryConfig, MemoryModel
+    from earl_jax.sharding.mesh import MeshShape
+
+    cfg, one = get_config("qwen2.5-1.5b"), MeshShape()
+    contiguous = MemoryModel(cfg, MemoryConfig(budget_bytes=80 * GiB)).estimate("rollout", one, 4096, 256)
+    full = MemoryModel(cfg, MemoryConfig(budget_bytes=80 * GiB, kv_positions=256 * 4096)).estimate(
+        "rollout", one, 4096, 256)
+    quarter = MemoryModel(cfg, MemoryConfig(budget_bytes=80 * GiB, kv_positions=64 * 4096)).estimate(
+        "rollout", one, 4096, 256)
+    assert full.kv_cache == contiguous.kv_cache and quarter.kv_cache == contiguous.kv_cache / 4
+    assert quarter.activations >= contiguous.kv_cache / cfg.num_hidden_layers  # one layer's view of every row
+    assert quarter.total < contiguous.total
