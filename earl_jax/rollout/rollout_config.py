@@ -55,11 +55,11 @@ class RolloutConfig:
                        "every pipeline group; 0 or >= the games: every game has a row from the start; -1: as many "
                        "rows as the rollout's memory holds at --rollout.max-context (the memory model; logged); "
                        "no league")
-    kv_pages: int = _f(0, "paged KV cache: the rollout's cache is this many pages of --rollout.page-size positions a "
-                          "decode batch shares (each row takes pages as its context grows, gives them back when its "
-                          "game ends), so memory follows the contexts, not rows x the longest; when they run out the "
-                          "last game to start gives its row back and is recomputed later (rollout/metrics: "
-                          "preempted); one device, the XLA decode step; 0: a contiguous cache per row")
+    kv_pages: int = _f(0, "paged KV cache: the rollout's cache (each pipeline group's) is this many pages of "
+                          "--rollout.page-size positions its rows share (each takes pages as its context grows, gives "
+                          "them back when its game ends), so memory follows the contexts, not rows x the longest; "
+                          "when they run out the last game to start gives its row back and is recomputed later "
+                          "(rollout/preempted); one device, the XLA decode step; 0: a contiguous cache per row")
     page_size: int = _f(16, "paged KV cache: positions a page (8, 16, 32, 64 or 128)")
     max_staleness: int = _f(0, "K: the next rollouts run on a background thread while the current batch trains, "
                                "sampled with weights at most K train iterations older than those that train on "

@@ -250,17 +250,18 @@ GAME_CFG = ModelConfig.tiny(vocab_size=TOK.get_vocab_size()).replace(num_hidden_
                                                                       intermediate_size=128)
 
 
-@pytest.mark.parametrize("slots,groups", [(0, 1), (4, 1), (0, 2)])
-def test_a_greedy_rollout_drafted_from_its_own_answers_plays_the_same_games(slots, groups):
+@pytest.mark.parametrize("slots,groups,pages", [(0, 1, 0), (4, 1, 0), (0, 2, 0), (4, 1, 40)])
+def test_a_greedy_rollout_drafted_from_its_own_answers_plays_the_same_games(slots, groups, pages):
+    """Also over a paged cache with pages for a few games (drafts write ahead of a row's length, into its pages)."""
     graphdef, params = nnx.split(Qwen2(GAME_CFG, rngs=nnx.Rngs(0), dtype=jnp.float32))
-    sampler = Sampler(graphdef, GAME_CFG, cache_dtype=jnp.float32)
+    sampler = Sampler(graphdef, GAME_CFG, cache_dtype=jnp.float32, page_size=8 if pages else 0)
     cfg = PlayConfig(max_turn_tokens=4, max_turns=6, max_context=256, slots=slots, pipeline_groups=groups)
     seeds = [3 + i // 2 for i in range(N)]
 
     def rollout(index):
         env = make_vector_env(EnvConfig(game="tic_tac_toe", prompt_style="minimal", max_retries=2), N)
-        policies = [SamplerPolicy(sampler, params, GREEDY, (IDS.eos_id,), cfg.max_turn_tokens, drafts=index)
-                    for _ in range(groups)]
+        policies = [SamplerPolicy(sampler, params, GREEDY, (IDS.eos_id,), cfg.max_turn_tokens, drafts=index,
+                                  kv_pages=pages) for _ in range(groups)]
         return play_games(policies, env, TOK, cfg, jax.random.key(0), seeds, bos_id=IDS.bos_id), policies
 
     index = DraftIndex(width=4)
