@@ -12,24 +12,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_rollout_pool import BASE, CFG, IDS, TOK, N, _same
 
 from earl_jax.envs import EnvConfig
 from earl_jax.envs.vector import make_vector_env
-from earl_jax.models.model_config import ModelConfig
 from earl_jax.models.paged_cache import PagesExhausted, PageTable
 from earl_jax.models.qwen2 import Qwen2
-from earl_jax.models.tokenizer import game_tokenizer, special_ids
 from earl_jax.rollout.agent_loop import PlayConfig, play_games
 from earl_jax.rollout.moves import MoveTokens
 from earl_jax.rollout.policy import SamplerPolicy
 from earl_jax.rollout.sampler import Sampler, SamplingConfig
-
-TOK = game_tokenizer()
-IDS = special_ids(TOK)
-CFG = ModelConfig.tiny(vocab_size=TOK.get_vocab_size()).replace(num_hidden_layers=2, hidden_size=64,
-                                                                 intermediate_size=128)
-N = 16
-BASE = PlayConfig(max_turn_tokens=3, max_turns=9, max_context=256)
 
 
 @pytest.fixture(scope="module")
@@ -107,13 +99,6 @@ def _rollout(model, cfg: PlayConfig, page_size: int = 0, kv_pages: int = 0, env=
         EnvConfig(game="tic_tac_toe", prompt_style="compact", max_retries=2), N)
     seeds = [7 + i // 4 for i in range(N)]
     return play_games(policy, env, TOK, cfg, jax.random.key(3), seeds, bos_id=IDS.bos_id)
-
-
-def _same(a, b):
-    for field in ("tokens", "loss_mask", "rewards", "lengths", "num_turns", "truncated", "invalid"):
-        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
-    np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-5, atol=1e-5)
-    assert a.winners == b.winners
 
 
 @pytest.mark.parametrize("slots", [0, 6])
