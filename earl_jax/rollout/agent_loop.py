@@ -20,6 +20,10 @@ What keeps the host and the padding off the critical path:
   no game waits; then the tail compacts as above. Games start at different times, so each row draws from
   fold_in(fold_in(rng, the game's own turn), game id) ((turn, id) row ids): the keys of the lock-step loop, and
   the same games.
+- a paged KV cache (a policy whose `paged` is True, models/paged_cache.py): always the pool's path; a waiting game
+  takes a row only while every row's next extend and answer fit the free pages, and when the going games' next
+  positions do not, the game that got its row last gives it back and waits again, its history its first extend when
+  it is back (recompute preemption; its keys by its own turn: the same games).
 - a token budget (`token_budget`, partial rollouts): once the answers reach it and some GRPO group has ended, no game
   starts another turn; the games still playing are returned unfinished (`Trajectories.unfinished`), and a later call
   continues them (`carried`: `Carried`) in the same env rows, first in its pool, each game's cache prefilled again
@@ -47,6 +51,7 @@ import numpy as np
 import tokenizers
 
 from earl_jax.envs.vector.codec import ObservationCodec
+from earl_jax.models.paged_cache import PagesExhausted
 from earl_jax.rollout.episodes import (  # noqa: F401
     Carried,
     Decoded,
@@ -243,7 +248,6 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
         while paged and g.policy.page_shortfall(extra, decode):
             held = np.flatnonzero(g.games >= 0)
             if len(held) <= 1:
-                from earl_jax.models.paged_cache import PagesExhausted
                 raise PagesExhausted(f"one game's next {int(extra.max())} positions do not fit the KV cache's pages: "
                                      "raise --rollout.kv-pages (or lower --rollout.max-context)")
             slot = int(held[np.argmax(admitted[g.games[held]])])
