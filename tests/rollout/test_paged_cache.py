@@ -101,15 +101,22 @@ def _rollout(model, cfg: PlayConfig, page_size: int = 0, kv_pages: int = 0, env=
     return play_games(policy, env, TOK, cfg, jax.random.key(3), seeds, bos_id=IDS.bos_id)
 
 
-@pytest.mark.parametrize("slots", [0, 6])
-def test_a_paged_pool_plays_the_lock_step_games_and_preempts_when_pages_run_out(model, slots):
-    reference = _rollout(model, BASE)
-    longest = int(reference.lengths.max())
-    roomy = _rollout(model, dataclasses.replace(BASE, slots=slots), page_size=8, kv_pages=N * 32)
+@pytest.fixture(scope="module")
+def reference(model):
+    return _rollout(model, BASE)
+
+
+def test_a_paged_cache_with_room_for_every_game_plays_the_lock_step_games(model, reference):
+    roomy = _rollout(model, BASE, page_size=8, kv_pages=N * 32)
     _same(reference, roomy)
     assert roomy.stats.preempted == 0
-    # pages for ~3 of the longest games: rows wait, and games in flight give their pages back when others grow
-    tight = _rollout(model, dataclasses.replace(BASE, slots=slots), page_size=8, kv_pages=3 * -(-longest // 8) + 2)
+
+
+def test_a_paged_pool_short_of_pages_preempts_and_plays_the_same_games(model, reference):
+    """Pages for ~3 of the longest games in a pool of 6 rows: rows wait, and games in flight give their pages back when
+    others grow (their histories recomputed when they are back)."""
+    pages = 3 * -(-int(reference.lengths.max()) // 8) + 2
+    tight = _rollout(model, dataclasses.replace(BASE, slots=6), page_size=8, kv_pages=pages)
     _same(reference, tight)
     assert tight.stats.preempted > 0
 
