@@ -102,6 +102,9 @@ class RolloutConfig:
         need(self.drafts >= 0, "drafts", "must be >= 0 (0: off)")
         need(self.kv_pages >= 0, "kv_pages", "must be >= 0 (0: contiguous caches)")
         need(self.page_size in (8, 16, 32, 64, 128), "page_size", "must be 8, 16, 32, 64 or 128")
+        need(not (self.kv_pages and self.decode_impl == "pallas"), "kv_pages", "a paged cache decodes with XLA's "
+             "step (the Pallas step reads contiguous caches): use --rollout.decode-impl auto or xla, or "
+             "--rollout.kv-pages 0")
         need(not (self.drafts and self.constrain_moves), "drafts", "a constrained move is one token a turn: nothing "
              "to draft; use --rollout.drafts 0 or --rollout.constrain-moves false")
         need(self.cache_growth == 0 or self.cache_growth >= 1.5, "cache_growth",

@@ -138,6 +138,17 @@ def test_pages_too_few_for_one_game_name_the_flag(model):
         _rollout(model, BASE, page_size=8, kv_pages=4)
 
 
+def test_the_job_config_refuses_pages_with_the_pallas_step_and_an_odd_page_size():
+    from earl_jax.rollout.rollout_config import RolloutConfig
+
+    with pytest.raises(ValueError, match="decode-impl"):
+        RolloutConfig(kv_pages=64, decode_impl="pallas")
+    with pytest.raises(ValueError, match="page_size"):
+        RolloutConfig(kv_pages=64, page_size=12)
+    with pytest.raises(ValueError, match="kv_pages"):
+        RolloutConfig(kv_pages=-1)
+
+
 def test_a_paged_sampler_refuses_a_mesh_and_an_odd_page_size(model):
     from earl_jax.sharding.mesh import INFERENCE_RULES, MeshShape, make_mesh
 
@@ -190,3 +201,25 @@ def test_the_memory_model_prices_a_paged_cache_by_its_pages():
     assert full.kv_cache == contiguous.kv_cache and quarter.kv_cache == contiguous.kv_cache / 4
     assert quarter.activations >= contiguous.kv_cache / cfg.num_hidden_layers  # one layer's view of every row
     assert quarter.total < contiguous.total
+
+
+def test_pages_too_few_end_the_job_with_one_line_naming_the_flag(tmp_path, capsys):
+    from pathlib import Path
+
+    from earl_jax.rl.job.entry import main
+
+    root = Path(__file__).resolve().parents[2]
+    code = main(["--rollout.kv-pages", "2", "--rollout.page-size", "8", "--planner.devices", "1",
+                 "--run-dir", str(tmp_path / "run"),
+                 "--run.progress", "false", "--run.wandb-mode", "disabled", "--rollout.groups", "4",
+                 "--eval.games", "8", "--sft.steps", "2", "--optim.ppo-mini-batches", "1", "--steps", "1"],
+                name="train", configs=root / "experiments" / "configs" / "train")
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("train: error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in err, err
+    assert "--rollout.kv-pages" in errors[0] and "--resume auto" in errors[0], errors
+    # over several devices (8 here) the job refuses the pages before it starts, in one line naming the flags
+    code = main(["--rollout.kv-pages", "64", "--run-dir", str(tmp_path / "run8"), "--run.progress", "false",
+                 "--run.wandb-mode", "disabled"], name="train", configs=root / "experiments" / "configs" / "train")
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and "--planner.devices 1" in err, err
