@@ -152,7 +152,7 @@ def main() -> None:
     # the paged pool: the KV memory of S contiguous rows at the longest context, as pages
     kv_pages = a.slots * bucket(a.max_context, DEFAULT_CACHE_BUCKETS) // a.page_size
     paged_stage = RolloutStage(dataclasses.replace(cfg.rollout, kv_pages=kv_pages, page_size=a.page_size), policy,
-                               cfg.rollout.max_context)
+                               cfg.rollout.max_context) if "paged" in modes else None
     envs = {n: job_matchmaker(job(n), policy)[2].train_env(0) for n in {a.episodes, a.slots}}
     on_layout: dict = {}  # the weights in the compute dtype on each rollout mesh, cast once
 

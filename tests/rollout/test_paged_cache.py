@@ -223,3 +223,4 @@ def test_pages_too_few_end_the_job_with_one_line_naming_the_flag(tmp_path, capsy
                  "--run.wandb-mode", "disabled"], name="train", configs=root / "experiments" / "configs" / "train")
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and "--planner.devices 1" in err, err
+

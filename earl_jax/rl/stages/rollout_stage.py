@@ -63,8 +63,8 @@ class RolloutStage:
         self.decode_groups = 1  # the last rollout's decode groups (processes, when the games were split)
         self._league_device: tuple[Any, Any] | None = None  # (snapshot step, rollout mesh), weights there
         planner = policy.rollout_planner or policy.planner
-        local = [d for d in planner.devices if d.process_index == jax.process_index()]
-        if cfg.kv_pages and len(local) > 1:
+        local = [d for d in planner.devices if d.process_index == jax.process_index()] if cfg.kv_pages else []
+        if len(local) > 1:
             raise ValueError(f"--rollout.kv-pages: a paged KV cache decodes on one device, and this job's rollout is "
                              f"planned over {len(local)} (--planner.devices 1, or --rollout.kv-pages 0)")
         if cfg.drafts and jax.process_count() > 1:

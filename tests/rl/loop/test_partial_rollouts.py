@@ -122,24 +122,30 @@ def model():
     return params, Sampler(graphdef, cfg, cache_dtype=jnp.float32)
 
 
-def test_a_carried_game_sampled_again_from_a_prefilled_cache_draws_the_same_tokens(model):
+@pytest.mark.parametrize("paged", [False, True])
+def test_a_carried_game_sampled_again_from_a_prefilled_cache_draws_the_same_tokens(model, paged):
     """The model as the policy, the same weights and key in both calls: a carried game's cache, prefilled again from
-    its tokens, gives the next turns the logits the growing cache gave, and its keys are its own turn's."""
+    its tokens, gives the next turns the logits the growing cache gave, and its keys are its own turn's. `paged`: both
+    budgeted calls over a paged cache with pages for ~2 games (games preempted, their histories recomputed)."""
     params, sampler = model
+    paged_sampler = Sampler(sampler.graphdef, sampler.cfg, cache_dtype=jnp.float32, page_size=8)
 
-    def play(env, budget=0, carried=None):
-        policy = SamplerPolicy(sampler, params, SamplingConfig(temperature=1.0), (IDS.eos_id,), 3)
+    def play(env, budget=0, carried=None, pages=0):
+        policy = SamplerPolicy(paged_sampler if pages else sampler, params, SamplingConfig(temperature=1.0),
+                               (IDS.eos_id,), 3, kv_pages=pages)
         return play_games(policy, env, TOK, dataclasses.replace(CFG, token_budget=budget), jax.random.key(4), SEEDS,
                           GROUPS, bos_id=IDS.bos_id, carried=carried)
 
     whole = play(_env())
+    pages = 2 * -(-int(whole.lengths.max()) // 8) + 2 if paged else 0
     env = _env()
-    first = play(env, budget=40)
+    first = play(env, budget=40, pages=pages)
     assert first.unfinished.any()
-    second = play(env, carried=_carry(first))
+    second = play(env, carried=_carry(first), pages=pages)
     assert len(set(whole.num_turns.tolist())) > 1
     _same_rows(second, whole, np.arange(N))
     np.testing.assert_allclose(second.logprobs[:, :whole.tokens.shape[1]], whole.logprobs, atol=2e-5)
+    assert (first.stats.preempted + second.stats.preempted > 0) == paged
 
 
 # ---- the trainer -----------------------------------------------------------------------------------------------------
