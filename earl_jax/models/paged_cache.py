@@ -95,14 +95,6 @@ class PagedKVCache:
     def max_len(self) -> int:
         return self.block_table.shape[1] * self.page_size
 
-    @property
-    def nbytes(self) -> int:
-        return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(self.pages))
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.pages)
-
     def layer(self, i: int) -> PagedLayerCache:
         return PagedLayerCache(self.pages[i].k, self.pages[i].v, self.block_table)
 
@@ -126,11 +118,6 @@ def check_page_size(page_size: int) -> None:
     if page_size not in PAGE_SIZES:
         raise ValueError(f"--rollout.page-size must be one of {', '.join(map(str, PAGE_SIZES))} (a divisor of the "
                          f"cache buckets' 128 positions), got {page_size}")
-
-
-def page_bytes(cfg: ModelConfig, page_size: int, dtype_bytes: int) -> int:
-    """Bytes of one page over every layer, keys and values."""
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * page_size * cfg.dim_per_head * dtype_bytes
 
 
 class PagesExhausted(RuntimeError):
@@ -164,23 +151,25 @@ class PageTable:
     def pages_for(self, positions: np.ndarray) -> np.ndarray:
         return -(-np.asarray(positions, np.int64) // self.page_size)
 
+    def _more(self, needs: np.ndarray) -> np.ndarray:
+        """Pages each row r lacks to hold needs[r] positions."""
+        held = np.array([len(p) for p in self.rows], np.int64)
+        return np.maximum(self.pages_for(needs) - held, 0)
+
     def shortfall(self, needs: np.ndarray) -> int:
         """Pages missing for every row r to hold needs[r] positions (0: they fit)."""
-        held = np.array([len(p) for p in self.rows], np.int64)
-        extra = np.maximum(self.pages_for(needs) - held, 0).sum()
-        return int(max(0, extra - len(self.free)))
+        return int(max(0, self._more(needs).sum() - len(self.free)))
 
     def reserve(self, needs: np.ndarray) -> None:
         """Pages for each row's first needs[r] positions (pages it already holds are kept)."""
-        want = self.pages_for(needs)
-        missing = self.shortfall(needs)
+        more = self._more(needs)
+        missing = int(max(0, more.sum() - len(self.free)))
         if missing:
             raise PagesExhausted(f"the KV cache's rows need {missing} more pages than the {self.num_pages} of "
                                  f"--rollout.kv-pages hold ({self.page_size} positions a page): raise "
                                  "--rollout.kv-pages, or decode fewer rows at once (--rollout.slots)")
-        for r in np.flatnonzero(want > np.array([len(p) for p in self.rows])).tolist():
-            for _ in range(int(want[r]) - len(self.rows[r])):
-                self.rows[r].append(self.free.pop())
+        for r in np.flatnonzero(more).tolist():
+            self.rows[r].extend(self.free.pop() for _ in range(int(more[r])))
             self.version += 1
 
     def release(self, rows) -> None:

@@ -360,12 +360,9 @@ class MemoryModel:
             chunk = 1
             params = params_per_device(c, stage, mesh) * m.param_bytes_inference
             cached = ctx if m.cache_buckets is None else bucket(ctx, m.cache_buckets)  # coarse buckets pad more
-            kv = mb * cached * self.kv_bytes_per_token_per_device(t)
-            # a paged cache holds its pages, whatever the rows; each layer's attention reads its rows' pages gathered
-            # into the contiguous view (keys and values of one layer at a time); growing moves no position
-            view = kv / c.num_hidden_layers if m.kv_positions else 0.0
-            if m.kv_positions:
-                kv = min(m.kv_positions, mb * cached) * self.kv_bytes_per_token_per_device(t)
+            rows_kv = mb * cached * self.kv_bytes_per_token_per_device(t)  # every row at the context's cache size
+            # a paged cache holds its pages, whatever the rows
+            kv = min(m.kv_positions, mb * cached) * self.kv_bytes_per_token_per_device(t) if m.kv_positions else rows_kv
             if extends is None:
                 pre = min(m.prefill_len, ctx)
                 acts = self._layer_workspace(mb * pre, t) + self._extend_scores(mb, pre, ctx, t)
@@ -378,7 +375,9 @@ class MemoryModel:
             if m.draft_tokens:  # a drafted step: K + 1 positions a row through a layer, their scores on the cache
                 k1 = 1 + m.draft_tokens
                 acts = max(acts, self._layer_workspace(mb * k1, t) + self._extend_scores(mb, k1, ctx, t))
-            acts = acts + view if m.kv_positions else max(acts, 0.75 * kv)
+            # paged: each layer's attention reads its rows' pages gathered into the contiguous view (one layer's keys
+            # and values at a time), and growing moves no position
+            acts = acts + rows_kv / c.num_hidden_layers if m.kv_positions else max(acts, 0.75 * kv)
             # the step's logits (K + 1 positions a row with drafts) + the last one's gathered for sampling
             logits = mb * ((1 + m.draft_tokens) * self._vocab_dev(t) + c.vocab_size) * 4
         elif spec.memory == "score":

@@ -408,7 +408,9 @@ def play_games(policy: Policy | Sequence[Policy], env: Any, tokenizer: tokenizer
                 cont_slots, obs, obs_counts = cont_slots[keep], obs[keep], obs_counts[keep]
             free, fresh = admit(g, extra)
         else:  # the first empty or ended slots take the next waiting games
-            g.games[np.flatnonzero((g.games < 0) | np.isin(np.arange(len(g.games)), ended))[:len(waiting)]] = -1
+            free = g.games < 0
+            free[ended] = True
+            g.games[np.flatnonzero(free)[:len(waiting)]] = -1
             free, fresh = admit(g, np.zeros(len(g.games), np.int64))
             if len(free):
                 g.policy.reset_rows(free)

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Literal
 
 from earl_jax.cli import field_help as _f
+from earl_jax.models.paged_cache import PAGE_SIZES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +102,7 @@ class RolloutConfig:
         need(0 <= self.budget_min_ended <= 1, "budget_min_ended", "must be a share in [0, 1]")
         need(self.drafts >= 0, "drafts", "must be >= 0 (0: off)")
         need(self.kv_pages >= 0, "kv_pages", "must be >= 0 (0: contiguous caches)")
-        need(self.page_size in (8, 16, 32, 64, 128), "page_size", "must be 8, 16, 32, 64 or 128")
+        need(self.page_size in PAGE_SIZES, "page_size", f"must be one of {', '.join(map(str, PAGE_SIZES))}")
         need(not (self.kv_pages and self.decode_impl == "pallas"), "kv_pages", "a paged cache decodes with XLA's "
              "step (the Pallas step reads contiguous caches): use --rollout.decode-impl auto or xla, or "
              "--rollout.kv-pages 0")

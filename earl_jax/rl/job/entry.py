@@ -147,7 +147,16 @@ def main(argv: Sequence[str] | None = None, *, name: str, configs: Path, descrip
             raise
         print(f"{name}: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
-    return train(trainer, name)
+    from earl_jax.models.paged_cache import PagesExhausted
+
+    try:
+        return train(trainer, name)
+    except PagesExhausted as e:  # the pages the flag gave are too few for one game: a setting, not a crash
+        if debug:
+            raise
+        print(f"{name}: error: {e}; the run's checkpoints are kept (--resume auto continues from the last)",
+              file=sys.stderr)
+        return 2
 
 
 def setup(argv: list[str], name: str, configs: Path, description: str):
@@ -185,18 +194,10 @@ def setup(argv: list[str], name: str, configs: Path, description: str):
 
 def train(trainer, name: str) -> int:
     from earl_jax import distributed
-    from earl_jax.models.paged_cache import PagesExhausted
     from earl_jax.rl.job.plots import plot_run
 
     cfg = trainer.cfg
-    try:
-        history = trainer.run()
-    except PagesExhausted as e:  # the pages the flag gave are too few for one game: a setting, not a crash
-        if os.environ.get("EARL_DEBUG") == "1" or "--debug" in sys.argv:
-            raise
-        print(f"{name}: error: {e}; the run's checkpoints are kept (--resume auto continues from the last)",
-              file=sys.stderr)
-        return 2
+    history = trainer.run()
     if trainer.stopped_by is not None:  # a stop signal: the checkpoint is written, the line logged
         return EXIT_CODES[trainer.stopped_by]
     if distributed.is_main():  # only process 0 writes metrics.jsonl, plots and prints
