@@ -212,7 +212,7 @@ def test_pages_too_few_end_the_job_with_one_line_naming_the_flag(tmp_path, capsy
     code = main(["--rollout.kv-pages", "2", "--rollout.page-size", "8", "--planner.devices", "1",
                  "--run-dir", str(tmp_path / "run"),
                  "--run.progress", "false", "--run.wandb-mode", "disabled", "--rollout.groups", "4",
-                 "--eval.games", "8", "--sft.steps", "2", "--optim.ppo-mini-batches", "1", "--steps", "1"],
+                 "--eval.games", "8", "--sft.steps", "0", "--optim.ppo-mini-batches", "1", "--steps", "1"],
                 name="train", configs=root / "experiments" / "configs" / "train")
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("train: error:")]
