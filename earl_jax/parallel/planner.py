@@ -36,14 +36,14 @@ from jax.sharding import Mesh, NamedSharding
 from earl_jax import distributed
 from earl_jax.compile_cache import count_compiles
 from earl_jax.models.model_config import ModelConfig
-from earl_jax.parallel import memory_check
+from earl_jax.parallel import memory_check, pool_memory
 from earl_jax.parallel.fallback import OtherProcessFailedError, OtherProcessOOMError, run_with_oom_fallback  # noqa: F401
 from earl_jax.parallel.first_call_gate import FirstCallGate
 from earl_jax.parallel.memory import MemoryConfig, candidate_meshes, mesh_problem
 from earl_jax.parallel.plan import ContextStats, StageLayout, StagePlan
 from earl_jax.parallel.planner_config import PlannerConfig
 from earl_jax.parallel.profile import ProfileTable, is_oom_error
-from earl_jax.parallel.selector import NoFeasibleLayoutError, ParallelismSelector
+from earl_jax.parallel.selector import ParallelismSelector
 from earl_jax.parallel.selector_config import SelectorConfig, default_bucket_edges
 from earl_jax.parallel.shapes import ProgramShapes
 from earl_jax.parallel.thresholds import parse_thresholds
@@ -288,20 +288,6 @@ class ProgramCache:
         queue.submit(sig, compile_job)
 
 
-def _rows_that_fit(selector: ParallelismSelector, batch_size: int, max_context: int | None) -> int:
-    """--rollout.slots -1: the decode rows the rollout's memory holds at the longest context (0: every game fits)."""
-    if max_context is None:
-        raise ValueError("--rollout.slots -1 sizes the pool at the longest context: give the planner max_context")
-    rows = selector.rows_that_fit("rollout", max_context, batch_size)
-    if rows == 0:
-        raise NoFeasibleLayoutError(f"--rollout.slots -1: not one row of {selector.cfg.name} decodes at context "
-                                    f"{max_context} in {selector.memory.usable_bytes / 2**30:.2f} GiB per device: "
-                                    "lower --rollout.max-context or add devices")
-    log.info("--rollout.slots -1: %s rows of %d decode at once at context %d (the memory model)",
-             "all" if rows >= batch_size else rows, batch_size, max_context)
-    return 0 if rows >= batch_size else rows
-
-
 class StagePlanner:
     """The selector's plan per iteration, a Mesh per mesh shape, and `run`, the stages' one entry point."""
 
@@ -312,6 +298,7 @@ class StagePlanner:
         micro-batches at their own widths)."""
         self.selector, self.devices, self.static = selector, devices, static
         self.num_responses = num_responses
+        self.kv_pages = 0  # a paged rollout cache's pages per pipeline group (from_config; 0: contiguous rows)
         self._meshes: dict[MeshShape, Mesh] = {}
         self._stats = ContextStats(first_context_len, first_context_len, num_responses)
         self._fresh = False  # whether _stats holds an observation the selector has not seen yet
@@ -327,7 +314,8 @@ class StagePlanner:
                     cache_buckets: tuple[int, ...] | None = None, kv_cache_bytes: int = 2,
                     devices: list[jax.Device] | None = None, stages: tuple[str, ...] | None = None,
                     shapes: ProgramShapes | None = None, decode_rows: int = 0,
-                    max_context: int | None = None, draft_tokens: int = 0, kv_positions: int = 0) -> "StagePlanner":
+                    max_context: int | None = None, draft_tokens: int = 0, kv_pages: int = 0, page_size: int = 16,
+                    pipeline_groups: int = 1) -> "StagePlanner":
         """The planner of a job of `batch_size` games a rollout; a layout that does not fit the model or the batch
         is refused here, before anything compiles, naming the flag. `devices` (default: --planner.devices of all)
         and `stages` (the ones it plans each iteration; default: those registered so): a share of the devices
@@ -335,7 +323,9 @@ class StagePlanner:
         shared by the planners of one job. `decode_rows`: --rollout.slots (the rollout holds that many rows at once:
         its memory is planned for them; 0: every game; -1: as many as the rollout's memory holds at `max_context`, the
         longest context a game reaches, by the memory model: `planner.decode_rows` says how many, 0 when every game).
-        `kv_positions`: a paged rollout cache's positions (--rollout.kv-pages x --rollout.page-size; 0: contiguous)."""
+        `kv_pages`: a paged rollout cache's pages of `page_size` positions in each of `pipeline_groups` (0: contiguous
+        rows; -1: as many as the rollout's memory holds at `max_context` beside the rest, `planner.kv_pages` says how
+        many; parallel/pool_memory.py)."""
         devices = jax.devices()[: cfg.devices or None] if devices is None else list(devices)
         planned = stages or stage_names("each_iteration")
         thresholds = {s: v for s in (stages or stage_names())
@@ -349,14 +339,22 @@ class StagePlanner:
         budget = int(cfg.memory_budget_gib * 2**30) or None
         memory = MemoryConfig(budget_bytes=budget, remat=remat, max_logprob_chunk=cfg.logprob_chunk,
                               max_micro_batch_tokens=cfg.micro_batch_tokens, cache_buckets=cache_buckets,
-                              kv_cache_bytes=kv_cache_bytes, draft_tokens=draft_tokens, kv_positions=kv_positions)
+                              kv_cache_bytes=kv_cache_bytes, draft_tokens=draft_tokens,
+                              kv_positions=max(kv_pages, 0) * page_size * pipeline_groups)
         table = ProfileTable.load(cfg.table) if cfg.table else None
         selector = ParallelismSelector(model_cfg, len(devices), memory=memory, config=sel_cfg, table=table,
                                        device_kind=devices[0].device_kind, batch_rows=batch_size,
                                        decode_rows=max(decode_rows, 0))
-        if decode_rows < 0 and "rollout" in planned:  # sized before the first plan, which reads it
-            selector.decode_rows = _rows_that_fit(selector, batch_size, max_context)
-        return cls(selector, devices, batch_size, static=cfg.mode == "static", shapes=shapes)
+        # the pool is sized before the first plan, which reads it
+        if decode_rows < 0 and "rollout" in planned:
+            selector.decode_rows = pool_memory.rows_that_fit(selector, batch_size, max_context)
+        pages = kv_pages
+        if kv_pages < 0 and "rollout" in planned:
+            pages = pool_memory.pages_that_fit(selector, selector.decode_rows or batch_size, max_context, page_size,
+                                               pipeline_groups)
+        planner = cls(selector, devices, batch_size, static=cfg.mode == "static", shapes=shapes)
+        planner.kv_pages = max(pages, 0)
+        return planner
 
     @property
     def decode_rows(self) -> int:

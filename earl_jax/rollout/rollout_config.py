@@ -60,7 +60,9 @@ class RolloutConfig:
                           "--rollout.page-size positions its rows share (each takes pages as its context grows, gives "
                           "them back when its game ends), so memory follows the contexts, not rows x the longest; "
                           "when they run out the last game to start gives its row back and is recomputed later "
-                          "(rollout/preempted); one device, the XLA decode step; 0: a contiguous cache per row")
+                          "(rollout/preempted); one device, the XLA decode step; 0: a contiguous cache per row; "
+                          "-1: as many pages as the rollout's memory holds at --rollout.max-context beside the rest "
+                          "(its weights, the rows' gathered layer, the train state; the memory model; logged)")
     page_size: int = _f(16, "paged KV cache: positions a page (8, 16, 32, 64 or 128)")
     max_staleness: int = _f(0, "K: the next rollouts run on a background thread while the current batch trains, "
                                "sampled with weights at most K train iterations older than those that train on "
@@ -101,7 +103,9 @@ class RolloutConfig:
         need(self.token_budget >= 0, "token_budget", "must be >= 0 (0: off)")
         need(0 <= self.budget_min_ended <= 1, "budget_min_ended", "must be a share in [0, 1]")
         need(self.drafts >= 0, "drafts", "must be >= 0 (0: off)")
-        need(self.kv_pages >= 0, "kv_pages", "must be >= 0 (0: contiguous caches)")
+        need(self.kv_pages >= -1, "kv_pages", "must be >= 0 (0: contiguous caches) or -1 (as many as memory holds)")
+        need(not (self.kv_pages == -1 and self.slots == -1), "kv_pages", "-1 sizes the pages for the rows "
+             "--rollout.slots gives (or every game): give --rollout.slots a number, or --rollout.kv-pages one")
         need(self.page_size in PAGE_SIZES, "page_size", f"must be one of {', '.join(map(str, PAGE_SIZES))}")
         need(not (self.kv_pages and self.decode_impl == "pallas"), "kv_pages", "a paged cache decodes with XLA's "
              "step (the Pallas step reads contiguous caches): use --rollout.decode-impl auto or xla, or "

@@ -146,7 +146,9 @@ def test_the_job_config_refuses_pages_with_the_pallas_step_and_an_odd_page_size(
     with pytest.raises(ValueError, match="page_size"):
         RolloutConfig(kv_pages=64, page_size=12)
     with pytest.raises(ValueError, match="kv_pages"):
-        RolloutConfig(kv_pages=-1)
+        RolloutConfig(kv_pages=-2)
+    with pytest.raises(ValueError, match="--rollout.slots a number"):  # -1 sizes pages for the rows slots gives
+        RolloutConfig(kv_pages=-1, slots=-1)
 
 
 def test_a_paged_sampler_refuses_a_mesh_and_an_odd_page_size(model):

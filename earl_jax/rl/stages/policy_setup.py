@@ -76,7 +76,8 @@ def build_policy(cfg, stages: tuple[str, ...] | None = None) -> tuple[Policy, nn
     planner_kw = dict(remat=remat != "none", cache_buckets=coarse, kv_cache_bytes=kv_cache_bytes,
                       shapes=ProgramShapes.from_config(cfg.planner, cfg.rollout), decode_rows=cfg.rollout.slots,
                       max_context=cfg.rollout.max_context, draft_tokens=cfg.rollout.drafts,
-                      kv_positions=cfg.rollout.kv_pages * cfg.rollout.page_size * cfg.rollout.pipeline_groups)
+                      kv_pages=cfg.rollout.kv_pages, page_size=cfg.rollout.page_size,
+                      pipeline_groups=cfg.rollout.pipeline_groups)
     if cfg.rollout.max_staleness:  # rollout and training at once: on devices of their own where a split fits
         planner, rollout_planner = split_planners(cfg.planner, model_cfg, cfg.batch_size, **planner_kw)
     else:

@@ -63,6 +63,8 @@ class RolloutStage:
         self.decode_groups = 1  # the last rollout's decode groups (processes, when the games were split)
         self._league_device: tuple[Any, Any] | None = None  # (snapshot step, rollout mesh), weights there
         planner = policy.rollout_planner or policy.planner
+        # --rollout.kv-pages, or the planner's count for -1 (0: contiguous rows)
+        self.kv_pages = cfg.kv_pages if cfg.kv_pages >= 0 else planner.kv_pages
         local = [d for d in planner.devices if d.process_index == jax.process_index()] if cfg.kv_pages else []
         if len(local) > 1:
             raise ValueError(f"--rollout.kv-pages: a paged KV cache decodes on one device, and this job's rollout is "
@@ -97,7 +99,7 @@ class RolloutStage:
         # an accelerator's decode loop holds the thread that launched it: a group must decode from a worker thread
         policies = [SamplerPolicy(sampler, params, sampling, stops, turn_tokens, moves=self.moves,
                                   background=k > 1 and backend != "cpu", drafts=drafts,
-                                  draft_window=self.cfg.drafts, kv_pages=self.cfg.kv_pages) for _ in range(k)]
+                                  draft_window=self.cfg.drafts, kv_pages=self.kv_pages) for _ in range(k)]
         compact = self.shapes.compact_now()
         unit = k * min_batch  # a pool's rows: whole decode batches in every pipeline group
         slots = 0 if league is not None else -(-self.slots // unit) * unit  # a frozen opponent draws by its calls
@@ -110,7 +112,7 @@ class RolloutStage:
         if league is not None:
             league_games, snap_step, snap = league
             frozen = SamplerPolicy(sampler, league_params(run, snap_step, snap), sampling, stops, turn_tokens,
-                                   moves=self.moves, kv_pages=self.cfg.kv_pages)
+                                   moves=self.moves, kv_pages=self.kv_pages)
             env.assign(FrozenPolicyOpponent(frozen, self.codec, jax.random.fold_in(rng, 0x0990),
                                             max_turn_tokens=turn_tokens, bos_id=self.ids.bos_id, min_batch=min_batch),
                        league_games)
@@ -158,7 +160,7 @@ class RolloutStage:
             impl = self.cfg.decode_impl if mesh.devices.size == 1 else "xla"
             self.samplers[key] = Sampler(self.graphdef, self.model_cfg, mesh=mesh, cache_buckets=self.cache_buckets,
                                          rules=rules, cache_dtype=self.cfg.cache_dtype, decode_impl=impl,
-                                         page_size=self.cfg.page_size if self.cfg.kv_pages else 0)
+                                         page_size=self.cfg.page_size if self.kv_pages else 0)
         sampler = self.samplers[key]
         self.shapes.rollout_starts(sampler, self.max_context)  # the service records its shapes, may compile ahead
         return sampler
