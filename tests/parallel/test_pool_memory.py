@@ -83,3 +83,11 @@ def test_the_rollout_stage_holds_the_pages_the_planner_sized(tmp_path, monkeypat
     seeds, group_ids, rng = tight.rollout_inputs()
     traj, _ = tight.play(tight.matchmaker.train_env(0), seeds, group_ids, rng, tight.sampling)
     assert traj.num_games == games and held and set(held) == {pages}
+
+
+def test_slots_minus_one_size_the_rows_beside_the_train_state_too():
+    from earl_jax.parallel.pool_memory import rows_that_fit
+
+    alone, shared = _selector(40, stages=("rollout",)), _selector(40)
+    assert 0 < rows_that_fit(shared, 4096, CTX) < rows_that_fit(alone, 4096, CTX) < 4096
+    assert shared.memory.resident_bytes == 0  # sizing leaves the plans' own resident bytes as they were
