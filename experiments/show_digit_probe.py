@@ -106,6 +106,9 @@ CANDIDATES = {
                                     "--optim.ppo-mini-batches", "16"],
     # the preset sampling at temperature 1.3: a pooled digit's group answers alike; a hotter draw breaks the tie
     "format_mixed_mb16_t13": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--rollout.temperature", "1.3"],
+    # the ratio clip's upper side: a rare right answer may rise more than 1.28x in an iteration of 16 updates
+    "format_mixed_mb16_ch1": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--loss.clip-eps-high", "1.0"],
+    "format_mixed_mb16_ch3": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--loss.clip-eps-high", "3.0"],
 }
 
 
