@@ -8,12 +8,14 @@ so a seeded game replays move for move (the search reads the position, never how
 the game move by move (the agent's stone is the one new bit since the last call); a position reached otherwise (a
 game reset to a history) is rebuilt from its stones by replaying them in an order the rules allow.
 
-Why: the slow search opponents (mcts:N: ~4.6 minutes for a 2048-game iteration at N=100, all games per game) can then
+Why: the slow search opponents (mcts:N: ~4.6 minutes for a 2048-game iteration at N=100 with OpenSpiel's Python bot,
+~22 s with its C++ one, which envs/opponents.py now uses; all games per game) can then
 take a bounded share of a batch's groups beside batched opponents (`VectorTextEnv.assign_opponents`), and evaluation
 against them judges blunders as the batched env does.
 
 `workers` W > 1 (`--env.search-workers`): the games are split over W worker processes (game i in worker i mod W, each
-holding its games' bots and states), which search at once: OpenSpiel's MCTS is Python, so threads would not. Every
+holding its games' bots and states), which search at once (processes, from when the bots were Python; the C++ bot
+releases Python's lock while it searches, so threads would do as well: not changed). Every
 game's moves are those of one process (its bot and state are the same objects' copies, reset with the same seeds).
 The workers start on first use (spawned: the parent may hold JAX's threads) and stop with the opponent.
 """
