@@ -109,6 +109,8 @@ CANDIDATES = {
     # the ratio clip's upper side: a rare right answer may rise more than 1.28x in an iteration of 16 updates
     "format_mixed_mb16_ch1": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--loss.clip-eps-high", "1.0"],
     "format_mixed_mb16_ch3": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--loss.clip-eps-high", "3.0"],
+    "format_mixed_mb16_ch06": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--loss.clip-eps-high", "0.6"],
+    "format_mixed_mb8_ch1": FORMAT + MIXED + ["--optim.ppo-mini-batches", "8", "--loss.clip-eps-high", "1.0"],
 }
 
 
