@@ -67,6 +67,9 @@ class Matchmaker:
         if self.league is not None:  # refuse a setup without the batched env now, not at a later promotion
             for rung in range(len(self.curriculum.ladder)) if self.curriculum else (None,):
                 self._build(self.plan(0, rung).main)
+        elif cfg.rehearsal_share or cfg.mix_opponent:  # the same for groups given another opponent
+            for rung in range(len(self.curriculum.ladder)) if self.curriculum else (None,):
+                self._check_assignable(self.plan(0, rung))
 
     @property
     def opponent(self) -> str:
@@ -126,6 +129,21 @@ class Matchmaker:
 
     def _league_groups(self) -> int:
         return max(1, round(self.cfg.league_share * self.groups))
+
+    def _check_assignable(self, plan: GroupPlan) -> None:
+        """Refuse a plan that gives some groups another opponent while the env's own opponent has no batched env to
+        host them (a rung that searches one game at a time, or a custom env), before the job starts."""
+        if not plan.assigned:
+            return
+        if self.env_factory is not None:
+            raise ValueError(f"{self._second_flag()} needs the built-in batched game env (standard connect_four or "
+                             "tic_tac_toe), not a custom env")
+        if self._is_per_game(plan.main):
+            off = "--curriculum.rehearsal-share 0" if self.cfg.rehearsal_share else "no --curriculum.mix-opponent"
+            raise ValueError(f"{self._second_flag()}: the rung {plan.main!r} searches one game at a time, so its env "
+                             f"cannot give other groups {', '.join(o for o, _ in plan.assigned)}: set "
+                             f"--curriculum.per-game-share below 1 (its groups then play inside the batched env), or "
+                             f"{off}")
 
     def _second_flag(self) -> str:
         return ("--curriculum.mix-opponent" if self.cfg.mix_opponent else "--curriculum.rehearsal-share"

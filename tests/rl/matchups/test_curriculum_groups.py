@@ -140,3 +140,25 @@ def test_evaluation_reports_the_blunder_rate_of_every_opponent_mcts_included(tmp
     out = Trainer(cfg, log=False).evaluate()
     for prefix in ("eval", "eval_mcts:5"):
         assert 0 <= out[f"{prefix}/blunder_rate"] <= 1 and out[f"{prefix}/invalid_rate"] == 0
+
+
+@pytest.mark.parametrize("second", [dict(rehearsal_share=0.5), dict(mix_opponent="random", mix_share=0.5)])
+def test_a_per_game_rung_that_cannot_host_other_groups_is_refused_before_the_job_starts(second):
+    """A rung whose env plays one game at a time (mcts:N as the env's own opponent) cannot give groups to the rehearsal
+    or the mixed opponent: refused when the job is set up, naming the fix, not at the promotion that would reach it;
+    with --curriculum.per-game-share below 1 the rung plays inside the batched env and the job starts."""
+    cfg = with_fields(SMALL, opponent="curriculum", curriculum__ladder="random,mcts:5", **second)
+    with pytest.raises(ValueError, match="searches one game at a time.*--curriculum.per-game-share below 1"):
+        Trainer(cfg, log=False)
+    trainer = Trainer(with_fields(cfg, per_game_share=0.5), log=False)
+    assert trainer.matchmaker.plan(0, 1).main == "random"  # the anchor hosts the mcts groups
+
+
+def test_a_slow_rung_that_takes_every_rung_group_leaves_the_env_to_the_anchor():
+    """When the per-game opponent's share covers all of the rung's groups and the rehearsal takes the rest, the env's
+    own opponent is the batched anchor with no groups of its own, so the env can host both."""
+    plan = plan_groups(groups=4, rung=("mcts:5",), per_game={"mcts:5": True}, anchor="random", per_game_share=0.5,
+                       rehearsal=("random", 2))
+    assert plan.main == "random" and plan.assigned == (("mcts:5", (0, 1)), ("random", (2, 3)))
+    alone = plan_groups(groups=4, rung=("mcts:5",), per_game={"mcts:5": True}, anchor="random", per_game_share=1.0)
+    assert alone.main == "mcts:5" and alone.assigned == ()  # nothing to host: the per-game env plays every group
