@@ -1,8 +1,10 @@
 """The `mcts:N` opponent (OpenSpiel's C++ MCTSBot) against OpenSpiel's Python MCTSBot at the same settings: the
 score of the C++ bot (seats alternate, each game its own seeds) and each bot's milliseconds a move, so that swapping
-one for the other is shown to keep the opponent's strength while it buys the speed.
+one for the other is shown to keep the opponent's strength while it buys the speed. `--env-games N` also times the
+job's own env: N Connect Four games against mcts:`--env-simulations` played to their end with random agent moves,
+with each bot (the Python one patched in for that run) and with 2 search workers.
 
-    python experiments/benchmarks/bench_mcts.py --simulations 100 --games 200 [--game connect_four]
+    python experiments/benchmarks/bench_mcts.py --simulations 100 --games 200 [--game connect_four] [--env-games 512]
 """
 
 from __future__ import annotations
@@ -50,11 +52,42 @@ def match(game_name: str, simulations: int, games: int) -> dict:
             "speedup": (seconds["python"] / moves["python"]) / (seconds["cpp"] / moves["cpp"])}
 
 
+class PythonMCTS(MCTSOpponent):
+    """The opponent as it was: OpenSpiel's Python MCTSBot at the same settings."""
+
+    def reset(self, seed: int) -> None:
+        rng = np.random.RandomState(seed % 2**32)
+        self._bot = mcts.MCTSBot(self.game, self.uct_c, self.simulations, mcts.RandomRolloutEvaluator(1, rng),
+                                 solve=True, random_state=rng)
+
+
+def env_seconds(games: int, simulations: int, workers: int, python_bot: bool) -> float:
+    """Seconds for `games` games of the job's env against mcts:`simulations` to their end (random agent moves)."""
+    from earl_jax.envs import EnvConfig, opponents
+    from earl_jax.envs.vector import make_vector_env
+
+    real = opponents.MCTSOpponent
+    opponents.MCTSOpponent = PythonMCTS if python_bot else real  # workers import their own: only with workers 0
+    try:
+        env = make_vector_env(EnvConfig.connect_four(opponent="random", search_workers=workers), games)
+        env.assign_opponents([(f"mcts:{simulations}", np.ones(games, bool))])
+        rng = np.random.default_rng(0)
+        t = time.perf_counter()
+        env.reset([i // 8 for i in range(games)])
+        while len(rows := np.flatnonzero(env.live)):
+            env.step(rows, moves=np.array([rng.choice(np.flatnonzero(legal)) for legal in env.legal[rows]]))
+        return time.perf_counter() - t
+    finally:
+        opponents.MCTSOpponent = real
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--game", default="connect_four")
     ap.add_argument("--simulations", type=int, default=100)
     ap.add_argument("--games", type=int, default=200)
+    ap.add_argument("--env-games", type=int, default=0, help="also time the job's env for this many games (0: no)")
+    ap.add_argument("--env-simulations", type=int, default=50)
     ap.add_argument("--out", type=Path, default=None,
                     help="JSON (default: experiments/results/bench_mcts_<game>_cpu.json)")
     a = ap.parse_args(argv)
@@ -63,6 +96,12 @@ def main(argv=None) -> dict:
     print(f"{a.game}, mcts:{a.simulations}, {a.games} games: C++ score {row['cpp_score']:.3f} +- "
           f"{row['cpp_score_stderr']:.3f} (won {row['cpp_won']:.3f}, drawn {row['drawn']:.3f}); "
           f"{row['cpp_ms_per_move']:.2f} against {row['python_ms_per_move']:.2f} ms a move ({row['speedup']:.1f}x)")
+    if a.env_games:
+        runs = {"python_bot": (0, True), "cpp_bot": (0, False), "cpp_bot_2_workers": (2, False)}
+        row["env"] = {"games": a.env_games, "simulations": a.env_simulations,
+                      **{k: env_seconds(a.env_games, a.env_simulations, w, py) for k, (w, py) in runs.items()}}
+        print(f"the job's env, {a.env_games} games against mcts:{a.env_simulations} to their end: "
+              + ", ".join(f"{k} {v:.2f} s" for k, v in row["env"].items() if k.endswith(("bot", "workers"))))
     out = a.out or RESULTS / f"bench_mcts_{a.game}_cpu.json"
     out.write_text(json.dumps({"script": "experiments/benchmarks/bench_mcts.py", **row}, indent=1) + "\n")
     return row
