@@ -268,3 +268,14 @@ def test_bench_overlap_compares_each_mode_with_the_synchronous_loop(tmp_path, mo
     for m in ("stale1", "partial", "both"):
         assert modes[m]["vs_sync"] == modes[m]["trained_tokens_per_s"] / modes["sync"]["trained_tokens_per_s"]
         assert len(modes[m]["per_iteration"]) == 3
+
+
+def test_bench_mcts_scores_the_two_bots_and_times_the_env(tmp_path):
+    bench = _load("bench_mcts")
+    row = bench.main(["--game", "tic_tac_toe", "--simulations", "4", "--games", "4", "--out", str(tmp_path / "t.json")])
+    assert 0 <= row["cpp_score"] <= 1 and row["cpp_ms_per_move"] > 0 and row["python_ms_per_move"] > 0
+    row = bench.main(["--simulations", "4", "--games", "2", "--env-games", "16", "--env-simulations", "4",
+                      "--out", str(tmp_path / "c.json")])
+    saved = json.loads((tmp_path / "c.json").read_text())
+    runs = ("python_bot", "cpp_bot", "cpp_bot_2_workers")
+    assert saved["env"]["games"] == 16 and all(saved["env"][k] > 0 for k in runs)
