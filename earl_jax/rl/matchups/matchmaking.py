@@ -64,12 +64,14 @@ class Matchmaker:
         self._assigned: tuple | None = None  # the scripted opponents the env's other groups play now (GroupPlan)
         self._plan: GroupPlan | None = None
         self._per_game: dict[str, bool] = {}
-        if self.league is not None:  # refuse a setup without the batched env now, not at a later promotion
+        if self.league is not None or cfg.rehearsal_share or cfg.mix_opponent:
+            # refuse a setup whose envs cannot host its groups now, not at a later promotion
             for rung in range(len(self.curriculum.ladder)) if self.curriculum else (None,):
-                self._build(self.plan(0, rung).main)
-        elif cfg.rehearsal_share or cfg.mix_opponent:  # the same for groups given another opponent
-            for rung in range(len(self.curriculum.ladder)) if self.curriculum else (None,):
-                self._check_assignable(self.plan(0, rung))
+                plan = self.plan(0, rung)
+                if self.league is not None:
+                    self._build(plan.main)
+                else:
+                    self._check_assignable(plan)
 
     @property
     def opponent(self) -> str:
@@ -140,8 +142,9 @@ class Matchmaker:
                              "tic_tac_toe), not a custom env")
         if self._is_per_game(plan.main):
             off = "--curriculum.rehearsal-share 0" if self.cfg.rehearsal_share else "no --curriculum.mix-opponent"
-            raise ValueError(f"{self._second_flag()}: the rung {plan.main!r} searches one game at a time, so its env "
-                             f"cannot give other groups {', '.join(o for o, _ in plan.assigned)}: set "
+            raise ValueError(f"{self._second_flag()}: the env against {plan.main!r} plays one game at a time (a search "
+                             f"opponent, or a game without the batched env), so it cannot give other groups "
+                             f"{', '.join(o for o, _ in plan.assigned)}: for a search rung set "
                              f"--curriculum.per-game-share below 1 (its groups then play inside the batched env), or "
                              f"{off}")
 

@@ -148,7 +148,7 @@ def test_a_per_game_rung_that_cannot_host_other_groups_is_refused_before_the_job
     or the mixed opponent: refused when the job is set up, naming the fix, not at the promotion that would reach it;
     with --curriculum.per-game-share below 1 the rung plays inside the batched env and the job starts."""
     cfg = with_fields(SMALL, opponent="curriculum", curriculum__ladder="random,mcts:5", **second)
-    with pytest.raises(ValueError, match="searches one game at a time.*--curriculum.per-game-share below 1"):
+    with pytest.raises(ValueError, match="plays one game at a time.*--curriculum.per-game-share below 1"):
         Trainer(cfg, log=False)
     trainer = Trainer(with_fields(cfg, per_game_share=0.5), log=False)
     assert trainer.matchmaker.plan(0, 1).main == "random"  # the anchor hosts the mcts groups
