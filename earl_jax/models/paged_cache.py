@@ -11,6 +11,11 @@ position as every slot past a row's length is. A row's logical length is W * P (
 programs are shaped as the contiguous cache's, and attention reads the rows' pages gathered into that view, one layer
 at a time (XLA; a paged attention kernel would read the pages in place, not built). Pages are handed out on the host
 (`PageTable`): the caller that knows each row's next length (rollout/policy.py) assigns them before a program writes.
+
+On a mesh (`paged_cache_shardings`) the pages split over the tensor axis by kv head, as a contiguous cache's, and are
+whole on every batch shard: one host page table serves every row, so a shard's rows may hold any page. The pool is
+then held once per batch shard, and a write gathers the step's new keys and values over the batch axes (a token a
+row a layer); pools split by batch shard, each with its own page range, are not built.
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 from jaxtyping import Array, Float, Int
 
 from earl_jax.models.model_config import ModelConfig
+from earl_jax.sharding.mesh import Rules, logical_sharding
 
 PAGE_SIZES = (8, 16, 32, 64, 128)  # divisors of the cache buckets' 128: a bucket is whole pages
 
@@ -112,6 +119,18 @@ def init_paged_cache(cfg: ModelConfig, batch: int, max_len: int, num_pages: int,
     table = jnp.full((batch, max_len // page_size), num_pages, jnp.int32)
     return PagedKVCache(tuple(PageLayer(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
                               for _ in range(cfg.num_hidden_layers)), table)
+
+
+PAGE_AXES = (None, "act_kv_heads", None, None)  # pages whole on every batch shard, split by kv head
+TABLE_AXES = ("batch", None)
+
+
+def paged_cache_shardings(cfg: ModelConfig, batch: int, max_len: int, num_pages: int, page_size: int, mesh: Mesh,
+                          rules: Rules) -> PagedKVCache:
+    """NamedShardings for `init_paged_cache(cfg, batch, max_len, num_pages, page_size)` under a mesh and rules."""
+    pages = logical_sharding(mesh, rules, PAGE_AXES, (num_pages, cfg.num_key_value_heads, page_size, cfg.dim_per_head))
+    table = logical_sharding(mesh, rules, TABLE_AXES, (batch, max_len // page_size))
+    return PagedKVCache(tuple(PageLayer(pages, pages) for _ in range(cfg.num_hidden_layers)), table)
 
 
 def check_page_size(page_size: int) -> None:

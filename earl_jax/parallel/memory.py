@@ -361,8 +361,8 @@ class MemoryModel:
             params = params_per_device(c, stage, mesh) * m.param_bytes_inference
             cached = ctx if m.cache_buckets is None else bucket(ctx, m.cache_buckets)  # coarse buckets pad more
             rows_kv = mb * cached * self.kv_bytes_per_token_per_device(t)  # every row at the context's cache size
-            # a paged cache holds its pages, whatever the rows
-            kv = min(m.kv_positions, mb * cached) * self.kv_bytes_per_token_per_device(t) if m.kv_positions else rows_kv
+            # a paged cache holds its pages whatever the rows, split by kv head and whole on every batch shard
+            kv = m.kv_positions * self.kv_bytes_per_token_per_device(t) if m.kv_positions else rows_kv
             if extends is None:
                 pre = min(m.prefill_len, ctx)
                 acts = self._layer_workspace(mb * pre, t) + self._extend_scores(mb, pre, ctx, t)

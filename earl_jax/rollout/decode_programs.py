@@ -76,7 +76,8 @@ class DecodePrograms:
         else:
             cache = jax.tree.map(lambda x: (b, x.shape[1], s) + x.shape[3:], like.cache, is_leaf=is_spec)
         shapes = SamplerState(cache, (b,), (b, like.next_logits.shape[1]))
-        shardings = (jax.tree.map(lambda x: x.sharding, like) if self.sampler.mesh is None or self.sampler.page_size
-                     else self.sampler._state_shardings(b, s, like.next_logits.shape[1]))
+        pages = like.cache.num_pages if isinstance(like.cache, PagedKVCache) else 0
+        shardings = (jax.tree.map(lambda x: x.sharding, like) if self.sampler.mesh is None
+                     else self.sampler._state_shardings(b, s, like.next_logits.shape[1], pages))
         return jax.tree.map(lambda x, shape, sh: jax.ShapeDtypeStruct(shape, x.dtype, sharding=sh), like, shapes,
                             shardings, is_leaf=is_spec)

@@ -60,7 +60,8 @@ class RolloutConfig:
                           "--rollout.page-size positions its rows share (each takes pages as its context grows, gives "
                           "them back when its game ends), so memory follows the contexts, not rows x the longest; "
                           "when they run out the last game to start gives its row back and is recomputed later "
-                          "(rollout/preempted); one device, the XLA decode step; 0: a contiguous cache per row; "
+                          "(rollout/preempted); on a mesh split by kv head, whole on each batch shard; the XLA "
+                          "decode step; 0: a contiguous cache per row; "
                           "-1: as many pages as the rollout's memory holds at --rollout.max-context beside the rest "
                           "(its weights, the rows' gathered layer, the train state; the memory model; logged)")
     page_size: int = _f(16, "paged KV cache: positions a page (8, 16, 32, 64 or 128)")

@@ -39,7 +39,7 @@ from earl_jax.kernels.decode_attention import block_size
 from earl_jax.kernels.tuning import plan as decode_plan
 from earl_jax.models.cache import KVCache, LayerCache, cache_shardings, init_cache
 from earl_jax.models.model_config import ModelConfig
-from earl_jax.models.paged_cache import PagedKVCache, check_page_size, init_paged_cache
+from earl_jax.models.paged_cache import PagedKVCache, check_page_size, init_paged_cache, paged_cache_shardings
 from earl_jax.rollout import decode_step, moves
 from earl_jax.rollout.buckets import (  # noqa
     DEFAULT_CACHE_BUCKETS,
@@ -111,9 +111,6 @@ class Sampler:
         single = mesh is None or mesh.devices.size == 1
         if page_size:
             check_page_size(page_size)
-            if not single:
-                raise ValueError("Sampler: a paged KV cache (--rollout.kv-pages) decodes on one device; this rollout's "
-                                 f"mesh has {mesh.devices.size}")
         self.page_size = page_size  # 0: contiguous caches; else paged (models/paged_cache.py), the XLA decode step
         self.graphdef, self.cfg, self.mesh, self.rules = graphdef, cfg, mesh, rules
         self.cache_dtype = cache_dtype
@@ -308,9 +305,11 @@ class Sampler:
         """Rows over the mesh's batch axes, the other dimensions whole."""
         return logical_sharding(self.mesh, self.rules, ("batch",) + (None,) * (len(shape) - 1), shape)
 
-    def _state_shardings(self, b: int, s: int, v: int) -> SamplerState:
-        """Where a state of b rows, cache length s and vocabulary v lives on the mesh."""
-        return SamplerState(cache_shardings(self.cfg, b, s, self.mesh, self.rules),
+    def _state_shardings(self, b: int, s: int, v: int, num_pages: int = 0) -> SamplerState:
+        """Where a state of b rows, cache length s (a paged cache's: `num_pages` pages) and vocabulary v lives."""
+        cache = (paged_cache_shardings(self.cfg, b, s, num_pages, self.page_size, self.mesh, self.rules)
+                 if self.page_size else cache_shardings(self.cfg, b, s, self.mesh, self.rules))
+        return SamplerState(cache,
                             logical_sharding(self.mesh, self.rules, ("batch",), (b,)),
                             logical_sharding(self.mesh, self.rules, ("batch", "act_vocab"), (b, v)))
 
@@ -328,10 +327,11 @@ class Sampler:
         return jax.lax.with_sharding_constraint(x, logical_sharding(self.mesh, self.rules, axes, x.shape))
 
     def _constrain_state(self, state: SamplerState) -> SamplerState:
-        if self.mesh is None or self.page_size:  # a paged cache lives on one device
+        if self.mesh is None:
             return state
+        pages = state.cache.num_pages if self.page_size else 0
         return jax.lax.with_sharding_constraint(state, self._state_shardings(
-            state.batch_size, state.max_len, state.next_logits.shape[1]))
+            state.batch_size, state.max_len, state.next_logits.shape[1], pages))
 
     def _model(self, params):
         dtype = nnx.merge(self.graphdef, params).dtype
@@ -358,7 +358,8 @@ class Sampler:
             if self.page_size:  # more table entries, unassigned; no position moves
                 c = state.cache
                 table = jnp.pad(c.block_table, ((0, 0), (0, pad // self.page_size)), constant_values=c.num_pages)
-                return SamplerState(PagedKVCache(c.pages, table), state.lengths, state.next_logits)
+                return self._constrain_state(SamplerState(PagedKVCache(c.pages, table), state.lengths,
+                                                          state.next_logits))
             grow = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, pad), (0, 0)))  # b k s h
             cache = KVCache(tuple(LayerCache(grow(l.k), grow(l.v)) for l in state.cache.layers))
             return self._constrain_state(SamplerState(cache, state.lengths, state.next_logits))

@@ -55,17 +55,28 @@ def _scrambled(table: PageTable, seed: int) -> PageTable:
     return table
 
 
-def test_a_paged_sampler_decodes_the_contiguous_caches_tokens(model):
+MESHES = {"one": None, "data2": dict(data=2), "tensor2": dict(tensor=2), "data2_tensor2": dict(data=2, tensor=2)}
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_a_paged_sampler_decodes_the_contiguous_caches_tokens(model, mesh):
     """Prefill, decode, extend, decode again, a larger cache, rows taken: the same sampled tokens (each row by its own
-    key), log-probs to 1e-6."""
+    key), log-probs to 1e-6, on one device and on meshes (pages split by kv head over the tensor axis, whole on each
+    batch shard)."""
+    from earl_jax.sharding.mesh import INFERENCE_RULES, MeshShape, make_mesh
+
     graphdef, params = model
+    on = {}
+    if MESHES[mesh]:
+        shape = MeshShape(**MESHES[mesh])
+        on = dict(mesh=make_mesh(shape, jax.devices()[:shape.size]), rules=INFERENCE_RULES)
     sampling = SamplingConfig(temperature=1.0)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, 40, n) for n in (5, 30, 2, 17)]
     observations = [rng.integers(1, 40, n) for n in (4, 0, 125, 7)]
     runs = []
     for page_size in (0, 8):
-        sampler = Sampler(graphdef, CFG, cache_dtype=jnp.float32, page_size=page_size)
+        sampler = Sampler(graphdef, CFG, cache_dtype=jnp.float32, page_size=page_size, **on)
         policy = SamplerPolicy(sampler, params, sampling, (), 6, kv_pages=64 if page_size else 0)
         policy.reset(4, 40)
         if page_size:
@@ -81,6 +92,11 @@ def test_a_paged_sampler_decodes_the_contiguous_caches_tokens(model):
         policy.take_rows(np.array([3, 0]), 2)
         out.append(policy.generate(np.array([5, 5]), jax.random.key(9), np.arange(2, dtype=np.int32))())
         runs.append((out, np.asarray(policy.state.next_logits), policy.state.max_len))
+        if page_size and on:  # the pages are split by kv head over the tensor axis, whole over the batch axes
+            k = policy.state.cache.pages[0].k
+            tensor = MESHES[mesh].get("tensor", 1)
+            assert {s.data.shape[1] for s in k.addressable_shards} == {CFG.num_key_value_heads // tensor}
+            assert {s.data.shape[0] for s in k.addressable_shards} == {64}
     (contiguous, logits_c, len_c), (paged, logits_p, len_p) = runs
     assert len_p == len_c > 128  # the cache grew past its first size
     for a, b in zip(contiguous, paged):
@@ -151,21 +167,17 @@ def test_the_job_config_refuses_pages_with_the_pallas_step_and_an_odd_page_size(
         RolloutConfig(kv_pages=-1, slots=-1)
 
 
-def test_a_paged_sampler_refuses_a_mesh_and_an_odd_page_size(model):
-    from earl_jax.sharding.mesh import INFERENCE_RULES, MeshShape, make_mesh
-
+def test_a_paged_sampler_refuses_an_odd_page_size(model):
     graphdef, _ = model
     with pytest.raises(ValueError, match="page-size"):
         Sampler(graphdef, CFG, page_size=12)
-    mesh = make_mesh(MeshShape(data=2), jax.devices()[:2])
-    with pytest.raises(ValueError, match="one device"):
-        Sampler(graphdef, CFG, mesh=mesh, rules=INFERENCE_RULES, page_size=8)
 
 
-@pytest.mark.parametrize("kind", ["game", "text_task"])
-def test_the_job_plays_the_same_rollout_with_a_paged_cache(tmp_path, kind):
+@pytest.mark.parametrize("kind,mesh", [("game", None), ("text_task", None), ("game", "d2f1t2")])
+def test_the_job_plays_the_same_rollout_with_a_paged_cache(tmp_path, kind, mesh):
     """--rollout.kv-pages: the job's rollout stage plays every episode of the contiguous cache's rollout, with pages
-    for about two of its episodes (so it preempts), and its metrics say how many games waited for pages."""
+    for about two of its episodes (so it preempts), and its metrics say how many games waited for pages; also on a
+    rollout mesh of 4 devices."""
     from test_rollout_pipeline import _same as same_job
 
     from earl_jax.rl.loop.trainer import Trainer
@@ -174,13 +186,16 @@ def test_the_job_plays_the_same_rollout_with_a_paged_cache(tmp_path, kind):
 
     runs = []
     for pages in (0, 24):
-        trainer = Trainer(job(**JOB, **KINDS[kind], rollout__max_turns=4, rollout__kv_pages=pages,
+        on = dict(planner__devices=4, planner__rollout_thresholds=f"0:{mesh}") if mesh else {}
+        trainer = Trainer(job(**{**JOB, **on}, **KINDS[kind], rollout__max_turns=4, rollout__kv_pages=pages,
                               rollout__page_size=8, run__run_dir=str(tmp_path / f"p{pages}")), log=False)
         # the memory model plans for the pages the rollout's sampler holds
         assert trainer.policy.planner.selector.memory.mem.kv_positions == pages * 8
         seeds, group_ids, rng = trainer.rollout_inputs()
         traj, _ = trainer.play(trainer.matchmaker.train_env(0), seeds, group_ids, rng, trainer.sampling)
         assert all(sp.page_size == (8 if pages else 0) for sp in trainer.rollout.samplers.values())
+        if mesh:
+            assert {sp.mesh.devices.size for sp in trainer.rollout.samplers.values()} == {4}
         runs.append(traj)
     same_job(runs[0], runs[1])
     assert runs[0].stats.preempted == 0 and runs[1].stats.preempted > 0
@@ -203,6 +218,10 @@ def test_the_memory_model_prices_a_paged_cache_by_its_pages():
     assert full.kv_cache == contiguous.kv_cache and quarter.kv_cache == contiguous.kv_cache / 4
     assert quarter.activations >= contiguous.kv_cache / cfg.num_hidden_layers  # one layer's view of every row
     assert quarter.total < contiguous.total
+    # on a mesh: the pool whole on every batch shard, split by kv head over the tensor axis
+    quarter_mem = MemoryModel(cfg, MemoryConfig(budget_bytes=80 * GiB, kv_positions=64 * 4096))
+    assert quarter_mem.estimate("rollout", MeshShape(data=2), 4096, 256).kv_cache == quarter.kv_cache
+    assert quarter_mem.estimate("rollout", MeshShape(tensor=2), 4096, 256).kv_cache == quarter.kv_cache / 2
 
 
 def test_pages_too_few_end_the_job_with_one_line_naming_the_flag(tmp_path, capsys):
@@ -220,9 +239,3 @@ def test_pages_too_few_end_the_job_with_one_line_naming_the_flag(tmp_path, capsy
     errors = [line for line in err.splitlines() if line.startswith("train: error:")]
     assert code == 2 and len(errors) == 1 and "Traceback" not in err, err
     assert "--rollout.kv-pages" in errors[0] and "--resume auto" in errors[0], errors
-    # over several devices (8 here) the job refuses the pages before it starts, in one line naming the flags
-    code = main(["--rollout.kv-pages", "64", "--run-dir", str(tmp_path / "run8"), "--run.progress", "false",
-                 "--run.wandb-mode", "disabled"], name="train", configs=root / "experiments" / "configs" / "train")
-    err = capsys.readouterr().err
-    assert code == 2 and "Traceback" not in err and "--planner.devices 1" in err, err
-

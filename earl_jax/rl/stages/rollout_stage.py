@@ -65,10 +65,6 @@ class RolloutStage:
         planner = policy.rollout_planner or policy.planner
         # --rollout.kv-pages, or the planner's count for -1 (0: contiguous rows)
         self.kv_pages = cfg.kv_pages if cfg.kv_pages >= 0 else planner.kv_pages
-        local = [d for d in planner.devices if d.process_index == jax.process_index()] if cfg.kv_pages else []
-        if len(local) > 1:
-            raise ValueError(f"--rollout.kv-pages: a paged KV cache decodes on one device, and this job's rollout is "
-                             f"planned over {len(local)} (--planner.devices 1, or --rollout.kv-pages 0)")
         if cfg.drafts and jax.process_count() > 1:
             raise ValueError("--rollout.drafts: drafts run in one process only (each process would need the same "
                              "index and rows); use --rollout.drafts 0")
