@@ -1,4 +1,5 @@
 """Tests run on CPU with 8 fake devices so meshes, resharding and the selector are exercised."""
+import gc
 import logging
 import os
 from importlib.metadata import version
@@ -65,66 +66,77 @@ def pytest_report_header(config):
 # after it), then the other `slow` ones: a long test started last runs alone at the end of `pytest -n 2` with the
 # other worker idle (a 2-minute tail before this list covered every test over ~12 s).
 _FIRST = (
-    "test_first_iterations_match_the_recorded_values",  # 63
-    "test_policy_learns_to_read_the_first_observation",  # 38
-    "test_small_figure_runs_merge_into_one_json_and_refuse_other_settings",  # 37
-    "test_constrained_policy_learns_the_digit_shown_on_turn_two",  # 35
-    "test_a_corrupt_newest_checkpoint_costs_one_warning_line",  # 34
-    "test_the_fork_doc_task_trains_from_the_stock_command_line_and_resumes",  # 32
-    "test_connect4_two_processes_match_one",  # 29
-    "test_two_processes_under_sigterm_save_the_same_step",  # 23
-    "test_fig1_small_runs_static_and_selector",  # 22
+    "test_first_iterations_match_the_recorded_values",  # 65
+    "test_constrained_policy_learns_the_digit_shown_on_turn_two",  # 48
+    "test_policy_learns_to_read_the_first_observation",  # 44
+    "test_small_figure_runs_merge_into_one_json_and_refuse_other_settings",  # 39
+    "test_connect4_two_processes_match_one",  # 30
+    "test_the_fork_doc_task_trains_from_the_stock_command_line_and_resumes",  # 29
+    "test_partial_rollouts_ahead_of_training_keep_the_bound_on_each_rollouts_own_tokens",  # 29
+    "test_the_same_command_builds_the_same_base",  # 26
+    "test_a_corrupt_newest_checkpoint_costs_one_warning_line",  # 25
+    "test_each_stage_receives_what_the_plan_says",  # 23
     "test_bench_overlap_compares_each_mode_with_the_synchronous_loop",  # 22
-    "test_the_entropy_floor_keeps_a_collapsed_run_learning",  # 22
+    "test_fig1_small_runs_static_and_selector",  # 22
     "test_a_budget_nothing_reaches_is_the_run_without_one_bit_for_bit",  # 21
-    "test_fig3_small_real_measure_and_profile_table",  # 21
-    "test_resume_without_flags_keeps_the_run_and_prints_each_override",  # 19
-    "test_each_stage_receives_what_the_plan_says",  # 19
-    "test_rollouts_ahead_keep_the_bound_on_their_own_devices_and_a_stopped_run_resumes_with_the_same_batches",  # 18
-    "test_the_trainer_compiles_compaction_ahead_when_the_next_rollout_compacts",  # 18
-    "test_train_pass_scores_exactly_the_sampled_tokens",  # 17
-    "test_a_stop_signal_mid_iteration_checkpoints_the_last_one_and_the_resumed_run_is_bit_exact",  # 17
-    "test_train_keeps_one_model_and_rollout_keeps_one_per_mesh",  # 16
-    "test_a_collapsed_run_has_no_gradient_and_says_so",  # 15
-    "test_another_scripts_resume_is_refused_naming_both",  # 14
-    "test_killed_and_resumed_run_is_bit_exact",  # 14
-    "test_the_job_loads_the_base_and_plays_the_games_the_build_reported",  # 14
-    "test_ppo_mini_batches_make_that_many_updates_an_iteration",  # 13
-    "test_same_outputs_on_every_mesh",  # 12
-    "test_a_run_reads_its_clock_and_a_resumed_part_continues_it",  # 12
-    "test_league_iterations_play_frozen_snapshots_that_do_not_train",  # 12
-    "test_a_tiny_build_trains_measures_and_writes_a_loadable_base",  # 11
-    "test_a_resume_plays_the_carried_groups_again_from_their_start",  # 11
+    "test_fig3_small_real_measure_and_profile_table",  # 20
+    "test_the_entropy_floor_keeps_a_collapsed_run_learning",  # 20
+    "test_a_paged_cache_with_room_for_every_game_plays_the_lock_step_games",  # 19
+    "test_fused_attention_and_multi_step_loop_give_the_same_generation",  # 18
+    "test_a_collapsed_run_has_no_gradient_and_says_so",  # 18
+    "test_killed_and_resumed_run_is_bit_exact",  # 17
+    "test_two_processes_under_sigterm_save_the_same_step",  # 17
+    "test_the_trainer_compiles_compaction_ahead_when_the_next_rollout_compacts",  # 16
+    "test_a_run_reads_its_clock_and_a_resumed_part_continues_it",  # 16
+    "test_ppo_mini_batches_make_that_many_updates_an_iteration",  # 16
+    "test_a_stop_signal_mid_iteration_checkpoints_the_last_one_and_the_resumed_run_is_bit_exact",  # 15
+    "test_trainer_promotes_on_a_forced_evaluation_and_the_rung_survives_resume",  # 15
+    "test_a_build_from_saved_games_adds_their_mirror_images_and_learns_best_sets",  # 15
+    "test_rollouts_ahead_keep_the_bound_on_their_own_devices_and_a_stopped_run_resumes_with_the_same_batches",  # 15
+    "test_train_keeps_one_model_and_rollout_keeps_one_per_mesh",  # 15
+    "test_the_job_loads_the_base_and_plays_the_games_the_build_reported",  # 13
+    "test_carried_episodes_train_later_with_the_version_and_log_prob_of_each_token",  # 13
+    "test_evaluate_run_plays_a_task_runs_held_out_split",  # 13
+    "test_few_new_widths_per_iteration_compile_less_and_change_nothing",  # 13
+    "test_bench_train_tiny",  # 12
+    "test_drafted_programs_are_compiled_ahead_and_change_nothing",  # 12
+    "test_a_resume_plays_the_carried_groups_again_from_their_start",  # 12
+    "test_resume_without_flags_keeps_the_run_and_prints_each_override",  # 11
+    "test_deferred_widths_of_experience_and_train_are_compiled_ahead",  # 11
     "test_predicted_programs_are_compiled_before_the_calls_and_change_nothing",  # 11
-    "test_connect_four_turns_are_a_legal_move_then_the_stop_token",  # 11
-    "test_fused_attention_and_multi_step_loop_give_the_same_generation",  # 11
-    "test_evaluate_run_plays_a_task_runs_held_out_split",  # 10
-    "test_a_greedy_rollout_drafted_from_its_own_answers_plays_the_same_games",  # 10
-    "test_a_build_from_saved_games_adds_their_mirror_images_and_learns_best_sets",  # 10
-    "test_a_registered_loss_logs_its_own_metrics_and_is_listed_in_the_help",  # 10
-    "test_carried_episodes_train_later_with_the_version_and_log_prob_of_each_token",  # 9
-    "test_drafts_verify_on_a_mesh_as_on_one_device",  # 9
+    "test_a_resume_with_rollouts_ahead_keeps_the_waiting_batches_and_the_carry_into_the_next",  # 11
+    "test_train_pass_scores_exactly_the_sampled_tokens",  # 11
+    "test_several_runs_give_each_result_and_the_mean_and_spread",  # 11
+    "test_on_shared_devices_the_rollout_ahead_interleaves_with_training",  # 11
+    "test_league_iterations_play_frozen_snapshots_that_do_not_train",  # 10
+    "test_the_kl_reference_is_the_warmed_up_policy_and_a_resume_keeps_it",  # 10
+    "test_trainer_plays_the_same_games_with_and_without_compiling_ahead",  # 10
+    "test_a_carried_game_sampled_again_from_a_prefilled_cache_draws_the_same_tokens",  # 10
+    "test_short_run_logs_every_metric_and_checkpoints",  # 10
+    "test_sft_runs_on_the_layout_the_planner_chose_and_its_loss_falls",  # 10
+    "test_another_scripts_resume_is_refused_naming_both",  # 10
+    "test_grouped_equals_padded",  # 9
+    "test_dispatcher_across_two_processes",  # 9
+    "test_a_job_keeps_its_index_across_iterations_and_logs_what_was_drafted",  # 9
+    "test_no_full_rematerialization_on_stage_layouts",  # 9
     # the rest: under ~9 s in that run, in the order of an earlier one
+    "test_same_outputs_on_every_mesh",
+    "test_a_tiny_build_trains_measures_and_writes_a_loadable_base",
+    "test_connect_four_turns_are_a_legal_move_then_the_stop_token",
+    "test_a_greedy_rollout_drafted_from_its_own_answers_plays_the_same_games",
+    "test_a_registered_loss_logs_its_own_metrics_and_is_listed_in_the_help",
+    "test_drafts_verify_on_a_mesh_as_on_one_device",
     "test_with_the_digit_hidden_every_game_gets_one_answer",
-    "test_short_run_logs_every_metric_and_checkpoints",
     "test_out_of_memory_in_a_stage_reruns_it_on_the_next_mesh",
-    "test_few_new_widths_per_iteration_compile_less_and_change_nothing",
     "test_the_trainer_collects_automatically_again_after_its_first_iteration",
     "test_evaluates_the_checkpoint_against_each_opponent_and_leaves_the_run_as_it_was",
-    "test_trainer_promotes_on_a_forced_evaluation_and_the_rung_survives_resume",
     "test_trainer_leaves_a_stalled_rung_from_the_flag",
     "test_the_planner_checks_first_calls_and_falls_back_without_compiling_twice",
     "test_halves_played_apart_are_the_games_of_the_whole_batch_and_gather_back",
     "test_micro_batched_stages_equal_one_batch_on_every_mesh",
-    "test_dispatcher_across_two_processes",
-    "test_grouped_equals_padded",
     "test_rehearsal_replays_the_rungs_below_in_turn_in_the_last_groups",
     "test_train_measure_holds_one_copy_of_the_weights",
     "test_coarse_cache_sizes_reach_the_stages_and_compile_fewer_decode_programs",
-    "test_trainer_plays_the_same_games_with_and_without_compiling_ahead",
-    "test_the_kl_reference_is_the_warmed_up_policy_and_a_resume_keeps_it",
-    "test_bench_train_tiny",
-    "test_no_full_rematerialization_on_stage_layouts",
     "test_training_beats_at_every_phase_under_the_configured_timeout",
     "test_sft_trains_the_float32_weights_whatever_the_compute_dtype",
     "test_rehearsal_and_the_league_share_a_batch",
@@ -141,6 +153,17 @@ def pytest_collection_modifyitems(config, items):
         return (1, 0) if item.get_closest_marker("slow") else (2, 0)
 
     items.sort(key=rank)  # stable: the rest keep their order
+
+
+@pytest.fixture(autouse=True)
+def _collect_then_freeze():
+    """After each test its garbage is collected and what survives it (JAX's caches, session fixtures) frozen, so that
+    a later full collection (each Trainer makes one after its first iteration, rl/loop/gc_control.py) walks only the
+    newer objects, not everything earlier tests left alive. A frozen object that later becomes cyclic garbage is
+    freed only by its reference count."""
+    yield
+    gc.collect()
+    gc.freeze()
 
 
 _EARL_LOG = logging.getLogger("earl_jax")
