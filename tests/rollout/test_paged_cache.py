@@ -6,6 +6,8 @@ out."""
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -97,6 +99,13 @@ def test_a_paged_sampler_decodes_the_contiguous_caches_tokens(model, mesh):
             tensor = MESHES[mesh].get("tensor", 1)
             assert {s.data.shape[1] for s in k.addressable_shards} == {CFG.num_key_value_heads // tensor}
             assert {s.data.shape[0] for s in k.addressable_shards} == {64}
+            # an extend's collectives move the new tokens' keys and values, never a layer's pages
+            ids, lens = sampler._put_rows(np.ones((2, 8), np.int32), np.full(2, 8, np.int32))
+            hlo = sampler._extend.lower(params, policy.state, ids, lens).compile().as_text()
+            pool = k.addressable_shards[0].data.size
+            collective = re.compile(r"= \S+ (all-gather|all-reduce|collective-permute|all-to-all)")
+            moved = [_elements(line) for line in hlo.splitlines() if collective.search(line)]
+            assert moved and max(moved) < pool, (max(moved), pool)
     (contiguous, logits_c, len_c), (paged, logits_p, len_p) = runs
     assert len_p == len_c > 128  # the cache grew past its first size
     for a, b in zip(contiguous, paged):
@@ -104,6 +113,12 @@ def test_a_paged_sampler_decodes_the_contiguous_caches_tokens(model, mesh):
         np.testing.assert_array_equal(a.counts, b.counts)
         np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(logits_c, logits_p, rtol=1e-5, atol=1e-5)
+
+
+def _elements(hlo_line: str) -> int:
+    """Elements of an HLO instruction's result (the largest array of a tuple)."""
+    shapes = re.findall(r"\[([\d,]*)\]", hlo_line.split("=", 1)[1].split("(", 1)[0])
+    return max(math.prod(int(d) for d in s.split(",") if d) for s in shapes) if shapes else 0
 
 
 def _rollout(model, cfg: PlayConfig, page_size: int = 0, kv_pages: int = 0, env=None, moves=None):
