@@ -25,18 +25,25 @@ from earl_jax.envs.opponents import MCTSOpponent
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
+class PythonMCTS(MCTSOpponent):
+    """The opponent as it was: OpenSpiel's Python MCTSBot at the same settings."""
+
+    def reset(self, seed: int) -> None:
+        rng = np.random.RandomState(seed % 2**32)
+        self._bot = mcts.MCTSBot(self.game, self.uct_c, self.simulations, mcts.RandomRolloutEvaluator(1, rng),
+                                 solve=True, random_state=rng)
+
+
 def match(game_name: str, simulations: int, games: int) -> dict:
     game = pyspiel.load_game(game_name)
     scores, seconds, moves = [], {"cpp": 0.0, "python": 0.0}, {"cpp": 0, "python": 0}
     for g in range(games):
-        cpp = MCTSOpponent(game, simulations, seed=1000 + g)
-        rng = np.random.RandomState(5000 + g)
-        py = mcts.MCTSBot(game, 2.0, simulations, mcts.RandomRolloutEvaluator(1, rng), solve=True, random_state=rng)
+        cpp, py = MCTSOpponent(game, simulations, seed=1000 + g), PythonMCTS(game, simulations, seed=5000 + g)
         seat, state = g % 2, game.new_initial_state()
         while not state.is_terminal():
             who, bot = ("cpp", cpp) if state.current_player() == seat else ("python", py)
             t = time.perf_counter()
-            action = bot.act(state) if who == "cpp" else bot.step(state)
+            action = bot.act(state)
             seconds[who] += time.perf_counter() - t
             moves[who] += 1
             state.apply_action(action)
@@ -50,15 +57,6 @@ def match(game_name: str, simulations: int, games: int) -> dict:
             "cpp_ms_per_move": 1e3 * seconds["cpp"] / moves["cpp"],
             "python_ms_per_move": 1e3 * seconds["python"] / moves["python"],
             "speedup": (seconds["python"] / moves["python"]) / (seconds["cpp"] / moves["cpp"])}
-
-
-class PythonMCTS(MCTSOpponent):
-    """The opponent as it was: OpenSpiel's Python MCTSBot at the same settings."""
-
-    def reset(self, seed: int) -> None:
-        rng = np.random.RandomState(seed % 2**32)
-        self._bot = mcts.MCTSBot(self.game, self.uct_c, self.simulations, mcts.RandomRolloutEvaluator(1, rng),
-                                 solve=True, random_state=rng)
 
 
 def env_seconds(games: int, simulations: int, workers: int, python_bot: bool) -> float:
