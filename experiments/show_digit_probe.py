@@ -111,6 +111,16 @@ CANDIDATES = {
     "format_mixed_mb16_ch3": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--loss.clip-eps-high", "3.0"],
     "format_mixed_mb16_ch06": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--loss.clip-eps-high", "0.6"],
     "format_mixed_mb8_ch1": FORMAT + MIXED + ["--optim.ppo-mini-batches", "8", "--loss.clip-eps-high", "1.0"],
+    # the preset with the 2 x 32 model (~21K parameters): the 6x larger model started reading later than the tiny one
+    "format_mixed_mb16_nano": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--model.name", "nano"],
+    "format_mixed_mb16_nano_lr3e-3": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--model.name", "nano",
+                                                       "--optim.learning-rate", "3e-3"],
+    # the entropy bonus that evened the seeds out (with one answer token), on the preset's budget, and with the wider
+    # upper clip that gave seed 11 its best run: a pool stays breakable and a rare right answer may rise faster
+    "format_mixed_mb16_ent01": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--loss.entropy-coef", "0.01",
+                                                 "--loss.entropy-floor", "1.0"],
+    "format_mixed_mb16_ch06_ent01": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--loss.clip-eps-high", "0.6",
+                                                      "--loss.entropy-coef", "0.01", "--loss.entropy-floor", "1.0"],
 }
 
 
