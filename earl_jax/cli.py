@@ -254,6 +254,7 @@ class Parsed(Generic[T]):
     typed: dict[Path_, Any]  # what the user set: flags, and every field of a preset or config file
     preset: str | None = None
     flags: dict[Path_, Any] = dataclasses.field(default_factory=dict)  # the fields set by flag alone
+    by_preset: frozenset = frozenset()  # the fields a file preset set that no config file or flag set again
 
 
 class _Parser(argparse.ArgumentParser):
@@ -323,11 +324,14 @@ def parse(argv: Sequence[str] | None, base: T, *, presets: Mapping[str, Preset] 
 
     shown = base  # the defaults --help shows: the script's, with a file preset and --config applied
     typed: dict[Path_, Any] = {}
+    by_preset: set[Path_] = set()
     if preset is not None and not callable(preset):
         typed.update(read_toml(preset, base))
+        by_preset = set(typed)
         shown = load_file(preset, base)
     if config_file:
         file_values = read_toml(config_file, shown)
+        by_preset -= set(file_values)
         typed.update(file_values)
         shown = load_file(config_file, shown)
 
@@ -397,7 +401,7 @@ def parse(argv: Sequence[str] | None, base: T, *, presets: Mapping[str, Preset] 
                       if get_path(cfg, f.path) != get_path(shown, f.path)})
     cfg = replace_paths(cfg, flags)
     typed.update(flags)
-    return Parsed(cfg, typed, preset_name, dict(flags))
+    return Parsed(cfg, typed, preset_name, dict(flags), frozenset(by_preset - set(flags)))
 
 
 def _explain(message: str, flags: list[str]) -> str:

@@ -72,7 +72,7 @@ def load_base_config(folder: Path, paths: dict):
     game = read_base_info(folder)["game"]
     configs = {"connect_four": "connect4", "tic_tac_toe": "tictactoe"}[game]
     parsed = parse_job(["--model.hf-checkpoint", str(folder)], Path(__file__).resolve().parent / "configs" / configs)
-    cfg = apply_base(parsed.config, parsed.typed)
+    cfg = apply_base(parsed.config, parsed.typed, parsed.by_preset)
     return replace_paths(cfg, {**paths, ("run", "run_dir"): tempfile.mkdtemp(prefix="earl_eval_base_"),
                                ("run", "resume"): "false"})
 

@@ -172,7 +172,7 @@ def setup(argv: list[str], name: str, configs: Path, description: str):
     check_run_dir(parsed.config)
     cfg, changes = resume_config(parsed, name)
     check_game_name(cfg)  # a misspelt game is that, not a base made for another game
-    cfg = apply_base(cfg, parsed.typed)
+    cfg = apply_base(cfg, parsed.typed, parsed.by_preset)
     cfg = drop_default_curriculum(cfg, parsed.typed, parsed.flags)
     check_job(cfg)
     for line in changes:  # what this resume changes in the saved experiment

@@ -208,14 +208,15 @@ def _check_writable(run_dir: Path) -> None:
         raise ConfigError(f"--run.run-dir: {run_dir} cannot be written ({here}: {e.strerror})") from None
 
 
-def apply_base(cfg, typed: Mapping[tuple[str, ...], object]):
+def apply_base(cfg, typed: Mapping[tuple[str, ...], object], by_preset: frozenset = frozenset()):
     """A base policy (a folder with earl_base.json, made by experiments/pretrain.py) says what it was trained for: its
     game must be the job's, and its prompt style and move mode become the job's unless typed, when they must agree
     (a base trained on constrained moves would answer free text with garbage, and the presets would otherwise take it
     for a chat model). The format warm-up is off: a base knows its answer format. Plain HF folders pass unchanged.
-    A --model.name, prompt style or move mode typed (or set by a preset) that the default preset's base was not made
-    for drops the base: random weights. On random weights (so, or `--model.hf-checkpoint ""`) a KL coefficient the
-    preset set is dropped too: the reference is the starting policy, and a random one is nothing to stay near."""
+    A --model.name, prompt style or move mode typed (or set by a preset) that the preset's base (the default's, or
+    one a file preset names: `by_preset`, Parsed.by_preset) was not made for drops the base: random weights. On random
+    weights (so, or `--model.hf-checkpoint ""`) a KL coefficient the preset set is dropped too: the reference is the
+    starting policy, and a random one is nothing to stay near."""
     from earl_jax.cli import replace_paths
     from earl_jax.models.export import read_base_info
 
@@ -223,6 +224,8 @@ def apply_base(cfg, typed: Mapping[tuple[str, ...], object]):
         return replace_paths(cfg, {("model", "hf_checkpoint"): folder,
                                    **({} if ("loss", "kl_coef") in typed else {("loss", "kl_coef"): 0.0})})
 
+    checkpoint = ("model", "hf_checkpoint")
+    typed = {p: v for p, v in typed.items() if p != checkpoint or p not in by_preset}  # a preset's base: a default
     folder = cfg.model.hf_checkpoint
     if folder and ("model", "name") in typed and ("model", "hf_checkpoint") not in typed:
         # the default preset's base has its own shape: a shape typed (or set by another preset) starts from random

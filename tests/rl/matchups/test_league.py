@@ -305,7 +305,7 @@ def test_gpu_preset_parses_validates_and_yields_to_flags(script, last_rung):
     assert (cfg.optim.learning_rate, cfg.eval.games, cfg.sft.steps, cfg.sft.games) == (5e-4, 128, 30, 256)
     if script == "connect4":  # the fields measured on Connect Four only
         assert (cfg.optim.ppo_mini_batches, r.group_seeds, c.promote_on_stall, c.rehearsal_share,
-                c.rung_max_share, c.per_game_share) == (8, "per_game", 3, 0.5, 0.25, 0.03)
+                c.rung_max_share, c.per_game_share) == (8, "per_game", 3, 0.5, 0.25, 0.25)
     else:
         assert (cfg.optim.ppo_mini_batches, c.rehearsal_share, c.rung_max_iterations) == (1, 0.0, 0)
     flags = ["--preset", "gpu", "--curriculum.promote-at", "0.9", "--curriculum.rehearsal-share", "0",

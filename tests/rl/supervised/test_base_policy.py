@@ -59,19 +59,27 @@ def test_a_config_file_names_its_base_relative_to_itself(base, tmp_path):
     preset.write_text(f'[model]\nhf_checkpoint = "{base.name}"\n')
     parsed = _parsed(["--config", str(preset)])
     assert parsed.config.model.hf_checkpoint == str(base.resolve())
+    # a base a config file names is the user's choice, as a typed one: a setting it was not made for is refused,
+    # where a --preset's base is dropped for random weights (the test below)
+    parsed = _parsed(["--config", str(preset), "--rollout.constrain-moves", "true"])
+    assert not parsed.by_preset
+    with pytest.raises(ConfigError, match="--rollout.constrain-moves: True, but the base"):
+        apply_base(parsed.config, parsed.typed, parsed.by_preset)
 
 
 def test_the_default_starts_from_the_shipped_base_and_what_it_was_not_made_for_from_random_weights():
     shipped = CONFIGS.parent / "bases" / "connect4"
     parsed = _parsed([])
     assert Path(apply_base(parsed.config, parsed.typed).model.hf_checkpoint) == shipped.resolve()
-    gpu = _parsed(["--preset", "gpu"])  # the GPU preset starts from the base too (in its minimal prompts)
-    assert Path(apply_base(gpu.config, gpu.typed).model.hf_checkpoint) == shipped.resolve()
+    gpu = _parsed(["--preset", "gpu"])  # the GPU preset starts from its own base (the 4.8M one, minimal prompts)
+    assert Path(apply_base(gpu.config, gpu.typed, gpu.by_preset).model.hf_checkpoint) == shipped.with_name(
+        "connect4_small").resolve()
     for flags in (["--model", "small"], ["--preset", "gpu", "--env.prompt-style", "compact"],
-                  ["--model.hf-checkpoint", ""],
+                  ["--model.hf-checkpoint", ""], ["--preset", "gpu", "--model", "tiny"],
+                  ["--preset", "gpu", "--rollout.constrain-moves", "false"],
                   ["--rollout.constrain-moves", "false"], ["--preset", "earl"]):  # what the base was not made for
         parsed = _parsed(flags)
-        assert not apply_base(parsed.config, parsed.typed).model.hf_checkpoint, flags
+        assert not apply_base(parsed.config, parsed.typed, parsed.by_preset).model.hf_checkpoint, flags
     default_kl = tomllib.loads((CONFIGS / "tictactoe" / "tiny-cpu.toml").read_text())["loss"]["kl_coef"]
     assert default_kl > 0
     for flags, kl in (([], default_kl), (["--preset", "gpu"], 0.0), (["--model.hf-checkpoint", ""], 0.0),
