@@ -121,6 +121,15 @@ CANDIDATES = {
                                                  "--loss.entropy-floor", "1.0"],
     "format_mixed_mb16_ch06_ent01": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--loss.clip-eps-high", "0.6",
                                                       "--loss.entropy-coef", "0.01", "--loss.entropy-floor", "1.0"],
+    # the preset's episodes in larger groups: a digit pooled on one wrong answer finds the right one within its group
+    # more often (8 draws at 1 in 10: 0.57, against 0.34 for 4); an update holds one group, the advantages the batch's
+    "format_mixed_mb16_g16x8": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--rollout.groups", "16",
+                                                 "--rollout.group-size", "8"],
+    "format_mixed_mb8_g8x16": FORMAT + MIXED + ["--optim.ppo-mini-batches", "8", "--rollout.groups", "8",
+                                                "--rollout.group-size", "16"],
+    # groups of 16 and the preset's 16 updates: twice the preset's episodes an iteration
+    "format_mixed_mb16_g16x16": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--rollout.groups", "16",
+                                                  "--rollout.group-size", "16"],
 }
 
 
