@@ -254,7 +254,7 @@ class Parsed(Generic[T]):
     typed: dict[Path_, Any]  # what the user set: flags, and every field of a preset or config file
     preset: str | None = None
     flags: dict[Path_, Any] = dataclasses.field(default_factory=dict)  # the fields set by flag alone
-    by_preset: frozenset = frozenset()  # the fields a file preset set that no config file or flag set again
+    by_preset: frozenset[Path_] = frozenset()  # the fields a file preset set that no config file or flag set again
 
 
 class _Parser(argparse.ArgumentParser):

@@ -224,8 +224,8 @@ def apply_base(cfg, typed: Mapping[tuple[str, ...], object], by_preset: frozense
         return replace_paths(cfg, {("model", "hf_checkpoint"): folder,
                                    **({} if ("loss", "kl_coef") in typed else {("loss", "kl_coef"): 0.0})})
 
-    checkpoint = ("model", "hf_checkpoint")
-    typed = {p: v for p, v in typed.items() if p != checkpoint or p not in by_preset}  # a preset's base: a default
+    if ("model", "hf_checkpoint") in by_preset:  # a preset's base is a default, as the script's own is
+        typed = {p: v for p, v in typed.items() if p != ("model", "hf_checkpoint")}
     folder = cfg.model.hf_checkpoint
     if folder and ("model", "name") in typed and ("model", "hf_checkpoint") not in typed:
         # the default preset's base has its own shape: a shape typed (or set by another preset) starts from random
