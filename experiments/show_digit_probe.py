@@ -27,6 +27,11 @@ BASE = ["--env.task", "earl_jax/ShowDigit-v0", "--env.task-args", "{}", "--sft.s
         "--optim.learning-rate", "1e-3", "--optim.ppo-mini-batches", "1", "--loss.kl-coef", "0"]
 FORMAT = ["--sft.steps", "20", "--sft.answers", "format"]
 MIXED = ["--loss.between-group-weight", "1.0", "--loss.filter-constant-groups", "false"]
+UNTIED = "tiny-untied"  # a model shape only this probe registers (run_one)
+_UNTIED_TRAIN = (  # train.py with the tiny model's embeddings untied, registered as UNTIED
+    f"import runpy, sys; sys.path.insert(0, {str(ROOT)!r}); from earl_jax.models import model_config as mc; "
+    f"mc.PRESETS[{UNTIED!r}] = lambda: mc.ModelConfig.tiny().replace(tie_word_embeddings=False, name={UNTIED!r}); "
+    "sys.argv[0] = sys.argv[1]; del sys.argv[1]; runpy.run_path(sys.argv[0], run_name='__main__')")
 CANDIDATES = {
     "grpo": [],  # the library default: GRPO, constant groups filtered
     "grpo_nofilter": ["--loss.filter-constant-groups", "false"],
@@ -127,6 +132,11 @@ CANDIDATES = {
                                                  "--rollout.group-size", "8"],
     "format_mixed_mb8_g8x16": FORMAT + MIXED + ["--optim.ppo-mini-batches", "8", "--rollout.groups", "8",
                                                 "--rollout.group-size", "16"],
+    # the tiny model with untied input and output embeddings (no flag: run_one registers the shape for the run), so
+    # the unrewarded tokens' updates cannot move the digit embeddings the reading needs
+    "format_mixed_mb16_untied": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--model.name", UNTIED],
+    "format_mixed_mb16_untied_ent01": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--model.name", UNTIED,
+                                                        "--loss.entropy-coef", "0.01", "--loss.entropy-floor", "1.0"],
     # groups of 16 and the preset's 16 updates: twice the preset's episodes an iteration
     "format_mixed_mb16_g16x16": FORMAT + MIXED + ["--optim.ppo-mini-batches", "16", "--rollout.groups", "16",
                                                   "--rollout.group-size", "16"],
@@ -140,7 +150,8 @@ def run_one(out: Path, name: str, seed: int, hidden: bool, cores: str) -> subpro
         args[args.index("{}")] = '{"hidden": true}'
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
     log = open(out / f"{tag}.log", "w")
-    return subprocess.Popen(["taskset", "-c", cores, sys.executable, str(ROOT / "experiments/train.py"), *args],
+    launch = ["-c", _UNTIED_TRAIN] if UNTIED in args else []
+    return subprocess.Popen(["taskset", "-c", cores, sys.executable, *launch, str(ROOT / "experiments/train.py"), *args],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
