@@ -150,9 +150,8 @@ def run_one(out: Path, name: str, seed: int, hidden: bool, cores: str) -> subpro
         args[args.index("{}")] = '{"hidden": true}'
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
     log = open(out / f"{tag}.log", "w")
-    launch = ["-c", _UNTIED_TRAIN] if UNTIED in args else []
-    return subprocess.Popen(["taskset", "-c", cores, sys.executable, *launch, str(ROOT / "experiments/train.py"), *args],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    launch = [sys.executable, *(["-c", _UNTIED_TRAIN] if UNTIED in args else []), str(ROOT / "experiments/train.py")]
+    return subprocess.Popen(["taskset", "-c", cores, *launch, *args], stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 def _cores(slot: int, per_run: int = 2) -> str:
