@@ -217,17 +217,26 @@ def main() -> None:
     p.add_argument("--parallel", type=int, default=max(1, (os.cpu_count() or 2) // 2), help="runs at a time")
     p.add_argument("--cores-per-run", type=int, default=2)
     p.add_argument("--summarize-only", action="store_true")
+    p.add_argument("--stop-after", type=float, default=None, metavar="SECONDS",
+                   help="then stop the running runs (each checkpoints; a later call resumes them) and summarize")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     unknown = set(a.candidates.split(",")) - set(CANDIDATES)
     if unknown:
         p.error(f"--candidates: unknown {', '.join(sorted(unknown))}; known: {', '.join(CANDIDATES)}")
-    jobs = [(c, int(s), h) for c in a.candidates.split(",") for s in a.seeds.split(",")
+    # seed by seed, so that runs cut short by --stop-after leave every candidate on the same seeds
+    jobs = [(c, int(s), h) for s in a.seeds.split(",") for c in a.candidates.split(",")
             for h in ((False, True) if a.hidden else (False,))]
     jobs = [j for j in jobs if len(returns(a.out / f"{j[0]}{'_hidden' if j[2] else ''}_s{j[1]}")) < 300]
     running: dict[int, tuple] = {}
     t0 = time.time()
     while (jobs or running) and not a.summarize_only:
+        if a.stop_after is not None and time.time() - t0 > a.stop_after:
+            for _, proc in running.values():
+                proc.terminate()  # the job saves a checkpoint on SIGTERM
+            for job, proc in running.values():
+                print(f"stopped {job}: exit {proc.wait()}", flush=True)
+            break
         for slot in range(a.parallel):
             if slot not in running and jobs:
                 job = jobs.pop(0)
