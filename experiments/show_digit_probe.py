@@ -183,8 +183,30 @@ def summarize(out: Path) -> dict:
     cands = {c: {"mean": float(np.mean(v)), "std": float(np.std(v)), "seeds": len(v), "values": v}
              for c, v in by_cand.items()}
     return {"script": "experiments/show_digit_probe.py", "job": " ".join(BASE), "candidates": cands,
+            "paired": paired(runs),
             "runs": {k: {kk: vv for kk, vv in v.items() if kk != "curve"} for k, v in runs.items()},
             "curves": {k: v["curve"] for k, v in runs.items()}}
+
+
+def paired(runs: dict) -> dict:
+    """Each pair of candidates on the seeds both finished: the mean difference of their last-10 returns, seed by
+    seed, and its standard error (a difference beyond two of them is what a many-seed comparison can claim)."""
+    import numpy as np
+
+    last = {}
+    for tag, v in runs.items():
+        if v["iterations"] >= 300:
+            cand, seed = tag.rsplit("_s", 1)
+            last.setdefault(cand, {})[seed] = v["last10_return"]
+    out = {}
+    for a in sorted(last):
+        for b in sorted(last):
+            seeds = sorted(set(last[a]) & set(last[b]))
+            if a < b and len(seeds) >= 2:
+                d = np.array([last[a][s] - last[b][s] for s in seeds])
+                out[f"{a} - {b}"] = {"seeds": len(seeds), "mean": float(d.mean()),
+                                     "stderr": float(d.std(ddof=1) / np.sqrt(len(d)))}
+    return out
 
 
 def plot(summary: dict, png: Path) -> None:
@@ -253,6 +275,8 @@ def main() -> None:
     plot(summary, a.out / "curves.png")
     for c, v in sorted(summary["candidates"].items()):
         print(f"{c:24s} last-10 return {v['mean']:+.3f} +- {v['std']:.3f} over {v['seeds']} seeds {v['values']}")
+    for pair, v in summary["paired"].items():
+        print(f"{pair}: {v['mean']:+.3f} (standard error {v['stderr']:.3f}, {v['seeds']} seeds)")
 
 
 if __name__ == "__main__":
