@@ -6,6 +6,10 @@ return over the last 10 iterations, per run and per candidate with the spread) g
 to OUT/curves.png; docs/learning.md "Free text from random weights" quotes them.
 
     python experiments/show_digit_probe.py OUT --candidates grpo,mixed --seeds 11,12 --parallel 8
+
+With `--stop-after SECONDS` the running runs are stopped then (each saves a checkpoint) and the same command later
+resumes them: a device call of at most 10 minutes runs a many-seed comparison in parts. The summary also pairs the
+candidates seed by seed (`paired`: the mean difference and its standard error).
 """
 
 from __future__ import annotations
