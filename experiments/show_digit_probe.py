@@ -221,12 +221,16 @@ def plot(summary: dict, png: Path) -> None:
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    colors = {}
+    colors, finished = {}, {}
     for tag, curve in sorted(summary["curves"].items()):
         cand = tag.rsplit("_s", 1)[0]
         smooth = np.convolve(curve, np.ones(10) / 10, mode="valid")
-        line, = ax.plot(smooth, color=colors.get(cand), lw=1, label=None if cand in colors else cand)
+        line, = ax.plot(smooth, color=colors.get(cand), lw=0.6, alpha=0.5)
         colors[cand] = line.get_color()
+        if len(curve) >= 300:
+            finished.setdefault(cand, []).append(smooth[:291])
+    for cand, curves in finished.items():  # the candidate's mean over its finished seeds, thick
+        ax.plot(np.mean(curves, axis=0), color=colors[cand], lw=2.5, label=f"{cand} (mean of {len(curves)})")
     ax.axhline(0.5, color="gray", ls=":", lw=1)
     ax.set(xlabel="iteration", ylabel="training return (10-iteration mean)", title="ShowDigit, free text, random init")
     ax.legend(fontsize=7)

@@ -1,5 +1,5 @@
 """`--preset show-digit` is the probe's measured candidate: the config the preset gives equals the one
-experiments/show_digit_probe.py ran for "format_mixed_mb16" (docs/learning.md quotes those runs)."""
+experiments/show_digit_probe.py ran for "format_mixed_mb8_g8x16" (docs/learning.md quotes those runs)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ def test_the_preset_is_the_measured_candidate():
     probe = _probe()
     same = ["--run.run-dir", "/tmp/x", "--run.resume", "auto", "--run.wandb-mode", "disabled",
             "--run.progress", "false"]
-    ran = parse_job([*probe.BASE, *probe.CANDIDATES["format_mixed_mb16"], *same], CONFIGS).config
+    ran = parse_job([*probe.BASE, *probe.CANDIDATES["format_mixed_mb8_g8x16"], *same], CONFIGS).config
     preset = parse_job(["--preset", "show-digit", *same], CONFIGS).config
     assert preset.to_dict() == ran.to_dict()
-    other = parse_job([*probe.BASE, *probe.CANDIDATES["format_mixed_mb8"], *same], CONFIGS).config
+    other = parse_job([*probe.BASE, *probe.CANDIDATES["format_mixed_mb16"], *same], CONFIGS).config
     assert preset.to_dict() != other.to_dict()  # the comparison sees a changed field
