@@ -180,36 +180,33 @@ def summarize(out: Path) -> dict:
         r = returns(d)
         if r:
             runs[d.name] = {"iterations": len(r), "last10_return": float(np.mean(r[-10:])), "curve": r}
-    by_cand: dict[str, list[float]] = {}
+    last: dict[str, dict[str, float]] = {}  # candidate -> seed -> last-10 return
     for tag, v in runs.items():  # finished runs only: a cut one would mix an earlier iteration in
         if v["iterations"] >= 300:
-            by_cand.setdefault(tag.rsplit("_s", 1)[0], []).append(v["last10_return"])
-    cands = {c: {"mean": float(np.mean(v)), "std": float(np.std(v)), "seeds": len(v), "values": v}
-             for c, v in by_cand.items()}
+            cand, seed = tag.rsplit("_s", 1)
+            last.setdefault(cand, {})[seed] = v["last10_return"]
+    cands = {c: {"mean": float(np.mean(list(v.values()))), "std": float(np.std(list(v.values()))), "seeds": len(v),
+                 "values": list(v.values())} for c, v in last.items()}
     return {"script": "experiments/show_digit_probe.py", "job": " ".join(BASE), "candidates": cands,
-            "paired": paired(runs),
+            "paired": paired(last),
             "runs": {k: {kk: vv for kk, vv in v.items() if kk != "curve"} for k, v in runs.items()},
             "curves": {k: v["curve"] for k, v in runs.items()}}
 
 
-def paired(runs: dict) -> dict:
+def paired(last: dict[str, dict[str, float]]) -> dict:
     """Each pair of candidates on the seeds both finished: the mean difference of their last-10 returns, seed by
     seed, and its standard error (a difference beyond two of them is what a many-seed comparison can claim)."""
+    import itertools
+
     import numpy as np
 
-    last = {}
-    for tag, v in runs.items():
-        if v["iterations"] >= 300:
-            cand, seed = tag.rsplit("_s", 1)
-            last.setdefault(cand, {})[seed] = v["last10_return"]
     out = {}
-    for a in sorted(last):
-        for b in sorted(last):
-            seeds = sorted(set(last[a]) & set(last[b]))
-            if a < b and len(seeds) >= 2:
-                d = np.array([last[a][s] - last[b][s] for s in seeds])
-                out[f"{a} - {b}"] = {"seeds": len(seeds), "mean": float(d.mean()),
-                                     "stderr": float(d.std(ddof=1) / np.sqrt(len(d)))}
+    for a, b in itertools.combinations(sorted(last), 2):
+        seeds = sorted(set(last[a]) & set(last[b]))
+        if len(seeds) >= 2:
+            d = np.array([last[a][s] - last[b][s] for s in seeds])
+            out[f"{a} - {b}"] = {"seeds": len(seeds), "mean": float(d.mean()),
+                                 "stderr": float(d.std(ddof=1) / np.sqrt(len(d)))}
     return out
 
 
@@ -228,9 +225,11 @@ def plot(summary: dict, png: Path) -> None:
         line, = ax.plot(smooth, color=colors.get(cand), lw=0.6, alpha=0.5)
         colors[cand] = line.get_color()
         if len(curve) >= 300:
-            finished.setdefault(cand, []).append(smooth[:291])
+            finished.setdefault(cand, []).append(smooth)
     for cand, curves in finished.items():  # the candidate's mean over its finished seeds, thick
-        ax.plot(np.mean(curves, axis=0), color=colors[cand], lw=2.5, label=f"{cand} (mean of {len(curves)})")
+        n = min(map(len, curves))
+        ax.plot(np.mean([c[:n] for c in curves], axis=0), color=colors[cand], lw=2.5,
+                label=f"{cand} (mean of {len(curves)})")
     ax.axhline(0.5, color="gray", ls=":", lw=1)
     ax.set(xlabel="iteration", ylabel="training return (10-iteration mean)", title="ShowDigit, free text, random init")
     ax.legend(fontsize=7)
