@@ -98,18 +98,24 @@ def where() -> dict:
             "device": jax.devices()[0].device_kind, "jax": jax.__version__}
 
 
-def evaluate_run(run_dir: Path, opponents: tuple[str, ...], games: int) -> dict:
+def evaluate_run(run_dir: Path, opponents: tuple[str, ...] | None, games: int) -> dict:
+    """`opponents` None: a game's default (random); a text task refuses any (its held-out split is played)."""
+    from earl_jax.cli import ConfigError
     from earl_jax.rl.loop.trainer import Trainer
 
-    paths = {("eval", "opponents"): opponents, ("eval", "games"): games, ("run", "wandb_mode"): "disabled",
-             ("run", "progress"): False}
+    paths = {("eval", "opponents"): opponents or ("random",), ("eval", "games"): games,
+             ("run", "wandb_mode"): "disabled", ("run", "progress"): False}
     if is_base(run_dir):
         cfg = load_base_config(run_dir, paths)
     else:  # the folder given, wherever the run was made (its config.json names the folder it was started in)
         cfg = load_run_config(run_dir, {**paths, ("run", "run_dir"): str(run_dir), ("run", "resume"): "true"})
+    if cfg.env.task and opponents is not None:
+        raise ConfigError(f"--opponents: {run_dir} is a run of the text task {cfg.env.task}, which has no opponents "
+                          "(its held-out split is played)")
     if not cfg.env.task:  # a misspelt opponent is one line before anything is built
         from earl_jax.rl.job.validate import check_opponents
 
+        opponents = opponents or ("random",)
         check_opponents("--opponents", opponents, cfg.env.game)
     trainer = Trainer(cfg, log=False)  # restores the newest readable checkpoint; writes nothing to the run
     if cfg.env.task:  # a text task has no opponents: its held-out split is played (--opponents is for games)
@@ -157,7 +163,8 @@ def summarize(results: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dirs", type=Path, nargs="+")
-    p.add_argument("--opponents", default="random", help="comma-separated: random, alphabeta:D, mcts:N, solver")
+    p.add_argument("--opponents", default=None, help="a game's, comma-separated: random (the default), alphabeta:D, "
+                                                     "mcts:N, solver; a text task's run plays its held-out split")
     p.add_argument("--games", type=int, default=64, help="greedy games per opponent (256 for a claim near 0.98)")
     p.add_argument("--out", type=Path, default=None, help="JSON path (one run: default <run-dir>/evaluation.json; "
                                                          "several: the summary, default none)")
@@ -165,7 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from earl_jax.compile_cache import enable_compile_cache
 
-    opponents = tuple(o.strip() for o in args.opponents.split(",") if o.strip())
+    opponents = None if args.opponents is None else tuple(o.strip() for o in args.opponents.split(",") if o.strip())
     enable_compile_cache(None)
     results = []
     for run_dir in args.run_dirs:

@@ -350,8 +350,8 @@ cmd_presets() {
     if [ -n "${EVAL:-}" ]; then
       [ -f "$run/DONE" ] || echo "$name: not finished (evaluating its newest checkpoint)"
       case $script in connect4) opponents=${OPPONENTS:-random,alphabeta:1,alphabeta:2,alphabeta:3,mcts:100} ;;
-        tictactoe) opponents=${OPPONENTS:-random,solver} ;; *) opponents=random ;; esac
-      timeout "${LIMIT:-540}" python3 experiments/evaluate_run.py "$run" --opponents "$opponents" \
+        tictactoe) opponents=${OPPONENTS:-random,solver} ;; *) opponents="" ;; esac  # a task: its held-out split
+      timeout "${LIMIT:-540}" python3 experiments/evaluate_run.py "$run" ${opponents:+--opponents "$opponents"} \
         --games "${GAMES:-256}" > "$OUT/presets/$name.eval.log" 2>&1 &
       continue
     fi

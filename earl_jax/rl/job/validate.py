@@ -137,7 +137,8 @@ def _check_task_job(cfg) -> None:
     for flag, on in (("--curriculum.league-size", cfg.curriculum.league_size),
                      ("--curriculum.mix-opponent", cfg.curriculum.mix_opponent),
                      ("--curriculum.rehearsal-share", cfg.curriculum.rehearsal_share),
-                     ("--env.opponent curriculum", cfg.env.opponent == "curriculum"),
+                     (f"--env.opponent {cfg.env.opponent}", cfg.env.opponent != "random"),  # random: the default
+                     (f"--eval.opponents {','.join(cfg.eval.opponents)}", cfg.eval.opponents not in ((), ("random",))),
                      ("--rollout.constrain-moves", cfg.rollout.constrain_moves),
                      ("--env.blunder-penalty", cfg.env.blunder_penalty)):
         if on:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from earl_jax.cli import ConfigError
 from earl_jax.rl.job.entry import main
 from earl_jax.tasks import TaskEnv, TaskLog, load_task
 
@@ -58,6 +59,9 @@ def test_the_fork_doc_task_trains_from_the_stock_command_line_and_resumes(tmp_pa
     (["--env.task", "my_task:make", "--curriculum.league-size", "2"], "--curriculum.league-size: a game feature"),
     (["--env.task", "my_task:make", "--rollout.constrain-moves", "true"], "--rollout.constrain-moves: a game feature"),
     (["--env.task", "my_task:make", "--opponent", "curriculum"], "--env.opponent curriculum: a game feature"),
+    (["--env.task", "my_task:make", "--opponent", "alphabeta:2"], "--env.opponent alphabeta:2: a game feature"),
+    (["--env.task", "my_task:make", "--eval.opponents", "random,mcts:10"],
+     "--eval.opponents random,mcts:10: a game feature"),
 ])
 def test_a_bad_task_input_is_one_line_before_setup(flags, says, tmp_path, capsys):
     run = tmp_path / "run"
@@ -134,10 +138,12 @@ def test_evaluate_run_plays_a_task_runs_held_out_split(tmp_path):
     spec = importlib.util.spec_from_file_location("evaluate_run", ROOT / "experiments" / "evaluate_run.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    result = mod.main([str(run), "--games", "8", "--opponents", "random"])
+    result = mod.main([str(run), "--games", "8"])
     row = result["opponents"]["held-out"]
     assert result["game"] == "my_task:make" and list(result["opponents"]) == ["held-out"]
     assert 0.0 <= row["success_rate"] <= 1.0 and row["turns"] == 1.0
+    with pytest.raises(ConfigError, match="--opponents: .* text task my_task:make, which has no opponents"):
+        mod.main([str(run), "--games", "8", "--opponents", "random"])  # a game's flag: refused, not ignored
 
 
 def test_task_metrics_count_only_the_policys_episodes(tmp_path):
