@@ -257,7 +257,8 @@ class ParallelismSelector:
                 lines.append(f"  {mesh}: ran out of memory at bucket {bucket}")
             else:
                 lines.append("  " + self.memory.estimate(stage, mesh, ctx, n, extends=stats.extends).describe())
-        hint = "Shorten the context, use fewer responses per iteration, or add devices"
+        hint = ("Shorten the context (--rollout.max-context), use fewer responses per iteration (--rollout.groups), "
+                "raise --planner.memory-budget-gib where the device holds more, or add devices")
         if stage_spec(stage).memory == "decode":  # a pool of games holds only its slots' rows at once
             fewer = " or fewer" if self.decode_rows else ""
             hint += f" (or decode them in --rollout.slots rows{fewer}: continuous batching)"

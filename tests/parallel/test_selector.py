@@ -390,8 +390,10 @@ def test_failure_on_another_process_raises_here_after_the_exchange(monkeypatch):
 
 def test_no_feasible_layout_error_is_clear():
     sel = ParallelismSelector(get_config("qwen2.5-72b"), 8, memory=MemoryConfig(budget_bytes=H100))
-    with pytest.raises(NoFeasibleLayoutError, match="no train layout of qwen2.5-72b on 8 devices"):
+    with pytest.raises(NoFeasibleLayoutError, match="no train layout of qwen2.5-72b on 8 devices") as ei:
         sel.plan(stats(1000, 8))
+    hint = str(ei.value).splitlines()[-1]  # what to change, by the flags that change it
+    assert "--rollout.max-context" in hint and "--rollout.groups" in hint and "--planner.memory-budget-gib" in hint
 
 
 def test_a_pool_of_games_plans_the_rollout_for_its_rows_only():

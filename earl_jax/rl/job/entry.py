@@ -174,7 +174,7 @@ def setup(argv: list[str], name: str, configs: Path, description: str):
     check_game_name(cfg)  # a misspelt game is that, not a base made for another game
     cfg = apply_base(cfg, parsed.typed, parsed.by_preset)
     cfg = drop_default_curriculum(cfg, parsed.typed, parsed.flags)
-    check_job(cfg)
+    check_job(cfg, frozenset(parsed.flags))
     for line in changes:  # what this resume changes in the saved experiment
         print(f"{name}: resume: {line}", file=sys.stderr)
     # before anything touches a device: join the multi-process job, if this process is part of one

@@ -62,8 +62,9 @@ def check_opponents(flag: str, specs, game_name: str) -> None:
         _opponent(flag, spec, game, game_name)
 
 
-def check_job(cfg) -> None:
-    """Every cross-field and outside-world check of a JobConfig (see the module docstring)."""
+def check_job(cfg, flags=frozenset()) -> None:
+    """Every cross-field and outside-world check of a JobConfig (see the module docstring). `flags`: the paths the
+    user set by flag (a refusal says whether the flag or the script's preset set the field)."""
     from earl_jax.envs.text import PROMPT_STYLES
     from earl_jax.models.setup import check_spec
 
@@ -78,7 +79,7 @@ def check_job(cfg) -> None:
                           f"{cfg.rollout.temperature}, the trainer's at 1.0; use --loss.behaviour recompute")
     game = None
     if env.task:
-        _check_task_job(cfg)
+        _check_task_job(cfg, flags)
     else:
         game = _check_game_job(cfg)
     try:
@@ -125,8 +126,9 @@ def _check_chat(cfg) -> None:
         raise ConfigError(msg if msg.startswith("--") else f"--env.chat-template {env.chat_template}: {msg}") from None
 
 
-def _check_task_job(cfg) -> None:
+def _check_task_job(cfg, flags=frozenset()) -> None:
     """A task: it loads and resets; the game-only features are refused; answers are free text."""
+    from earl_jax.cli import flag_of
     from earl_jax.tasks import check_task
 
     try:
@@ -134,16 +136,20 @@ def _check_task_job(cfg) -> None:
     except Exception as e:  # the user's module: any error in import, factory or reset is a one-line input error
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConfigError(f"--env.task {cfg.env.task}: {msg.removeprefix('task: ')}") from None
-    for flag, on in (("--curriculum.league-size", cfg.curriculum.league_size),
-                     ("--curriculum.mix-opponent", cfg.curriculum.mix_opponent),
-                     ("--curriculum.rehearsal-share", cfg.curriculum.rehearsal_share),
-                     (f"--env.opponent {cfg.env.opponent}", cfg.env.opponent != "random"),  # random: the default
-                     (f"--eval.opponents {','.join(cfg.eval.opponents)}", cfg.eval.opponents not in ((), ("random",))),
-                     ("--rollout.constrain-moves", cfg.rollout.constrain_moves),
-                     ("--env.blunder-penalty", cfg.env.blunder_penalty)):
+    for path, on in ((("curriculum", "league_size"), cfg.curriculum.league_size),
+                     (("curriculum", "mix_opponent"), cfg.curriculum.mix_opponent),
+                     (("curriculum", "rehearsal_share"), cfg.curriculum.rehearsal_share),
+                     (("env", "opponent"), cfg.env.opponent != "random"),  # random: the default, unused
+                     (("eval", "opponents"), cfg.eval.opponents not in ((), ("random",))),
+                     (("rollout", "constrain_moves"), cfg.rollout.constrain_moves),
+                     (("env", "blunder_penalty"), cfg.env.blunder_penalty)):
         if on:
-            raise ConfigError(f"{flag}: a game feature; --env.task {cfg.env.task} is a text task (free-text answers, "
-                              "no opponents)")
+            flag = flag_of(path) + {"opponent": f" {cfg.env.opponent}",
+                                    "opponents": f" {','.join(cfg.eval.opponents)}"}.get(path[1], "")
+            # not typed: a game script's preset set it (connect4.py --env.task ...)
+            where = "" if path in flags else " (set by the script's preset: text tasks run with experiments/train.py)"
+            raise ConfigError(f"{flag}: a game feature{where}; --env.task {cfg.env.task} is a text task (free-text "
+                              "answers, no opponents)")
 
 
 # the curriculum's fields that mean nothing without --env.opponent curriculum
@@ -152,6 +158,7 @@ CURRICULUM_ONLY = ("ladder", "promote_on_stall", "rung_max_iterations", "rung_ma
 
 def _check_game_job(cfg):
     from earl_jax.cli import flag_of
+    from earl_jax.envs.env_config import parse_task_args
     from earl_jax.rl.matchups.curriculum import parse_ladder
 
     for name in CURRICULUM_ONLY:
@@ -159,6 +166,9 @@ def _check_game_job(cfg):
             raise ConfigError(f"{flag_of(('curriculum', name))}: needs --env.opponent curriculum")
     if cfg.sft.answers != "expert":
         raise ConfigError("--sft.answers: a text task's choice; a game's warm-up always plays random legal moves")
+    if parse_task_args(cfg.env.task_args):
+        raise ConfigError("--env.task-args: a text task's keyword arguments, and --env.task is not set (a game's "
+                          "settings are --env.* flags)")
     env = cfg.env
     check_game_name(cfg)
     game = _load_game(env.game)

@@ -72,6 +72,20 @@ def test_a_bad_task_input_is_one_line_before_setup(flags, says, tmp_path, capsys
     assert not run.exists()
 
 
+@pytest.mark.parametrize("flags, says", [
+    (["--env.task", "my_task:make"], "--curriculum.rehearsal-share: a game feature (set by the script's preset: text "
+                                     "tasks run with experiments/train.py)"),
+    (["--env.task-args", '{"high": 8}'], "--env.task-args: a text task's keyword arguments, and --env.task is not set"),
+])
+def test_the_game_script_refuses_a_task_and_a_tasks_arguments_in_one_line(flags, says, tmp_path, capsys):
+    run = tmp_path / "run"
+    code = main([*flags, "--run-dir", str(run), *QUIET], name="connect4",
+                configs=ROOT / "experiments" / "configs" / "connect4")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and says in err[0], err
+    assert not run.exists()
+
+
 def test_a_layout_nothing_fits_is_one_error_line_naming_what_to_change(tmp_path, capsys):
     """The memory model refusing every layout (here: not one pool row of --rollout.slots -1 at 1 MiB) ends the job
     with one line, what did not fit and the flag to change, not a traceback."""
