@@ -169,6 +169,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", type=Path, default=None, help="JSON path (one run: default <run-dir>/evaluation.json; "
                                                          "several: the summary, default none)")
     args = p.parse_args(argv)
+    if args.games <= 0:
+        p.error(f"--games: must be positive (got {args.games})")
 
     from earl_jax.compile_cache import enable_compile_cache
 

@@ -190,3 +190,9 @@ def test_a_misspelt_opponent_is_one_line_naming_the_flag(tmp_path, trained):
     with pytest.raises(ConfigError, match=r"--opponents: unknown opponent spec 'rnadom': expected \"random\""):
         _script().main([str(run), "--opponents", "random,rnadom", "--games", GAMES])
     assert not (run / "evaluation.json").exists()  # nothing played, nothing written
+
+
+def test_a_games_count_below_one_is_refused_naming_this_scripts_flag(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _script().main([str(tmp_path), "--games", "0"])
+    assert exit_.value.code == 2 and "--games: must be positive (got 0)" in capsys.readouterr().err
