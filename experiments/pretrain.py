@@ -95,7 +95,22 @@ def options(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="what an expert turn teaches: the move played, or its set of equally best moves (the "
                         "probability of any of them; constrained moves)")
     p.add_argument("--expert-only", action="store_true", help="play the expert games, report them, stop")
-    return p.parse_known_args(argv)
+    args, rest = p.parse_known_args(argv)
+    for flag, ok, need in (("--games", args.games >= 1, ">= 1"), ("--depth", args.depth >= 1, ">= 1"),
+                           ("--solver", args.solver >= 0, ">= 0"), ("--held-out", 0 <= args.held_out < 1, "in [0, 1)"),
+                           ("--opening-plies", args.opening_plies is None or args.opening_plies >= 0, ">= 0"),
+                           ("--sft-steps", args.sft_steps >= 1, ">= 1"),
+                           ("--sft-minutes", args.sft_minutes >= 0, ">= 0"),
+                           ("--sft-games", args.sft_games >= 1, ">= 1"), ("--sft-lr", args.sft_lr > 0, "> 0"),
+                           ("--transcript-steps", args.transcript_steps >= 0, ">= 0"),
+                           ("--tactics-steps", args.tactics_steps >= 0, ">= 0"),
+                           ("--sft-warmup", args.sft_warmup >= 0, ">= 0"),
+                           ("--accuracy-every", args.accuracy_every >= 1, ">= 1"),
+                           ("--accuracy-games", args.accuracy_games >= 1, ">= 1"),
+                           ("--eval-games", args.eval_games >= 0, ">= 0")):
+        if not ok:
+            p.error(f"{flag}: must be {need} (got {getattr(args, flag[2:].replace('-', '_'))})")
+    return args, rest
 
 
 def job_config(args, rest: list[str]):

@@ -109,3 +109,13 @@ def test_bad_options_fail_with_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit, match="--sft-games 4 must be a multiple of the 8 devices"):
         pretrain.main(["tictactoe", "--games", "16", "--sft-games", "4", "--devices", "8", "--out", str(tmp_path),
                        "--results", str(tmp_path)])
+
+
+@pytest.mark.parametrize("flag, value, says", [("--sft-games", "-1", "--sft-games: must be >= 1 (got -1)"),
+                                               ("--held-out", "1", "--held-out: must be in [0, 1) (got 1.0)"),
+                                               ("--solver", "-2", "--solver: must be >= 0 (got -2)")])
+def test_a_count_out_of_range_is_one_line_before_anything_runs(flag, value, says, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        pretrain.main(["tictactoe", flag, value, "--out", str(tmp_path), "--results", str(tmp_path)])
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
