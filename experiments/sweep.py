@@ -198,6 +198,18 @@ def failure_reason(log: Path, code: int | str) -> str:
     return (found or (lines[-1] if lines else "no output"))[:400]
 
 
+def find_program(program: str, launcher: str = "") -> str:
+    """The YAML's program as found from the working directory or, failing that, from the repository (its paths are
+    the repository's: `experiments/connect4.py`), so a sweep started elsewhere does not fail every trial. A custom
+    launcher gets the path as written."""
+    if launcher or Path(program).is_absolute() or Path(program).exists():
+        return program
+    root = Path(__file__).resolve().parents[1]
+    if (root / program).exists():
+        return str(root / program)
+    raise ValueError(f"program {program!r}: not found from {Path.cwd()} nor from the repository {root}")
+
+
 def run_sweep(spec: dict[str, Any], out_dir: str | Path, params_list: list[dict[str, Any]], *,
               extra: Sequence[str] = (), launcher: Sequence[str] = (), rerun: bool = False,
               timeout: float | None = None, dry_run: bool = False, cwd: str | Path | None = None,
@@ -307,15 +319,22 @@ def main(argv: list[str] | None = None) -> int:
     cut = argv.index("--") if "--" in argv else len(argv)
     argv, extra = argv[:cut], argv[cut + 1:]  # after --: flags added to every trial
     args = parser.parse_args(argv)
+    for flag, n in (("--trials", args.trials), ("--max-trials", args.max_trials)):
+        if n is not None and n < 1:
+            parser.error(f"{flag}: must be >= 1 (got {n})")
+    try:
+        only = None if args.only is None else {int(i) for i in args.only.split(",")}
+    except ValueError:
+        parser.error(f"--only: a comma list of trial indices, e.g. 2,3 (got {args.only!r})")
     try:
         spec = load_sweep(args.sweep)
+        spec["program"] = find_program(spec.get("program", "experiments/connect4.py"), args.launcher)
     except (OSError, ValueError) as e:
         parser.error(str(e))
     try:
         params_list = trials(spec, args.method, args.trials, args.seed, args.max_trials)
     except ValueError as e:
         parser.error(str(e))
-    only = None if args.only is None else {int(i) for i in args.only.split(",")}
     rows = run_sweep(spec, args.out, params_list, extra=extra, launcher=shlex.split(args.launcher),
                      rerun=args.rerun, timeout=args.timeout, dry_run=args.dry_run, only=only)
     if args.dry_run:

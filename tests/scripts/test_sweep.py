@@ -170,3 +170,17 @@ def test_sweep_summarizes_throughput_after_the_compile_iteration_and_sorts_by_it
     table = table[table.index("summary.csv"):]
     by_x = {r["x"]: r["trial"] for r in rows}
     assert table.index(by_x["30"]) < table.index(by_x["20"]) < table.index(by_x["10"])  # best first
+
+
+def test_the_yamls_program_is_found_from_another_folder_and_bad_counts_are_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the shipped YAMLs name experiments/connect4.py, a path from the repository
+    assert sweep.main([str(LEARNING_YAML), "--dry-run", "--trials", "1"]) == 0
+    assert f"{ROOT / 'experiments' / 'connect4.py'} --run-dir=" in capsys.readouterr().out
+    (tmp_path / "s.yaml").write_text("program: nowhere.py\nparameters:\n  x: {value: 1}\n")
+    for argv, says in (([str(tmp_path / "s.yaml")], "program 'nowhere.py': not found from"),
+                       ([str(LEARNING_YAML), "--trials", "0"], "--trials: must be >= 1 (got 0)"),
+                       ([str(LEARNING_YAML), "--only", "a,b"], "--only: a comma list of trial indices")):
+        with pytest.raises(SystemExit) as exit_:
+            sweep.main(argv)
+        assert exit_.value.code == 2 and says in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # nothing ran
