@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -127,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the command after --, e.g. -- python experiments/connect4.py")
     if args.num_processes < 1:
         parser.error("--num-processes must be >= 1")
+    if shutil.which(command[0]) is None:  # before any process starts: no half-started job to stop
+        parser.error(f"{command[0]!r} is not a program this shell can run; give the command in full, e.g. -- python "
+                     "experiments/connect4.py")
     return launch(command, args.num_processes, cpu_devices=args.cpu_devices,
                   devices_per_process=args.devices_per_process, log_dir=args.log_dir, quiet_main=args.quiet_main,
                   timeout=args.timeout, port=args.port, grace=args.grace)

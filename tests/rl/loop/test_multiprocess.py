@@ -241,3 +241,9 @@ def test_local_launcher_sets_the_job_env_and_stops_all_when_one_fails(tmp_path):
     assert [l[1:3] for l in lines] == [["2", "0"], ["2", "1"]]
     counts = [[f for f in l[3:] if "device_count" in f] for l in lines]  # local.py sets each process's own count
     assert counts == [["--xla_force_host_platform_device_count=3"]] * 2, counts
+
+
+def test_local_launcher_refuses_a_command_it_cannot_run_before_starting_any_process(capsys):
+    with pytest.raises(SystemExit) as exit_:  # the script without its interpreter: not a program
+        launch_local.main(["-n", "2", "--", "experiments/no_such_job.py"])
+    assert exit_.value.code == 2 and "give the command in full, e.g. -- python" in capsys.readouterr().err
