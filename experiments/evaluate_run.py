@@ -103,7 +103,8 @@ def evaluate_run(run_dir: Path, opponents: tuple[str, ...] | None, games: int) -
     from earl_jax.cli import ConfigError
     from earl_jax.rl.loop.trainer import Trainer
 
-    paths = {("eval", "opponents"): opponents or ("random",), ("eval", "games"): games,
+    played = opponents or ("random",)
+    paths = {("eval", "opponents"): played, ("eval", "games"): games,
              ("run", "wandb_mode"): "disabled", ("run", "progress"): False}
     if is_base(run_dir):
         cfg = load_base_config(run_dir, paths)
@@ -115,15 +116,14 @@ def evaluate_run(run_dir: Path, opponents: tuple[str, ...] | None, games: int) -
     if not cfg.env.task:  # a misspelt opponent is one line before anything is built
         from earl_jax.rl.job.validate import check_opponents
 
-        opponents = opponents or ("random",)
-        check_opponents("--opponents", opponents, cfg.env.game)
+        check_opponents("--opponents", played, cfg.env.game)
     trainer = Trainer(cfg, log=False)  # restores the newest readable checkpoint; writes nothing to the run
     if cfg.env.task:  # a text task has no opponents: its held-out split is played (--opponents is for games)
-        opponents = ("held-out",)
+        played = ("held-out",)
     rows = {}
     for name in trainer.matchmaker.eval_opponents():
         t0 = time.perf_counter()
-        prefix = "eval/" if name == opponents[0] else f"eval_{name}/"
+        prefix = "eval/" if name == played[0] else f"eval_{name}/"
         r = trainer.evaluate((name,))
         rows[name] = {k[len(prefix):]: float(v) for k, v in r.items() if k.startswith(prefix)}
         rows[name]["seconds"] = time.perf_counter() - t0

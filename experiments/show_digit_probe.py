@@ -23,8 +23,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+ITERATIONS = 300  # a run's length; a run with fewer is unfinished (resumed, not summarized)
 BASE = ["--env.task", "earl_jax/ShowDigit-v0", "--env.task-args", "{}", "--sft.steps", "0",
-        "--rollout.groups", "32", "--rollout.group-size", "4", "--rollout.max-turns", "1", "--run.steps", "300",
+        "--rollout.groups", "32", "--rollout.group-size", "4", "--rollout.max-turns", "1",
+        "--run.steps", str(ITERATIONS),
         "--eval.every", "0", "--eval.games", "32", "--run.resume", "auto", "--run.wandb-mode", "disabled",
         "--run.progress", "false",
         # what the runs had: the library's rate, no KL term (train.py's default preset fine-tunes an SFT base instead)
@@ -182,7 +184,7 @@ def summarize(out: Path) -> dict:
             runs[d.name] = {"iterations": len(r), "last10_return": float(np.mean(r[-10:])), "curve": r}
     last: dict[str, dict[str, float]] = {}  # candidate -> seed -> last-10 return
     for tag, v in runs.items():  # finished runs only: a cut one would mix an earlier iteration in
-        if v["iterations"] >= 300:
+        if v["iterations"] >= ITERATIONS:
             cand, seed = tag.rsplit("_s", 1)
             last.setdefault(cand, {})[seed] = v["last10_return"]
     cands = {c: {"mean": float(np.mean(list(v.values()))), "std": float(np.std(list(v.values()))), "seeds": len(v),
@@ -224,7 +226,7 @@ def plot(summary: dict, png: Path) -> None:
         smooth = np.convolve(curve, np.ones(10) / 10, mode="valid")
         line, = ax.plot(smooth, color=colors.get(cand), lw=0.6, alpha=0.5)
         colors[cand] = line.get_color()
-        if len(curve) >= 300:
+        if len(curve) >= ITERATIONS:
             finished.setdefault(cand, []).append(smooth)
     for cand, curves in finished.items():  # the candidate's mean over its finished seeds, thick
         n = min(map(len, curves))
@@ -256,7 +258,7 @@ def main() -> None:
     # seed by seed, so that runs cut short by --stop-after leave every candidate on the same seeds
     jobs = [(c, int(s), h) for s in a.seeds.split(",") for c in a.candidates.split(",")
             for h in ((False, True) if a.hidden else (False,))]
-    jobs = [j for j in jobs if len(returns(a.out / f"{j[0]}{'_hidden' if j[2] else ''}_s{j[1]}")) < 300]
+    jobs = [j for j in jobs if len(returns(a.out / f"{j[0]}{'_hidden' if j[2] else ''}_s{j[1]}")) < ITERATIONS]
     running: dict[int, tuple] = {}
     t0 = time.time()
     while (jobs or running) and not a.summarize_only:

@@ -129,6 +129,8 @@ def _check_chat(cfg) -> None:
 def _check_task_job(cfg, flags=frozenset()) -> None:
     """A task: it loads and resets; the game-only features are refused; answers are free text."""
     from earl_jax.cli import flag_of
+    from earl_jax.envs.env_config import EnvConfig
+    from earl_jax.rl.loop.job_config import EvalConfig
     from earl_jax.tasks import check_task
 
     try:
@@ -139,8 +141,8 @@ def _check_task_job(cfg, flags=frozenset()) -> None:
     for path, on in ((("curriculum", "league_size"), cfg.curriculum.league_size),
                      (("curriculum", "mix_opponent"), cfg.curriculum.mix_opponent),
                      (("curriculum", "rehearsal_share"), cfg.curriculum.rehearsal_share),
-                     (("env", "opponent"), cfg.env.opponent != "random"),  # random: the default, unused
-                     (("eval", "opponents"), cfg.eval.opponents not in ((), ("random",))),
+                     (("env", "opponent"), cfg.env.opponent != EnvConfig.opponent),  # the default: unused
+                     (("eval", "opponents"), cfg.eval.opponents not in ((), EvalConfig.opponents)),
                      (("rollout", "constrain_moves"), cfg.rollout.constrain_moves),
                      (("env", "blunder_penalty"), cfg.env.blunder_penalty)):
         if on:

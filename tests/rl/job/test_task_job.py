@@ -64,9 +64,13 @@ def test_the_fork_doc_task_trains_from_the_stock_command_line_and_resumes(tmp_pa
      "--eval.opponents random,mcts:10: a game feature"),
 ])
 def test_a_bad_task_input_is_one_line_before_setup(flags, says, tmp_path, capsys):
+    _refused_in_one_line("train", flags, says, tmp_path, capsys)
+
+
+def _refused_in_one_line(script: str, flags: list[str], says: str, tmp_path, capsys) -> None:
+    """The job `script` (its configs folder's name) exits 2 with one error line holding `says`, making no run folder."""
     run = tmp_path / "run"
-    code = main([*flags, "--run-dir", str(run), *QUIET], name="train",
-                configs=ROOT / "experiments" / "configs" / "train")
+    code = main([*flags, "--run-dir", str(run), *QUIET], name=script, configs=ROOT / "experiments" / "configs" / script)
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and says in err[0], err
     assert not run.exists()
@@ -78,12 +82,7 @@ def test_a_bad_task_input_is_one_line_before_setup(flags, says, tmp_path, capsys
     (["--env.task-args", '{"high": 8}'], "--env.task-args: a text task's keyword arguments, and --env.task is not set"),
 ])
 def test_the_game_script_refuses_a_task_and_a_tasks_arguments_in_one_line(flags, says, tmp_path, capsys):
-    run = tmp_path / "run"
-    code = main([*flags, "--run-dir", str(run), *QUIET], name="connect4",
-                configs=ROOT / "experiments" / "configs" / "connect4")
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and says in err[0], err
-    assert not run.exists()
+    _refused_in_one_line("connect4", flags, says, tmp_path, capsys)
 
 
 def test_a_layout_nothing_fits_is_one_error_line_naming_what_to_change(tmp_path, capsys):
